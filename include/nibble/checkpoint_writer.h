@@ -1,0 +1,76 @@
+// Writing a model directory safely: everything goes into a staging directory
+// beside the target and is renamed into place only when complete, so a failed
+// or interrupted run never leaves a half-written checkpoint under the target
+// name. Weights are streamed into shards of bounded size.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nibble/safetensors.h"
+#include "nibble/tensor.h"
+
+namespace nibble::io {
+
+class OutputDir {
+ public:
+  // Fails early (before any work) when `target` exists and is not an empty
+  // directory (unless `force`), or when its parent cannot be written.
+  OutputDir(std::filesystem::path target, bool force);
+  ~OutputDir();  // removes the staging directory unless committed
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
+
+  const std::filesystem::path& staging() const { return staging_; }
+  const std::filesystem::path& target() const { return target_; }
+  // Replaces `target` with the staging directory.
+  void commit();
+
+ private:
+  std::filesystem::path target_, staging_;
+  bool force_, committed_ = false;
+};
+
+// One logical tensor of the output: its stored tensors (one for a plain
+// tensor, several parts for a quantized matrix), kept together in one shard.
+struct OutputUnit {
+  std::string logical_name;
+  struct Stored {
+    std::string name;
+    DType dtype;
+    Shape shape;
+  };
+  std::vector<Stored> stored;
+  std::string quant_meta;  // JSON object text for __metadata__["nibble.tensors"], or empty for plain tensors
+};
+
+// Streams units into model.safetensors, or model-0000k-of-0000n.safetensors
+// plus model.safetensors.index.json when they exceed `max_shard_bytes`.
+class ShardedWriter {
+ public:
+  ShardedWriter(std::filesystem::path dir, std::vector<OutputUnit> plan, uint64_t max_shard_bytes,
+                std::map<std::string, std::string> metadata);
+  ~ShardedWriter();
+  // Stored tensors must come in plan order.
+  void write(const std::string& stored_name, const Tensor& t);
+  void finish();
+  uint64_t total_bytes() const { return total_bytes_; }
+  std::vector<std::string> file_names() const { return file_names_; }
+
+ private:
+  void open_shard(size_t shard);
+  std::filesystem::path dir_;
+  std::vector<OutputUnit> plan_;
+  std::map<std::string, std::string> metadata_;
+  std::vector<size_t> unit_shard_;  // shard index per unit
+  std::vector<std::string> file_names_;
+  std::map<std::string, std::string> weight_map_;
+  std::unique_ptr<SafetensorsWriter> writer_;
+  size_t current_shard_ = SIZE_MAX, next_unit_ = 0, next_stored_ = 0;
+  uint64_t total_bytes_ = 0;
+};
+
+}  // namespace nibble::io

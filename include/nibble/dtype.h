@@ -1,0 +1,44 @@
+// Element types and exact conversions between them.
+//
+// The names are safetensors' dtype names (F32, BF16, ...). fp32 -> bf16 and
+// fp32 -> f16 round to nearest, ties to even; NaN stays NaN (quiet, sign kept);
+// overflow goes to infinity as IEEE rounding says. Decoding is exact.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace nibble {
+
+enum class DType : uint8_t {
+  F64, F32, F16, BF16, I64, I32, I16, I8, U8, Bool, F8_E4M3, F8_E5M2,
+};
+
+// Bytes per element.
+size_t dtype_size(DType dt);
+// The safetensors spelling ("F32", "BF16", "F8_E4M3", ...).
+std::string_view dtype_name(DType dt);
+// Parses a safetensors dtype name; nullopt when unknown.
+std::optional<DType> dtype_from_name(std::string_view name);
+// Floating-point types (can hold weights to be quantized or dequantized).
+bool dtype_is_float(DType dt);
+
+// Scalar conversions (bit patterns in, bit patterns out).
+uint16_t f32_to_bf16(float x);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float x);
+float f16_to_f32(uint16_t h);
+float f8_e4m3_to_f32(uint8_t b);  // OCP E4M3 (fn): no infinities, S.1111.111 is NaN
+float f8_e5m2_to_f32(uint8_t b);  // OCP E5M2: IEEE-like, with infinities
+
+// Rounds x to the nearest bf16 value and returns it as float (RNE).
+inline float round_to_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// Converts n elements of any dtype to fp32 (integers and bools by value).
+void convert_to_f32(const void* src, DType dt, float* dst, size_t n);
+// Converts n fp32 values to F32, F16 or BF16 (round to nearest even).
+void convert_from_f32(const float* src, DType dt, void* dst, size_t n);
+
+}  // namespace nibble

@@ -1,0 +1,47 @@
+// Quantization methods: a config struct plus a factory registered by name
+// (DESIGN.md, "A quantization method"). A method sees one matrix plus its
+// calibration statistics and returns codes and group parameters in a
+// registered format.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nibble/format.h"
+#include "nibble/tensor.h"
+
+namespace nibble::quant {
+
+// Calibration statistics of one linear input (GPTQ's Hessian lands here).
+struct MatrixStats;
+
+struct QuantizerConfig {
+  FormatChoice format;  // target format and group size
+};
+
+class Quantizer {
+ public:
+  virtual ~Quantizer() = default;
+  // w: f32 [rows, cols], contiguous and finite. stats may be null for methods
+  // that need no calibration.
+  virtual QuantizedMatrix quantize(const Tensor& w, const MatrixStats* stats) const = 0;
+};
+
+struct MethodSpec {
+  std::string_view name;
+  std::string_view description;
+  bool needs_calibration;
+  std::unique_ptr<Quantizer> (*make)(const QuantizerConfig& config);
+};
+
+const std::vector<const MethodSpec*>& method_registry();
+// Throws an Error listing the registered methods when `name` is unknown.
+const MethodSpec& find_method(std::string_view name);
+
+// Round-to-nearest with the format's own group fit (the format's reference
+// quantizer): what every other method is measured against.
+QuantizedMatrix quantize_rtn(const FormatChoice& format, const float* w, int64_t rows, int64_t cols);
+
+}  // namespace nibble::quant

@@ -1,0 +1,99 @@
+// TensorSource: named tensors, dequantized on request, whatever the file format
+// (DESIGN.md, "The flows"). CheckpointDir is the source for a Hugging Face
+// model directory: plain (F32/F16/BF16 safetensors, single or sharded) or
+// packed by nibble (quantized linears stored as X.qweight / X.scales / X.mins).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nibble/format.h"
+#include "nibble/model_config.h"
+#include "nibble/safetensors.h"
+#include "nibble/tensor.h"
+
+namespace nibble {
+
+struct TensorMeta {
+  std::string name;                    // logical name, e.g. "model.layers.0.mlp.up_proj.weight"
+  Shape shape;                         // logical shape ([out, in] for a quantized linear)
+  DType dtype = DType::F32;            // stored dtype (F32 for quantized: what load() returns)
+  std::optional<FormatChoice> format;  // set for quantized matrices
+  uint64_t stored_bytes = 0;           // bytes on disk, all parts included
+};
+
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  virtual std::string describe() const = 0;
+  // Logical tensor names in storage order.
+  virtual std::vector<std::string> names() const = 0;
+  virtual bool contains(const std::string& name) const = 0;
+  virtual TensorMeta meta(const std::string& name) const = 0;
+  // Plain tensors as stored (a view where possible); quantized matrices
+  // dequantized to F32.
+  virtual Tensor load(const std::string& name) const = 0;
+};
+
+// Names of the quantization metadata keys in a packed file's __metadata__.
+inline constexpr const char* kMetaFormat = "nibble.format";          // e.g. "int4_g128_asym"
+inline constexpr const char* kMetaGroupSize = "nibble.group_size";   // e.g. "128"
+inline constexpr const char* kMetaVersion = "nibble.version";
+inline constexpr const char* kMetaTensors = "nibble.tensors";        // JSON: {name: {format, shape}}
+
+class CheckpointDir final : public TensorSource {
+ public:
+  // Opens DIR/config.json and DIR/model.safetensors or the shards named by
+  // DIR/model.safetensors.index.json. Validates the index against the files.
+  static std::unique_ptr<CheckpointDir> open(const std::filesystem::path& dir);
+  // One safetensors file on its own (no config.json): for inspecting files.
+  static std::unique_ptr<CheckpointDir> open_file(const std::filesystem::path& file);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  bool has_config() const { return has_config_; }
+  const ModelConfig& config() const;  // throws for a lone file
+  // __metadata__ of the first weight file.
+  const std::map<std::string, std::string>& metadata() const;
+  // The weight files, in index order.
+  std::vector<std::filesystem::path> weight_files() const;
+  bool is_packed() const { return packed_; }
+
+  std::string describe() const override;
+  std::vector<std::string> names() const override { return order_; }
+  bool contains(const std::string& name) const override { return entries_.count(name) != 0; }
+  TensorMeta meta(const std::string& name) const override;
+  Tensor load(const std::string& name) const override;
+
+  // The stored parts of a quantized matrix (views into the files).
+  std::vector<Tensor> parts(const std::string& name) const;
+
+  // Checks that every tensor the config implies is present with its shape.
+  void validate_against_config() const;
+
+ private:
+  struct Entry {
+    TensorMeta meta;
+    std::vector<std::pair<size_t, std::string>> stored;  // (file index, stored name) per part
+  };
+  const Entry& entry(const std::string& name) const;
+  void index_files();  // builds entries_/order_ from files_
+
+  std::filesystem::path dir_;
+  ModelConfig config_;
+  bool has_config_ = false;
+  std::vector<io::SafetensorsFile> files_;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> order_;
+  bool packed_ = false;
+};
+
+// Files of a model directory that travel with its weights (config, tokenizer,
+// generation config, chat template), i.e. regular top-level files that are
+// not weights.
+std::vector<std::filesystem::path> carried_files(const std::filesystem::path& dir);
+
+}  // namespace nibble

@@ -1,0 +1,45 @@
+// Small host utilities: progress bars, hashing, atomic small-file writes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace nibble {
+
+// A progress bar with rate and ETA on stderr. Drawn only when `enabled` and
+// stderr is a terminal; redrawn at most every 100 ms. Thread-compatible, not
+// thread-safe: advance it from one thread.
+class Progress {
+ public:
+  Progress(std::string label, int64_t total, bool enabled, std::string unit = "");
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void advance(int64_t n = 1);
+  void set_note(std::string note);  // shown after the bar, e.g. the tensor name
+  void finish();                    // final draw + newline (idempotent)
+
+ private:
+  void draw(bool final);
+  std::string label_, unit_, note_;
+  int64_t total_, done_ = 0;
+  bool enabled_, finished_ = false;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+// Lower-case hex SHA-256 of a file's contents.
+std::string sha256_file(const std::filesystem::path& path);
+
+// Writes `content` to path.tmp, then renames it to path.
+void write_file_atomic(const std::filesystem::path& path, const std::string& content);
+
+// Formats a byte count as "1.23 MiB".
+std::string human_bytes(uint64_t bytes);
+
+// UTC time now as ISO 8601 ("2026-11-29T22:31:17Z").
+std::string utc_now_iso8601();
+
+}  // namespace nibble

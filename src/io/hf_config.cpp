@@ -1,0 +1,138 @@
+// config.json -> ModelConfig.
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "nibble/arch.h"
+#include "nibble/error.h"
+#include "nibble/model_config.h"
+
+namespace nibble {
+namespace {
+
+using json = nlohmann::json;
+
+struct Reader {
+  const std::filesystem::path& path;
+  const json& j;
+
+  template <typename T>
+  T required(const char* key) const {
+    NIBBLE_CHECK(j.contains(key) && !j.at(key).is_null(), "{}: missing required key '{}'", path.string(), key);
+    return get<T>(j.at(key), key);
+  }
+  template <typename T>
+  T optional(const char* key, T fallback) const {
+    if (!j.contains(key) || j.at(key).is_null()) return fallback;
+    return get<T>(j.at(key), key);
+  }
+  template <typename T>
+  T get(const json& v, const char* key) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      NIBBLE_CHECK(v.is_boolean(), "{}: '{}' should be a boolean, found {}", path.string(), key, v.dump());
+    } else if constexpr (std::is_integral_v<T>) {
+      NIBBLE_CHECK(v.is_number_integer(), "{}: '{}' should be an integer, found {}", path.string(), key, v.dump());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      NIBBLE_CHECK(v.is_number(), "{}: '{}' should be a number, found {}", path.string(), key, v.dump());
+    } else {
+      NIBBLE_CHECK(v.is_string(), "{}: '{}' should be a string, found {}", path.string(), key, v.dump());
+    }
+    return v.get<T>();
+  }
+};
+
+RopeScaling parse_rope(const Reader& r, const json& rope, const char* where) {
+  RopeScaling s;
+  NIBBLE_CHECK(rope.is_object(), "{}: '{}' should be an object, found {}", r.path.string(), where, rope.dump());
+  Reader sub{r.path, rope};
+  // transformers 4 used "type", later versions "rope_type".
+  s.type = sub.optional<std::string>("rope_type", sub.optional<std::string>("type", "default"));
+  NIBBLE_CHECK(s.type == "default" || s.type == "linear" || s.type == "llama3",
+               "{}: rope type '{}' is not supported (supported: default, linear, llama3)", r.path.string(), s.type);
+  s.factor = sub.optional<double>("factor", 1.0);
+  if (s.type == "llama3") {
+    s.low_freq_factor = sub.required<double>("low_freq_factor");
+    s.high_freq_factor = sub.required<double>("high_freq_factor");
+    s.original_max_position_embeddings = sub.required<int64_t>("original_max_position_embeddings");
+  }
+  if (s.type == "linear") NIBBLE_CHECK(s.factor > 0, "{}: linear rope factor must be > 0, found {}", r.path.string(), s.factor);
+  return s;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const std::filesystem::path& path) {
+  std::ifstream f(path);
+  NIBBLE_CHECK(f.good(), "{}: cannot open config ({})", path.string(), std::strerror(errno));
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::parse_error& e) {
+    NIBBLE_FAIL("{}: malformed JSON: {}", path.string(), e.what());
+  }
+  NIBBLE_CHECK(j.is_object(), "{}: expected a JSON object at top level", path.string());
+  Reader r{path, j};
+
+  ModelConfig c;
+  c.model_type = r.required<std::string>("model_type");
+  const ArchSpec& arch = find_arch(c.model_type);  // unknown types: error listing the supported ones
+  (void)arch;
+  c.hidden_size = r.required<int64_t>("hidden_size");
+  c.intermediate_size = r.required<int64_t>("intermediate_size");
+  c.num_layers = r.required<int64_t>("num_hidden_layers");
+  c.num_heads = r.required<int64_t>("num_attention_heads");
+  c.num_kv_heads = r.optional<int64_t>("num_key_value_heads", c.num_heads);
+  c.vocab_size = r.required<int64_t>("vocab_size");
+  c.max_position_embeddings = r.optional<int64_t>("max_position_embeddings", 2048);
+  c.rms_norm_eps = r.optional<double>("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = r.optional<bool>("tie_word_embeddings", false);
+  c.attention_bias = r.optional<bool>("attention_bias", false);
+  c.mlp_bias = r.optional<bool>("mlp_bias", false);
+  if (r.optional<bool>("use_sliding_window", true) && j.contains("sliding_window") && !j["sliding_window"].is_null())
+    c.sliding_window = r.required<int64_t>("sliding_window");
+  c.dtype = r.optional<std::string>("dtype", r.optional<std::string>("torch_dtype", ""));
+
+  for (auto [key, value] : {std::pair{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                            {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
+                            {"num_key_value_heads", c.num_kv_heads}, {"vocab_size", c.vocab_size}})
+    NIBBLE_CHECK(value > 0, "{}: '{}' must be positive, found {}", path.string(), key, value);
+  NIBBLE_CHECK(c.num_heads % c.num_kv_heads == 0,
+               "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", path.string(),
+               c.num_heads, c.num_kv_heads);
+  c.head_dim = r.optional<int64_t>("head_dim", 0);
+  if (c.head_dim == 0) {
+    NIBBLE_CHECK(c.hidden_size % c.num_heads == 0,
+                 "{}: hidden_size ({}) is not a multiple of num_attention_heads ({}) and no head_dim is given",
+                 path.string(), c.hidden_size, c.num_heads);
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  NIBBLE_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, "{}: head_dim must be positive and even, found {}",
+               path.string(), c.head_dim);
+
+  // RoPE: transformers 5 puts theta and scaling in rope_parameters; 4 had
+  // rope_theta plus an optional rope_scaling object.
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    const json& rp = j["rope_parameters"];
+    c.rope_scaling = parse_rope(r, rp, "rope_parameters");
+    c.rope_theta = Reader{path, rp}.optional<double>("rope_theta", r.optional<double>("rope_theta", 10000.0));
+  } else {
+    c.rope_theta = r.optional<double>("rope_theta", 10000.0);
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope(r, j["rope_scaling"], "rope_scaling");
+  }
+  NIBBLE_CHECK(c.rope_theta > 0, "{}: rope_theta must be positive, found {}", path.string(), c.rope_theta);
+
+  if (j.contains("bos_token_id") && !j["bos_token_id"].is_null()) c.bos_token_id = r.required<int64_t>("bos_token_id");
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+    const json& e = j["eos_token_id"];
+    if (e.is_array()) {
+      for (const json& v : e) c.eos_token_ids.push_back(r.get<int64_t>(v, "eos_token_id"));
+    } else {
+      c.eos_token_ids.push_back(r.required<int64_t>("eos_token_id"));
+    }
+  }
+  return c;
+}
+
+}  // namespace nibble

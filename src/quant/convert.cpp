@@ -1,0 +1,253 @@
+// quantize_model / dequantize_model: the whole-checkpoint flows.
+#include "nibble/convert.h"
+
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "nibble/arch.h"
+#include "nibble/checkpoint_writer.h"
+#include "nibble/error.h"
+#include "nibble/quantizer.h"
+#include "nibble/source.h"
+#include "nibble/util.h"
+
+namespace nibble {
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// Throws (or returns false with allow) when w has a NaN/Inf; names the first one.
+bool check_finite(const std::string& name, const Tensor& w, bool allow, std::vector<std::string>& warnings) {
+  const float* p = w.data<float>();
+  const int64_t n = w.numel();
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(p[i])) {
+      bad = i;
+      break;
+    }
+  }
+  if (bad < 0) return true;
+  const int64_t cols = w.size(1);
+  const std::string where = fmt::format("tensor '{}' has a non-finite value {} at index [{}, {}]", name, p[bad],
+                                        bad / cols, bad % cols);
+  NIBBLE_CHECK(allow, "{} (pass --allow-nonfinite to keep such tensors unquantized)", where);
+  warnings.push_back(where + "; kept unquantized");
+  return false;
+}
+
+void copy_carried(const fs::path& from, const fs::path& to) {
+  for (const fs::path& f : carried_files(from)) {
+    fs::copy_file(f, to / f.filename(), fs::copy_options::overwrite_existing);
+    // Sources are often read-only (a shared model store); the copy is ours.
+    fs::permissions(to / f.filename(), fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::add);
+  }
+}
+
+}  // namespace
+
+QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir, const QuantizeOptions& opt) {
+  auto src = CheckpointDir::open(model_dir);
+  NIBBLE_CHECK(!src->is_packed(), "{}: already quantized by nibble; quantize the original checkpoint",
+               model_dir.string());
+  src->validate_against_config();
+  const ModelConfig& cfg = src->config();
+  const FormatChoice format = find_format(opt.format, opt.group_size);
+  const quant::MethodSpec& method = quant::find_method(opt.method);
+  NIBBLE_CHECK(!method.needs_calibration, "method '{}' needs calibration data, which this command does not take yet",
+               method.name);
+  auto quantizer = method.make(quant::QuantizerConfig{format});
+  std::regex keep;
+  if (!opt.keep_regex.empty()) {
+    try {
+      keep = std::regex(opt.keep_regex);
+    } catch (const std::regex_error& e) {
+      NIBBLE_FAIL("--keep '{}' is not a valid regular expression: {}", opt.keep_regex, e.what());
+    }
+  }
+
+  // Which tensors to quantize: the linears of the decoder layers, and the head
+  // when it is a tensor of its own. A tied head stays tied (and unquantized).
+  std::map<std::string, std::string> role;  // name -> note for kept tensors / "" for quantize
+  for (const ExpectedTensor& t : expected_tensors(cfg)) {
+    if (t.role == TensorRole::Linear || t.role == TensorRole::Head) role[t.name] = "";
+  }
+  QuantizeResult res;
+  res.format = format.canonical_name();
+  io::OutputDir out(out_dir, opt.force);
+  res.out_dir = out.target();
+  NIBBLE_CHECK(fs::weakly_canonical(model_dir) != out.target(), "{}: the output directory is the input directory",
+               out.target().string());
+
+  // Plan every output tensor first, so the writer can stream them.
+  std::vector<io::OutputUnit> plan;
+  std::vector<std::string> names = src->names();
+  for (const std::string& name : names) {
+    const TensorMeta m = src->meta(name);
+    TensorResult tr;
+    tr.name = name;
+    tr.params = static_cast<uint64_t>(shape_numel(m.shape));
+    auto it = role.find(name);
+    if (it == role.end()) {
+      tr.note = name == "lm_head.weight" && cfg.tie_word_embeddings ? "tied head" : "not a linear";
+    } else if (!opt.keep_regex.empty() && std::regex_search(name, keep)) {
+      tr.note = "--keep";
+    } else {
+      NIBBLE_CHECK(m.shape.size() == 2, "tensor '{}': only 2-D weights can be quantized, found shape {}", name,
+                   shape_str(m.shape));
+      NIBBLE_CHECK(dtype_is_float(m.dtype), "tensor '{}': cannot quantize a {} tensor", name, dtype_name(m.dtype));
+      // Scanned before anything is written, so a bad weight fails the run
+      // with nothing half-written (or, when allowed, keeps just that tensor).
+      tr.quantized = check_finite(name, src->load(name).to_f32(), opt.allow_nonfinite, res.warnings);
+      if (!tr.quantized) tr.note = "non-finite values";
+    }
+    io::OutputUnit u;
+    u.logical_name = name;
+    if (tr.quantized) {
+      const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
+      for (const PartSpec& p : format.spec->parts(m.shape[0], m.shape[1], format.group_size))
+        u.stored.push_back({prefix + "." + p.suffix, p.dtype, p.shape});
+      u.quant_meta = ojson{{"format", res.format}, {"shape", m.shape}}.dump();
+    } else {
+      u.stored.push_back({name, m.dtype, m.shape});
+    }
+    res.tensors.push_back(tr);
+    plan.push_back(std::move(u));
+  }
+
+  std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                 {kMetaFormat, res.format},
+                                                 {kMetaGroupSize, std::to_string(format.group_size)},
+                                                 {kMetaVersion, NIBBLE_VERSION}};
+  io::ShardedWriter writer(out.staging(), plan, opt.max_shard_bytes, metadata);
+
+  Progress bar("quantize", static_cast<int64_t>(names.size()), opt.progress, "tensors");
+  for (size_t i = 0; i < names.size(); ++i) {
+    TensorResult& tr = res.tensors[i];
+    bar.set_note(tr.name);
+    const Tensor original = src->load(tr.name);
+    if (tr.quantized) {
+      const Tensor w = original.to_f32();  // [out, in]
+      const QuantizedMatrix q = quantizer->quantize(w, nullptr);
+      const std::vector<Tensor> parts = format.spec->pack(q);
+      for (size_t p = 0; p < parts.size(); ++p) writer.write(plan[i].stored[p].name, parts[p]);
+      // Error of what was actually stored: dequantize from the packed parts.
+      const Tensor back = dequantize_parts(format, parts, q.rows, q.cols);
+      double err2 = 0, ref2 = 0, max_abs = 0;
+      for (int64_t k = 0; k < w.numel(); ++k) {
+        const double d = static_cast<double>(back.data<float>()[k]) - w.data<float>()[k];
+        err2 += d * d;
+        ref2 += static_cast<double>(w.data<float>()[k]) * w.data<float>()[k];
+        max_abs = std::max(max_abs, std::abs(d));
+      }
+      tr.rel_error = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+      tr.max_abs_error = max_abs;
+      tr.bits_per_weight = bits_per_weight(format, q.rows, q.cols);
+      for (const Tensor& p : parts) tr.bytes += p.nbytes();
+      res.quantized_params += tr.params;
+    } else {
+      writer.write(tr.name, original);
+      tr.bytes = original.nbytes();
+    }
+    res.total_params += tr.params;
+    res.total_bytes += tr.bytes;
+    bar.advance();
+  }
+  bar.finish();
+  writer.finish();
+  copy_carried(model_dir, out.staging());
+
+  uint64_t qbytes = 0;
+  for (const auto& t : res.tensors)
+    if (t.quantized) qbytes += t.bytes;
+  res.quantized_bits_per_weight = res.quantized_params ? 8.0 * qbytes / res.quantized_params : 0;
+  res.checkpoint_bits_per_weight = res.total_params ? 8.0 * res.total_bytes / res.total_params : 0;
+
+  // nibble.json: how this checkpoint was made and what it cost per tensor.
+  ojson report;
+  report["nibble_version"] = NIBBLE_VERSION;
+  report["created"] = utc_now_iso8601();
+  report["command"] = opt.command_line;
+  report["method"] = opt.method;
+  report["format"] = res.format;
+  report["group_size"] = format.group_size;
+  report["options"] = {{"keep", opt.keep_regex}, {"allow_nonfinite", opt.allow_nonfinite}};
+  ojson files = ojson::object();
+  for (const fs::path& f : src->weight_files()) files[f.filename().string()] = sha256_file(f);
+  for (const fs::path& f : carried_files(model_dir)) files[f.filename().string()] = sha256_file(f);
+  report["source"] = {{"path", fs::absolute(model_dir).lexically_normal().string()}, {"sha256", files}};
+  report["summary"] = {{"quantized_tensors", std::count_if(res.tensors.begin(), res.tensors.end(),
+                                                           [](const TensorResult& t) { return t.quantized; })},
+                       {"total_tensors", res.tensors.size()},
+                       {"quantized_params", res.quantized_params},
+                       {"total_params", res.total_params},
+                       {"total_bytes", res.total_bytes},
+                       {"quantized_bits_per_weight", res.quantized_bits_per_weight},
+                       {"checkpoint_bits_per_weight", res.checkpoint_bits_per_weight}};
+  ojson tensors = ojson::object();
+  for (const auto& t : res.tensors) {
+    ojson e = {{"quantized", t.quantized}, {"params", t.params}, {"bytes", t.bytes}};
+    if (t.quantized) {
+      e["format"] = res.format;
+      e["rel_error"] = t.rel_error;
+      e["max_abs_error"] = t.max_abs_error;
+      e["bits_per_weight"] = t.bits_per_weight;
+    } else {
+      e["kept"] = t.note;
+    }
+    tensors[t.name] = e;
+  }
+  report["tensors"] = tensors;
+  report["warnings"] = res.warnings;
+  write_file_atomic(out.staging() / "nibble.json", report.dump(2) + "\n");
+  out.commit();
+  return res;
+}
+
+void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const DequantizeOptions& opt) {
+  NIBBLE_CHECK(opt.dtype == DType::F32 || opt.dtype == DType::BF16 || opt.dtype == DType::F16,
+               "dequantize: --dtype must be f32, bf16 or f16, found {}", dtype_name(opt.dtype));
+  auto src = CheckpointDir::open(packed_dir);
+  io::OutputDir out(out_dir, opt.force);
+  NIBBLE_CHECK(fs::weakly_canonical(packed_dir) != out.target(), "{}: the output directory is the input directory",
+               out.target().string());
+
+  // Every float tensor becomes opt.dtype; integer tensors (none in the
+  // supported architectures) would pass through unchanged.
+  std::vector<io::OutputUnit> plan;
+  for (const std::string& name : src->names()) {
+    const TensorMeta m = src->meta(name);
+    const DType dt = dtype_is_float(m.dtype) ? opt.dtype : m.dtype;
+    plan.push_back({name, {{name, dt, m.shape}}, ""});
+  }
+  io::ShardedWriter writer(out.staging(), plan, 4ull << 30, {{"format", "pt"}});
+  Progress bar("dequantize", static_cast<int64_t>(plan.size()), opt.progress, "tensors");
+  for (const io::OutputUnit& u : plan) {
+    bar.set_note(u.logical_name);
+    const Tensor t = src->load(u.logical_name);
+    writer.write(u.logical_name, t.dtype() == u.stored[0].dtype ? t : t.to(u.stored[0].dtype));
+    bar.advance();
+  }
+  bar.finish();
+  writer.finish();
+  copy_carried(packed_dir, out.staging());
+
+  // config.json states the dtype the weights are stored in, in the style
+  // (transformers 4 "torch_dtype" or 5 "dtype") the source used.
+  const fs::path cfg_path = out.staging() / "config.json";
+  std::ifstream cf(cfg_path);
+  ojson cfg = ojson::parse(cf);
+  cf.close();
+  const char* dtype_word = opt.dtype == DType::F32 ? "float32" : opt.dtype == DType::BF16 ? "bfloat16" : "float16";
+  if (cfg.contains("dtype")) cfg["dtype"] = dtype_word;
+  if (cfg.contains("torch_dtype") || !cfg.contains("dtype")) cfg["torch_dtype"] = dtype_word;
+  write_file_atomic(cfg_path, cfg.dump(2) + "\n");
+  out.commit();
+}
+
+}  // namespace nibble

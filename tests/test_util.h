@@ -1,0 +1,40 @@
+// Helpers shared by the tests: where the fixtures are, temp dirs, running the CLI.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace nibble::test {
+
+// $NIBBLE_SHARED, or ../shared beside the repo.
+inline std::filesystem::path shared_dir() {
+  if (const char* s = std::getenv("NIBBLE_SHARED"); s && *s) return s;
+  return NIBBLE_DEFAULT_SHARED;
+}
+inline std::filesystem::path model_dir(const std::string& name) { return shared_dir() / "models" / name; }
+inline std::filesystem::path test_data_dir() { return NIBBLE_TEST_DATA; }
+inline std::filesystem::path source_dir() { return NIBBLE_SOURCE_DIR; }
+inline std::string nibble_bin() { return NIBBLE_BIN; }
+
+// A fresh empty directory under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "nibble-test");
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = 0;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+// Runs a shell command line and captures stdout and stderr.
+CommandResult run_command(const std::string& cmdline);
+
+}  // namespace nibble::test

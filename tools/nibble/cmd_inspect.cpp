@@ -1,0 +1,102 @@
+// nibble inspect: what a checkpoint (dir or .safetensors file) holds.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "nibble/source.h"
+#include "nibble/util.h"
+
+namespace nibble::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+void print_summary(const CheckpointDir& src) {
+  std::printf("%s\n", src.describe().c_str());
+  const auto& md = src.metadata();
+  if (auto it = md.find(kMetaFormat); it != md.end()) std::printf("format: %s\n", it->second.c_str());
+  const fs::path report = src.dir() / "nibble.json";
+  if (fs::is_directory(src.dir()) && fs::exists(report)) {
+    std::ifstream f(report);
+    const auto j = nlohmann::json::parse(f, nullptr, false);
+    if (!j.is_discarded() && j.contains("method"))
+      std::printf("made by: nibble %s, method %s, %s\n", j.value("nibble_version", "?").c_str(),
+                  j.value("method", "?").c_str(), j.value("created", "?").c_str());
+  }
+  std::printf("\n%-48s %-16s %-14s %12s %8s\n", "tensor", "stored as", "shape", "bytes", "bits/w");
+  uint64_t params = 0, bytes = 0, qparams = 0, qbytes = 0;
+  size_t nq = 0;
+  for (const std::string& name : src.names()) {
+    const TensorMeta m = src.meta(name);
+    const uint64_t n = static_cast<uint64_t>(shape_numel(m.shape));
+    const std::string stored = m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
+    std::printf("%-48s %-16s %-14s %12s %8.3f\n", name.c_str(), stored.c_str(), shape_str(m.shape).c_str(),
+                human_bytes(m.stored_bytes).c_str(), n ? 8.0 * m.stored_bytes / n : 0.0);
+    params += n;
+    bytes += m.stored_bytes;
+    if (m.format) qparams += n, qbytes += m.stored_bytes, ++nq;
+  }
+  std::printf("\ntotal: %zu tensors, %.3f M params, %s, %.3f bits/weight\n", src.names().size(), params / 1e6,
+              human_bytes(bytes).c_str(), params ? 8.0 * bytes / params : 0.0);
+  if (nq)
+    std::printf("quantized: %zu matrices, %.3f M params, %s, %.3f bits/weight\n", nq, qparams / 1e6,
+                human_bytes(qbytes).c_str(), 8.0 * qbytes / qparams);
+}
+
+void print_tensor(const CheckpointDir& src, const std::string& name, int64_t rows_shown, int64_t cols_shown) {
+  const TensorMeta m = src.meta(name);
+  const Tensor t = src.load(name).to_f32();
+  std::printf("%s: %s %s%s\n", name.c_str(),
+              m.format ? m.format->canonical_name().c_str() : std::string(dtype_name(m.dtype)).c_str(),
+              shape_str(m.shape).c_str(), m.format ? " (dequantized)" : "");
+  const int64_t cols = t.dim() >= 2 ? t.size(t.dim() - 1) : t.numel();
+  const int64_t rows = cols ? t.numel() / cols : 0;
+  const float* p = t.data<float>();
+  for (int64_t r = 0; r < std::min(rows, rows_shown); ++r) {
+    std::printf("  [%lld]", static_cast<long long>(r));
+    for (int64_t c = 0; c < std::min(cols, cols_shown); ++c) std::printf(" % .6g", p[r * cols + c]);
+    std::printf("%s\n", cols > cols_shown ? " ..." : "");
+  }
+  double mn = INFINITY, mx = -INFINITY, sum_abs = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    mn = std::min<double>(mn, p[i]);
+    mx = std::max<double>(mx, p[i]);
+    sum_abs += std::abs(p[i]);
+  }
+  std::printf("  min %.6g  max %.6g  mean|w| %.6g  (%lld values)\n", mn, mx, t.numel() ? sum_abs / t.numel() : 0.0,
+              static_cast<long long>(t.numel()));
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app, const GlobalOptions& global) {
+  auto* cmd = app.add_subcommand("inspect", "List a checkpoint's tensors, formats, sizes and bits per weight");
+  auto path = std::make_shared<std::string>();
+  auto tensor = std::make_shared<std::string>();
+  auto rows = std::make_shared<int64_t>(2);
+  auto cols = std::make_shared<int64_t>(8);
+  cmd->add_option("path", *path, "Model directory or .safetensors file")->required();
+  cmd->add_option("--tensor", *tensor, "Print a few (dequantized) values of this tensor");
+  cmd->add_option("--rows", *rows, "Rows shown with --tensor")->capture_default_str();
+  cmd->add_option("--cols", *cols, "Values per row shown with --tensor")->capture_default_str();
+  cmd->footer(
+      "Examples:\n  nibble inspect out/stories-rtn\n"
+      "  nibble inspect out/stories-rtn --tensor model.layers.0.mlp.down_proj.weight");
+  cmd->callback([path, tensor, rows, cols] {
+    const fs::path p = *path;
+    std::unique_ptr<CheckpointDir> src =
+        fs::is_directory(p) ? CheckpointDir::open(p) : CheckpointDir::open_file(p);
+    if (tensor->empty())
+      print_summary(*src);
+    else
+      print_tensor(*src, *tensor, *rows, *cols);
+  });
+}
+
+}  // namespace nibble::cli

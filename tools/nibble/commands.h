@@ -1,0 +1,23 @@
+// The CLI's verbs. Each cmd_*.cpp registers one subcommand; the code there
+// parses arguments and calls into libnibble, nothing else.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace nibble::cli {
+
+// Options every verb shares.
+struct GlobalOptions {
+  bool quiet = false;  // no progress bars or info lines on stderr
+};
+
+// Adds a subcommand to `app`; the subcommand's callback does the work.
+using Registrar = void (*)(CLI::App& app, const GlobalOptions& global);
+
+void register_quantize(CLI::App& app, const GlobalOptions& global);
+void register_inspect(CLI::App& app, const GlobalOptions& global);
+void register_dequantize(CLI::App& app, const GlobalOptions& global);
+
+}  // namespace nibble::cli

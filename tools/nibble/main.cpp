@@ -1,0 +1,29 @@
+// nibble: quantize LLM checkpoints, measure what was lost, run the result.
+#include <cstdio>
+
+#include "commands.h"
+#include "nibble/error.h"
+
+int main(int argc, char** argv) {
+  using namespace nibble::cli;
+  CLI::App app{"nibble " NIBBLE_VERSION ": LLM weight quantization (int4 g128 and friends), measured.\n"};
+  app.set_version_flag("--version", std::string("nibble ") + NIBBLE_VERSION);
+  app.require_subcommand(1);
+  GlobalOptions global;
+  app.add_flag("-q,--quiet", global.quiet, "No progress bars or info lines on stderr");
+
+  for (Registrar r : {register_quantize, register_inspect, register_dequantize}) r(app, global);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const nibble::Error& e) {
+    std::fprintf(stderr, "nibble: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nibble: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
