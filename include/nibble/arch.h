@@ -21,6 +21,10 @@ struct ArchSpec {
 const std::vector<ArchSpec>& arch_registry();
 // Throws an Error listing the supported model types when unknown.
 const ArchSpec& find_arch(std::string_view model_type);
+// nullptr when unknown.
+const ArchSpec* lookup_arch(std::string_view model_type);
+// "llama, mistral, qwen2, qwen3"
+std::string supported_model_types();
 
 enum class TensorRole { Embedding, Norm, Linear, Bias, Head };
 

@@ -77,8 +77,8 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
 
   ModelConfig c;
   c.model_type = r.required<std::string>("model_type");
-  const ArchSpec& arch = find_arch(c.model_type);  // unknown types: error listing the supported ones
-  (void)arch;
+  NIBBLE_CHECK(lookup_arch(c.model_type), "{}: model_type '{}' is not supported (supported: {})", path.string(),
+               c.model_type, supported_model_types());
   c.hidden_size = r.required<int64_t>("hidden_size");
   c.intermediate_size = r.required<int64_t>("intermediate_size");
   c.num_layers = r.required<int64_t>("num_hidden_layers");

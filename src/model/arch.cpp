@@ -16,13 +16,22 @@ const std::vector<ArchSpec>& arch_registry() {
   return rows;
 }
 
-const ArchSpec& find_arch(std::string_view model_type) {
+const ArchSpec* lookup_arch(std::string_view model_type) {
+  for (const ArchSpec& a : arch_registry())
+    if (a.model_type == model_type) return &a;
+  return nullptr;
+}
+
+std::string supported_model_types() {
   std::vector<std::string_view> names;
-  for (const ArchSpec& a : arch_registry()) {
-    if (a.model_type == model_type) return a;
-    names.push_back(a.model_type);
-  }
-  NIBBLE_FAIL("model_type '{}' is not supported (supported: {})", model_type, fmt::join(names, ", "));
+  for (const ArchSpec& a : arch_registry()) names.push_back(a.model_type);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+const ArchSpec& find_arch(std::string_view model_type) {
+  const ArchSpec* a = lookup_arch(model_type);
+  NIBBLE_CHECK(a, "model_type '{}' is not supported (supported: {})", model_type, supported_model_types());
+  return *a;
 }
 
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {

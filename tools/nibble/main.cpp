@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"nibble " NIBBLE_VERSION ": LLM weight quantization (int4 g128 and friends), measured.\n"};
   app.set_version_flag("--version", std::string("nibble ") + NIBBLE_VERSION);
   app.require_subcommand(1);
+  app.fallthrough();  // global flags such as --quiet may follow the verb
   GlobalOptions global;
   app.add_flag("-q,--quiet", global.quiet, "No progress bars or info lines on stderr");
 

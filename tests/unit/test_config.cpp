@@ -1,0 +1,127 @@
+// config.json parsing: both transformers styles, the fixtures, bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "nibble/arch.h"
+#include "nibble/error.h"
+#include "nibble/model_config.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+using test::TempDir;
+
+std::filesystem::path write_config(const TempDir& dir, const std::string& text) {
+  auto p = dir / "config.json";
+  std::ofstream(p) << text;
+  return p;
+}
+
+std::string error_of(const std::filesystem::path& p) {
+  try {
+    parse_model_config(p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, Stories260KTransformers4Style) {
+  const ModelConfig c = parse_model_config(test::model_dir("stories260K") / "config.json");
+  EXPECT_EQ(c.model_type, "llama");
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 172);
+  EXPECT_EQ(c.num_layers, 5);
+  EXPECT_EQ(c.num_heads, 8);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.dtype, "float32");
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{2});
+}
+
+TEST(Config, Qwen3Transformers5Style) {
+  const ModelConfig c = parse_model_config(test::model_dir("qwen3-26M-linux") / "config.json");
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);  // from rope_parameters
+  EXPECT_EQ(c.rope_scaling.type, "default");
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.dtype, "bfloat16");  // from "dtype"
+  EXPECT_FALSE(c.sliding_window.has_value());
+  // The tensors it implies: qwen3 has q/k norms, an untied head.
+  const auto t = expected_tensors(c);
+  EXPECT_EQ(t.size(), 1 + 6 * 11 + 2u);
+  EXPECT_EQ(t.back().name, "lm_head.weight");
+}
+
+TEST(Config, RopeScalingBothStyles) {
+  TempDir d;
+  const std::string base = R"("model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100)";
+  auto p = write_config(d, "{" + base + R"(, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3",
+    "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
+  ModelConfig c = parse_model_config(p);
+  EXPECT_EQ(c.rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.num_kv_heads, 4);  // defaults to num_attention_heads
+  EXPECT_EQ(c.head_dim, 16);     // hidden / heads
+
+  p = write_config(d, "{" + base + R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1234.0}})");
+  c = parse_model_config(p);
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 2.0);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1234.0);
+
+  p = write_config(d, "{" + base + R"(, "rope_scaling": {"type": "yarn", "factor": 4.0}})");
+  EXPECT_NE(error_of(p).find("rope type 'yarn' is not supported"), std::string::npos) << error_of(p);
+}
+
+TEST(Config, Qwen2BiasesAndMistralSlidingWindow) {
+  TempDir d;
+  const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  ModelConfig c = parse_model_config(write_config(d, R"({"model_type": "qwen2", )" + base + "}"));
+  int biases = 0;
+  for (const auto& t : expected_tensors(c)) biases += t.role == TensorRole::Bias;
+  EXPECT_EQ(biases, 3);  // q, k, v
+  c = parse_model_config(write_config(d, R"({"model_type": "mistral", "sliding_window": 4096, )" + base + "}"));
+  EXPECT_EQ(c.sliding_window, 4096);
+}
+
+TEST(Config, BadInputNamesFileAndKey) {
+  TempDir d;
+  struct Case {
+    std::string text, expect;
+  };
+  const std::vector<Case> cases = {
+      {R"({"model_type": "gpt2"})", "model_type 'gpt2' is not supported (supported: llama, mistral, qwen2, qwen3)"},
+      {R"({"model_type": "llama"})", "missing required key 'hidden_size'"},
+      {R"({"model_type": "llama", "hidden_size": "64"})", "'hidden_size' should be an integer"},
+      {R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 3, "num_key_value_heads": 2, "vocab_size": 10})", "must be a multiple of"},
+      {R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 0,
+          "num_attention_heads": 4, "vocab_size": 10})", "'num_hidden_layers' must be positive"},
+      {R"({"model_type": "llama",)", "malformed JSON"},
+      {R"([1, 2])", "expected a JSON object"},
+  };
+  for (const Case& c : cases) {
+    const auto p = write_config(d, c.text);
+    const std::string err = error_of(p);
+    EXPECT_NE(err.find(c.expect), std::string::npos) << "for " << c.text << "\n got: " << err;
+    EXPECT_NE(err.find(p.string()), std::string::npos) << err;  // names the file
+  }
+  EXPECT_NE(error_of(d / "missing.json").find("cannot open"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nibble
