@@ -39,6 +39,7 @@ GroupParams fit_group(const float* w, int64_t n, float shrink) {
   }
   lo *= shrink;
   hi *= shrink;
+  if (lo == 0.0f) lo = 0.0f;  // -0 -> +0: FORMAT.md stores a zero min as +0 whatever the order of signed zeros
   const float range = hi - lo;
   NIBBLE_CHECK(std::isfinite(range), "group range max - min = {} - {} is not finite in fp32", hi, lo);
   // Both parameters are rounded to bf16 before any code is chosen, so codes

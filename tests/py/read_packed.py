@@ -255,6 +255,7 @@ def rtn_params(w, group):
     """FORMAT.md §3 writer rule: per group lo, hi (fp32) and the bf16 bits of scale and min."""
     w = np.ascontiguousarray(w, dtype=np.float32)
     lo, hi = _group_minmax(w, group)
+    lo = lo + np.float32(0.0)  # a zero lo is taken as +0.0 (x + 0 turns -0 into +0)
     rng = np.subtract(hi, lo, dtype=np.float32)
     step = np.divide(rng, np.float32(15.0), dtype=np.float32)
     return lo, hi, f32_to_bf16_rne(step), f32_to_bf16_rne(lo)

@@ -1,0 +1,83 @@
+// int4_asym dequantization on the GPU (the fallback path of the kernel
+// registry: dequantize + reference GEMM; also what a GPU loader uses to
+// materialize a layer). Layout: docs/FORMAT.md.
+#include <cuda_bf16.h>
+
+#include <memory>
+
+#include "backend/cuda/check.h"
+#include "nibble/cuda.h"
+
+namespace nibble::cuda {
+namespace {
+
+// One thread per packed byte: two adjacent inputs of one row.
+// qweight [rows, bytes_per_row], scales/mins [rows, groups], out [rows, cols].
+__global__ void dequant_int4_asym_kernel(const uint8_t* __restrict__ qweight, const __nv_bfloat16* __restrict__ scales,
+                                         const __nv_bfloat16* __restrict__ mins, float* __restrict__ out,
+                                         int64_t rows, int64_t cols, int group_size) {
+  const int64_t bytes_per_row = (cols + 1) / 2, groups = (cols + group_size - 1) / group_size;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * bytes_per_row) return;
+  const int64_t r = idx / bytes_per_row, j = idx % bytes_per_row;
+  const uint8_t b = qweight[idx];
+  for (int half = 0; half < 2; ++half) {
+    const int64_t c = 2 * j + half;
+    if (c >= cols) break;  // odd width: the padding nibble
+    const int64_t g = r * groups + c / group_size;
+    const float code = static_cast<float>(half ? (b >> 4) : (b & 0xF));
+    // __fmul_rn / __fadd_rn are never contracted into an FMA: bit-exact with
+    // the CPU reference and FORMAT.md.
+    out[r * cols + c] = __fadd_rn(__fmul_rn(code, __bfloat162float(scales[g])), __bfloat162float(mins[g]));
+  }
+}
+
+struct DeviceFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevicePtr = std::unique_ptr<void, DeviceFree>;
+
+DevicePtr device_copy(const Tensor& t) {
+  void* p = nullptr;
+  NIBBLE_CUDA_CHECK(cudaMalloc(&p, t.nbytes() ? t.nbytes() : 1));
+  DevicePtr owned(p);
+  NIBBLE_CUDA_CHECK(cudaMemcpy(p, t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
+  return owned;
+}
+
+}  // namespace
+
+bool device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+Tensor dequantize_int4_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
+  // Shapes and dtypes are the format's to check.
+  const FormatChoice f = find_format("int4_asym", group_size);
+  const auto specs = f.spec->parts(rows, cols, group_size);
+  NIBBLE_CHECK(parts.size() == specs.size(), "cuda dequantize: expected {} parts, found {}", specs.size(), parts.size());
+  for (size_t i = 0; i < specs.size(); ++i)
+    NIBBLE_CHECK(parts[i].dtype() == specs[i].dtype && parts[i].shape() == specs[i].shape,
+                 "cuda dequantize: part {} should be {} {}, found {} {}", specs[i].suffix, dtype_name(specs[i].dtype),
+                 shape_str(specs[i].shape), dtype_name(parts[i].dtype()), shape_str(parts[i].shape()));
+  const Tensor qw = parts[0].contiguous(), sc = parts[1].contiguous(), mn = parts[2].contiguous();
+  DevicePtr d_qw = device_copy(qw), d_sc = device_copy(sc), d_mn = device_copy(mn);
+  Tensor out = Tensor::zeros(DType::F32, {rows, cols});
+  void* d_out_raw = nullptr;
+  NIBBLE_CUDA_CHECK(cudaMalloc(&d_out_raw, out.nbytes() ? out.nbytes() : 1));
+  DevicePtr d_out(d_out_raw);
+  const int64_t n = rows * ((cols + 1) / 2);
+  if (n > 0) {
+    constexpr int kThreads = 256;
+    const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+    dequant_int4_asym_kernel<<<blocks, kThreads>>>(
+        static_cast<const uint8_t*>(d_qw.get()), static_cast<const __nv_bfloat16*>(d_sc.get()),
+        static_cast<const __nv_bfloat16*>(d_mn.get()), static_cast<float*>(d_out.get()), rows, cols, group_size);
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+  }
+  NIBBLE_CUDA_CHECK(cudaMemcpy(out.raw_mut(), d_out.get(), out.nbytes(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace nibble::cuda
