@@ -1,0 +1,238 @@
+// The Llama-family forward, top to bottom (cf. llama2.c forward()), batched
+// over the n new tokens of one sequence.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "backend/cpu/kernels.h"
+#include "nibble/arch.h"
+#include "nibble/error.h"
+#include "nibble/model.h"
+
+namespace nibble {
+
+LinearWeight LinearWeight::dense(Tensor w) {
+  NIBBLE_CHECK(w.dtype() == DType::F32 && w.dim() == 2, "dense linear wants F32 [out, in], got {} {}",
+               dtype_name(w.dtype()), shape_str(w.shape()));
+  LinearWeight l;
+  l.out_ = w.size(0);
+  l.in_ = w.size(1);
+  l.dense_ = w.contiguous();
+  return l;
+}
+
+LinearWeight LinearWeight::packed(FormatChoice f, std::vector<Tensor> parts, int64_t out, int64_t in) {
+  NIBBLE_CHECK(f.spec->family == "int4_asym", "the CPU forward has no kernel for format {} yet",
+               f.canonical_name());
+  LinearWeight l;
+  l.format_ = f;
+  l.out_ = out;
+  l.in_ = in;
+  for (Tensor& p : parts) l.parts_.push_back(p.contiguous());
+  return l;
+}
+
+void LinearWeight::forward(const float* x, int64_t M, float* y) const {
+  if (is_packed()) {
+    cpu::gemm_int4_asym_ref(x, M, parts_[0].data<uint8_t>(), parts_[1].data<uint16_t>(), parts_[2].data<uint16_t>(),
+                            out_, in_, format_.group_size, y);
+  } else {
+    cpu::gemm_f32(x, M, dense_.data<float>(), out_, in_, y);
+  }
+  if (bias.defined() && bias.numel() > 0) {
+    const float* b = bias.data<float>();
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < out_; ++j) y[i * out_ + j] += b[j];
+  }
+}
+
+KVCache::KVCache(const ModelConfig& c, int64_t max_tokens)
+    : k_(c.num_layers), v_(c.num_layers), row_(c.num_kv_heads * c.head_dim), max_(max_tokens) {
+  for (auto& t : k_) t.assign(static_cast<size_t>(max_ * row_), 0.0f);
+  for (auto& t : v_) t.assign(static_cast<size_t>(max_ * row_), 0.0f);
+}
+
+namespace {
+
+// x[n, dim] <- x / sqrt(mean(x^2) + eps) * w, in fp32 as HF does.
+void rms_norm(float* x, int64_t n, int64_t dim, const float* w, float eps, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = x + i * dim;
+    float ss = 0.0f;
+    for (int64_t j = 0; j < dim; ++j) ss += xi[j] * xi[j];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    for (int64_t j = 0; j < dim; ++j) out[i * dim + j] = w[j] * (xi[j] * inv);
+  }
+}
+
+// HF rotate_half RoPE on one head vector: pairs (i, i + d/2).
+void rope(float* h, int64_t d, const float* cos, const float* sin) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = h[i], b = h[i + half];
+    h[i] = a * cos[i] - b * sin[i];
+    h[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<float> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    // As transformers computes it: 1 / base^(2i/d) in fp32.
+    f[i] = static_cast<float>(1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim)));
+  }
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") {
+    for (auto& v : f) v = static_cast<float>(v / s.factor);
+  } else if (s.type == "llama3") {
+    const double old = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old / s.low_freq_factor, high_wavelen = old / s.high_freq_factor;
+    for (auto& v : f) {
+      const double wavelen = 2 * std::numbers::pi / v;
+      if (wavelen < high_wavelen) continue;  // high frequencies: unchanged
+      if (wavelen > low_wavelen) {
+        v = static_cast<float>(v / s.factor);
+      } else {  // smooth interpolation between the two
+        const double smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        v = static_cast<float>((1 - smooth) * v / s.factor + smooth * v);
+      }
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const CheckpointDir& src) {
+  src.validate_against_config();
+  auto m = std::unique_ptr<Model>(new Model());
+  m->config_ = src.config();
+  const ModelConfig& c = m->config_;
+  auto f32 = [&](const std::string& name) { return src.load(name).to_f32(); };
+  auto linear = [&](const std::string& prefix) {
+    const std::string wname = prefix + ".weight";
+    const TensorMeta meta = src.meta(wname);
+    LinearWeight l = meta.format ? LinearWeight::packed(*meta.format, src.parts(wname), meta.shape[0], meta.shape[1])
+                                 : LinearWeight::dense(f32(wname));
+    if (src.contains(prefix + ".bias")) l.bias = f32(prefix + ".bias");
+    return l;
+  };
+  m->embed_ = f32("model.embed_tokens.weight");
+  m->final_norm_ = f32("model.norm.weight");
+  m->head_ = c.tie_word_embeddings ? LinearWeight::dense(m->embed_) : linear("lm_head");
+  const ArchSpec& arch = find_arch(c.model_type);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    Layer L;
+    L.input_norm = f32(p + "input_layernorm.weight");
+    L.post_norm = f32(p + "post_attention_layernorm.weight");
+    if (arch.qk_norm) {
+      L.q_norm = f32(p + "self_attn.q_norm.weight");
+      L.k_norm = f32(p + "self_attn.k_norm.weight");
+    }
+    L.q = linear(p + "self_attn.q_proj");
+    L.k = linear(p + "self_attn.k_proj");
+    L.v = linear(p + "self_attn.v_proj");
+    L.o = linear(p + "self_attn.o_proj");
+    L.gate = linear(p + "mlp.gate_proj");
+    L.up = linear(p + "mlp.up_proj");
+    L.down = linear(p + "mlp.down_proj");
+    m->layers_.push_back(std::move(L));
+  }
+  m->inv_freq_ = rope_inv_freq(c);
+  return m;
+}
+
+Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits) const {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size()), D = c.hidden_size, hd = c.head_dim, H = c.num_heads,
+                KV = c.num_kv_heads, F = c.intermediate_size, V = c.vocab_size, p0 = cache.size();
+  NIBBLE_CHECK(n > 0, "forward: no tokens");
+  NIBBLE_CHECK(p0 + n <= cache.capacity(), "forward: {} + {} tokens exceed the cache of {} positions", p0, n,
+               cache.capacity());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  std::vector<float> x(n * D), xn(n * D), q(n * H * hd), k(n * KV * hd), v(n * KV * hd), att(n * H * hd),
+      tmp(n * D), g(n * F), u(n * F);
+  for (int64_t i = 0; i < n; ++i) {
+    NIBBLE_CHECK(tokens[i] >= 0 && tokens[i] < V, "forward: token id {} is outside the vocabulary (size {})",
+                 tokens[i], V);
+    std::copy_n(embed_.data<float>() + tokens[i] * D, D, x.data() + i * D);  // [n, D]
+  }
+  // cos/sin per new position: [n, hd/2]
+  const int64_t half = hd / 2;
+  std::vector<float> cosv(n * half), sinv(n * half);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(p0 + i) * inv_freq_[j];  // fp32 product, as HF
+      cosv[i * half + j] = std::cos(angle);
+      sinv[i * half + j] = std::sin(angle);
+    }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const Layer& L = layers_[l];
+    rms_norm(x.data(), n, D, L.input_norm.data<float>(), eps, xn.data());
+    L.q.forward(xn.data(), n, q.data());  // [n, H*hd]
+    L.k.forward(xn.data(), n, k.data());  // [n, KV*hd]
+    L.v.forward(xn.data(), n, v.data());  // [n, KV*hd]
+    if (L.q_norm.defined() && L.q_norm.numel() > 0) {  // qwen3: per-head RMSNorm before RoPE
+      rms_norm(q.data(), n * H, hd, L.q_norm.data<float>(), eps, q.data());
+      rms_norm(k.data(), n * KV, hd, L.k_norm.data<float>(), eps, k.data());
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < H; ++h) rope(q.data() + (i * H + h) * hd, hd, &cosv[i * half], &sinv[i * half]);
+      for (int64_t h = 0; h < KV; ++h) rope(k.data() + (i * KV + h) * hd, hd, &cosv[i * half], &sinv[i * half]);
+      std::copy_n(k.data() + i * KV * hd, KV * hd, cache.keys(l, p0 + i));
+      std::copy_n(v.data() + i * KV * hd, KV * hd, cache.values(l, p0 + i));
+    }
+    // Causal attention of each new position over the cache (GQA: H/KV query heads per kv head).
+#pragma omp parallel
+    {
+      std::vector<float> scores(static_cast<size_t>(p0 + n));
+#pragma omp for collapse(2) schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t kvh = h / (H / KV), T = p0 + i + 1;
+          const float* qi = q.data() + (i * H + h) * hd;
+          float mx = -INFINITY;
+          for (int64_t t = 0; t < T; ++t) {
+            const float* kt = cache.keys(l, t) + kvh * hd;
+            float s = 0.0f;
+            for (int64_t d = 0; d < hd; ++d) s += qi[d] * kt[d];
+            scores[t] = s * scale;
+            mx = std::max(mx, scores[t]);
+          }
+          float sum = 0.0f;
+          for (int64_t t = 0; t < T; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
+          float* out = att.data() + (i * H + h) * hd;
+          std::fill_n(out, hd, 0.0f);
+          for (int64_t t = 0; t < T; ++t) {
+            const float w = scores[t] / sum;
+            const float* vt = cache.values(l, t) + kvh * hd;
+            for (int64_t d = 0; d < hd; ++d) out[d] += w * vt[d];
+          }
+        }
+      }
+    }
+    L.o.forward(att.data(), n, tmp.data());  // [n, D]
+    for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
+    rms_norm(x.data(), n, D, L.post_norm.data<float>(), eps, xn.data());
+    L.gate.forward(xn.data(), n, g.data());  // [n, F]
+    L.up.forward(xn.data(), n, u.data());    // [n, F]
+    for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(gate) * up
+    L.down.forward(g.data(), n, tmp.data());  // [n, D]
+    for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
+  }
+  cache.advance(n);
+
+  const int64_t rows = all_logits ? n : 1;
+  const float* last = x.data() + (n - rows) * D;
+  rms_norm(const_cast<float*>(last), rows, D, final_norm_.data<float>(), eps, xn.data());
+  Tensor logits = Tensor::zeros(DType::F32, {rows, V});
+  head_.forward(xn.data(), rows, logits.data_mut<float>());
+  return logits;
+}
+
+}  // namespace nibble
