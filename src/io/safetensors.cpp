@@ -127,65 +127,90 @@ std::optional<uint64_t> checked_nbytes(const Shape& shape, DType dt) {
   return any_zero ? 0 : nonzero * size;
 }
 
-// Parses the header, rejecting duplicate keys at any depth (nlohmann would
-// silently keep the last one) and recording the order of the top-level keys.
+// First pass over the header: a SAX handler that builds nothing, rejects
+// duplicate keys at any depth (nlohmann's DOM silently keeps the last one)
+// and records the order of the top-level keys. nlohmann's parser-callback API
+// could do this in the DOM pass, but it rescans the parent object after every
+// child object, which is quadratic in the tensor count.
+class KeyChecker {
+ public:
+  std::unordered_map<std::string, size_t> order;  // top-level key -> position in the file
+  std::optional<std::string> duplicate;
+  std::optional<std::string> error;  // parse error, already phrased
+  size_t error_byte = 0;
+
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool start_object(std::size_t) {
+    stack_.emplace_back();
+    return true;
+  }
+  bool end_object() {
+    stack_.pop_back();
+    return true;
+  }
+  bool key(std::string& key) {
+    Level& top = stack_.back();
+    if (!top.keys.insert(key).second) {
+      if (stack_.size() == 1)
+        duplicate = fmt::format("duplicate tensor name {}", qstr(key));
+      else if (stack_.size() == 2)
+        duplicate = fmt::format("tensor {}: duplicate key {}", qstr(stack_[0].last_key), qstr(key));
+      else
+        duplicate = fmt::format("duplicate key {} in a nested object", qstr(key));
+      return false;  // stop parsing
+    }
+    if (stack_.size() == 1) order.emplace(key, order.size());
+    top.last_key = key;
+    return true;
+  }
+  bool parse_error(std::size_t byte, const std::string& /*last_token*/, const nlohmann::detail::exception& e) {
+    std::string what = e.what();
+    if (auto p = what.find("] "); what.rfind("[json.exception", 0) == 0 && p != std::string::npos)
+      what = what.substr(p + 2);
+    error = one_line(what);
+    error_byte = byte;
+    return false;
+  }
+
+ private:
+  struct Level {
+    std::unordered_set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<Level> stack_;
+};
+
 struct HeaderParse {
   json header;
   std::unordered_map<std::string, size_t> order;  // top-level key -> position in the file
 };
 
 HeaderParse parse_header(const std::string& file, const char* text, size_t n) {
-  struct Level {
-    std::unordered_set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Level> stack;
-  std::optional<std::string> duplicate;
+  KeyChecker checker;
+  const bool ok = json::sax_parse(text, text + n, &checker);
+  if (checker.error) {
+    // The position counts from 1 and is n + 1 when the text ended too early.
+    if (checker.error_byte > n)
+      NIBBLE_FAIL("{}: header JSON is malformed: it ends too early ({} bytes): {}", file, n, *checker.error);
+    NIBBLE_FAIL("{}: header JSON is malformed at byte {} of {}: {}", file, checker.error_byte, n, *checker.error);
+  }
+  NIBBLE_CHECK(!checker.duplicate, "{}: {} in the header (duplicate keys are not allowed)", file, *checker.duplicate);
+  NIBBLE_CHECK(ok, "{}: header JSON could not be parsed", file);
   HeaderParse out;
-  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        stack.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!stack.empty()) stack.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        if (stack.empty()) break;
-        const auto& key = parsed.get_ref<const std::string&>();
-        Level& top = stack.back();
-        if (!top.keys.insert(key).second && !duplicate) {
-          if (stack.size() == 1)
-            duplicate = fmt::format("duplicate tensor name {}", qstr(key));
-          else if (stack.size() == 2)
-            duplicate = fmt::format("tensor {}: duplicate key {}", qstr(stack[0].last_key), qstr(key));
-          else
-            duplicate = fmt::format("duplicate key {} in a nested object", qstr(key));
-        }
-        if (stack.size() == 1) out.order.emplace(key, out.order.size());
-        top.last_key = key;
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
+  out.order = std::move(checker.order);
   try {
-    out.header = json::parse(text, text + n, callback);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    if (auto p = what.find("] "); what.rfind("[json.exception", 0) == 0 && p != std::string::npos)
-      what = what.substr(p + 2);
-    // e.byte counts from 1 and is n + 1 when the text ended too early.
-    if (e.byte > n)
-      NIBBLE_FAIL("{}: header JSON is malformed: it ends too early ({} bytes): {}", file, n, one_line(what));
-    NIBBLE_FAIL("{}: header JSON is malformed at byte {} of {}: {}", file, e.byte, n, one_line(what));
-  } catch (const json::exception& e) {
-    // e.g. a number too large for a double
+    out.header = json::parse(text, text + n);
+  } catch (const json::exception& e) {  // the first pass accepted it; should not happen
     NIBBLE_FAIL("{}: header JSON is malformed: {}", file, one_line(e.what()));
   }
-  NIBBLE_CHECK(!duplicate, "{}: {} in the header (duplicate keys are not allowed)", file, *duplicate);
   return out;
 }
 
