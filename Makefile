@@ -33,7 +33,8 @@ debug:
 	@$(MAKE) --no-print-directory build BUILD_TYPE=Debug BUILD_DIR=build-debug
 
 # libFuzzer target for the safetensors reader (clang); see docs/FUZZING.md.
-fuzz: deps
+fuzz:
+	@scripts/install-deps.sh --fuzz
 	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DNIBBLE_CUDA=off -DNIBBLE_TESTS=OFF -DNIBBLE_FUZZ=ON >/dev/null
 	@cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors

@@ -11,6 +11,9 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
+# `install-deps.sh --fuzz` adds clang and its libFuzzer/sanitizer runtime (make fuzz).
+if [ "${1:-}" = "--fuzz" ]; then APT_PACKAGES+=(clang libclang-rt-dev); fi
+
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

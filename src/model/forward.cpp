@@ -34,8 +34,8 @@ LinearWeight LinearWeight::packed(FormatChoice f, std::vector<Tensor> parts, int
 
 void LinearWeight::forward(const float* x, int64_t M, float* y) const {
   if (is_packed()) {
-    cpu::gemm_int4_asym_ref(x, M, parts_[0].data<uint8_t>(), parts_[1].data<uint16_t>(), parts_[2].data<uint16_t>(),
-                            out_, in_, format_.group_size, y);
+    cpu::gemm_int4_asym(x, M, parts_[0].data<uint8_t>(), parts_[1].data<uint16_t>(), parts_[2].data<uint16_t>(),
+                        out_, in_, format_.group_size, y);
   } else {
     cpu::gemm_f32(x, M, dense_.data<float>(), out_, in_, y);
   }
@@ -188,7 +188,10 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
       std::copy_n(v.data() + i * KV * hd, KV * hd, cache.values(l, p0 + i));
     }
     // Causal attention of each new position over the cache (GQA: H/KV query heads per kv head).
-#pragma omp parallel
+    // Threads only pay off on real work: a parallel region costs microseconds
+    // (and far more on a loaded machine), a decode step of a tiny model less.
+    const bool parallel_attention = n * H * (p0 + n) * hd > (1 << 16);
+#pragma omp parallel if (parallel_attention)
     {
       std::vector<float> scores(static_cast<size_t>(p0 + n));
 #pragma omp for collapse(2) schedule(static)

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "nibble/convert.h"
+#include "nibble/error.h"
+#include "nibble/eval.h"
 #include "nibble/model.h"
 #include "nibble/safetensors.h"
 #include "test_util.h"
@@ -122,6 +124,64 @@ TEST(ForwardGolden, PackedInt4MatchesDequantized) {
   EXPECT_LT(max_abs_diff(a, b), 1e-4f);
   // and quantization did change the model (the test is not vacuous)
   EXPECT_GT(max_abs_diff(a, golden.tensor("long200.logits_hf")), 1e-2f);
+}
+
+}  // namespace
+}  // namespace nibble
+
+namespace nibble {
+namespace {
+
+// Perplexity against the same protocol computed from HF's own logits.
+TEST(PerplexityGolden, MatchesHfLogitsOnStories) {
+  const fs::path dir = test::model_dir("stories260K");
+  auto model = Model::load(*CheckpointDir::open(dir));
+  const auto golden = io::SafetensorsFile::open(dir / "golden" / "logits.safetensors");
+  const std::vector<int32_t> ids = ids_of(golden.tensor("long200.input_ids"));
+  const Tensor hf = golden.tensor("long200.logits_hf");
+  // Reference: NLL of token j+1 from HF's row j, for j = 100 .. 198, in double.
+  double sum = 0;
+  int n = 0;
+  for (int j = 100; j < 199; ++j) {
+    const float* row = hf.data<float>() + j * 512;
+    double mx = row[0], z = 0;
+    for (int v = 0; v < 512; ++v) mx = std::max<double>(mx, row[v]);
+    for (int v = 0; v < 512; ++v) z += std::exp(row[v] - mx);
+    sum += -(row[ids[j + 1]] - mx - std::log(z));
+    ++n;
+  }
+  const double ref_ppl = std::exp(sum / n);
+  const eval::PerplexityResult r = eval::perplexity(*model, ids, 200, 1, false);
+  EXPECT_EQ(r.chunks, 1);
+  EXPECT_EQ(r.scored_tokens, 99);
+  EXPECT_NEAR(r.ppl, ref_ppl, 1e-4 * ref_ppl);  // logits agree to 1e-4 absolute
+  // Windows: 200 tokens at ctx 64 -> 3 windows of 31 scored tokens.
+  const eval::PerplexityResult w = eval::perplexity(*model, ids, 64, 1, false);
+  EXPECT_EQ(w.chunks, 3);
+  EXPECT_EQ(w.scored_tokens, 93);
+  EXPECT_THROW(eval::perplexity(*model, ids, 1024, 1, false), Error);  // beyond the model's 512 positions
+}
+
+TEST(RunCli, GreedyStoryMatchesGoldenText) {
+  const fs::path dir = test::model_dir("stories260K");
+  std::ifstream f(dir / "golden" / "generate.json");
+  const auto j = nlohmann::json::parse(f);
+  const auto& c0 = j["cases"][0];
+  const std::string prompt = c0["prompt"].get<std::string>();
+  const auto r = test::run_command(test::nibble_bin() + " run -q --model " + dir.string() + " --prompt '" + prompt +
+                                   "' -n " + std::to_string(c0["new_ids"].size()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, c0["text"].get<std::string>() + "\n");
+  // A prompt longer than the context is an error unless --truncate.
+  std::string long_prompt;
+  for (int i = 0; i < 200; ++i) long_prompt += "Once upon a time ";
+  const auto bad = test::run_command(test::nibble_bin() + " run -q --model " + dir.string() + " --prompt '" +
+                                     long_prompt + "' -n 10");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("exceed the model's context of 512"), std::string::npos) << bad.err;
+  const auto ok = test::run_command(test::nibble_bin() + " run -q --model " + dir.string() + " --prompt '" +
+                                    long_prompt + "' -n 10 --truncate");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
 }  // namespace

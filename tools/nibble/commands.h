@@ -19,5 +19,7 @@ using Registrar = void (*)(CLI::App& app, const GlobalOptions& global);
 void register_quantize(CLI::App& app, const GlobalOptions& global);
 void register_inspect(CLI::App& app, const GlobalOptions& global);
 void register_dequantize(CLI::App& app, const GlobalOptions& global);
+void register_run(CLI::App& app, const GlobalOptions& global);
+void register_ppl(CLI::App& app, const GlobalOptions& global);
 
 }  // namespace nibble::cli

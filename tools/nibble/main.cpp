@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   GlobalOptions global;
   app.add_flag("-q,--quiet", global.quiet, "No progress bars or info lines on stderr");
 
-  for (Registrar r : {register_quantize, register_inspect, register_dequantize}) r(app, global);
+  for (Registrar r : {register_quantize, register_inspect, register_dequantize, register_run, register_ppl}) r(app, global);
 
   try {
     app.parse(argc, argv);

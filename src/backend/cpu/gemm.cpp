@@ -21,7 +21,7 @@ void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, f
 void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                         const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
   const int64_t bytes_per_row = (K + 1) / 2, groups = (K + group_size - 1) / group_size;
-#pragma omp parallel
+#pragma omp parallel if (M * N * K > (1 << 18))
   {
     std::vector<float> wrow(static_cast<size_t>(K));
 #pragma omp for schedule(static)

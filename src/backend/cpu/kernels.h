@@ -17,4 +17,21 @@ void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, f
 void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                         const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
 
+// Which instruction set a CPU kernel uses. Scalar is the reference above;
+// Avx2 needs AVX2+FMA+F16C, Avx512 needs AVX-512 F/BW/VL/DQ (checked at run time).
+enum class Isa { Scalar, Avx2, Avx512 };
+const char* isa_name(Isa isa);
+bool isa_supported(Isa isa);  // this CPU can run it (and this build has it)
+Isa best_isa();               // the fastest supported one; what gemm_int4_asym uses
+
+// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ for an int4_asym matrix, same arguments and
+// meaning as gemm_int4_asym_ref: the fast path (src/backend/cpu/int4_gemm.cpp
+// documents the design). Results equal the reference up to fp32 summation order.
+void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
+                    const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
+// The same with a chosen ISA (tests, benchmarks); throws nibble::Error when the
+// CPU cannot run it.
+void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
+                        const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
+
 }  // namespace nibble::cpu

@@ -1,0 +1,31 @@
+// Perplexity over a token stream (llama.cpp's protocol).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "nibble/model.h"
+
+namespace nibble::eval {
+
+struct PerplexityResult {
+  double ppl = 0;           // exp(mean NLL)
+  double ppl_stderr = 0;    // delta-method standard error of ppl
+  double mean_nll = 0;
+  int64_t scored_tokens = 0;
+  int64_t chunks = 0;
+};
+
+// Splits `tokens` into non-overlapping windows of `ctx` tokens (a tail shorter
+// than ctx is dropped); the first token of each window is replaced by `bos`
+// when given; each window runs from an empty cache, and the NLL of the true
+// next token is scored for the second half of the window: predictions made at
+// positions ctx/2 .. ctx-2 (the llama.cpp perplexity protocol).
+PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& tokens, int64_t ctx,
+                            std::optional<int32_t> bos, bool progress);
+
+// log-softmax of one row of logits, in double: out[v] = l[v] - logsumexp(l).
+void log_softmax(const float* logits, int64_t vocab, double* out);
+
+}  // namespace nibble::eval

@@ -1,0 +1,178 @@
+// Fast int4_asym GEMV / small-M GEMM on the CPU: the driver and ISA dispatch.
+//
+// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, Ŵ read straight from its packed parts (FORMAT.md §3).
+//
+// Design
+//  * Dispatch: best_isa() asks the CPU once (__builtin_cpu_supports) and picks
+//    AVX-512 (int4_avx512.cpp), else AVX2 (int4_avx2.cpp), else the scalar
+//    reference (gemm.cpp). The ISA files are compiled with their own -m flags;
+//    this file and everything else stays baseline x86-64.
+//  * Activations are prepared once per call (int4_isa.h): each row of x is
+//    permuted chunk by chunk (32 inputs = 16 qweight bytes) to the order the
+//    kernels split nibbles in (low nibbles = even inputs, high = odd), zero padded
+//    to whole chunks, and Σx per group is computed for the M = 1 AVX2 kernel. This
+//    is O(M·K); the kernels then never shuffle x.
+//  * M = 1 (decode, memory bound): one pass over the weights per row.
+//      AVX2:    per group Σ_i x_i (code_i·s + m) = s·Σ_i code_i·x_i + m·Σ_i x_i, so the
+//               inner loop per 8 weights is zero-extend, mask/shift, int->float and
+//               one FMA; s is applied once per group to vector partial sums.
+//      AVX-512: vpermps is a 16-entry table lookup, i.e. one group's decode table
+//               fl(c·s + m), so weights are decoded exactly and dotted with x: a lookup
+//               and an FMA per 16 weights.
+//  * 2 ≤ M ≤ 16: per block of 4 weight rows, decode the rows once (exactly as
+//    FORMAT.md says) into a per-thread scratch that stays in L1, then a register-
+//    blocked micro-kernel (AVX2 2 × 4, AVX-512 4 × 4 accumulators) dots them with
+//    every activation row, so decoding is paid once for all M rows.
+//  * K is blocked (M = 1: 4096 inputs, otherwise 512) so the slice of x that all
+//    rows reuse stays in L1/L2 (x for K = 14336 is 56 KiB, more than L1); blocks
+//    after the first add into y.
+//  * M > 16 is cut into tiles of 16 rows of x; each tile reads the weights again.
+//    TODO(measure): for prefill-sized M, dequantizing a panel and calling sgemm
+//    may win; see bench/bench_int4_gemv.cpp.
+//  * Threads: OpenMP over contiguous ranges of N (rows of W), so each thread
+//    streams its own part of the weights; small problems run on one thread.
+//  * Numerics: fp32 throughout, fp32 accumulation. Results differ from the
+//    reference only by the order of fp32 additions (and, in the AVX2 M = 1 path,
+//    by rounding s·Σcode·x and m·Σx separately); tests/unit/test_int4_kernels.cpp
+//    derives the bound.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+#include "backend/cpu/int4_isa.h"
+#include "backend/cpu/kernels.h"
+#include "nibble/error.h"
+
+namespace nibble::cpu {
+namespace {
+
+using int4::kChunk;
+
+constexpr int64_t kMaxTileM = 16;
+
+// 64-byte aligned float buffer (vector loads of prepared x and scratch never split a cache line).
+struct AlignedFloats {
+  explicit AlignedFloats(int64_t n)
+      : p(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64)))) {
+    NIBBLE_CHECK(p != nullptr, "out of memory allocating {} floats for the int4 kernel", n);
+  }
+  ~AlignedFloats() { std::free(p); }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  float* p;
+};
+
+bool cpu_has(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar:
+      return true;
+    case Isa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma");
+  }
+  return false;
+}
+
+// Permutes rows of x into the kernels' layout and computes Σx per group (int4_isa.h).
+void prepare_activations(const float* x, int64_t M, const int4::Problem& p, float* xp, float* xsum) {
+  const int64_t stride = p.chunks * kChunk;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * p.K;
+    float* o = xp + m * stride;
+    for (int64_t c = 0; c < p.chunks; ++c)
+      for (int64_t i = 0; i < kChunk / 2; ++i) {
+        const int64_t e = c * kChunk + 2 * i;
+        o[c * kChunk + i] = e < p.K ? xm[e] : 0.0f;
+        o[c * kChunk + kChunk / 2 + i] = e + 1 < p.K ? xm[e + 1] : 0.0f;
+      }
+    for (int64_t g = 0; g < p.groups; ++g) {
+      float s = 0.0f;
+      const int64_t i1 = std::min<int64_t>(p.K, (g + 1) * p.group_size);
+      for (int64_t i = g * p.group_size; i < i1; ++i) s += xm[i];
+      xsum[m * p.groups + g] = s;
+    }
+  }
+}
+
+// One tile of at most 16 activation rows.
+void gemm_tile(int4::RowsFn rows, const int4::Problem& p, const float* x, int64_t M, float* y) {
+  const int64_t stride = p.chunks * kChunk;
+  AlignedFloats xp(M * stride), xsum(M * p.groups);
+  prepare_activations(x, M, p, xp.p, xsum.p);
+  const int4::Activations a{xp.p, xsum.p, M, stride};
+
+  // K block in chunks; a multiple of 4 chunks = 128 inputs, so group aligned for every G.
+  const int64_t kb = M == 1 ? 4096 / kChunk : 512 / kChunk;
+  const int64_t work = M * p.N * p.K;
+  const int threads = work >= (int64_t{1} << 17) ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    // Contiguous ranges of whole row blocks.
+    const int64_t blocks = (p.N + int4::kRowBlock - 1) / int4::kRowBlock;
+    const int64_t n0 = std::min(p.N, blocks * t / nt * int4::kRowBlock);
+    const int64_t n1 = std::min(p.N, blocks * (t + 1) / nt * int4::kRowBlock);
+    if (n0 < n1) {
+      AlignedFloats scratch(M > 1 ? int4::kRowBlock * kb * kChunk : 16);
+      for (int64_t c0 = 0; c0 < p.chunks; c0 += kb)
+        rows(p, a, c0, std::min(c0 + kb, p.chunks), n0, n1, c0 > 0, scratch.p, y);
+    }
+  }
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa isa) {
+  static const bool avx2 = cpu_has(Isa::Avx2), avx512 = cpu_has(Isa::Avx512);
+  switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2: return avx2;
+    case Isa::Avx512: return avx512;
+  }
+  return false;
+}
+
+Isa best_isa() {
+  if (isa_supported(Isa::Avx512)) return Isa::Avx512;
+  if (isa_supported(Isa::Avx2)) return Isa::Avx2;
+  return Isa::Scalar;
+}
+
+void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
+                        const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
+  NIBBLE_CHECK(group_size == 32 || group_size == 64 || group_size == 128,
+               "int4_asym GEMM: group size must be 32, 64 or 128, got {}", group_size);
+  NIBBLE_CHECK(M >= 0 && N >= 0 && K >= 1, "int4_asym GEMM: bad shape M={} N={} K={}", M, N, K);
+  NIBBLE_CHECK(isa_supported(isa), "int4_asym GEMM: this CPU cannot run the {} kernel", isa_name(isa));
+  if (M == 0 || N == 0) return;
+  if (isa == Isa::Scalar) {
+    gemm_int4_asym_ref(x, M, qweight, scales, mins, N, K, group_size, y);
+    return;
+  }
+  const int4::RowsFn rows = isa == Isa::Avx512 ? int4::rows_avx512 : int4::rows_avx2;
+  const int4::Problem p{qweight, scales, mins, N, K, group_size, (K + 1) / 2,
+                        (K + group_size - 1) / group_size, (K + kChunk - 1) / kChunk};
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxTileM)
+    gemm_tile(rows, p, x + m0 * K, std::min(kMaxTileM, M - m0), y + m0 * N);
+}
+
+void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
+                    const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
+  gemm_int4_asym_isa(best_isa(), x, M, qweight, scales, mins, N, K, group_size, y);
+}
+
+}  // namespace nibble::cpu

@@ -1,0 +1,62 @@
+// The contract between the int4_asym GEMM driver (int4_gemm.cpp) and its
+// per-ISA kernels (int4_avx2.cpp, int4_avx512.cpp, each compiled with its own
+// -m flags). Only plain structs and function declarations live here: an inline
+// function or template included by an ISA file would be compiled with that
+// file's flags, and the linker may keep that copy for every caller, so an
+// AVX-512 instruction could run on a CPU without AVX-512.
+#pragma once
+
+#include <cstdint>
+
+namespace nibble::cpu::int4 {
+
+// Kernels walk a qweight row in chunks of 32 inputs = 16 bytes. G ∈ {32, 64,
+// 128} is a multiple of 32 and groups start at multiples of G, so a chunk never
+// straddles two groups. Chunk c of a row covers inputs [32c, 32c + 32); the last
+// chunk of a row is short when K is not a multiple of 32 (the kernels copy it
+// into a zeroed 16-byte buffer instead of reading past the row).
+constexpr int64_t kChunk = 32;
+constexpr int64_t kChunkBytes = kChunk / 2;
+
+// One packed int4_asym matrix, as docs/FORMAT.md §3 stores it.
+struct Problem {
+  const uint8_t* qweight;  // [N, row_bytes]
+  const uint16_t* scales;  // [N, groups] bf16
+  const uint16_t* mins;    // [N, groups] bf16
+  int64_t N, K;
+  int group_size;
+  int64_t row_bytes;  // ceil(K / 2)
+  int64_t groups;     // ceil(K / G)
+  int64_t chunks;     // ceil(K / 32)
+};
+
+// Activations as the kernels want them. Splitting the 16 bytes of a chunk into
+// low and high nibbles gives the codes of inputs 0, 2, ..., 30 and 1, 3, ..., 31;
+// so that the kernels need no shuffle, x is stored permuted the same way, once
+// per call:
+//   xp[m, 32c + i]      = x[m, 32c + 2i]       (i < 16: the low nibbles)
+//   xp[m, 32c + 16 + i] = x[m, 32c + 2i + 1]   (the high nibbles)
+// with zeros for inputs ≥ K (so padding codes contribute 0).
+struct Activations {
+  const float* xp;    // [M, chunks * 32], 64-byte aligned rows
+  const float* xsum;  // [M, groups]: Σ of x over each group, fp32 in input order
+  int64_t M;          // 1..16
+  int64_t xp_stride;  // floats between rows of xp (= chunks * 32)
+};
+
+// Rows per block of the M > 1 kernels (they decode this many weight rows into
+// scratch and reuse them for every activation row).
+constexpr int64_t kRowBlock = 4;
+
+// Computes rows [n0, n1) of y[M, N] over the inputs of chunks [c0, c1), where c0
+// is a multiple of G/32 and c1 is too or equals p.chunks:
+//   y[m, n] = (accumulate ? y[m, n] : 0) + Σ_{i in the chunks} x[m, i] · ŵ[n, i]
+// scratch: kRowBlock * (c1 - c0) * 32 floats, 64-byte aligned, owned by the caller's thread.
+using RowsFn = void (*)(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
+                       bool accumulate, float* scratch, float* y);
+void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
+               bool accumulate, float* scratch, float* y);
+void rows_avx512(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
+                 bool accumulate, float* scratch, float* y);
+
+}  // namespace nibble::cpu::int4

@@ -1,0 +1,133 @@
+// nibble run: generate text from a (plain or packed) checkpoint; nibble ppl: perplexity of a text file.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "nibble/error.h"
+#include "nibble/eval.h"
+#include "nibble/model.h"
+#include "nibble/sampler.h"
+#include "nibble/tokenizer.h"
+
+namespace nibble::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The token the post-processor puts in front of every encoding (Llama 2's <s>), if any.
+std::optional<int32_t> leading_bos(const Tokenizer& tok) {
+  const auto with = tok.encode("a", true), without = tok.encode("a", false);
+  if (with.size() > without.size() && !with.empty()) return with[0];
+  return std::nullopt;
+}
+
+struct Loaded {
+  std::unique_ptr<CheckpointDir> dir;
+  std::unique_ptr<Model> model;
+  Tokenizer tok;
+};
+
+Loaded load(const std::string& path) {
+  auto dir = CheckpointDir::open(path);
+  NIBBLE_CHECK(std::filesystem::exists(dir->dir() / "tokenizer.json"), "{}: no tokenizer.json", path);
+  Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
+  auto model = Model::load(*dir);
+  return {std::move(dir), std::move(model), std::move(tok)};
+}
+
+}  // namespace
+
+void register_run(CLI::App& app, const GlobalOptions& global) {
+  auto* cmd = app.add_subcommand("run", "Generate text with a checkpoint (plain or packed) on the CPU");
+  struct Opts {
+    std::string model, prompt;
+    int n = 128;
+    SamplerConfig sampler;
+    bool truncate = false;
+  };
+  auto o = std::make_shared<Opts>();
+  cmd->add_option("--model", o->model, "Model directory (HF or nibble-packed)")->required();
+  cmd->add_option("--prompt", o->prompt, "Prompt text")->required();
+  cmd->add_option("-n,--n-tokens", o->n, "New tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temp", o->sampler.temperature, "Temperature (0 = greedy)")->capture_default_str();
+  cmd->add_option("--top-k", o->sampler.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
+  cmd->add_option("--top-p", o->sampler.top_p, "Nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--seed", o->sampler.seed, "Random seed for sampling")->capture_default_str();
+  cmd->add_flag("--truncate", o->truncate, "Keep only the end of a prompt longer than the context");
+  cmd->footer("Example:\n  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100");
+  cmd->callback([o, &global] {
+    Loaded m = load(o->model);
+    const ModelConfig& c = m.model->config();
+    std::vector<int32_t> ids = m.tok.encode(o->prompt, true);
+    NIBBLE_CHECK(!ids.empty(), "the prompt encodes to no tokens; give some text");
+    const int64_t ctx = c.max_position_embeddings;
+    if (static_cast<int64_t>(ids.size()) + o->n > ctx) {
+      NIBBLE_CHECK(o->truncate, "prompt ({} tokens) + {} new tokens exceed the model's context of {} (pass --truncate "
+                   "to keep the end of the prompt, or lower -n)", ids.size(), o->n, ctx);
+      NIBBLE_CHECK(o->n < ctx, "-n {} alone exceeds the model's context of {}", o->n, ctx);
+      ids.erase(ids.begin(), ids.end() - (ctx - o->n));
+    }
+    Sampler sampler(o->sampler);
+    KVCache cache(c, static_cast<int64_t>(ids.size()) + o->n);
+    std::printf("%s", m.tok.decode(ids, true).c_str());
+    std::fflush(stdout);
+
+    const auto t0 = Clock::now();
+    Tensor logits = m.model->forward(ids, cache, false);
+    const double prefill_s = seconds_since(t0);
+    // Stop at an end-of-sequence id; also at BOS, which models trained on
+    // BOS-delimited documents (llama2.c's TinyStories) emit to end a story.
+    std::vector<int32_t> stop(c.eos_token_ids.begin(), c.eos_token_ids.end());
+    if (auto e = m.tok.eos_id()) stop.push_back(*e);
+    if (auto b = leading_bos(m.tok)) stop.push_back(*b);
+    StreamDecoder stream(m.tok, true);
+    const auto t1 = Clock::now();
+    int generated = 0;
+    for (int i = 0; i < o->n; ++i) {
+      const int32_t next = sampler.sample(logits.data<float>(), c.vocab_size);
+      if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
+      ++generated;
+      std::printf("%s", stream.step(next).c_str());
+      std::fflush(stdout);
+      if (i + 1 < o->n) logits = m.model->forward({next}, cache, false);
+    }
+    std::printf("%s\n", stream.finish().c_str());
+    const double decode_s = seconds_since(t1);
+    if (!global.quiet)
+      std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s); decode: %d tokens in %.1f ms (%.1f tok/s)\n",
+                   ids.size(), 1e3 * prefill_s, ids.size() / prefill_s, generated, 1e3 * decode_s,
+                   generated > 0 ? generated / decode_s : 0.0);
+  });
+}
+
+void register_ppl(CLI::App& app, const GlobalOptions& global) {
+  auto* cmd = app.add_subcommand("ppl", "Perplexity of a text file (llama.cpp protocol: second half of each window)");
+  auto model = std::make_shared<std::string>();
+  auto text = std::make_shared<std::string>();
+  auto ctx = std::make_shared<int64_t>(512);
+  auto max_chunks = std::make_shared<int64_t>(0);
+  cmd->add_option("--model", *model, "Model directory (HF or nibble-packed)")->required();
+  cmd->add_option("--text", *text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--ctx", *ctx, "Window length in tokens")->capture_default_str();
+  cmd->add_option("--chunks", *max_chunks, "Score at most this many windows (0 = all)")->capture_default_str();
+  cmd->footer("Example:\n  nibble ppl --model out/qwen3-rtn --text ../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 20");
+  cmd->callback([=, &global] {
+    Loaded m = load(*model);
+    std::ifstream f(*text, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::vector<int32_t> ids = m.tok.encode(ss.str(), true);
+    if (*max_chunks > 0 && static_cast<int64_t>(ids.size()) > *max_chunks * *ctx) ids.resize(*max_chunks * *ctx);
+    const auto r = eval::perplexity(*m.model, ids, *ctx, leading_bos(m.tok), !global.quiet);
+    std::printf("ppl %.4f +/- %.4f  (mean NLL %.5f over %lld tokens in %lld windows of %lld)\n", r.ppl, r.ppl_stderr,
+                r.mean_nll, static_cast<long long>(r.scored_tokens), static_cast<long long>(r.chunks),
+                static_cast<long long>(*ctx));
+  });
+}
+
+}  // namespace nibble::cli
