@@ -33,8 +33,9 @@ const DType kAllDTypes[] = {DType::F64, DType::F32, DType::F16, DType::BF16, DTy
 // ---------------------------------------------------------------------------
 // Sweeps over fp32 bit patterns.
 //
-// All 2^32 patterns take minutes on a small machine (the compiler's _Float16
-// conversion is a soft-float libgcc call), too slow for every test run. So by
+// All 2^32 patterns take minutes (on 2 cores, -O3: bf16 40 s, f16 13 min --
+// the compiler's _Float16 conversion is a soft-float libgcc call -- and F16C
+// 55 s), too slow for every test run. So by
 // default the sweep covers a dense sample, and NIBBLE_EXHAUSTIVE=1 in the
 // environment makes it go through every pattern. The sample:
 //   - for each sign and each of the 256 exponents, mantissas built around
