@@ -170,6 +170,7 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
       sinv[i * half + j] = std::sin(angle);
     }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t window = c.sliding_window.value_or(0);
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[l];
@@ -197,10 +198,11 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
 #pragma omp for collapse(2) schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t h = 0; h < H; ++h) {
-          const int64_t kvh = h / (H / KV), T = p0 + i + 1;
+          // Keys t0 .. T-1: all earlier positions, or (sliding window W) those with pos - t < W.
+          const int64_t kvh = h / (H / KV), T = p0 + i + 1, t0 = window > 0 ? std::max<int64_t>(0, T - window) : 0;
           const float* qi = q.data() + (i * H + h) * hd;
           float mx = -INFINITY;
-          for (int64_t t = 0; t < T; ++t) {
+          for (int64_t t = t0; t < T; ++t) {
             const float* kt = cache.keys(l, t) + kvh * hd;
             float s = 0.0f;
             for (int64_t d = 0; d < hd; ++d) s += qi[d] * kt[d];
@@ -208,10 +210,10 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
             mx = std::max(mx, scores[t]);
           }
           float sum = 0.0f;
-          for (int64_t t = 0; t < T; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
+          for (int64_t t = t0; t < T; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
           float* out = att.data() + (i * H + h) * hd;
           std::fill_n(out, hd, 0.0f);
-          for (int64_t t = 0; t < T; ++t) {
+          for (int64_t t = t0; t < T; ++t) {
             const float w = scores[t] / sum;
             const float* vt = cache.values(l, t) + kvh * hd;
             for (int64_t d = 0; d < hd; ++d) out[d] += w * vt[d];
