@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make demo: quantize the stories260K fixture with RTN int4, show what came out,
-# and check it by reading it back and dequantizing it.
+# make demo: quantize the stories260K fixture with RTN int4, show what came out, measure it,
+# dequantize it, and generate a story with the packed checkpoint.
 set -euo pipefail
 NIBBLE=${1:-build/bin/nibble}
 SHARED=${2:-../shared}
@@ -19,3 +19,11 @@ echo "== a down_proj with 172 inputs (groups of 64, 64 and a ragged 44), dequant
 echo
 echo "== nibble dequantize -> a plain HF checkpoint (f32) that transformers can load"
 "$NIBBLE" dequantize --model "$OUT/stories260K-rtn-g64" --out "$OUT/stories260K-rtn-g64-hf" --force
+echo
+echo "== measure: perplexity on held-out TinyStories, original vs int4 (ctx 256, 20 windows)"
+TEXT="$SHARED/data/corpora/tinystories-valid-sample.txt"
+printf "original: "; "$NIBBLE" -q ppl --model "$MODEL" --text "$TEXT" --ctx 256 --chunks 20
+printf "int4 g64: "; "$NIBBLE" -q ppl --model "$OUT/stories260K-rtn-g64" --text "$TEXT" --ctx 256 --chunks 20
+echo
+echo "== nibble run: a story from the packed int4 checkpoint (int4 kernels read the packed bytes directly)"
+"$NIBBLE" run --model "$OUT/stories260K-rtn-g64" --prompt "Once upon a time" -n 120

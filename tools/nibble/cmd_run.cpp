@@ -97,6 +97,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
       if (i + 1 < o->n) logits = m.model->forward({next}, cache, false);
     }
     std::printf("%s\n", stream.finish().c_str());
+    std::fflush(stdout);  // the text first, then the timings on stderr
     const double decode_s = seconds_since(t1);
     if (!global.quiet)
       std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s); decode: %d tokens in %.1f ms (%.1f tok/s)\n",
