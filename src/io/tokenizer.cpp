@@ -255,18 +255,20 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
                  "{}: padding to a fixed length ({}) is not supported", origin, p->dump());
   }
 
-  // The id space: model vocab plus added tokens (which usually repeat vocab entries).
-  int64_t max_id = -1;
+  // Added tokens get their ids the way `tokenizers` assigns them on loading
+  // (it only warns when the file says otherwise): the id of the same string
+  // in the vocab, else the next id after the vocab and the added tokens so
+  // far. Real files agree with this; hand-edited ones may not.
+  const auto model_size = static_cast<int64_t>(impl->model->vocab().size());
+  int64_t max_id = -1, max_added = -1;
   for (const auto& [token, id] : impl->model->vocab()) max_id = std::max<int64_t>(max_id, id);
   if (const json* added = component("added_tokens")) {
     NIBBLE_CHECK(added->is_array(), "{}: 'added_tokens' should be an array", origin);
     for (size_t i = 0; i < added->size(); ++i) {
       const json& a = (*added)[i];
       const std::string at = fmt::format("{}: added_tokens[{}]", origin, i);
-      NIBBLE_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_unsigned() && a["id"].get<int64_t>() < INT32_MAX,
-                   "{}: expected an object with a non-negative 'id', found {}", at, a.dump().substr(0, 200));
+      NIBBLE_CHECK(a.is_object(), "{}: expected an object, found {}", at, a.dump().substr(0, 200));
       io::tok::AddedToken t;
-      t.id = a["id"].get<int32_t>();
       t.content = io::tok::json_string(a, "content", at);
       t.special = io::tok::json_bool(a, "special", false, at);
       t.single_word = io::tok::json_bool(a, "single_word", false, at);
@@ -274,13 +276,16 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
       t.rstrip = io::tok::json_bool(a, "rstrip", false, at);
       t.normalized = io::tok::json_bool(a, "normalized", !t.special, at);
       if (impl->added_by_content.count(t.content)) continue;  // first definition wins
+      if (auto id = impl->model->token_to_id(t.content)) t.id = *id;
+      else t.id = static_cast<int32_t>(max_added >= model_size ? max_added + 1 : model_size);
+      max_added = std::max<int64_t>(max_added, t.id);
       max_id = std::max<int64_t>(max_id, t.id);
       impl->added_by_content.emplace(t.content, impl->added.size());
-      impl->added_by_id.emplace(t.id, impl->added.size());
       impl->added.push_back(std::move(t));
     }
   }
   NIBBLE_CHECK(max_id >= 0, "{}: the vocabulary is empty", origin);
+  NIBBLE_CHECK(max_id < INT32_MAX, "{}: token ids go past int32", origin);
   const auto n = static_cast<size_t>(max_id + 1);
   impl->id_to_token.assign(n, std::string());
   impl->has_token.assign(n, 0);
@@ -291,18 +296,18 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
   }
   for (size_t i = 0; i < impl->added.size(); ++i) {
     const io::tok::AddedToken& t = impl->added[i];
-    impl->id_to_token[static_cast<size_t>(t.id)] = t.content;  // added tokens win, as in `tokenizers`
+    // A normalized added token is looked for in normalized text, so its
+    // pattern is its normalized content; `tokenizers` also decodes it as
+    // that pattern (Prepend makes "Lily" come back as "▁Lily", i.e. " Lily").
+    std::string pattern = t.content;
+    if (t.normalized && impl->normalizer) impl->normalizer->normalize(pattern);
+    impl->id_to_token[static_cast<size_t>(t.id)] = pattern;  // added tokens win over the vocab
     impl->has_token[static_cast<size_t>(t.id)] = 1;
-    // Normalized added tokens are looked for in normalized text, so their pattern is normalized too.
-    if (t.normalized) {
-      std::string pattern = t.content;
-      if (impl->normalizer) impl->normalizer->normalize(pattern);
-      impl->normalized_matcher.add(std::move(pattern), i);
-    } else {
-      impl->raw_matcher.add(t.content, i);
-    }
+    (t.normalized ? impl->normalized_matcher : impl->raw_matcher).add(std::move(pattern), i);
   }
-  // skip_special_tokens goes by content, as `tokenizers` does.
+  // skip_special_tokens goes by the decoded string being a special token's
+  // content, as `tokenizers` does (so a special token whose normalized
+  // pattern differs from its content is not skipped there either).
   for (size_t id = 0; id < n; ++id) {
     auto it = impl->added_by_content.find(impl->id_to_token[id]);
     if (impl->has_token[id] && it != impl->added_by_content.end() && impl->added[it->second].special) impl->special[id] = 1;

@@ -24,15 +24,15 @@ BpeModel::BpeModel(const json& m, const std::string& where) {
   }
   auto optional_string = [&](const char* key) -> std::string {
     if (!m.contains(key) || m[key].is_null()) return {};
-    return json_string(m, key, where + ".model");
+    return json_string(m, key, where + ": model");
   };
   if (std::string unk = optional_string("unk_token"); !unk.empty()) {
     unk_token_ = unk;
     if (auto it = vocab_.find(unk); it != vocab_.end()) unk_id_ = it->second;
   }
-  byte_fallback_ = json_bool(m, "byte_fallback", false, where + ".model");
-  fuse_unk_ = json_bool(m, "fuse_unk", false, where + ".model");
-  ignore_merges_ = json_bool(m, "ignore_merges", false, where + ".model");
+  byte_fallback_ = json_bool(m, "byte_fallback", false, where + ": model");
+  fuse_unk_ = json_bool(m, "fuse_unk", false, where + ": model");
+  ignore_merges_ = json_bool(m, "ignore_merges", false, where + ": model");
   continuing_subword_prefix_ = optional_string("continuing_subword_prefix");
   end_of_word_suffix_ = optional_string("end_of_word_suffix");
   if (m.contains("dropout") && !m["dropout"].is_null()) {

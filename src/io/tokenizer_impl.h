@@ -224,10 +224,9 @@ struct TokenizerImpl {
   std::unique_ptr<Decoder> decoder;
   std::vector<AddedToken> added;
   std::unordered_map<std::string, size_t> added_by_content;
-  std::unordered_map<int32_t, size_t> added_by_id;
   AddedTokenMatcher raw_matcher;         // added tokens with normalized == false, on the raw text
   AddedTokenMatcher normalized_matcher;  // normalized == true, on the normalized text
-  std::vector<std::string> id_to_token;  // "" with has_token false for holes
+  std::vector<std::string> id_to_token;  // what decode() sees; "" with has_token false for holes
   std::vector<uint8_t> has_token;
   std::vector<uint8_t> special;          // content is a special added token
   std::optional<size_t> truncation_max_length;

@@ -2,6 +2,7 @@
 // decodes), the Llama 3 regex under PCRE2, streaming, and bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -193,6 +194,174 @@ TEST(TokenizerQwen3, LinuxCorpusRoundTrip) {
   const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
   std::printf("[          ] %zu bytes -> %zu ids: encode %.1f ms, decode %.1f ms\n", text.size(), ids.size(),
               ms(t1 - t0), ms(t2 - t1));
+}
+
+
+// ---- The Llama 3 pre-tokenizer regex under PCRE2 ----------------------------------
+
+// A tokenizer.json with a one-entry BPE vocab and the given pre-tokenizer, to
+// look at the pre-tokenizer's splits.
+Tokenizer with_pre_tokenizer(const json& pre_tokenizer) {
+  json j = {{"version", "1.0"},
+            {"added_tokens", json::array()},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", pre_tokenizer},
+            {"post_processor", nullptr},
+            {"decoder", nullptr},
+            {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", json::array()}}}};
+  return Tokenizer::from_json(j.dump(), "test tokenizer.json");
+}
+
+constexpr const char* kLlama3Regex =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+TEST(TokenizerLlama3Regex, CompilesAndSplits) {
+  const Tokenizer t = with_pre_tokenizer(
+      {{"type", "Split"}, {"pattern", {{"Regex", kLlama3Regex}}}, {"behavior", "Isolated"}, {"invert", false}});
+  using V = std::vector<std::string>;
+  EXPECT_EQ(t.pre_tokenize("I'm 12345 years"), (V{"I", "'m", " ", "123", "45", " years"}));
+  // The expectations below are `tokenizers` 0.23.2's Split(Regex(...), "isolated").pre_tokenize_str.
+  EXPECT_EQ(t.pre_tokenize("Hello  world\n\n  x"), (V{"Hello", " ", " world", "\n\n", " ", " x"}));
+  EXPECT_EQ(t.pre_tokenize("DON'T   stop?!\r\n\r\nnow"), (V{"DON", "'T", "  ", " stop", "?!\r\n\r\n", "now"}));
+  EXPECT_EQ(t.pre_tokenize("    indented\tcode();\r\n"), (V{"   ", " indented", "\tcode", "();\r\n"}));
+  EXPECT_EQ(t.pre_tokenize("\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E" "123abc"),
+            (V{"\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E", "123", "abc"}));
+  // U+180E is not White_Space for Oniguruma (it is for PCRE2's \s; nibble narrows \s).
+  EXPECT_EQ(t.pre_tokenize("x\xE1\xA0\x8E!? y"), (V{"x", "\xE1\xA0\x8E!?", " y"}));
+  EXPECT_EQ(t.pre_tokenize("a\xE1\xA0\x8E b\xC2\x85 c  \xC2\xA0" "d"),
+            (V{"a", "\xE1\xA0\x8E", " b", "\xC2\x85", " c", "  ", "\xC2\xA0" "d"}));
+  // ByteLevel after the Split maps bytes to GPT-2's printable stand-ins (' ' -> Ġ).
+  const Tokenizer b = with_pre_tokenizer(
+      {{"type", "Sequence"},
+       {"pretokenizers",
+        {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}});
+  EXPECT_EQ(b.pre_tokenize("I'm 12345 years\n"), (V{"I", "'m", "\xC4\xA0", "123", "45", "\xC4\xA0years", "\xC4\x8A"}));
+}
+
+// ---- Streaming ----------------------------------------------------------------------
+
+TEST(TokenizerStream, WholeCharactersOnly) {
+  const std::string text = "unicode: caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80!";  // café 日本 😀!
+  for (const Tokenizer* t : {&stories(), &qwen3()}) {
+    const std::vector<int32_t> ids = t->encode(text);
+    StreamDecoder s(*t, /*skip_special_tokens=*/true);
+    std::string all;
+    for (int32_t id : ids) {
+      const std::string piece = s.step(id);
+      EXPECT_EQ(piece.find("\xEF\xBF\xBD"), std::string::npos) << "emitted a U+FFFD for id " << id;
+      all += piece;
+    }
+    all += s.finish();
+    EXPECT_EQ(all, text);
+  }
+  // A sequence cut inside a character: finish() gives what decode() gives.
+  std::vector<int32_t> ids = qwen3().encode("\xF0\x9F\x98\x80", false);
+  ASSERT_GT(ids.size(), 1u);
+  ids.pop_back();
+  StreamDecoder s(qwen3());
+  std::string all;
+  for (int32_t id : ids) all += s.step(id);
+  EXPECT_EQ(all, "");
+  EXPECT_EQ(s.finish(), qwen3().decode(ids));
+}
+
+// ---- Bad input ----------------------------------------------------------------------
+
+TEST(TokenizerErrors, MalformedJsonNamesThePath) {
+  test::TempDir dir;
+  std::ofstream(dir / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", ";
+  const std::string e = error_of([&] { Tokenizer::from_file(dir / "tokenizer.json"); });
+  EXPECT_NE(e.find((dir / "tokenizer.json").string()), std::string::npos) << e;
+  EXPECT_NE(e.find("malformed JSON"), std::string::npos) << e;
+  const std::string missing = error_of([&] { Tokenizer::from_file(dir / "nope.json"); });
+  EXPECT_NE(missing.find("nope.json"), std::string::npos) << missing;
+}
+
+TEST(TokenizerErrors, UnsupportedComponentsAreNamedWithTheSupportedList) {
+  json base = read_json(test::model_dir("stories260K") / "tokenizer.json");
+  auto error_with = [&](const char* key, const json& value) {
+    json j = base;
+    if (std::string(key) == "model.type") j["model"]["type"] = value;
+    else j[key] = value;
+    return error_of([&] { Tokenizer::from_json(j.dump(), "edited/tokenizer.json"); });
+  };
+  const std::string model = error_with("model.type", "Unigram");
+  EXPECT_NE(model.find("'Unigram'"), std::string::npos) << model;
+  EXPECT_NE(model.find("supported: BPE"), std::string::npos) << model;
+  const std::string norm = error_with(
+      "normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}});
+  EXPECT_NE(norm.find("edited/tokenizer.json"), std::string::npos) << norm;
+  EXPECT_NE(norm.find("normalizer.normalizers[1]"), std::string::npos) << norm;
+  EXPECT_NE(norm.find("'Lowercase'"), std::string::npos) << norm;
+  EXPECT_NE(norm.find("supported: Sequence, Prepend, Replace, NFC"), std::string::npos) << norm;
+  const std::string pre = error_with("pre_tokenizer", {{"type", "BertPreTokenizer"}});
+  EXPECT_NE(pre.find("'BertPreTokenizer'"), std::string::npos) << pre;
+  EXPECT_NE(pre.find("supported: Sequence, Split, ByteLevel, Metaspace"), std::string::npos) << pre;
+  const std::string dec = error_with("decoder", {{"type", "WordPiece"}, {"prefix", "##"}});
+  EXPECT_NE(dec.find("'WordPiece'"), std::string::npos) << dec;
+  EXPECT_NE(dec.find("supported: Sequence, ByteLevel, Metaspace"), std::string::npos) << dec;
+  const std::string post = error_with("post_processor", {{"type", "Unknown"}});
+  EXPECT_NE(post.find("'Unknown'"), std::string::npos) << post;
+  const std::string regex = error_with(
+      "pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}});
+  EXPECT_NE(regex.find("does not compile under PCRE2"), std::string::npos) << regex;
+  json bad_merge = base;
+  bad_merge["model"]["merges"].push_back("\xE2\x96\x81" "q zz");
+  const std::string merge = error_of([&] { Tokenizer::from_json(bad_merge.dump(), "edited/tokenizer.json"); });
+  EXPECT_NE(merge.find("is not in the vocab"), std::string::npos) << merge;
+}
+
+TEST(TokenizerErrors, DecodeOutOfRangeNamesIdAndVocabSize) {
+  const std::string e = error_of([] { stories().decode({1, 600, 2}); });
+  EXPECT_NE(e.find("id 600"), std::string::npos) << e;
+  EXPECT_NE(e.find("vocab size 512"), std::string::npos) << e;
+  EXPECT_NE(error_of([] { stories().decode({-1}); }).find("id -1"), std::string::npos);
+  EXPECT_NE(error_of([] { qwen3().decode_token(8192); }).find("vocab size 8192"), std::string::npos);
+}
+
+TEST(TokenizerErrors, InvalidUtf8Input) {
+  const std::string e = error_of([] { qwen3().encode("ok \xC3\x28 no"); });
+  EXPECT_NE(e.find("not valid UTF-8"), std::string::npos) << e;
+  EXPECT_NE(e.find("offset 3"), std::string::npos) << e;
+}
+
+// ---- Variants: goldens from `tokenizers` for what the fixtures do not cover -------
+//
+// tests/data/tokenizers/variants.json (made by make_goldens.py there): each
+// variant edits a fixture's tokenizer.json (Metaspace schemes, a Llama-3-style
+// Split regex with ignore_merges, GPT-2's ByteLevel regex, NFC, added-token
+// lstrip/rstrip/single_word/normalized, unk without byte fallback, ...).
+
+json variant_tokenizer_json(const json& v) {
+  if (v.contains("tokenizer")) return v["tokenizer"];
+  json j = read_json(test::model_dir(v["base"].get<std::string>()) / "tokenizer.json");
+  if (v.contains("set"))
+    for (const auto& [k, val] : v["set"].items()) j[k] = val;
+  if (v.contains("model"))
+    for (const auto& [k, val] : v["model"].items()) j["model"][k] = val;
+  if (v.contains("added_tokens"))
+    for (const json& a : v["added_tokens"]) j["added_tokens"].push_back(a);
+  return j;
+}
+
+TEST(TokenizerVariants, MatchTokenizersGoldens) {
+  const json g = read_json(test::test_data_dir() / "tokenizers" / "variants.json");
+  ASSERT_GE(g["variants"].size(), 19u);
+  for (const json& v : g["variants"]) {
+    const std::string name = v["name"];
+    const Tokenizer t = Tokenizer::from_json(variant_tokenizer_json(v).dump(), name);
+    for (const json& c : v["cases"]) {
+      const std::string text = c["text"];
+      SCOPED_TRACE(name + " text: " + json(text).dump());
+      const std::vector<int32_t> ids = ids_of(c["ids"]);
+      EXPECT_EQ(t.encode(text, false), ids);
+      EXPECT_EQ(t.encode(text), ids_of(c["ids_with_special"]));
+      EXPECT_EQ(t.decode(ids, true), c["decode"].get<std::string>());
+      EXPECT_EQ(t.decode(ids, false), c["decode_keep_special"].get<std::string>());
+      EXPECT_EQ(stream(t, ids), c["decode_keep_special"].get<std::string>());
+    }
+  }
 }
 
 }  // namespace
