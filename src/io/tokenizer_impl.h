@@ -3,7 +3,7 @@
 //   tokenizer_bpe.cpp      the BPE model (rank-ordered merges per word, byte fallback, unk)
 //   tokenizer_pretok.cpp   PCRE2 regexes, normalizers, pre-tokenizers
 //   tokenizer_decode.cpp   decoders, post-processors, the GPT-2 byte map, StreamDecoder
-//   tokenizer_unicode.cpp  UTF-8 helpers, White_Space, NFC/NFD (+ generated tables in tokenizer_unicode_data.cpp)
+//   tokenizer_unicode.cpp  UTF-8 helpers, White_Space, NFC/NFD (utf8proc)
 //
 // Each component mirrors the `tokenizers` component of the same JSON "type",
 // with the same semantics (the comments say where they are subtle), so the
@@ -45,19 +45,7 @@ bool is_white_space(uint32_t cp);  // Unicode White_Space (Rust char::is_whitesp
 std::string nfc(std::string_view s);
 std::string nfd(std::string_view s);
 
-struct CccRange {
-  uint32_t first, last;
-  uint8_t ccc;
-};
-struct Decomposition {
-  uint32_t cp, first, second;  // second == 0: singleton
-  uint8_t composes;            // 1: primary composite (first+second compose back to cp)
-};
-extern const char* const kUnicodeDataVersion;
-extern const CccRange kCcc[];
-extern const size_t kCccCount;
-extern const Decomposition kDecompositions[];
-extern const size_t kDecompositionCount;
+
 
 // ---- Regex (tokenizer_pretok.cpp) -------------------------------------------
 

@@ -1,23 +1,12 @@
-// UTF-8 helpers, Unicode White_Space, and NFC/NFD for the tokenizer.
-//
-// NFC/NFD follow UAX #15: full canonical decomposition (tables + algorithmic
-// Hangul), canonical ordering by combining class, then canonical composition
-// with the blocking rule. The tables in tokenizer_unicode_data.cpp were
-// generated from Python's unicodedata with this script (Unicode version in
-// kUnicodeDataVersion):
-//
-//   for cp in range(0x110000):
-//       ccc ranges:  runs of equal unicodedata.combining(chr(cp)) != 0
-//       decompositions (skipping Hangul syllables and <compat> ones):
-//           parts = unicodedata.decomposition(chr(cp)).split()  # 1 or 2 code points
-//           composes = len(parts) == 2 and NFC(NFD(chr(cp))) == chr(cp)   # primary composite
-//
-// `tokenizers` uses the Rust unicode-normalization tables of its own (older)
-// Unicode version; the two agree on every character that existed in both.
+// UTF-8 helpers, Unicode White_Space, and NFC/NFD (through utf8proc) for the tokenizer.
+
+#include <utf8proc.h>
+
 #include <algorithm>
-#include <unordered_map>
+#include <cstdlib>
 
 #include "io/tokenizer_impl.h"
+#include "nibble/error.h"
 
 namespace nibble::io::tok {
 
@@ -143,125 +132,30 @@ bool is_white_space(uint32_t cp) {
 }
 
 // ---- NFC / NFD --------------------------------------------------------------
+// utf8proc (Debian's libutf8proc) implements UAX #15; tokenizers uses Rust's
+// unicode-normalization. They can differ only on characters added in Unicode
+// versions one of them lacks.
 
 namespace {
-
-constexpr uint32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
-constexpr uint32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
-
-uint8_t ccc_of(uint32_t cp) {
-  if (cp < 0x300) return 0;
-  const CccRange* end = kCcc + kCccCount;
-  const CccRange* it = std::upper_bound(kCcc, end, cp, [](uint32_t c, const CccRange& r) { return c < r.first; });
-  if (it == kCcc) return 0;
-  --it;
-  return cp <= it->last ? it->ccc : 0;
+std::string normalize_with(std::string_view s, utf8proc_option_t options) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                          static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
+  NIBBLE_CHECK(n >= 0, "Unicode normalization failed: {}", utf8proc_errmsg(n));
+  std::string r(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return r;
 }
-
-const Decomposition* find_decomposition(uint32_t cp) {
-  const Decomposition* end = kDecompositions + kDecompositionCount;
-  const Decomposition* it =
-      std::lower_bound(kDecompositions, end, cp, [](const Decomposition& d, uint32_t c) { return d.cp < c; });
-  return (it != end && it->cp == cp) ? it : nullptr;
-}
-
-void decompose(uint32_t cp, std::vector<uint32_t>& out) {
-  if (cp >= kSBase && cp < kSBase + kSCount) {
-    const uint32_t s = cp - kSBase;
-    out.push_back(kLBase + s / kNCount);
-    out.push_back(kVBase + (s % kNCount) / kTCount);
-    if (s % kTCount) out.push_back(kTBase + s % kTCount);
-    return;
-  }
-  const Decomposition* d = cp < 0xC0 ? nullptr : find_decomposition(cp);
-  if (!d) {
-    out.push_back(cp);
-    return;
-  }
-  decompose(d->first, out);
-  if (d->second) decompose(d->second, out);
-}
-
-// Full canonical decomposition + canonical ordering.
-std::vector<uint32_t> canonical_decomposition(std::string_view s) {
-  std::vector<uint32_t> cps;
-  cps.reserve(s.size());
-  for (size_t i = 0; i < s.size();) decompose(utf8_next(s, i), cps);
-  // Stable sort of every run of non-starters by combining class.
-  for (size_t i = 0; i < cps.size();) {
-    if (ccc_of(cps[i]) == 0) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < cps.size() && ccc_of(cps[j]) != 0) ++j;
-    std::stable_sort(cps.begin() + static_cast<std::ptrdiff_t>(i), cps.begin() + static_cast<std::ptrdiff_t>(j),
-                     [](uint32_t a, uint32_t b) { return ccc_of(a) < ccc_of(b); });
-    i = j;
-  }
-  return cps;
-}
-
-const std::unordered_map<uint64_t, uint32_t>& composition_table() {
-  static const std::unordered_map<uint64_t, uint32_t> table = [] {
-    std::unordered_map<uint64_t, uint32_t> t;
-    for (size_t i = 0; i < kDecompositionCount; ++i) {
-      const Decomposition& d = kDecompositions[i];
-      if (d.composes) t.emplace((uint64_t(d.first) << 21) | d.second, d.cp);
-    }
-    return t;
-  }();
-  return table;
-}
-
-// The primary composite of (a, b), or 0.
-uint32_t compose_pair(uint32_t a, uint32_t b) {
-  if (a >= kLBase && a < kLBase + kLCount && b >= kVBase && b < kVBase + kVCount)
-    return kSBase + ((a - kLBase) * kVCount + (b - kVBase)) * kTCount;
-  if (a >= kSBase && a < kSBase + kSCount && (a - kSBase) % kTCount == 0 && b > kTBase && b < kTBase + kTCount)
-    return a + (b - kTBase);
-  const auto& t = composition_table();
-  auto it = t.find((uint64_t(a) << 21) | b);
-  return it == t.end() ? 0 : it->second;
-}
-
-std::string encode_utf8(const std::vector<uint32_t>& cps) {
-  std::string out;
-  out.reserve(cps.size());
-  for (uint32_t cp : cps) utf8_append(out, cp);
-  return out;
-}
-
 }  // namespace
 
-std::string nfd(std::string_view s) { return encode_utf8(canonical_decomposition(s)); }
+std::string nfd(std::string_view s) { return normalize_with(s, UTF8PROC_DECOMPOSE); }
 
 std::string nfc(std::string_view s) {
-  // Code points below U+0300 are all NFC-stable and never compose with what
-  // follows them unless a combining mark (>= U+0300, lead byte >= 0xCC) comes.
+  // Text below U+0300 (lead bytes < 0xCC) is NFC already: skip the copy.
   if (std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0xCC; }))
     return std::string(s);
-  const std::vector<uint32_t> cps = canonical_decomposition(s);
-  std::vector<uint32_t> out;
-  out.reserve(cps.size());
-  std::ptrdiff_t starter = -1;  // index in `out` of the last starter
-  for (uint32_t c : cps) {
-    const uint8_t cc = ccc_of(c);
-    if (starter >= 0) {
-      // Blocked when something sits between the starter and c whose class is 0 or >= c's.
-      const bool adjacent = static_cast<std::ptrdiff_t>(out.size()) == starter + 1;
-      const uint8_t last_cc = ccc_of(out.back());
-      if (adjacent || (last_cc != 0 && last_cc < cc)) {
-        if (uint32_t composite = compose_pair(out[static_cast<size_t>(starter)], c)) {
-          out[static_cast<size_t>(starter)] = composite;
-          continue;
-        }
-      }
-    }
-    if (cc == 0) starter = static_cast<std::ptrdiff_t>(out.size());
-    out.push_back(c);
-  }
-  return encode_utf8(out);
+  return normalize_with(s, UTF8PROC_COMPOSE);
 }
 
 }  // namespace nibble::io::tok
