@@ -12,6 +12,11 @@
 // lo, vpermps(b >> 4) reads hi.
 #include <immintrin.h>
 
+// GCC 12's AVX-512 headers build their "undefined" pass-through vectors as
+// `__m256d __Y = __Y;`, which -Wmaybe-uninitialized reports at every use of
+// _mm512_reduce_add_ps, _mm512_srli_epi32, ...: a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "backend/cpu/int4_isa.h"
 
 namespace nibble::cpu::int4 {
@@ -47,96 +52,66 @@ inline __m512i load_chunk(const uint8_t* b) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
 }
 
-// M = 1: per 16 weights, a table lookup and an FMA with x (plus a shift for the
-// high nibbles and the zero-extend, shared by 32 weights).
-void gemv(const Problem& p, const float* xp, int64_t c0, int64_t c1, int64_t n0, int64_t n1, bool accumulate,
-          float* y) {
+// MT ≤ 4 activation rows at once. Per chunk of 32 weights: one zero-extend, one
+// shift, two table lookups give the 32 decoded weights (two vectors, low and high
+// nibbles), each used for MT FMAs. Two chunks per step (from one group, or from two
+// when G = 32) into 4 accumulators per row: with MT = 1 that is still four
+// independent FMA chains. For MT = 4: 16 accumulators + 4 weight vectors + tables +
+// indices, of the 32 zmm registers.
+template <int MT>
+void rows_mt(const Problem& p, const float* x, int64_t xs, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
+             bool accumulate, float* y) {
   const int64_t cpg = p.group_size / kChunk, full = p.row_bytes / kChunkBytes;
+  const int shift = cpg == 1 ? 0 : cpg == 2 ? 1 : 2;  // chunk -> group
   alignas(16) uint8_t tmp[kChunkBytes];
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* q = p.qweight + n * p.row_bytes;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t g = c0 / cpg; g * cpg < c1; ++g) {
-      const __m512 table = group_table(p, n, g);
-      const int64_t ce = min64((g + 1) * cpg, c1);
-      int64_t c = g * cpg;
-      for (; c + 2 <= ce && c + 2 <= full; c += 2) {  // two chunks: four independent FMA chains
-        const __m512i v0 = load_chunk(q + c * kChunkBytes), v1 = load_chunk(q + (c + 1) * kChunkBytes);
-        const float* xc = xp + c * kChunk;
-        a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(v0, table), _mm512_load_ps(xc), a0);
-        a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), table), _mm512_load_ps(xc + 16), a1);
-        a2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(v1, table), _mm512_load_ps(xc + 32), a2);
-        a3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), table), _mm512_load_ps(xc + 48), a3);
+    __m512 acc[MT][4];
+    for (int i = 0; i < MT; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+    int64_t table_g = -1;
+    __m512 table = _mm512_setzero_ps();
+    auto table_of = [&](int64_t c) {  // the decode table of chunk c's group, rebuilt when the group changes
+      if ((c >> shift) != table_g) {
+        table_g = c >> shift;
+        table = group_table(p, n, table_g);
       }
-      for (; c < ce; ++c) {
-        const __m512i v = load_chunk(c < full ? q + c * kChunkBytes : chunk_bytes(q, c, p.row_bytes, tmp));
-        const float* xc = xp + c * kChunk;
-        a0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, table), _mm512_load_ps(xc), a0);
-        a1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table), _mm512_load_ps(xc + 16), a1);
+      return table;
+    };
+    int64_t c = c0;
+    for (; c + 2 <= c1 && c + 2 <= full; c += 2) {
+      if ((c & 3) == 0)  // once per 64-byte line (4 chunks)
+        _mm_prefetch(reinterpret_cast<const char*>(q + c * kChunkBytes) + kPrefetchBytes, _MM_HINT_T0);
+      const __m512 t0 = table_of(c), t1 = table_of(c + 1);
+      const __m512i v0 = load_chunk(q + c * kChunkBytes), v1 = load_chunk(q + (c + 1) * kChunkBytes);
+      const __m512 w0 = _mm512_permutexvar_ps(v0, t0);
+      const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), t0);
+      const __m512 w2 = _mm512_permutexvar_ps(v1, t1);
+      const __m512 w3 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), t1);
+      for (int i = 0; i < MT; ++i) {
+        const float* xc = x + i * xs + c * kChunk;
+        acc[i][0] = _mm512_fmadd_ps(w0, _mm512_load_ps(xc), acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(w1, _mm512_load_ps(xc + 16), acc[i][1]);
+        acc[i][2] = _mm512_fmadd_ps(w2, _mm512_load_ps(xc + 32), acc[i][2]);
+        acc[i][3] = _mm512_fmadd_ps(w3, _mm512_load_ps(xc + 48), acc[i][3]);
       }
     }
-    const float r = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-    y[n] = accumulate ? y[n] + r : r;
-  }
-}
-
-// Decodes chunks [c0, c1) of row n into out[(c - c0) * 32 ...] in xp order.
-void decode_row(const Problem& p, int64_t n, int64_t c0, int64_t c1, float* out) {
-  const int64_t cpg = p.group_size / kChunk, full = p.row_bytes / kChunkBytes;
-  const uint8_t* q = p.qweight + n * p.row_bytes;
-  alignas(16) uint8_t tmp[kChunkBytes];
-  for (int64_t g = c0 / cpg; g * cpg < c1; ++g) {
-    const __m512 table = group_table(p, n, g);
-    const int64_t ce = min64((g + 1) * cpg, c1);
-    for (int64_t c = g * cpg; c < ce; ++c) {
+    for (; c < c1; ++c) {  // an odd last chunk, and the short tail chunk of a row
+      const __m512 t = table_of(c);
       const __m512i v = load_chunk(c < full ? q + c * kChunkBytes : chunk_bytes(q, c, p.row_bytes, tmp));
-      float* o = out + (c - c0) * kChunk;
-      _mm512_store_ps(o, _mm512_permutexvar_ps(v, table));
-      _mm512_store_ps(o + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table));
+      const __m512 w0 = _mm512_permutexvar_ps(v, t);
+      const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t);
+      for (int i = 0; i < MT; ++i) {
+        const float* xc = x + i * xs + c * kChunk;
+        acc[i][0] = _mm512_fmadd_ps(w0, _mm512_load_ps(xc), acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(w1, _mm512_load_ps(xc + 16), acc[i][1]);
+      }
     }
-  }
-}
-
-// MT activation rows × kRowBlock decoded weight rows: 4×4 = 16 accumulators + 4
-// weight vectors + 1 activation vector of the 32 zmm registers.
-template <int MT>
-void micro(const float* w, int64_t L, const float* x, int64_t xs, int64_t nr, int64_t N, bool accumulate, float* y) {
-  __m512 acc[MT][kRowBlock];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < kRowBlock; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < L; k += 16) {
-    __m512 wv[kRowBlock];
-    for (int j = 0; j < kRowBlock; ++j) wv[j] = _mm512_load_ps(w + j * L + k);
     for (int i = 0; i < MT; ++i) {
-      const __m512 xv = _mm512_load_ps(x + i * xs + k);
-      for (int j = 0; j < kRowBlock; ++j) acc[i][j] = _mm512_fmadd_ps(wv[j], xv, acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < nr; ++j) {
-      const float r = _mm512_reduce_add_ps(acc[i][j]);
-      float& out = y[i * N + j];
+      const float r = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]), _mm512_add_ps(acc[i][2], acc[i][3])));
+      float& out = y[i * p.N + n];
       out = accumulate ? out + r : r;
-    }
-}
-
-void gemm(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1, bool accumulate,
-          float* scratch, float* y) {
-  const int64_t L = (c1 - c0) * kChunk;
-  const float* x = a.xp + c0 * kChunk;
-  for (int64_t nb = n0; nb < n1; nb += kRowBlock) {
-    const int64_t nr = min64(kRowBlock, n1 - nb);
-    for (int64_t j = 0; j < nr; ++j) decode_row(p, nb + j, c0, c1, scratch + j * L);
-    for (int64_t j = nr; j < kRowBlock; ++j)  // a short last block: rows of zeros, results dropped
-      for (int64_t k = 0; k < L; ++k) scratch[j * L + k] = 0.0f;
-    int64_t m = 0;
-    for (; m + 4 <= a.M; m += 4)
-      micro<4>(scratch, L, x + m * a.xp_stride, a.xp_stride, nr, p.N, accumulate, y + m * p.N + nb);
-    switch (a.M - m) {
-      case 3: micro<3>(scratch, L, x + m * a.xp_stride, a.xp_stride, nr, p.N, accumulate, y + m * p.N + nb); break;
-      case 2: micro<2>(scratch, L, x + m * a.xp_stride, a.xp_stride, nr, p.N, accumulate, y + m * p.N + nb); break;
-      case 1: micro<1>(scratch, L, x + m * a.xp_stride, a.xp_stride, nr, p.N, accumulate, y + m * p.N + nb); break;
-      default: break;
     }
   }
 }
@@ -144,11 +119,18 @@ void gemm(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_
 }  // namespace
 
 void rows_avx512(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
-                 bool accumulate, float* scratch, float* y) {
-  if (a.M == 1)
-    gemv(p, a.xp, c0, c1, n0, n1, accumulate, y);
-  else
-    gemm(p, a, c0, c1, n0, n1, accumulate, scratch, y);
+                 bool accumulate, float* y) {
+  // Tiles of 4 activation rows; the rows' weights (a task's worth) stay in L1 across tiles.
+  for (int64_t m0 = 0; m0 < a.M; m0 += kMaxTileRows) {
+    const float* x = a.xp + m0 * a.xp_stride;
+    float* ym = y + m0 * p.N;
+    switch (min64(kMaxTileRows, a.M - m0)) {
+      case 4: rows_mt<4>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
+      case 3: rows_mt<3>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
+      case 2: rows_mt<2>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
+      default: rows_mt<1>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
+    }
+  }
 }
 
 }  // namespace nibble::cpu::int4

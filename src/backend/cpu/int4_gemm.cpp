@@ -19,22 +19,35 @@
 //      AVX-512: vpermps is a 16-entry table lookup, i.e. one group's decode table
 //               fl(c·s + m), so weights are decoded exactly and dotted with x: a lookup
 //               and an FMA per 16 weights.
-//  * 2 ≤ M ≤ 16: per block of 4 weight rows, decode the rows once (exactly as
-//    FORMAT.md says) into a per-thread scratch that stays in L1, then a register-
-//    blocked micro-kernel (AVX2 2 × 4, AVX-512 4 × 4 accumulators) dots them with
-//    every activation row, so decoding is paid once for all M rows.
-//  * K is blocked (M = 1: 4096 inputs, otherwise 512) so the slice of x that all
-//    rows reuse stays in L1/L2 (x for K = 14336 is 56 KiB, more than L1); blocks
-//    after the first add into y.
-//  * M > 16 is cut into tiles of 16 rows of x; each tile reads the weights again.
-//    TODO(measure): for prefill-sized M, dequantizing a panel and calling sgemm
-//    may win; see bench/bench_int4_gemv.cpp.
-//  * Threads: OpenMP over contiguous ranges of N (rows of W), so each thread
-//    streams its own part of the weights; small problems run on one thread.
+//  * M ≥ 2: activation rows in tiles of 4. Each chunk of a weight row is decoded
+//    once per tile, exactly as FORMAT.md says (AVX2: convert + one FMA, fl(c·s + m);
+//    AVX-512: the table lookup), and used for the tile's 4 rows: 4·MT FMAs per
+//    decode. A task's weights stay in L1 across the tiles, a tile's x in L1 across
+//    the task's rows, so any M (prefill, evaluation chunks) is one pass over the
+//    weights.
+//  * K is blocked (M = 1: 4096 inputs, otherwise 1024) so the slice of x that all
+//    rows reuse stays in L1 (x for K = 14336 is 56 KiB, more than L1); blocks after
+//    the first add into y.
+//  * Large M: decoding a panel of W to f32 and calling OpenBLAS sgemm was tried and
+//    measured slower on the 2-core Zen 3 (4096², 2 threads: M = 64 94 ms vs 35 ms
+//    for the kernels and 25 ms for f32 sgemm; M = 256 128 vs 103 vs 68 ms): the
+//    panel's first-touch page faults and OpenBLAS's poor split of narrow panels
+//    across threads cost more than its better register blocking wins. So the
+//    kernels take every M, at ~1.4-1.5x the time of dense f32 sgemm for M ≥ 64
+//    (and faster than it up to M ≈ 32); a packed, register-blocked int4 GEMM for
+//    prefill is future work.
+//  * Threads: OpenMP over tasks of 32 rows of W (dynamic schedule), each task
+//    streaming its rows' weights; small problems run on one thread.
 //  * Numerics: fp32 throughout, fp32 accumulation. Results differ from the
 //    reference only by the order of fp32 additions (and, in the AVX2 M = 1 path,
 //    by rounding s·Σcode·x and m·Σx separately); tests/unit/test_int4_kernels.cpp
 //    derives the bound.
+//  * Speed (bench/bench_int4_gemv.cpp): fp32 math makes these kernels compute
+//    bound, not memory bound. AVX2 needs ~3.5 vector ops per 8 weights (zero-extend,
+//    mask or shift, convert, FMA); a Zen 3 core retires ~4 per cycle, so ~7 weights
+//    per cycle, ~23 GB/s of g128 weight bytes on 2 cores at 3.1 GHz. Integer dot
+//    products (llama.cpp's q4_K × q8_K) go faster by quantizing x to int8, which
+//    the "packed logits = dequantized logits within 1e-4" contract rules out.
 #include <omp.h>
 
 #include <algorithm>
@@ -50,7 +63,7 @@ namespace {
 
 using int4::kChunk;
 
-constexpr int64_t kMaxTileM = 16;
+constexpr int64_t kRowsPerTask = 32;
 
 // 64-byte aligned float buffer (vector loads of prepared x and scratch never split a cache line).
 struct AlignedFloats {
@@ -80,7 +93,7 @@ bool cpu_has(Isa isa) {
 
 // Permutes rows of x into the kernels' layout and computes Σx per group (int4_isa.h).
 void prepare_activations(const float* x, int64_t M, const int4::Problem& p, float* xp, float* xsum) {
-  const int64_t stride = p.chunks * kChunk;
+  const int64_t stride = p.chunks * kChunk + int4::kRowPad;
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * p.K;
     float* o = xp + m * stride;
@@ -99,29 +112,20 @@ void prepare_activations(const float* x, int64_t M, const int4::Problem& p, floa
   }
 }
 
-// One tile of at most 16 activation rows.
-void gemm_tile(int4::RowsFn rows, const int4::Problem& p, const float* x, int64_t M, float* y) {
-  const int64_t stride = p.chunks * kChunk;
-  AlignedFloats xp(M * stride), xsum(M * p.groups);
-  prepare_activations(x, M, p, xp.p, xsum.p);
-  const int4::Activations a{xp.p, xsum.p, M, stride};
-
+// The int4 kernels over all rows of W: one pass over the weights for any M.
+void gemm_kernels(int4::RowsFn rows, const int4::Problem& p, const int4::Activations& a, float* y) {
   // K block in chunks; a multiple of 4 chunks = 128 inputs, so group aligned for every G.
-  const int64_t kb = M == 1 ? 4096 / kChunk : 512 / kChunk;
-  const int64_t work = M * p.N * p.K;
+  const int64_t kb = a.M == 1 ? int4::kMaxBlockChunks : 1024 / kChunk;
+  const int64_t work = a.M * p.N * p.K;
   const int threads = work >= (int64_t{1} << 17) ? omp_get_max_threads() : 1;
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    // Contiguous ranges of whole row blocks.
-    const int64_t blocks = (p.N + int4::kRowBlock - 1) / int4::kRowBlock;
-    const int64_t n0 = std::min(p.N, blocks * t / nt * int4::kRowBlock);
-    const int64_t n1 = std::min(p.N, blocks * (t + 1) / nt * int4::kRowBlock);
-    if (n0 < n1) {
-      AlignedFloats scratch(M > 1 ? int4::kRowBlock * kb * kChunk : 16);
-      for (int64_t c0 = 0; c0 < p.chunks; c0 += kb)
-        rows(p, a, c0, std::min(c0 + kb, p.chunks), n0, n1, c0 > 0, scratch.p, y);
-    }
+  const int64_t blocks = (p.N + kRowsPerTask - 1) / kRowsPerTask;
+  // Dynamic, not static: the cores of a shared VM do not run at the same speed (a
+  // busy neighbour on one core's sibling slows it by a third here), and 32-row
+  // tasks (64 KiB of weights each at K = 4096) keep the hand-out cheap.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t n0 = b * kRowsPerTask, n1 = std::min(p.N, n0 + kRowsPerTask);
+    for (int64_t c0 = 0; c0 < p.chunks; c0 += kb) rows(p, a, c0, std::min(c0 + kb, p.chunks), n0, n1, c0 > 0, y);
   }
 }
 
@@ -163,11 +167,13 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
     gemm_int4_asym_ref(x, M, qweight, scales, mins, N, K, group_size, y);
     return;
   }
-  const int4::RowsFn rows = isa == Isa::Avx512 ? int4::rows_avx512 : int4::rows_avx2;
   const int4::Problem p{qweight, scales, mins, N, K, group_size, (K + 1) / 2,
                         (K + group_size - 1) / group_size, (K + kChunk - 1) / kChunk};
-  for (int64_t m0 = 0; m0 < M; m0 += kMaxTileM)
-    gemm_tile(rows, p, x + m0 * K, std::min(kMaxTileM, M - m0), y + m0 * N);
+  const int64_t stride = p.chunks * kChunk + int4::kRowPad;
+  AlignedFloats xp(M * stride), xsum(M * p.groups);
+  prepare_activations(x, M, p, xp.p, xsum.p);
+  const int4::Activations a{xp.p, xsum.p, M, stride};
+  gemm_kernels(isa == Isa::Avx512 ? int4::rows_avx512 : int4::rows_avx2, p, a, y);
 }
 
 void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,

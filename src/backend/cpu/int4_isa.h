@@ -38,25 +38,37 @@ struct Problem {
 //   xp[m, 32c + 16 + i] = x[m, 32c + 2i + 1]   (the high nibbles)
 // with zeros for inputs ≥ K (so padding codes contribute 0).
 struct Activations {
-  const float* xp;    // [M, chunks * 32], 64-byte aligned rows
+  const float* xp;    // [M, xp_stride], 64-byte aligned rows of chunks * 32 floats
   const float* xsum;  // [M, groups]: Σ of x over each group, fp32 in input order
-  int64_t M;          // 1..16
-  int64_t xp_stride;  // floats between rows of xp (= chunks * 32)
+  int64_t M;
+  int64_t xp_stride;  // floats between rows of xp (chunks * 32 + kRowPad)
 };
 
-// Rows per block of the M > 1 kernels (they decode this many weight rows into
-// scratch and reuse them for every activation row).
-constexpr int64_t kRowBlock = 4;
+// The most chunks one call covers (the driver's K block for M = 1: 4096 inputs).
+constexpr int64_t kMaxBlockChunks = 128;
+
+// Floats (64 bytes) added to the row stride of xp: with strides that are
+// multiples of 4 KiB (K = 4096 gives 16 KiB) the rows of x a kernel streams through
+// together all map to the same L1 sets and evict each other.
+constexpr int64_t kRowPad = 16;
+
+// How far ahead of the current chunk the kernels prefetch qweight. The rows of a
+// task are contiguous, so this runs on into the next rows. Hardware prefetchers
+// stop at 4 KiB pages, and a row of K = 4096 is only 2 KiB: without this, weights
+// streamed from DRAM arrive at ~2/3 of the speed of weights already in L3.
+constexpr int64_t kPrefetchBytes = 1024;
+
+// For M > 1 the kernels take activation rows in tiles of up to this many.
+constexpr int64_t kMaxTileRows = 4;
 
 // Computes rows [n0, n1) of y[M, N] over the inputs of chunks [c0, c1), where c0
 // is a multiple of G/32 and c1 is too or equals p.chunks:
 //   y[m, n] = (accumulate ? y[m, n] : 0) + Σ_{i in the chunks} x[m, i] · ŵ[n, i]
-// scratch: kRowBlock * (c1 - c0) * 32 floats, 64-byte aligned, owned by the caller's thread.
 using RowsFn = void (*)(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
-                       bool accumulate, float* scratch, float* y);
+                       bool accumulate, float* y);
 void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
-               bool accumulate, float* scratch, float* y);
+               bool accumulate, float* y);
 void rows_avx512(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
-                 bool accumulate, float* scratch, float* y);
+                 bool accumulate, float* y);
 
 }  // namespace nibble::cpu::int4

@@ -1,0 +1,256 @@
+// The fast int4_asym GEMV/GEMM kernels (src/backend/cpu/int4_*.cpp) against the
+// scalar reference gemm_int4_asym_ref, for every ISA this CPU can run: a worked
+// example computed by hand, integer-valued data where every ISA must be bit exact,
+// and a sweep over M = 1..16 (and tiles beyond), ragged and odd K, odd N, G = 32/64/128.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "nibble/dtype.h"
+#include "nibble/error.h"
+
+namespace nibble {
+namespace {
+
+using cpu::Isa;
+
+std::vector<Isa> isas_to_test() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (cpu::isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+// One packed matrix [N, K] with group size G, as FORMAT.md §3 stores it.
+struct Packed {
+  int64_t N, K;
+  int G;
+  std::vector<uint8_t> qweight;  // [N, ceil(K/2)]
+  std::vector<uint16_t> scales;  // [N, ceil(K/G)] bf16
+  std::vector<uint16_t> mins;    // [N, ceil(K/G)] bf16
+  int64_t groups() const { return (K + G - 1) / G; }
+  int code(int64_t n, int64_t i) const {
+    const uint8_t b = qweight[static_cast<size_t>(n * ((K + 1) / 2) + i / 2)];
+    return (i & 1) ? b >> 4 : b & 0xF;
+  }
+  float scale(int64_t n, int64_t i) const { return bf16_to_f32(scales[static_cast<size_t>(n * groups() + i / G)]); }
+  float min(int64_t n, int64_t i) const { return bf16_to_f32(mins[static_cast<size_t>(n * groups() + i / G)]); }
+};
+
+std::vector<float> run(Isa isa, const std::vector<float>& x, int64_t M, const Packed& w) {
+  std::vector<float> y(static_cast<size_t>(M * w.N), std::nanf(""));
+  cpu::gemm_int4_asym_isa(isa, x.data(), M, w.qweight.data(), w.scales.data(), w.mins.data(), w.N, w.K, w.G,
+                          y.data());
+  return y;
+}
+
+std::vector<float> run_ref(const std::vector<float>& x, int64_t M, const Packed& w) {
+  std::vector<float> y(static_cast<size_t>(M * w.N), std::nanf(""));
+  cpu::gemm_int4_asym_ref(x.data(), M, w.qweight.data(), w.scales.data(), w.mins.data(), w.N, w.K, w.G, y.data());
+  return y;
+}
+
+// FORMAT.md's worked example: W = [[-1, 0, 0.5, 2]] packs to qweight [0x50, 0xF7],
+// scale 0x3E4D (0.2001953125), min 0xBF80 (-1), and decodes to
+// w' = [-1, 0.0009765625, 0.4013671875, 2.0029296875]. Every value below is a
+// multiple of 2^-10 well inside fp32's range, so each product and partial sum is
+// exact and every ISA must give exactly:
+//   x = [1, 2, 3, 4]:    -1 + 0.001953125 + 1.2041015625 + 8.01171875 = 8.2177734375
+//   x = [0.5, -1, 0, 2]: -0.5 - 0.0009765625 + 0 + 4.005859375       = 3.5048828125
+TEST(Int4Kernel, WorkedExampleByHand) {
+  const Packed w{1, 4, 32, {0x50, 0xF7}, {0x3E4D}, {0xBF80}};
+  const std::vector<float> x = {1, 2, 3, 4, 0.5f, -1, 0, 2};
+  for (Isa isa : isas_to_test()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    const auto y = run(isa, x, 2, w);
+    EXPECT_EQ(y[0], 8.2177734375f);
+    EXPECT_EQ(y[1], 3.5048828125f);
+    const auto y1 = run(isa, x, 1, w);  // the M = 1 (GEMV) path
+    EXPECT_EQ(y1[0], 8.2177734375f);
+  }
+}
+
+// Odd K: with K = 3 the high nibble of the last byte (here 0xF) is padding and
+// must be ignored: x = [1, 2, 3] gives -1 + 0.001953125 + 1.2041015625 = 0.2060546875.
+TEST(Int4Kernel, WorkedExampleOddKIgnoresPaddingNibble) {
+  const Packed w{1, 3, 32, {0x50, 0xF7}, {0x3E4D}, {0xBF80}};
+  const std::vector<float> x = {1, 2, 3};
+  for (Isa isa : isas_to_test()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    EXPECT_EQ(run(isa, x, 1, w)[0], 0.2060546875f);
+  }
+}
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(20240607);
+  return r;
+}
+
+// Random codes (including the padding nibble of odd rows, which must not matter),
+// bf16 scales in [1e-3, 5e-2] and mins around -8·scale (groups straddling zero,
+// as RTN makes them), with an occasional positive min.
+Packed random_packed(int64_t N, int64_t K, int G) {
+  Packed w{N, K, G, {}, {}, {}};
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  w.qweight.resize(static_cast<size_t>(N * ((K + 1) / 2)));
+  for (auto& b : w.qweight) b = static_cast<uint8_t>(byte(rng()));
+  w.scales.resize(static_cast<size_t>(N * w.groups()));
+  w.mins.resize(w.scales.size());
+  for (size_t i = 0; i < w.scales.size(); ++i) {
+    const float s = 1e-3f + 4.9e-2f * u(rng());
+    w.scales[i] = f32_to_bf16(s);
+    w.mins[i] = f32_to_bf16(u(rng()) < 0.1f ? s * u(rng()) : -8.0f * s * (0.5f + u(rng())));
+  }
+  return w;
+}
+
+// Activations ~ N(0, 1) with a few 30x outliers, as LLM hidden states have.
+std::vector<float> random_x(int64_t M, int64_t K) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (auto& v : x) v = nd(rng()) * (u(rng()) < 0.01f ? 30.0f : 1.0f);
+  return x;
+}
+
+// The tolerance, derived. Let u = 2^-24 (fp32 unit roundoff) and γ_n = n·u/(1 - n·u).
+// The reference computes Σ_i fl(x_i·w_i) left to right with w_i decoded exactly, so
+// |ref - exact| ≤ γ_K·Σ|x_i·w_i| (Higham, Accuracy and Stability, §3.1). The fast
+// kernels sum the same products in another order (vector lanes, per-group partial
+// sums, a final horizontal add of ≤ 16 lanes and ≤ ceil(K/4096) K-block partials),
+// so each rounding error is still bounded by u times a partial sum of |terms|, over a
+// chain of at most K + NG + 16 additions. The AVX2 M = 1 kernel computes
+// s·Σ code_i·x_i + m·Σ x_i per group, i.e. it sums the terms code_i·s·x_i and m·x_i
+// separately, whose magnitudes add up to T = Σ_i |x_i|·(|code_i·s| + |m|) ≥ Σ|x_i·w_i|
+// (more when code_i·s and m cancel). So for every kernel
+//   |kernel - exact| ≤ γ_{K+NG+16}·T   and   |kernel - ref| ≤ 2·γ_{K+NG+16}·T.
+// That is a worst-case bound (typical errors are ~√K·u·T); a wrong nibble, group or
+// padding shows up far above it — the integer test below checks single elements.
+// abs = 1e-30 only absorbs underflow noise (no value here is near the subnormals).
+// Per output: the tolerance above, abs + 2·γ·T with T from the decoded parts.
+std::vector<double> tolerances(const Packed& w, int64_t M, const std::vector<float>& x) {
+  std::vector<double> cs(static_cast<size_t>(w.N * w.K)), mn(cs.size());  // |code·s|, |m| per weight
+  for (int64_t n = 0; n < w.N; ++n)
+    for (int64_t i = 0; i < w.K; ++i) {
+      cs[static_cast<size_t>(n * w.K + i)] = std::abs(static_cast<double>(w.code(n, i)) * w.scale(n, i));
+      mn[static_cast<size_t>(n * w.K + i)] = std::abs(static_cast<double>(w.min(n, i)));
+    }
+  const double nu = static_cast<double>(w.K + w.groups() + 16) * 0x1p-24, rel = 2.0 * nu / (1.0 - nu);
+  std::vector<double> tol(static_cast<size_t>(M * w.N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < w.N; ++n) {
+      double t = 0;
+      for (int64_t i = 0; i < w.K; ++i)
+        t += std::abs(static_cast<double>(x[static_cast<size_t>(m * w.K + i)])) *
+             (cs[static_cast<size_t>(n * w.K + i)] + mn[static_cast<size_t>(n * w.K + i)]);
+      tol[static_cast<size_t>(m * w.N + n)] = 1e-30 + rel * t;
+    }
+  return tol;
+}
+
+// Every supported ISA against the reference on one problem.
+void expect_close(const Packed& w, int64_t M, const std::vector<float>& x) {
+  const auto ref = run_ref(x, M, w);
+  const auto tol = tolerances(w, M, x);
+  for (Isa isa : isas_to_test()) {
+    const auto got = run(isa, x, M, w);
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_LE(std::abs(static_cast<double>(got[i]) - ref[i]), tol[i])
+          << cpu::isa_name(isa) << " M=" << M << " N=" << w.N << " K=" << w.K << " G=" << w.G << " at m="
+          << static_cast<int64_t>(i) / w.N << " n=" << static_cast<int64_t>(i) % w.N << ": got " << got[i]
+          << ", reference " << ref[i];
+  }
+}
+
+TEST(Int4Kernel, MatchesReferenceSweep) {
+  for (int G : {32, 64, 128})
+    for (int64_t K : {int64_t{64}, int64_t{172}, int64_t{173}, int64_t{4096}})
+      for (int64_t N : {int64_t{1}, int64_t{7}, int64_t{33}}) {
+        const Packed w = random_packed(N, K, G);
+        for (int64_t M = 1; M <= 16; ++M) {
+          expect_close(w, M, random_x(M, K));
+        }
+      }
+}
+
+// Shapes that exercise the driver: several K blocks (M = 1 blocks K by 4096, M > 1
+// by 1024), many rows split into tasks with a short last one, M in tiles of 4 with
+// every remainder, and M > 32, which decodes panels of W and calls sgemm.
+TEST(Int4Kernel, MatchesReferenceBlockedAndTiled) {
+  struct Case {
+    int64_t M, N, K;
+    int G;
+  };
+  for (const Case& c : {Case{1, 515, 9000, 128}, Case{3, 258, 1100, 64}, Case{16, 130, 1537, 32},
+                        Case{17, 66, 300, 128}, Case{31, 45, 2100, 64}, Case{32, 9, 97, 32}, Case{33, 70, 173, 32},
+                        Case{40, 37, 515, 64}, Case{64, 40, 4096, 128}})
+    expect_close(random_packed(c.N, c.K, c.G), c.M, random_x(c.M, c.K));
+}
+
+// Integer-valued data: x_i ∈ [-8, 8], scales powers of two, mins small integers.
+// Then every decoded weight, product and partial sum is an integer (or a multiple of
+// 1/4) far below 2^24, so fp32 arithmetic is exact in any order and every ISA must
+// equal the reference bit for bit — a missing or misplaced single weight (padding
+// nibble, ragged group, tail chunk) cannot hide inside a tolerance.
+TEST(Int4Kernel, BitExactOnIntegerValuedData) {
+  std::uniform_int_distribution<int> small(-8, 8), pow2(-2, 1), mn(-8, 0);
+  for (int G : {32, 64, 128}) {
+    for (int64_t K : {int64_t{1}, int64_t{31}, int64_t{33}, int64_t{173}, int64_t{300}, int64_t{4096}}) {
+      for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{16}, int64_t{19}, int64_t{40}}) {
+        Packed w = random_packed(9, K, G);
+        for (auto& s : w.scales) s = f32_to_bf16(std::ldexp(1.0f, pow2(rng())));
+        for (auto& m : w.mins) m = f32_to_bf16(static_cast<float>(mn(rng())));
+        std::vector<float> x(static_cast<size_t>(M * K));
+        for (auto& v : x) v = static_cast<float>(small(rng()));
+        const auto ref = run_ref(x, M, w);
+        for (Isa isa : isas_to_test()) {
+          const auto got = run(isa, x, M, w);
+          for (size_t i = 0; i < ref.size(); ++i)
+            ASSERT_EQ(got[i], ref[i]) << cpu::isa_name(isa) << " M=" << M << " K=" << K << " G=" << G << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Int4Kernel, DispatchUsesASupportedIsa) {
+  EXPECT_TRUE(cpu::isa_supported(cpu::best_isa()));
+  EXPECT_TRUE(cpu::isa_supported(Isa::Scalar));
+  if (cpu::isa_supported(Isa::Avx512)) {
+    EXPECT_EQ(cpu::best_isa(), Isa::Avx512);
+  }
+  std::printf("[          ] int4 kernels tested here:");
+  for (Isa isa : isas_to_test()) std::printf(" %s", cpu::isa_name(isa));
+  std::printf(" (best: %s)\n", cpu::isa_name(cpu::best_isa()));
+  // gemm_int4_asym is the dispatching entry point: same result as forcing best_isa().
+  const Packed w = random_packed(5, 100, 32);
+  const auto x = random_x(2, 100);
+  std::vector<float> y(10);
+  cpu::gemm_int4_asym(x.data(), 2, w.qweight.data(), w.scales.data(), w.mins.data(), 5, 100, 32, y.data());
+  EXPECT_EQ(y, run(cpu::best_isa(), x, 2, w));
+}
+
+TEST(Int4Kernel, RejectsBadArguments) {
+  const Packed w{1, 4, 32, {0x50, 0xF7}, {0x3E4D}, {0xBF80}};
+  const std::vector<float> x = {1, 2, 3, 4};
+  std::vector<float> y(1);
+  EXPECT_THROW(cpu::gemm_int4_asym(x.data(), 1, w.qweight.data(), w.scales.data(), w.mins.data(), 1, 4, 16, y.data()),
+               Error);
+  EXPECT_THROW(cpu::gemm_int4_asym(x.data(), 1, w.qweight.data(), w.scales.data(), w.mins.data(), 1, 0, 32, y.data()),
+               Error);
+  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    if (cpu::isa_supported(isa)) continue;
+    EXPECT_THROW(cpu::gemm_int4_asym_isa(isa, x.data(), 1, w.qweight.data(), w.scales.data(), w.mins.data(), 1, 4, 32,
+                                         y.data()),
+                 Error);
+  }
+  // M = 0 or N = 0: nothing to do, nothing written.
+  cpu::gemm_int4_asym(x.data(), 0, w.qweight.data(), w.scales.data(), w.mins.data(), 1, 4, 32, y.data());
+}
+
+}  // namespace
+}  // namespace nibble
