@@ -18,7 +18,17 @@ namespace nibble::quant {
 struct MatrixStats;
 
 struct QuantizerConfig {
-  FormatChoice format;  // target format and group size
+  FormatChoice format;     // target format and group size
+  bool mse = false;        // range search per group (33 shrink factors, |err|^2.4)
+  bool act_order = false;  // GPTQ: decreasing diag(H) order, static groups
+  double damp = 0.01;      // GPTQ: λ = damp · mean(diag H)
+};
+
+// What a method reports about one matrix besides its codes.
+struct QuantizeInfo {
+  double damp_used = 0;      // GPTQ: damping factor that succeeded
+  int damp_retries = 0;      // GPTQ: failed Cholesky attempts (damping ×10 each)
+  int64_t dead_columns = 0;  // GPTQ: inputs never active in calibration
 };
 
 class Quantizer {
@@ -26,7 +36,7 @@ class Quantizer {
   virtual ~Quantizer() = default;
   // w: f32 [rows, cols], contiguous and finite. stats may be null for methods
   // that need no calibration.
-  virtual QuantizedMatrix quantize(const Tensor& w, const MatrixStats* stats) const = 0;
+  virtual QuantizedMatrix quantize(const Tensor& w, const MatrixStats* stats, QuantizeInfo* info = nullptr) const = 0;
 };
 
 struct MethodSpec {

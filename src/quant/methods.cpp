@@ -7,9 +7,10 @@
 namespace nibble::quant {
 
 extern const MethodSpec kRtn;
+extern const MethodSpec kGptq;
 
 const std::vector<const MethodSpec*>& method_registry() {
-  static const std::vector<const MethodSpec*> rows = {&kRtn};
+  static const std::vector<const MethodSpec*> rows = {&kRtn, &kGptq};
   return rows;
 }
 

@@ -1,6 +1,7 @@
 // Round-to-nearest: per group, the format fits its parameters to the group's
 // own range and every weight takes the nearest code.
 #include "nibble/error.h"
+#include "nibble/gptq.h"
 #include "nibble/quantizer.h"
 
 namespace nibble::quant {
@@ -34,10 +35,12 @@ namespace {
 class RtnQuantizer final : public Quantizer {
  public:
   explicit RtnQuantizer(const QuantizerConfig& c) : config_(c) {}
-  QuantizedMatrix quantize(const Tensor& w, const MatrixStats*) const override {
+  QuantizedMatrix quantize(const Tensor& w, const MatrixStats*, QuantizeInfo*) const override {
     NIBBLE_CHECK(w.dim() == 2 && w.dtype() == DType::F32 && w.is_contiguous(),
                  "rtn: expected a contiguous F32 2-D matrix, found {} {}", dtype_name(w.dtype()), shape_str(w.shape()));
-    return quantize_rtn(config_.format, w.data<float>(), w.size(0), w.size(1));
+    if (!config_.mse) return quantize_rtn(config_.format, w.data<float>(), w.size(0), w.size(1));
+    const auto grid = make_format_grid(config_.format, true);
+    return rtn(w.data<float>(), w.size(0), w.size(1), *grid).to_quantized(*config_.format.spec, config_.format.group_size);
   }
 
  private:

@@ -1,0 +1,95 @@
+// Calibrated quantization of one matrix: the Hessian of a linear's inputs,
+// GPTQ (Frantar et al. 2022) and the MSE range search, written against a
+// "grid" (how a value becomes a representable one) so the same sweep serves
+// the registered formats and the textbook uniform grid of `nibble layer`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nibble/format.h"
+#include "nibble/tensor.h"
+
+namespace nibble::quant {
+
+// H = Σ xᵀx over every calibration token x (a row of a linear's input),
+// accumulated in fp64. Unnormalized: GPTQ's result does not depend on the
+// scale of H, and the sweep's per-step costs then add up to Σ‖ΔW x‖².
+struct MatrixStats {
+  explicit MatrixStats(int64_t dim = 0);
+  int64_t dim = 0;
+  int64_t tokens = 0;
+  std::vector<double> H;  // [dim, dim], both triangles valid after finalize()
+
+  // Adds the n rows of x[n, dim] (row stride ld, default dim).
+  void add(const float* x, int64_t n, int64_t ld = 0);
+  // Makes H symmetric (add() fills one triangle).
+  void finalize();
+  void merge(const MatrixStats& other);
+
+ private:
+  bool finalized_ = true;
+};
+
+// How a weight becomes a representable value. Groups are `group_size`
+// consecutive inputs of one output row (0: no groups, one global grid).
+class Grid {
+ public:
+  virtual ~Grid() = default;
+  virtual int group_size() const = 0;
+  // Parameters for the n values of one group (only called when group_size > 0).
+  virtual GroupParams fit(const float* w, int64_t n) const = 0;
+  // The representable value for w, and its code when the grid has codes.
+  virtual float quantize(float w, const GroupParams& p, uint8_t* code) const = 0;
+  // True when quantize() produces codes of a registered format.
+  virtual const FormatSpec* format() const { return nullptr; }
+};
+
+// A registered format with its group size; with `mse`, each group's (min, max)
+// is shrunk by the best of 33 factors 1.0, 0.9875, ..., 0.6 (the one minimizing
+// Σ|w − w'|^2.4 over the group).
+std::unique_ptr<Grid> make_format_grid(const FormatChoice& format, bool mse);
+// A symmetric uniform grid: w' = step · round(w / step), no clamp, no codes.
+std::unique_ptr<Grid> make_uniform_grid(float step);
+// Parses "--grid" text: a format name ("int4_g128_asym", or "int4_asym" with
+// `default_group`) or "uniform:step=S".
+std::unique_ptr<Grid> parse_grid(const std::string& text, int default_group, bool mse);
+
+// The MSE range search on its own: parameters for one group.
+GroupParams fit_group_mse(const FormatSpec& f, const float* w, int64_t n);
+
+struct GptqOptions {
+  double damp = 0.01;       // λ = damp · mean(diag H)
+  int block_size = 128;     // lazy-batch width (a multiple of the group size)
+  bool act_order = false;   // sweep columns in decreasing diag(H), static groups
+  int max_damp_retries = 3; // ×10 damping per failed Cholesky
+};
+
+struct GptqResult {
+  int64_t rows = 0, cols = 0;
+  std::vector<float> dequant;       // [rows, cols] the chosen representable values
+  std::vector<uint8_t> codes;       // [rows, cols] when the grid has codes
+  std::vector<GroupParams> params;  // [rows, groups] when the grid has groups
+  double damp_used = 0;             // the damping factor that succeeded (relative to mean diag)
+  double lambda = 0;                // the absolute value added to diag(H)
+  int damp_retries = 0;             // failed Cholesky attempts before it succeeded
+  int64_t dead_columns = 0;         // inputs with H_ii == 0 (weights zeroed)
+  // Σ over the sweep of (w − q)² / [U]_ii²: equals ‖X ΔWᵀ‖² + λ‖ΔW‖² over the
+  // live columns for H = XᵀX (the algorithm's own account of its error).
+  double sweep_cost = 0;
+
+  QuantizedMatrix to_quantized(const FormatSpec& f, int group_size) const;
+};
+
+// GPTQ on w[rows, cols] (row-major f32) with the inputs' statistics.
+// Throws an Error when the Cholesky still fails after the damping retries.
+GptqResult gptq(const float* w, int64_t rows, int64_t cols, const MatrixStats& stats, const Grid& grid,
+                const GptqOptions& options);
+
+// Round-to-nearest on any grid (the group parameters fitted to each group's
+// own values), returned in the same shape as GPTQ's result.
+GptqResult rtn(const float* w, int64_t rows, int64_t cols, const Grid& grid);
+
+}  // namespace nibble::quant

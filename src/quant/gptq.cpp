@@ -1,0 +1,382 @@
+// GPTQ (Frantar et al. 2022, "GPTQ: Accurate Post-Training Quantization for
+// Generative Pre-trained Transformers", Algorithm 1) on one matrix, plus the
+// grids it sweeps against and the MSE range search.
+//
+// Notation: W [rows, cols] quantized column by column; H = Σ xᵀx [cols, cols];
+// U = the upper Cholesky factor of (H + λI)⁻¹. Quantizing column i with the
+// remaining columns free costs (w − q)² / U_ii² per row and moves the error
+// (w − q) / U_ii · U_i,j onto every later column j. Columns are swept in lazy
+// blocks: inside a block the update is applied column by column, to the later
+// columns the block's errors are applied at once as one GEMM.
+#include "nibble/gptq.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numeric>
+
+#include "nibble/error.h"
+#include "nibble/quantizer.h"
+#include "nibble/util.h"
+
+namespace nibble::quant {
+
+// ---- statistics --------------------------------------------------------------
+
+MatrixStats::MatrixStats(int64_t d) : dim(d), H(static_cast<size_t>(d * d), 0.0) {}
+
+void MatrixStats::add(const float* x, int64_t n, int64_t ld) {
+  if (ld == 0) ld = dim;
+  NIBBLE_CHECK(ld >= dim, "MatrixStats::add: row stride {} < dim {}", ld, dim);
+  constexpr int64_t kChunk = 256;  // rows converted to fp64 at a time
+  std::vector<double> buf(static_cast<size_t>(std::min(n, kChunk) * dim));
+  for (int64_t r0 = 0; r0 < n; r0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - r0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < dim; ++j) buf[i * dim + j] = x[(r0 + i) * ld + j];
+    // H(upper) += Aᵀ A, A = buf [m, dim]
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, static_cast<int>(dim), static_cast<int>(m), 1.0, buf.data(),
+                static_cast<int>(dim), 1.0, H.data(), static_cast<int>(dim));
+  }
+  tokens += n;
+  finalized_ = false;
+}
+
+void MatrixStats::finalize() {
+  if (finalized_) return;
+  for (int64_t i = 0; i < dim; ++i)
+    for (int64_t j = i + 1; j < dim; ++j) H[j * dim + i] = H[i * dim + j];
+  finalized_ = true;
+}
+
+void MatrixStats::merge(const MatrixStats& o) {
+  NIBBLE_CHECK(o.dim == dim, "MatrixStats::merge: dims {} and {} differ", dim, o.dim);
+  // Only the upper triangle of a not-finalized operand is valid; merge it and
+  // re-symmetrize.
+  for (int64_t i = 0; i < dim; ++i)
+    for (int64_t j = i; j < dim; ++j) H[i * dim + j] += o.H[i * dim + j];
+  tokens += o.tokens;
+  finalized_ = false;
+}
+
+// ---- grids -------------------------------------------------------------------
+
+GroupParams fit_group_mse(const FormatSpec& f, const float* w, int64_t n) {
+  constexpr int kSteps = 33;          // shrink factors 1.0, 0.9875, ..., 0.6
+  constexpr double kNorm = 2.4;       // the error norm of the search
+  GroupParams best = f.fit_group(w, n, 1.0f);
+  double best_err = INFINITY;
+  for (int k = 0; k < kSteps; ++k) {
+    const float shrink = static_cast<float>(1.0 - 0.4 * k / (kSteps - 1));
+    const GroupParams p = f.fit_group(w, n, shrink);
+    double err = 0;
+    for (int64_t i = 0; i < n; ++i) err += std::pow(std::abs(static_cast<double>(w[i]) - f.decode(f.encode(w[i], p), p)), kNorm);
+    if (err < best_err) {  // strict: a tie keeps the wider range
+      best_err = err;
+      best = p;
+    }
+  }
+  return best;
+}
+
+namespace {
+
+class FormatGrid final : public Grid {
+ public:
+  FormatGrid(const FormatChoice& f, bool mse) : f_(f), mse_(mse) {}
+  int group_size() const override { return f_.group_size; }
+  GroupParams fit(const float* w, int64_t n) const override {
+    return mse_ ? fit_group_mse(*f_.spec, w, n) : f_.spec->fit_group(w, n, 1.0f);
+  }
+  float quantize(float w, const GroupParams& p, uint8_t* code) const override {
+    const uint8_t c = f_.spec->encode(w, p);
+    if (code) *code = c;
+    return f_.spec->decode(c, p);
+  }
+  const FormatSpec* format() const override { return f_.spec; }
+
+ private:
+  FormatChoice f_;
+  bool mse_;
+};
+
+class UniformGrid final : public Grid {
+ public:
+  explicit UniformGrid(float step) : step_(step) {}
+  int group_size() const override { return 0; }
+  GroupParams fit(const float*, int64_t) const override { return {}; }
+  float quantize(float w, const GroupParams&, uint8_t* code) const override {
+    if (code) *code = 0;
+    return step_ * std::nearbyint(w / step_);
+  }
+
+ private:
+  float step_;
+};
+
+}  // namespace
+
+std::unique_ptr<Grid> make_format_grid(const FormatChoice& f, bool mse) { return std::make_unique<FormatGrid>(f, mse); }
+
+std::unique_ptr<Grid> make_uniform_grid(float step) {
+  NIBBLE_CHECK(std::isfinite(step) && step > 0, "uniform grid: the step must be a positive number, found {}", step);
+  return std::make_unique<UniformGrid>(step);
+}
+
+std::unique_ptr<Grid> parse_grid(const std::string& text, int default_group, bool mse) {
+  const std::string prefix = "uniform:step=";
+  if (text.rfind("uniform", 0) == 0) {
+    NIBBLE_CHECK(text.rfind(prefix, 0) == 0, "--grid '{}': expected uniform:step=S", text);
+    const std::string s = text.substr(prefix.size());
+    float step = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), step);
+    NIBBLE_CHECK(ec == std::errc() && end == s.data() + s.size(), "--grid '{}': '{}' is not a number", text, s);
+    NIBBLE_CHECK(!mse, "--mse searches a format's group range; the uniform grid has none");
+    return make_uniform_grid(step);
+  }
+  // A canonical name ("int4_g64_asym") carries its own group size; a family
+  // name ("int4_asym") takes the default.
+  bool canonical = false;
+  for (const FormatSpec* f : format_registry())
+    for (int g : f->group_sizes) canonical |= f->canonical_name(g) == text;
+  return make_format_grid(find_format(text, canonical ? 0 : default_group), mse);
+}
+
+// ---- results -----------------------------------------------------------------
+
+QuantizedMatrix GptqResult::to_quantized(const FormatSpec& f, int group_size) const {
+  QuantizedMatrix q;
+  q.format = &f;
+  q.group_size = group_size;
+  q.rows = rows;
+  q.cols = cols;
+  NIBBLE_CHECK(codes.size() == static_cast<size_t>(rows * cols) &&
+                   params.size() == static_cast<size_t>(rows * q.groups_per_row()),
+               "quantized result has no codes for format {}", f.canonical_name(group_size));
+  q.codes = codes;
+  q.params = params;
+  return q;
+}
+
+GptqResult rtn(const float* w, int64_t rows, int64_t cols, const Grid& grid) {
+  GptqResult r;
+  r.rows = rows;
+  r.cols = cols;
+  const int64_t g = grid.group_size() > 0 ? grid.group_size() : cols;
+  const int64_t gpr = (cols + g - 1) / g;
+  r.dequant.resize(static_cast<size_t>(rows * cols));
+  r.codes.resize(static_cast<size_t>(rows * cols));
+  if (grid.group_size() > 0) r.params.resize(static_cast<size_t>(rows * gpr));
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t k = 0; k < gpr; ++k) {
+      const int64_t c0 = k * g, n = std::min(g, cols - c0);
+      const float* src = w + i * cols + c0;
+      const GroupParams p = grid.group_size() > 0 ? grid.fit(src, n) : GroupParams{};
+      if (grid.group_size() > 0) r.params[i * gpr + k] = p;
+      for (int64_t j = 0; j < n; ++j)
+        r.dequant[i * cols + c0 + j] = grid.quantize(src[j], p, &r.codes[i * cols + c0 + j]);
+    }
+  }
+  if (!grid.format()) r.codes.clear();
+  return r;
+}
+
+// ---- GPTQ --------------------------------------------------------------------
+
+namespace {
+
+// U (row-major, upper) with Uᵀ U = (A)⁻¹ for A = H + λI; false when A is not
+// numerically positive definite at some step.
+bool inverse_cholesky_upper(std::vector<double>& a, int64_t n) {
+  const int N = static_cast<int>(n);
+  if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', N, a.data(), N) != 0) return false;  // A = L Lᵀ
+  if (LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', N, a.data(), N) != 0) return false;  // A⁻¹ (lower)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i + 1; j < n; ++j) a[i * n + j] = a[j * n + i];
+  if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', N, a.data(), N) != 0) return false;  // A⁻¹ = Uᵀ U
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < i; ++j) a[i * n + j] = 0.0;
+  for (int64_t i = 0; i < n * n; ++i)
+    if (!std::isfinite(a[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const MatrixStats& stats, const Grid& grid,
+                const GptqOptions& opt) {
+  NIBBLE_CHECK(stats.dim == cols, "gptq: the statistics are for {} inputs, the matrix has {} columns", stats.dim,
+               cols);
+  NIBBLE_CHECK(stats.tokens > 0, "gptq: no calibration tokens were seen for this matrix");
+  NIBBLE_CHECK(opt.damp >= 0 && std::isfinite(opt.damp), "gptq: damping must be >= 0, found {}", opt.damp);
+  const int64_t g = grid.group_size();
+  const int64_t B = opt.block_size;
+  NIBBLE_CHECK(B > 0 && (g == 0 || B % g == 0), "gptq: block size {} must be a multiple of the group size {}", B, g);
+  const int64_t gpr = g > 0 ? (cols + g - 1) / g : 0;
+
+  GptqResult res;
+  res.rows = rows;
+  res.cols = cols;
+  std::vector<double> H = stats.H;
+  std::vector<float> W(w_in, w_in + rows * cols);
+
+  // Dead inputs: never active in calibration, so any value is free; zero them.
+  for (int64_t j = 0; j < cols; ++j) {
+    if (H[j * cols + j] == 0.0) {
+      H[j * cols + j] = 1.0;
+      for (int64_t i = 0; i < rows; ++i) W[i * cols + j] = 0.0f;
+      ++res.dead_columns;
+    }
+  }
+
+  // Group parameters fixed up front (act-order's static groups), from the
+  // contiguous groups of the original weights.
+  res.params.resize(static_cast<size_t>(rows * gpr));
+  if (opt.act_order && g > 0) {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t k = 0; k < gpr; ++k) {
+        const int64_t c0 = k * g;
+        res.params[i * gpr + k] = grid.fit(&W[i * cols + c0], std::min(g, cols - c0));
+      }
+  }
+
+  // Sweep order: natural, or decreasing diag(H) (stable, so ties keep index order).
+  std::vector<int64_t> perm(static_cast<size_t>(cols));
+  std::iota(perm.begin(), perm.end(), 0);
+  if (opt.act_order)
+    std::stable_sort(perm.begin(), perm.end(),
+                     [&](int64_t a, int64_t b) { return H[a * cols + a] > H[b * cols + b]; });
+  std::vector<double> Hp(static_cast<size_t>(cols * cols));
+  for (int64_t a = 0; a < cols; ++a)
+    for (int64_t b = 0; b < cols; ++b) Hp[a * cols + b] = H[perm[a] * cols + perm[b]];
+  std::vector<float> Wp(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t a = 0; a < cols; ++a) Wp[i * cols + a] = W[i * cols + perm[a]];
+
+  double mean_diag = 0;
+  for (int64_t j = 0; j < cols; ++j) mean_diag += Hp[j * cols + j];
+  mean_diag /= static_cast<double>(cols);
+
+  // Cholesky of the inverse, raising the damping ×10 on failure.
+  std::vector<double> A;
+  bool ok = false;
+  for (int attempt = 0; attempt <= opt.max_damp_retries && !ok; ++attempt) {
+    const double factor = opt.damp > 0 ? opt.damp * std::pow(10.0, attempt)
+                                       : (attempt == 0 ? 0.0 : 0.01 * std::pow(10.0, attempt - 1));
+    A = Hp;
+    const double lambda = factor * mean_diag;
+    for (int64_t j = 0; j < cols; ++j) A[j * cols + j] += lambda;
+    ok = inverse_cholesky_upper(A, cols);
+    res.damp_used = factor;
+    res.lambda = lambda;
+    res.damp_retries = attempt;
+  }
+  NIBBLE_CHECK(ok,
+               "gptq: the Hessian ({} inputs, {} tokens) is not positive definite even with damping {} "
+               "(raised ×10 {} times from {}); more calibration data or a larger --damp is needed",
+               cols, stats.tokens, res.damp_used, opt.max_damp_retries, opt.damp);
+  std::vector<float> U(A.begin(), A.end());
+  A.clear();
+  A.shrink_to_fit();
+
+  res.dequant.assign(static_cast<size_t>(rows * cols), 0.0f);
+  res.codes.assign(static_cast<size_t>(rows * cols), 0);
+  const int nthreads = rows * cols >= (1 << 16) ? 0 : 1;  // 0: OpenMP's default
+  std::vector<float> Wb(static_cast<size_t>(B * rows)), Eb(static_cast<size_t>(B * rows));
+  double cost = 0;
+
+  for (int64_t i1 = 0; i1 < cols; i1 += B) {
+    const int64_t i2 = std::min(cols, i1 + B), nb = i2 - i1;
+    // The block, transposed: Wb[j][r] = W[r][i1 + j], so a column is contiguous.
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < nb; ++j) Wb[j * rows + r] = Wp[r * cols + i1 + j];
+
+    // Rows are independent inside a block: each thread sweeps its own rows.
+#pragma omp parallel num_threads(nthreads > 0 ? nthreads : omp_get_max_threads()) reduction(+ : cost)
+    {
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+      std::vector<float> gbuf(static_cast<size_t>(std::max<int64_t>(g, 1)));
+      for (int64_t i = 0; i < nb; ++i) {
+        const int64_t col = i1 + i, orig = perm[col];
+        if (g > 0 && !opt.act_order && orig % g == 0) {
+          // A new group: fit its parameters on the error-updated weights (the
+          // whole group lies in this block, since B is a multiple of g).
+          const int64_t n = std::min(g, cols - orig);
+          for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t k = 0; k < n; ++k) gbuf[k] = Wb[(i + k) * rows + r];
+            res.params[r * gpr + orig / g] = grid.fit(gbuf.data(), n);
+          }
+        }
+        const float d = U[col * cols + col];
+        float* wcol = &Wb[i * rows];
+        float* ecol = &Eb[i * rows];
+        for (int64_t r = r0; r < r1; ++r) {
+          const GroupParams p = g > 0 ? res.params[r * gpr + orig / g] : GroupParams{};
+          uint8_t code = 0;
+          const float q = grid.quantize(wcol[r], p, &code);
+          res.dequant[r * cols + orig] = q;
+          res.codes[r * cols + orig] = code;
+          const float diff = wcol[r] - q;
+          cost += static_cast<double>(diff) * diff / (static_cast<double>(d) * d);
+          ecol[r] = diff / d;
+        }
+        // Push this column's error onto the block's later columns.
+        for (int64_t j = i + 1; j < nb; ++j) {
+          const float u = U[col * cols + i1 + j];
+          float* wj = &Wb[j * rows];
+          for (int64_t r = r0; r < r1; ++r) wj[r] -= ecol[r] * u;
+        }
+      }
+    }
+    // ...and the whole block's error onto every column after it, at once:
+    // W[:, i2:] -= Ebᵀ · U[i1:i2, i2:]
+    if (i2 < cols) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols - i2),
+                  static_cast<int>(nb), -1.0f, Eb.data(), static_cast<int>(rows), &U[i1 * cols + i2],
+                  static_cast<int>(cols), 1.0f, &Wp[i2], static_cast<int>(cols));
+    }
+  }
+  res.sweep_cost = cost;
+  if (g == 0) res.params.clear();
+  if (!grid.format()) res.codes.clear();
+  return res;
+}
+
+// ---- the registered method ---------------------------------------------------
+
+namespace {
+
+class GptqQuantizer final : public Quantizer {
+ public:
+  explicit GptqQuantizer(const QuantizerConfig& c) : config_(c), grid_(make_format_grid(c.format, c.mse)) {}
+  QuantizedMatrix quantize(const Tensor& w, const MatrixStats* stats, QuantizeInfo* info) const override {
+    NIBBLE_CHECK(w.dim() == 2 && w.dtype() == DType::F32 && w.is_contiguous(),
+                 "gptq: expected a contiguous F32 2-D matrix, found {} {}", dtype_name(w.dtype()), shape_str(w.shape()));
+    NIBBLE_CHECK(stats != nullptr, "gptq needs calibration statistics (pass --calib)");
+    GptqOptions o;
+    o.damp = config_.damp;
+    o.act_order = config_.act_order;
+    const GptqResult r = gptq(w.data<float>(), w.size(0), w.size(1), *stats, *grid_, o);
+    if (info) *info = QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns};
+    return r.to_quantized(*config_.format.spec, config_.format.group_size);
+  }
+
+ private:
+  QuantizerConfig config_;
+  std::unique_ptr<Grid> grid_;
+};
+
+std::unique_ptr<Quantizer> make_gptq(const QuantizerConfig& c) { return std::make_unique<GptqQuantizer>(c); }
+
+}  // namespace
+
+extern const MethodSpec kGptq;
+const MethodSpec kGptq{"gptq", "GPTQ: Hessian-aware column sweep with error feedback (needs --calib)", true, make_gptq};
+
+}  // namespace nibble::quant
