@@ -19,8 +19,16 @@ class OutputDir {
  public:
   // Fails early (before any work) when `target` exists and is not an empty
   // directory (unless `force`), or when its parent cannot be written.
-  OutputDir(std::filesystem::path target, bool force);
-  ~OutputDir();  // removes the staging directory unless committed
+  // A leftover staging directory is removed, unless `keep_staging` (a resumed
+  // run continues from what it holds).
+  OutputDir(std::filesystem::path target, bool force, bool keep_staging = false);
+  ~OutputDir();  // removes the staging directory unless committed or kept
+
+  // Where the staging directory of `target` is (whether or not it exists).
+  static std::filesystem::path staging_for(const std::filesystem::path& target);
+  // Leave the staging directory in place if the run fails from here on (it
+  // holds state a later run can resume from).
+  void keep_on_failure(bool keep) { keep_on_failure_ = keep; }
   OutputDir(const OutputDir&) = delete;
   OutputDir& operator=(const OutputDir&) = delete;
 
@@ -31,7 +39,7 @@ class OutputDir {
 
  private:
   std::filesystem::path target_, staging_;
-  bool force_, committed_ = false;
+  bool force_, committed_ = false, keep_on_failure_ = false;
 };
 
 // One logical tensor of the output: its stored tensors (one for a plain

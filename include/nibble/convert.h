@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "nibble/calibration.h"
 #include "nibble/dtype.h"
 
 namespace nibble {
@@ -21,6 +22,18 @@ struct QuantizeOptions {
   bool progress = true;
   std::string command_line;              // recorded in nibble.json
   uint64_t max_shard_bytes = 4ull << 30;  // output shard size bound
+
+  // Method options (quant::QuantizerConfig).
+  bool mse = false;        // MSE range search per group (RTN and GPTQ)
+  bool act_order = false;  // GPTQ: decreasing diag(H) order, static groups
+  double damp = 0.01;      // GPTQ: λ = damp · mean(diag H)
+
+  // Calibration (methods that need it).
+  CalibrationOptions calib;
+  bool sequential = true;  // layer i calibrated through the already-quantized layers 0..i-1
+  // Continue an interrupted calibrated run from its last finished layer (the
+  // state lives in the output's staging directory).
+  bool resume = false;
 };
 
 struct TensorResult {
@@ -31,6 +44,10 @@ struct TensorResult {
   double max_abs_error = 0;
   double bits_per_weight = 0;
   uint64_t params = 0, bytes = 0;
+  // GPTQ: the damping factor used, how often it was raised, dead inputs.
+  double damp_used = 0;
+  int damp_retries = 0;
+  int64_t dead_columns = 0;
 };
 
 struct QuantizeResult {
@@ -41,6 +58,8 @@ struct QuantizeResult {
   double quantized_bits_per_weight = 0;   // over the quantized matrices
   double checkpoint_bits_per_weight = 0;  // all stored bytes over all parameters
   std::vector<std::string> warnings;
+  std::vector<std::string> notes;  // informational (calibration clipping, resume)
+  int64_t resumed_from_layer = -1;  // first layer computed in this run when resumed
 };
 
 QuantizeResult quantize_model(const std::filesystem::path& model_dir, const std::filesystem::path& out_dir,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,6 +27,7 @@ class LinearWeight {
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
   bool is_packed() const { return format_.spec != nullptr; }
+  const Tensor& dense_weight() const { return dense_; }  // F32 [out, in] (dense only)
   Tensor bias;  // F32 [out] or undefined
 
  private:
@@ -51,6 +53,35 @@ class KVCache {
   int64_t row_, max_, len_ = 0;
 };
 
+// One decoder layer's weights (norm gains f32; linears dense or packed).
+struct DecoderLayer {
+  Tensor input_norm, post_norm, q_norm, k_norm;  // F32 (q/k norms: qwen3 only)
+  LinearWeight q, k, v, o, gate, up, down;
+
+  // Loads layer i of `src`. With `dense`, packed linears are dequantized to
+  // f32 (for calibration, which needs plain weights to quantize).
+  static DecoderLayer load(const CheckpointDir& src, int64_t i, bool dense = false);
+};
+
+// The inputs of a layer's linears, as a calibration tap sees them: q/k/v
+// share one input, so do gate/up.
+enum class LinearInput { QKV, O, GateUp, Down };
+// Called with x[n, dim] (row-major) before the linears that read it.
+using InputTap = std::function<void(LinearInput which, const float* x, int64_t n, int64_t dim)>;
+
+// Inverse RoPE frequencies [head_dim / 2] with the config's scaling applied.
+std::vector<float> rope_inv_freq(const ModelConfig& c);
+
+// Runs n tokens (positions p0 .. p0+n-1 of one sequence) through one decoder
+// layer: x[n, hidden] is updated in place. keys/values are this layer's cache
+// rows ([positions, kv_heads*head_dim]); the new rows are written at p0.. and
+// attention reads rows 0 .. p0+n-1 (or the sliding window).
+void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const std::vector<float>& inv_freq, float* x,
+                           int64_t n, int64_t p0, float* keys, float* values, const InputTap* tap = nullptr);
+
+// x[n, dim] -> out = x / sqrt(mean(x²) + eps) * w (fp32, as HF); out may be x.
+void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* out);
+
 class Model {
  public:
   // Loads every weight of `src` (plain or packed) for the CPU forward.
@@ -63,15 +94,11 @@ class Model {
   Tensor forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits = true) const;
 
  private:
-  struct Layer {
-    Tensor input_norm, post_norm, q_norm, k_norm;  // F32
-    LinearWeight q, k, v, o, gate, up, down;
-  };
   ModelConfig config_;
   Tensor embed_;  // F32 [vocab, hidden]
   Tensor final_norm_;
   LinearWeight head_;
-  std::vector<Layer> layers_;
+  std::vector<DecoderLayer> layers_;
   std::vector<float> inv_freq_;  // [head_dim / 2], scaling applied
 };
 

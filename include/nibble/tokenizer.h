@@ -118,4 +118,8 @@ class StreamDecoder {
   std::string context_text_;  // decode(ids_[0..context_len_))
 };
 
+// The token the post-processor puts in front of every encoding (Llama 2's
+// <s>), if any: what a window of text starts with when scored or calibrated.
+std::optional<int32_t> leading_bos(const Tokenizer& tok);
+
 }  // namespace nibble

@@ -2,6 +2,7 @@
 
 #include "nibble/error.h"
 #include "nibble/eval.h"
+#include "nibble/layerwise.h"
 #include "nibble/util.h"
 
 namespace nibble::eval {
@@ -15,42 +16,88 @@ void log_softmax(const float* l, int64_t vocab, double* out) {
   for (int64_t v = 0; v < vocab; ++v) out[v] = static_cast<double>(l[v]) - lse;
 }
 
-PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& tokens, int64_t ctx,
-                            std::optional<int32_t> bos, bool progress) {
-  const ModelConfig& c = model.config();
+namespace {
+
+// The scoring half of the protocol, shared by both ways of running the model.
+struct Scorer {
+  int64_t vocab;
+  std::vector<double> lp;
+  double sum = 0, sum2 = 0;
+  int64_t n = 0;
+  explicit Scorer(int64_t v) : vocab(v), lp(static_cast<size_t>(v)) {}
+  void window(const float* logits, const std::vector<int32_t>& w) {
+    const int64_t ctx = static_cast<int64_t>(w.size());
+    for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
+      log_softmax(logits + j * vocab, vocab, lp.data());
+      const double nll = -lp[static_cast<size_t>(w[j + 1])];
+      sum += nll;
+      sum2 += nll * nll;
+      ++n;
+    }
+  }
+  PerplexityResult result(int64_t chunks) const {
+    PerplexityResult r;
+    r.chunks = chunks;
+    r.scored_tokens = n;
+    const double nd = static_cast<double>(n);
+    r.mean_nll = sum / nd;
+    r.ppl = std::exp(r.mean_nll);
+    const double var = n > 1 ? std::max(0.0, (sum2 / nd - r.mean_nll * r.mean_nll) * nd / (nd - 1)) : 0.0;
+    r.ppl_stderr = r.ppl * std::sqrt(var / nd);  // d exp(m) = exp(m) dm
+    return r;
+  }
+};
+
+std::vector<std::vector<int32_t>> windows(const ModelConfig& c, const std::vector<int32_t>& tokens, int64_t ctx,
+                                          std::optional<int32_t> bos) {
   NIBBLE_CHECK(ctx >= 4, "perplexity: --ctx must be at least 4, found {}", ctx);
   NIBBLE_CHECK(ctx <= c.max_position_embeddings, "perplexity: --ctx {} exceeds the model's context of {} positions",
                ctx, c.max_position_embeddings);
   const int64_t chunks = static_cast<int64_t>(tokens.size()) / ctx;
   NIBBLE_CHECK(chunks > 0, "perplexity: the text has {} tokens, fewer than one window of --ctx {}", tokens.size(),
                ctx);
-  PerplexityResult r;
-  r.chunks = chunks;
-  double sum = 0, sum2 = 0;
-  std::vector<double> lp(static_cast<size_t>(c.vocab_size));
-  Progress bar("perplexity", chunks, progress, "chunks");
-  KVCache cache(c, ctx);
+  std::vector<std::vector<int32_t>> w;
   for (int64_t k = 0; k < chunks; ++k) {
-    std::vector<int32_t> window(tokens.begin() + k * ctx, tokens.begin() + (k + 1) * ctx);
-    if (bos) window[0] = *bos;
+    w.emplace_back(tokens.begin() + k * ctx, tokens.begin() + (k + 1) * ctx);
+    if (bos) w.back()[0] = *bos;
+  }
+  return w;
+}
+
+}  // namespace
+
+PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& tokens, int64_t ctx,
+                            std::optional<int32_t> bos, bool progress) {
+  const ModelConfig& c = model.config();
+  const auto ws = windows(c, tokens, ctx, bos);
+  Scorer scorer(c.vocab_size);
+  Progress bar("perplexity", static_cast<int64_t>(ws.size()), progress, "chunks");
+  KVCache cache(c, ctx);
+  for (const auto& w : ws) {
     cache.clear();
-    const Tensor logits = model.forward(window, cache);  // [ctx, vocab]
-    for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
-      log_softmax(logits.data<float>() + j * c.vocab_size, c.vocab_size, lp.data());
-      const double nll = -lp[static_cast<size_t>(window[j + 1])];
-      sum += nll;
-      sum2 += nll * nll;
-      ++r.scored_tokens;
-    }
+    const Tensor logits = model.forward(w, cache);  // [ctx, vocab]
+    scorer.window(logits.data<float>(), w);
     bar.advance();
   }
   bar.finish();
-  const double n = static_cast<double>(r.scored_tokens);
-  r.mean_nll = sum / n;
-  r.ppl = std::exp(r.mean_nll);
-  const double var = n > 1 ? std::max(0.0, (sum2 / n - r.mean_nll * r.mean_nll) * n / (n - 1)) : 0.0;
-  r.ppl_stderr = r.ppl * std::sqrt(var / n);  // d exp(m) = exp(m) dm
-  return r;
+  return scorer.result(static_cast<int64_t>(ws.size()));
+}
+
+PerplexityResult perplexity_streaming(const CheckpointDir& src, const std::vector<int32_t>& tokens, int64_t ctx,
+                                      std::optional<int32_t> bos, bool progress) {
+  const auto ws = windows(src.config(), tokens, ctx, bos);
+  LayerStream stream(src, ws);
+  stream.apply_all(src, progress);
+  const LinearWeight head = stream.load_head(src);
+  const int64_t V = src.config().vocab_size;
+  Scorer scorer(V);
+  std::vector<float> logits(static_cast<size_t>(ctx * V));
+  for (size_t s = 0; s < ws.size(); ++s) {
+    const std::vector<float> xn = stream.final_normed(s);
+    head.forward(xn.data(), ctx, logits.data());
+    scorer.window(logits.data(), ws[s]);
+  }
+  return scorer.result(static_cast<int64_t>(ws.size()));
 }
 
 }  // namespace nibble::eval

@@ -11,7 +11,13 @@
 namespace nibble::io {
 namespace fs = std::filesystem;
 
-OutputDir::OutputDir(fs::path target, bool force) : force_(force) {
+fs::path OutputDir::staging_for(const fs::path& t) {
+  fs::path target = fs::absolute(t).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
+  return target.parent_path() / ("." + target.filename().string() + ".nibble-partial");
+}
+
+OutputDir::OutputDir(fs::path target, bool force, bool keep_staging) : force_(force) {
   target = fs::absolute(target).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
   target_ = target;
@@ -26,14 +32,14 @@ OutputDir::OutputDir(fs::path target, bool force) : force_(force) {
                parent.string(), ec ? ec.message() : "not a directory");
   NIBBLE_CHECK(access(parent.c_str(), W_OK) == 0, "{}: output directory cannot be written (no write permission on {})",
                target_.string(), parent.string());
-  staging_ = parent / ("." + target_.filename().string() + ".nibble-partial");
-  fs::remove_all(staging_, ec);  // a leftover from an interrupted run
-  fs::create_directory(staging_, ec);
+  staging_ = staging_for(target_);
+  if (!keep_staging) fs::remove_all(staging_, ec);  // a leftover from an interrupted run
+  fs::create_directories(staging_, ec);
   NIBBLE_CHECK(!ec, "{}: cannot create staging directory ({})", staging_.string(), ec.message());
 }
 
 OutputDir::~OutputDir() {
-  if (committed_) return;
+  if (committed_ || keep_on_failure_) return;
   std::error_code ec;
   fs::remove_all(staging_, ec);
 }

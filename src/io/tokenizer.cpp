@@ -417,4 +417,10 @@ bool Tokenizer::is_special(int32_t id) const {
 
 const TokenizerConfig& Tokenizer::config() const { return impl_->config; }
 
+std::optional<int32_t> leading_bos(const Tokenizer& tok) {
+  const auto with = tok.encode("a", true), without = tok.encode("a", false);
+  if (with.size() > without.size() && !with.empty()) return with[0];
+  return std::nullopt;
+}
+
 }  // namespace nibble

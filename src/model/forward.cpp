@@ -52,10 +52,8 @@ KVCache::KVCache(const ModelConfig& c, int64_t max_tokens)
   for (auto& t : v_) t.assign(static_cast<size_t>(max_ * row_), 0.0f);
 }
 
-namespace {
-
 // x[n, dim] <- x / sqrt(mean(x^2) + eps) * w, in fp32 as HF does.
-void rms_norm(float* x, int64_t n, int64_t dim, const float* w, float eps, float* out) {
+void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * dim;
     float ss = 0.0f;
@@ -64,6 +62,8 @@ void rms_norm(float* x, int64_t n, int64_t dim, const float* w, float eps, float
     for (int64_t j = 0; j < dim; ++j) out[i * dim + j] = w[j] * (xi[j] * inv);
   }
 }
+
+namespace {
 
 // HF rotate_half RoPE on one head vector: pairs (i, i + d/2).
 void rope(float* h, int64_t d, const float* cos, const float* sin) {
@@ -74,6 +74,8 @@ void rope(float* h, int64_t d, const float* cos, const float* sin) {
     h[i + half] = b * cos[i] + a * sin[i];
   }
 }
+
+}  // namespace
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {
   const int64_t half = c.head_dim / 2;
@@ -102,7 +104,35 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   return f;
 }
 
-}  // namespace
+DecoderLayer DecoderLayer::load(const CheckpointDir& src, int64_t i, bool dense) {
+  const ModelConfig& c = src.config();
+  auto f32 = [&](const std::string& name) { return src.load(name).to_f32(); };
+  auto linear = [&](const std::string& prefix) {
+    const std::string wname = prefix + ".weight";
+    const TensorMeta meta = src.meta(wname);
+    LinearWeight l = meta.format && !dense
+                         ? LinearWeight::packed(*meta.format, src.parts(wname), meta.shape[0], meta.shape[1])
+                         : LinearWeight::dense(f32(wname));
+    if (src.contains(prefix + ".bias")) l.bias = f32(prefix + ".bias");
+    return l;
+  };
+  const std::string p = fmt::format("model.layers.{}.", i);
+  DecoderLayer L;
+  L.input_norm = f32(p + "input_layernorm.weight");
+  L.post_norm = f32(p + "post_attention_layernorm.weight");
+  if (find_arch(c.model_type).qk_norm) {
+    L.q_norm = f32(p + "self_attn.q_norm.weight");
+    L.k_norm = f32(p + "self_attn.k_norm.weight");
+  }
+  L.q = linear(p + "self_attn.q_proj");
+  L.k = linear(p + "self_attn.k_proj");
+  L.v = linear(p + "self_attn.v_proj");
+  L.o = linear(p + "self_attn.o_proj");
+  L.gate = linear(p + "mlp.gate_proj");
+  L.up = linear(p + "mlp.up_proj");
+  L.down = linear(p + "mlp.down_proj");
+  return L;
+}
 
 std::unique_ptr<Model> Model::load(const CheckpointDir& src) {
   src.validate_against_config();
@@ -110,131 +140,120 @@ std::unique_ptr<Model> Model::load(const CheckpointDir& src) {
   m->config_ = src.config();
   const ModelConfig& c = m->config_;
   auto f32 = [&](const std::string& name) { return src.load(name).to_f32(); };
-  auto linear = [&](const std::string& prefix) {
-    const std::string wname = prefix + ".weight";
-    const TensorMeta meta = src.meta(wname);
-    LinearWeight l = meta.format ? LinearWeight::packed(*meta.format, src.parts(wname), meta.shape[0], meta.shape[1])
-                                 : LinearWeight::dense(f32(wname));
-    if (src.contains(prefix + ".bias")) l.bias = f32(prefix + ".bias");
-    return l;
-  };
   m->embed_ = f32("model.embed_tokens.weight");
   m->final_norm_ = f32("model.norm.weight");
-  m->head_ = c.tie_word_embeddings ? LinearWeight::dense(m->embed_) : linear("lm_head");
-  const ArchSpec& arch = find_arch(c.model_type);
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    Layer L;
-    L.input_norm = f32(p + "input_layernorm.weight");
-    L.post_norm = f32(p + "post_attention_layernorm.weight");
-    if (arch.qk_norm) {
-      L.q_norm = f32(p + "self_attn.q_norm.weight");
-      L.k_norm = f32(p + "self_attn.k_norm.weight");
-    }
-    L.q = linear(p + "self_attn.q_proj");
-    L.k = linear(p + "self_attn.k_proj");
-    L.v = linear(p + "self_attn.v_proj");
-    L.o = linear(p + "self_attn.o_proj");
-    L.gate = linear(p + "mlp.gate_proj");
-    L.up = linear(p + "mlp.up_proj");
-    L.down = linear(p + "mlp.down_proj");
-    m->layers_.push_back(std::move(L));
+  if (c.tie_word_embeddings) {
+    m->head_ = LinearWeight::dense(m->embed_);
+  } else {
+    const TensorMeta meta = src.meta("lm_head.weight");
+    m->head_ = meta.format ? LinearWeight::packed(*meta.format, src.parts("lm_head.weight"), meta.shape[0], meta.shape[1])
+                           : LinearWeight::dense(f32("lm_head.weight"));
   }
+  for (int64_t i = 0; i < c.num_layers; ++i) m->layers_.push_back(DecoderLayer::load(src, i));
   m->inv_freq_ = rope_inv_freq(c);
   return m;
 }
 
-Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits) const {
-  const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(tokens.size()), D = c.hidden_size, hd = c.head_dim, H = c.num_heads,
-                KV = c.num_kv_heads, F = c.intermediate_size, V = c.vocab_size, p0 = cache.size();
-  NIBBLE_CHECK(n > 0, "forward: no tokens");
-  NIBBLE_CHECK(p0 + n <= cache.capacity(), "forward: {} + {} tokens exceed the cache of {} positions", p0, n,
-               cache.capacity());
+void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const std::vector<float>& inv_freq, float* x,
+                           int64_t n, int64_t p0, float* keys, float* values, const InputTap* tap) {
+  const int64_t D = c.hidden_size, hd = c.head_dim, H = c.num_heads, KV = c.num_kv_heads, F = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-
-  std::vector<float> x(n * D), xn(n * D), q(n * H * hd), k(n * KV * hd), v(n * KV * hd), att(n * H * hd),
-      tmp(n * D), g(n * F), u(n * F);
-  for (int64_t i = 0; i < n; ++i) {
-    NIBBLE_CHECK(tokens[i] >= 0 && tokens[i] < V, "forward: token id {} is outside the vocabulary (size {})",
-                 tokens[i], V);
-    std::copy_n(embed_.data<float>() + tokens[i] * D, D, x.data() + i * D);  // [n, D]
-  }
+  std::vector<float> xn(n * D), q(n * H * hd), k(n * KV * hd), v(n * KV * hd), att(n * H * hd), tmp(n * D),
+      g(n * F), u(n * F);
   // cos/sin per new position: [n, hd/2]
   const int64_t half = hd / 2;
   std::vector<float> cosv(n * half), sinv(n * half);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < half; ++j) {
-      const float angle = static_cast<float>(p0 + i) * inv_freq_[j];  // fp32 product, as HF
+      const float angle = static_cast<float>(p0 + i) * inv_freq[j];  // fp32 product, as HF
       cosv[i * half + j] = std::cos(angle);
       sinv[i * half + j] = std::sin(angle);
     }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t window = c.sliding_window.value_or(0);
+  const int64_t window = c.sliding_window.value_or(0), row = KV * hd;
 
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const Layer& L = layers_[l];
-    rms_norm(x.data(), n, D, L.input_norm.data<float>(), eps, xn.data());
-    L.q.forward(xn.data(), n, q.data());  // [n, H*hd]
-    L.k.forward(xn.data(), n, k.data());  // [n, KV*hd]
-    L.v.forward(xn.data(), n, v.data());  // [n, KV*hd]
-    if (L.q_norm.defined() && L.q_norm.numel() > 0) {  // qwen3: per-head RMSNorm before RoPE
-      rms_norm(q.data(), n * H, hd, L.q_norm.data<float>(), eps, q.data());
-      rms_norm(k.data(), n * KV, hd, L.k_norm.data<float>(), eps, k.data());
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t h = 0; h < H; ++h) rope(q.data() + (i * H + h) * hd, hd, &cosv[i * half], &sinv[i * half]);
-      for (int64_t h = 0; h < KV; ++h) rope(k.data() + (i * KV + h) * hd, hd, &cosv[i * half], &sinv[i * half]);
-      std::copy_n(k.data() + i * KV * hd, KV * hd, cache.keys(l, p0 + i));
-      std::copy_n(v.data() + i * KV * hd, KV * hd, cache.values(l, p0 + i));
-    }
-    // Causal attention of each new position over the cache (GQA: H/KV query heads per kv head).
-    // Threads only pay off on real work: a parallel region costs microseconds
-    // (and far more on a loaded machine), a decode step of a tiny model less.
-    const bool parallel_attention = n * H * (p0 + n) * hd > (1 << 16);
+  rms_norm(x, n, D, L.input_norm.data<float>(), eps, xn.data());
+  if (tap) (*tap)(LinearInput::QKV, xn.data(), n, D);
+  L.q.forward(xn.data(), n, q.data());  // [n, H*hd]
+  L.k.forward(xn.data(), n, k.data());  // [n, KV*hd]
+  L.v.forward(xn.data(), n, v.data());  // [n, KV*hd]
+  if (L.q_norm.defined() && L.q_norm.numel() > 0) {  // qwen3: per-head RMSNorm before RoPE
+    rms_norm(q.data(), n * H, hd, L.q_norm.data<float>(), eps, q.data());
+    rms_norm(k.data(), n * KV, hd, L.k_norm.data<float>(), eps, k.data());
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < H; ++h) rope(q.data() + (i * H + h) * hd, hd, &cosv[i * half], &sinv[i * half]);
+    for (int64_t h = 0; h < KV; ++h) rope(k.data() + (i * KV + h) * hd, hd, &cosv[i * half], &sinv[i * half]);
+    std::copy_n(k.data() + i * row, row, keys + (p0 + i) * row);
+    std::copy_n(v.data() + i * row, row, values + (p0 + i) * row);
+  }
+  // Causal attention of each new position over the cache (GQA: H/KV query heads per kv head).
+  // Threads only pay off on real work: a parallel region costs microseconds
+  // (and far more on a loaded machine), a decode step of a tiny model less.
+  const bool parallel_attention = n * H * (p0 + n) * hd > (1 << 16);
 #pragma omp parallel if (parallel_attention)
-    {
-      std::vector<float> scores(static_cast<size_t>(p0 + n));
+  {
+    std::vector<float> scores(static_cast<size_t>(p0 + n));
 #pragma omp for collapse(2) schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t h = 0; h < H; ++h) {
-          // Keys t0 .. T-1: all earlier positions, or (sliding window W) those with pos - t < W.
-          const int64_t kvh = h / (H / KV), T = p0 + i + 1, t0 = window > 0 ? std::max<int64_t>(0, T - window) : 0;
-          const float* qi = q.data() + (i * H + h) * hd;
-          float mx = -INFINITY;
-          for (int64_t t = t0; t < T; ++t) {
-            const float* kt = cache.keys(l, t) + kvh * hd;
-            float s = 0.0f;
-            for (int64_t d = 0; d < hd; ++d) s += qi[d] * kt[d];
-            scores[t] = s * scale;
-            mx = std::max(mx, scores[t]);
-          }
-          float sum = 0.0f;
-          for (int64_t t = t0; t < T; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
-          float* out = att.data() + (i * H + h) * hd;
-          std::fill_n(out, hd, 0.0f);
-          for (int64_t t = t0; t < T; ++t) {
-            const float w = scores[t] / sum;
-            const float* vt = cache.values(l, t) + kvh * hd;
-            for (int64_t d = 0; d < hd; ++d) out[d] += w * vt[d];
-          }
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < H; ++h) {
+        // Keys t0 .. T-1: all earlier positions, or (sliding window W) those with pos - t < W.
+        const int64_t kvh = h / (H / KV), T = p0 + i + 1, t0 = window > 0 ? std::max<int64_t>(0, T - window) : 0;
+        const float* qi = q.data() + (i * H + h) * hd;
+        float mx = -INFINITY;
+        for (int64_t t = t0; t < T; ++t) {
+          const float* kt = keys + t * row + kvh * hd;
+          float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+          for (int64_t d = 0; d < hd; ++d) s += qi[d] * kt[d];
+          scores[t] = s * scale;
+          mx = std::max(mx, scores[t]);
+        }
+        float sum = 0.0f;
+        for (int64_t t = t0; t < T; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
+        float* out = att.data() + (i * H + h) * hd;
+        std::fill_n(out, hd, 0.0f);
+        for (int64_t t = t0; t < T; ++t) {
+          const float w = scores[t] / sum;
+          const float* vt = values + t * row + kvh * hd;
+          for (int64_t d = 0; d < hd; ++d) out[d] += w * vt[d];
         }
       }
     }
-    L.o.forward(att.data(), n, tmp.data());  // [n, D]
-    for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
-    rms_norm(x.data(), n, D, L.post_norm.data<float>(), eps, xn.data());
-    L.gate.forward(xn.data(), n, g.data());  // [n, F]
-    L.up.forward(xn.data(), n, u.data());    // [n, F]
-    for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(gate) * up
-    L.down.forward(g.data(), n, tmp.data());  // [n, D]
-    for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
   }
+  if (tap) (*tap)(LinearInput::O, att.data(), n, H * hd);
+  L.o.forward(att.data(), n, tmp.data());  // [n, D]
+  for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
+  rms_norm(x, n, D, L.post_norm.data<float>(), eps, xn.data());
+  if (tap) (*tap)(LinearInput::GateUp, xn.data(), n, D);
+  L.gate.forward(xn.data(), n, g.data());  // [n, F]
+  L.up.forward(xn.data(), n, u.data());    // [n, F]
+  for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(gate) * up
+  if (tap) (*tap)(LinearInput::Down, g.data(), n, F);
+  L.down.forward(g.data(), n, tmp.data());  // [n, D]
+  for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
+}
+
+Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits) const {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size, p0 = cache.size();
+  NIBBLE_CHECK(n > 0, "forward: no tokens");
+  NIBBLE_CHECK(p0 + n <= cache.capacity(), "forward: {} + {} tokens exceed the cache of {} positions", p0, n,
+               cache.capacity());
+  std::vector<float> x(n * D);
+  for (int64_t i = 0; i < n; ++i) {
+    NIBBLE_CHECK(tokens[i] >= 0 && tokens[i] < V, "forward: token id {} is outside the vocabulary (size {})",
+                 tokens[i], V);
+    std::copy_n(embed_.data<float>() + tokens[i] * D, D, x.data() + i * D);  // [n, D]
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    decoder_layer_forward(c, layers_[l], inv_freq_, x.data(), n, p0, cache.keys(l, 0), cache.values(l, 0));
   cache.advance(n);
 
   const int64_t rows = all_logits ? n : 1;
-  const float* last = x.data() + (n - rows) * D;
-  rms_norm(const_cast<float*>(last), rows, D, final_norm_.data<float>(), eps, xn.data());
+  std::vector<float> xn(rows * D);
+  rms_norm(x.data() + (n - rows) * D, rows, D, final_norm_.data<float>(), static_cast<float>(c.rms_norm_eps),
+           xn.data());
   Tensor logits = Tensor::zeros(DType::F32, {rows, V});
   head_.forward(xn.data(), rows, logits.data_mut<float>());
   return logits;

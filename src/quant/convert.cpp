@@ -14,6 +14,7 @@
 #include "nibble/quantizer.h"
 #include "nibble/source.h"
 #include "nibble/util.h"
+#include "quant/calibrate.h"
 
 namespace nibble {
 namespace fs = std::filesystem;
@@ -59,9 +60,11 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   const ModelConfig& cfg = src->config();
   const FormatChoice format = find_format(opt.format, opt.group_size);
   const quant::MethodSpec& method = quant::find_method(opt.method);
-  NIBBLE_CHECK(!method.needs_calibration, "method '{}' needs calibration data, which this command does not take yet",
+  NIBBLE_CHECK(!method.needs_calibration || !opt.calib.files.empty(),
+               "method '{}' needs calibration data: pass --calib FILE (text or .npy token ids)", method.name);
+  NIBBLE_CHECK(method.name == "gptq" || !opt.act_order, "--act-order is a GPTQ option (method '{}' has no column order)",
                method.name);
-  auto quantizer = method.make(quant::QuantizerConfig{format});
+  auto quantizer = method.make(quant::QuantizerConfig{format, opt.mse, opt.act_order, opt.damp});
   std::regex keep;
   if (!opt.keep_regex.empty()) {
     try {
@@ -79,7 +82,19 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   }
   QuantizeResult res;
   res.format = format.canonical_name();
-  io::OutputDir out(out_dir, opt.force);
+  if (!method.needs_calibration && !opt.calib.files.empty())
+    res.warnings.push_back(fmt::format("method '{}' uses no calibration data; --calib ignored", method.name));
+  // A calibrated run keeps its state (finished layers) in the staging
+  // directory: never throw that away without being asked to.
+  const fs::path state_dir_name = ".calib";
+  const fs::path old_state = io::OutputDir::staging_for(out_dir) / state_dir_name / "state.json";
+  const bool resumable = method.needs_calibration && fs::exists(old_state);
+  NIBBLE_CHECK(!fs::exists(old_state) || opt.resume || opt.force,
+               "{}: an interrupted calibrated run left its state in {}; pass --resume to continue it or --force to "
+               "start over",
+               out_dir.string(), old_state.parent_path().string());
+  if (opt.resume && !resumable) res.notes.push_back("--resume: no interrupted run found; starting from the first layer");
+  io::OutputDir out(out_dir, opt.force, /*keep_staging=*/opt.resume && resumable);
   res.out_dir = out.target();
   NIBBLE_CHECK(fs::weakly_canonical(model_dir) != out.target(), "{}: the output directory is the input directory",
                out.target().string());
@@ -124,6 +139,22 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
                                                  {kMetaFormat, res.format},
                                                  {kMetaGroupSize, std::to_string(format.group_size)},
                                                  {kMetaVersion, NIBBLE_VERSION}};
+  std::unique_ptr<quant::CalibratedParts> calibrated;
+  if (method.needs_calibration) {
+    std::set<std::string> selected;
+    for (const TensorResult& t : res.tensors)
+      if (t.quantized) selected.insert(t.name);
+    try {
+      calibrated = std::make_unique<quant::CalibratedParts>(*src, selected, *quantizer, format, opt,
+                                                            out.staging() / state_dir_name, res.warnings, res.notes);
+    } catch (...) {
+      // Keep finished layers for --resume; a run that finished none leaves nothing behind.
+      out.keep_on_failure(fs::exists(out.staging() / state_dir_name / "layer-00000.safetensors"));
+      throw;
+    }
+    res.resumed_from_layer = calibrated->resumed_from_layer();
+  }
+
   io::ShardedWriter writer(out.staging(), plan, opt.max_shard_bytes, metadata);
 
   Progress bar("quantize", static_cast<int64_t>(names.size()), opt.progress, "tensors");
@@ -133,11 +164,20 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     const Tensor original = src->load(tr.name);
     if (tr.quantized) {
       const Tensor w = original.to_f32();  // [out, in]
-      const QuantizedMatrix q = quantizer->quantize(w, nullptr);
-      const std::vector<Tensor> parts = format.spec->pack(q);
+      const int64_t rows = w.size(0), cols = w.size(1);
+      std::vector<Tensor> parts;
+      if (calibrated) {
+        parts = calibrated->parts(tr.name);
+        const quant::QuantizeInfo& info = calibrated->info(tr.name);
+        tr.damp_used = info.damp_used;
+        tr.damp_retries = info.damp_retries;
+        tr.dead_columns = info.dead_columns;
+      } else {
+        parts = format.spec->pack(quantizer->quantize(w, nullptr));
+      }
       for (size_t p = 0; p < parts.size(); ++p) writer.write(plan[i].stored[p].name, parts[p]);
       // Error of what was actually stored: dequantize from the packed parts.
-      const Tensor back = dequantize_parts(format, parts, q.rows, q.cols);
+      const Tensor back = dequantize_parts(format, parts, rows, cols);
       double err2 = 0, ref2 = 0, max_abs = 0;
       for (int64_t k = 0; k < w.numel(); ++k) {
         const double d = static_cast<double>(back.data<float>()[k]) - w.data<float>()[k];
@@ -147,7 +187,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       }
       tr.rel_error = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
       tr.max_abs_error = max_abs;
-      tr.bits_per_weight = bits_per_weight(format, q.rows, q.cols);
+      tr.bits_per_weight = bits_per_weight(format, rows, cols);
       for (const Tensor& p : parts) tr.bytes += p.nbytes();
       res.quantized_params += tr.params;
     } else {
@@ -161,6 +201,10 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   bar.finish();
   writer.finish();
   copy_carried(model_dir, out.staging());
+  const bool was_calibrated = calibrated != nullptr;
+  const ojson calibration_report = calibrated ? calibrated->report() : ojson();
+  calibrated.reset();  // unmaps the state files
+  fs::remove_all(out.staging() / state_dir_name);
 
   uint64_t qbytes = 0;
   for (const auto& t : res.tensors)
@@ -176,7 +220,13 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   report["method"] = opt.method;
   report["format"] = res.format;
   report["group_size"] = format.group_size;
-  report["options"] = {{"keep", opt.keep_regex}, {"allow_nonfinite", opt.allow_nonfinite}};
+  report["options"] = {{"keep", opt.keep_regex}, {"allow_nonfinite", opt.allow_nonfinite}, {"mse", opt.mse}};
+  if (method.name == "gptq") {
+    report["options"]["act_order"] = opt.act_order;
+    report["options"]["damp"] = opt.damp;
+    report["options"]["block_size"] = 128;
+  }
+  if (was_calibrated) report["calibration"] = calibration_report;
   ojson files = ojson::object();
   for (const fs::path& f : src->weight_files()) files[f.filename().string()] = sha256_file(f);
   for (const fs::path& f : carried_files(model_dir)) files[f.filename().string()] = sha256_file(f);
@@ -197,6 +247,11 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       e["rel_error"] = t.rel_error;
       e["max_abs_error"] = t.max_abs_error;
       e["bits_per_weight"] = t.bits_per_weight;
+      if (was_calibrated) {
+        e["damp_used"] = t.damp_used;
+        e["damp_retries"] = t.damp_retries;
+        e["dead_columns"] = t.dead_columns;
+      }
     } else {
       e["kept"] = t.note;
     }
@@ -204,6 +259,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   }
   report["tensors"] = tensors;
   report["warnings"] = res.warnings;
+  report["notes"] = res.notes;
   write_file_atomic(out.staging() / "nibble.json", report.dump(2) + "\n");
   out.commit();
   return res;

@@ -251,9 +251,15 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const MatrixStats
   if (opt.act_order)
     std::stable_sort(perm.begin(), perm.end(),
                      [&](int64_t a, int64_t b) { return H[a * cols + a] > H[b * cols + b]; });
-  std::vector<double> Hp(static_cast<size_t>(cols * cols));
-  for (int64_t a = 0; a < cols; ++a)
-    for (int64_t b = 0; b < cols; ++b) Hp[a * cols + b] = H[perm[a] * cols + perm[b]];
+  std::vector<double> Hp;
+  if (opt.act_order) {
+    Hp.resize(static_cast<size_t>(cols * cols));
+    for (int64_t a = 0; a < cols; ++a)
+      for (int64_t b = 0; b < cols; ++b) Hp[a * cols + b] = H[perm[a] * cols + perm[b]];
+  } else {
+    Hp = std::move(H);
+  }
+  H = {};  // peak memory: one [cols, cols] fp64 copy here, another in the factorization
   std::vector<float> Wp(static_cast<size_t>(rows * cols));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t a = 0; a < cols; ++a) Wp[i * cols + a] = W[i * cols + perm[a]];
@@ -278,7 +284,7 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const MatrixStats
   }
   NIBBLE_CHECK(ok,
                "gptq: the Hessian ({} inputs, {} tokens) is not positive definite even with damping {} "
-               "(raised ×10 {} times from {}); more calibration data or a larger --damp is needed",
+               "(after {} retries from --damp {}); more calibration data or a larger --damp is needed",
                cols, stats.tokens, res.damp_used, opt.max_damp_retries, opt.damp);
   std::vector<float> U(A.begin(), A.end());
   A.clear();

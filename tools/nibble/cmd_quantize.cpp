@@ -15,6 +15,8 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   auto model = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto opt = std::make_shared<QuantizeOptions>();
+  auto calib_files_ptr = std::make_shared<std::vector<std::string>>();
+  std::vector<std::string>& calib_files = *calib_files_ptr;
   std::vector<std::string> methods;
   for (const auto* m : quant::method_registry()) methods.emplace_back(m->name);
   std::vector<std::string> formats;
@@ -30,17 +32,41 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--keep", opt->keep_regex, "Tensors whose name matches this regex stay unquantized");
   cmd->add_flag("--allow-nonfinite", opt->allow_nonfinite,
                 "Keep a weight with NaN/Inf unquantized (with a warning) instead of failing");
-  cmd->add_flag("--force", opt->force, "Replace --out if it exists and is not empty");
+  cmd->add_flag("--force", opt->force, "Replace --out if it exists and is not empty (and discard an interrupted run)");
+  cmd->add_flag("--mse", opt->mse, "Range search per group: 33 shrink factors of (min, max), minimizing sum |err|^2.4");
+  cmd->add_flag("--act-order", opt->act_order, "GPTQ: sweep columns in decreasing diag(H) order (static groups)");
+  cmd->add_option("--damp", opt->damp, "GPTQ: damping, lambda = damp * mean(diag H)")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  auto* g_cal = "Calibration (gptq)";
+  cmd->add_option("--calib", calib_files, "Calibration data: UTF-8 text (tokenized with the model's tokenizer) or "
+                                          ".npy token ids; several files are concatenated")
+      ->group(g_cal)->check(CLI::ExistingFile);
+  cmd->add_option("--calib-samples", opt->calib.samples, "Calibration sequences")->capture_default_str()
+      ->check(CLI::PositiveNumber)->group(g_cal);
+  cmd->add_option("--calib-len", opt->calib.length, "Tokens per sequence (clipped to the model's context)")
+      ->capture_default_str()->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->group(g_cal);
+  cmd->add_option("--seed", opt->calib.seed, "Seed for sampling the calibration windows")->capture_default_str()
+      ->group(g_cal);
+  cmd->add_flag("--no-sequential{false}", opt->sequential,
+                "Calibrate every layer on the unquantized model's activations (default: through the already-quantized "
+                "layers)")->group(g_cal);
+  cmd->add_flag("--resume", opt->resume, "Continue an interrupted calibrated run at its next layer")->group(g_cal);
   cmd->footer(
-      "Example:\n  nibble quantize --method rtn --model ../shared/models/stories260K --out out/stories-rtn --group 64");
+      "Examples:\n"
+      "  nibble quantize --method rtn --model ../shared/models/stories260K --out out/stories-rtn --group 64\n"
+      "  nibble quantize --method gptq --mse --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
+      "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 128 --calib-len 512\n"
+      "\nA calibrated run checkpoints every finished layer in .OUT.nibble-partial/; if it is killed, run the same\n"
+      "command with --resume to continue at the next layer.");
 
-  cmd->callback([&global, model, out, opt, cmd] {
+  cmd->callback([&global, model, out, opt, calib_files_ptr] {
     opt->progress = !global.quiet;
-    opt->command_line = "nibble quantize --method " + opt->method + " --model " + *model + " --out " + *out +
-                        " --group " + std::to_string(opt->group_size) +
-                        (opt->keep_regex.empty() ? "" : " --keep '" + opt->keep_regex + "'");
+    opt->command_line = global.command_line;
+    opt->calib.files.assign(calib_files_ptr->begin(), calib_files_ptr->end());
     const QuantizeResult r = quantize_model(*model, *out, *opt);
     for (const auto& w : r.warnings) std::fprintf(stderr, "nibble: warning: %s\n", w.c_str());
+    if (!global.quiet)
+      for (const auto& n : r.notes) std::fprintf(stderr, "nibble: %s\n", n.c_str());
     size_t nq = 0;
     double worst = 0;
     std::string worst_name;

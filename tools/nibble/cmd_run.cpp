@@ -19,13 +19,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The token the post-processor puts in front of every encoding (Llama 2's <s>), if any.
-std::optional<int32_t> leading_bos(const Tokenizer& tok) {
-  const auto with = tok.encode("a", true), without = tok.encode("a", false);
-  if (with.size() > without.size() && !with.empty()) return with[0];
-  return std::nullopt;
-}
-
 struct Loaded {
   std::unique_ptr<CheckpointDir> dir;
   std::unique_ptr<Model> model;
@@ -116,15 +109,22 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--text", *text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", *ctx, "Window length in tokens")->capture_default_str();
   cmd->add_option("--chunks", *max_chunks, "Score at most this many windows (0 = all)")->capture_default_str();
+  auto stream = std::make_shared<bool>(false);
+  cmd->add_flag("--stream", *stream,
+                "Run one decoder layer at a time over all windows (only one layer's weights in memory; "
+                "the hidden states of all windows are)");
   cmd->footer("Example:\n  nibble ppl --model out/qwen3-rtn --text ../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 20");
   cmd->callback([=, &global] {
-    Loaded m = load(*model);
+    auto dir = CheckpointDir::open(*model);
+    NIBBLE_CHECK(std::filesystem::exists(dir->dir() / "tokenizer.json"), "{}: no tokenizer.json", *model);
+    const Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
     std::ifstream f(*text, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();
-    std::vector<int32_t> ids = m.tok.encode(ss.str(), true);
+    std::vector<int32_t> ids = tok.encode(ss.str(), true);
     if (*max_chunks > 0 && static_cast<int64_t>(ids.size()) > *max_chunks * *ctx) ids.resize(*max_chunks * *ctx);
-    const auto r = eval::perplexity(*m.model, ids, *ctx, leading_bos(m.tok), !global.quiet);
+    const auto r = *stream ? eval::perplexity_streaming(*dir, ids, *ctx, leading_bos(tok), !global.quiet)
+                           : eval::perplexity(*Model::load(*dir), ids, *ctx, leading_bos(tok), !global.quiet);
     std::printf("ppl %.4f +/- %.4f  (mean NLL %.5f over %lld tokens in %lld windows of %lld)\n", r.ppl, r.ppl_stderr,
                 r.mean_nll, static_cast<long long>(r.scored_tokens), static_cast<long long>(r.chunks),
                 static_cast<long long>(*ctx));

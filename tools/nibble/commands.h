@@ -5,12 +5,14 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 
 namespace nibble::cli {
 
 // Options every verb shares.
 struct GlobalOptions {
   bool quiet = false;  // no progress bars or info lines on stderr
+  std::string command_line;  // argv, shell-quoted where needed (for reports)
 };
 
 // Adds a subcommand to `app`; the subcommand's callback does the work.
@@ -21,5 +23,6 @@ void register_inspect(CLI::App& app, const GlobalOptions& global);
 void register_dequantize(CLI::App& app, const GlobalOptions& global);
 void register_run(CLI::App& app, const GlobalOptions& global);
 void register_ppl(CLI::App& app, const GlobalOptions& global);
+void register_layer(CLI::App& app, const GlobalOptions& global);
 
 }  // namespace nibble::cli

@@ -1,5 +1,6 @@
 // nibble: quantize LLM checkpoints, measure what was lost, run the result.
 #include <cstdio>
+#include <string>
 
 #include "commands.h"
 #include "nibble/error.h"
@@ -11,9 +12,19 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // global flags such as --quiet may follow the verb
   GlobalOptions global;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = i == 0 ? "nibble" : argv[i];
+    if (a.empty() || a.find_first_of(" \t'\"$*?[]()|&;<>\\") != std::string::npos) {
+      std::string q = "'";
+      for (char ch : a) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      a = q + "'";
+    }
+    global.command_line += (i ? " " : "") + a;
+  }
   app.add_flag("-q,--quiet", global.quiet, "No progress bars or info lines on stderr");
 
-  for (Registrar r : {register_quantize, register_inspect, register_dequantize, register_run, register_ppl}) r(app, global);
+  for (Registrar r : {register_quantize, register_inspect, register_dequantize, register_run, register_ppl,
+                      register_layer}) r(app, global);
 
   try {
     app.parse(argc, argv);

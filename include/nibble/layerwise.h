@@ -1,0 +1,50 @@
+// Running a batch of sequences through a model one decoder layer at a time
+// (issue: "a model larger than RAM can still be run"). Only one layer's
+// weights are loaded at once; the hidden states of every sequence live in RAM
+// as f32 [tokens, hidden] per sequence. Calibration uses the same stream with
+// taps on the linears' inputs and its own (quantized) copies of each layer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nibble/model.h"
+#include "nibble/source.h"
+
+namespace nibble {
+
+class LayerStream {
+ public:
+  // Embeds every sequence (ids are checked against the vocabulary).
+  LayerStream(const CheckpointDir& src, const std::vector<std::vector<int32_t>>& sequences);
+
+  const ModelConfig& config() const { return config_; }
+  size_t num_sequences() const { return hidden_.size(); }
+  int64_t length(size_t s) const { return static_cast<int64_t>(hidden_[s].size()) / config_.hidden_size; }
+  std::vector<float>& hidden(size_t s) { return hidden_[s]; }
+  const std::vector<float>& hidden(size_t s) const { return hidden_[s]; }
+  uint64_t hidden_bytes() const;
+
+  // Runs every sequence through layer L (each from position 0 with its own
+  // attention cache). advance = false leaves the hidden states as they were,
+  // so a tap can observe a layer's inputs without moving the stream.
+  void apply(const DecoderLayer& L, const InputTap* tap, bool advance);
+
+  // Loads, applies and drops every decoder layer in turn (optionally with a
+  // progress bar).
+  void apply_all(const CheckpointDir& src, bool progress);
+
+  // The final RMSNorm of sequence s: [length, hidden].
+  std::vector<float> final_normed(size_t s) const;
+
+  // The head (the tied embedding, or lm_head plain or packed).
+  LinearWeight load_head(const CheckpointDir& src) const;
+
+ private:
+  ModelConfig config_;
+  std::vector<float> inv_freq_;
+  Tensor final_norm_;
+  std::vector<std::vector<float>> hidden_;
+};
+
+}  // namespace nibble

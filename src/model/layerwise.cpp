@@ -1,0 +1,84 @@
+#include "nibble/layerwise.h"
+
+#include <algorithm>
+
+#include "nibble/error.h"
+#include "nibble/util.h"
+
+namespace nibble {
+
+LayerStream::LayerStream(const CheckpointDir& src, const std::vector<std::vector<int32_t>>& sequences)
+    : config_(src.config()), inv_freq_(rope_inv_freq(config_)), final_norm_(src.load("model.norm.weight").to_f32()) {
+  src.validate_against_config();
+  const int64_t D = config_.hidden_size, V = config_.vocab_size;
+  const Tensor embed = src.load("model.embed_tokens.weight");  // stored dtype; rows converted as needed
+  const Tensor e32 = embed.dtype() == DType::F32 ? embed : Tensor();
+  hidden_.resize(sequences.size());
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const auto& ids = sequences[s];
+    NIBBLE_CHECK(!ids.empty(), "layer stream: sequence {} is empty", s);
+    NIBBLE_CHECK(static_cast<int64_t>(ids.size()) <= config_.max_position_embeddings,
+                 "layer stream: sequence {} has {} tokens, more than the model's context of {}", s, ids.size(),
+                 config_.max_position_embeddings);
+    auto& h = hidden_[s];
+    h.resize(ids.size() * static_cast<size_t>(D));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      NIBBLE_CHECK(ids[i] >= 0 && ids[i] < V, "layer stream: token id {} is outside the vocabulary (size {})",
+                   ids[i], V);
+      if (e32.defined()) {
+        std::copy_n(e32.data<float>() + ids[i] * D, D, h.data() + i * D);
+      } else {
+        const Tensor row = embed.slice_rows(ids[i], ids[i] + 1).to_f32();
+        std::copy_n(row.data<float>(), D, h.data() + i * D);
+      }
+    }
+  }
+}
+
+uint64_t LayerStream::hidden_bytes() const {
+  uint64_t b = 0;
+  for (const auto& h : hidden_) b += h.size() * sizeof(float);
+  return b;
+}
+
+void LayerStream::apply(const DecoderLayer& L, const InputTap* tap, bool advance) {
+  const int64_t row = config_.num_kv_heads * config_.head_dim;
+  std::vector<float> keys, values, scratch;
+  for (size_t s = 0; s < hidden_.size(); ++s) {
+    const int64_t T = length(s);
+    keys.resize(static_cast<size_t>(T * row));
+    values.resize(static_cast<size_t>(T * row));
+    float* x = hidden_[s].data();
+    if (!advance) {
+      scratch = hidden_[s];
+      x = scratch.data();
+    }
+    decoder_layer_forward(config_, L, inv_freq_, x, T, 0, keys.data(), values.data(), tap);
+  }
+}
+
+void LayerStream::apply_all(const CheckpointDir& src, bool progress) {
+  Progress bar("layers", config_.num_layers, progress, "layers");
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    const DecoderLayer L = DecoderLayer::load(src, i);
+    apply(L, nullptr, true);
+    bar.advance();
+  }
+  bar.finish();
+}
+
+std::vector<float> LayerStream::final_normed(size_t s) const {
+  std::vector<float> out(hidden_[s].size());
+  rms_norm(hidden_[s].data(), length(s), config_.hidden_size, final_norm_.data<float>(),
+           static_cast<float>(config_.rms_norm_eps), out.data());
+  return out;
+}
+
+LinearWeight LayerStream::load_head(const CheckpointDir& src) const {
+  const std::string name = config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  const TensorMeta meta = src.meta(name);
+  if (meta.format) return LinearWeight::packed(*meta.format, src.parts(name), meta.shape[0], meta.shape[1]);
+  return LinearWeight::dense(src.load(name).to_f32());
+}
+
+}  // namespace nibble
