@@ -18,13 +18,22 @@
 // the median and the best repetition of each, and the ratios of both.
 // Extra Google Benchmark flags pass through (e.g. --benchmark_filter=4096x4096,
 // --benchmark_repetitions=10).
+//
+// Then tokens/s of both real fixtures ($NIBBLE_SHARED/models, default ../shared
+// beside the repo: stories260K and qwen3-26M-linux), each as stored (f32 dense)
+// and as an RTN int4 copy quantized in the same run: prefill and decode tok/s
+// and the int4/f32 ratios (print_fixtures below). A fixture that is not found is
+// noted and skipped. --fixtures=off skips this part, --fixtures=only runs just it.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -32,7 +41,11 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "nibble/convert.h"
 #include "nibble/dtype.h"
+#include "nibble/error.h"
+#include "nibble/model.h"
+#include "nibble/source.h"
 
 namespace {
 
@@ -222,10 +235,118 @@ void print_summary(const CollectingReporter& rep) {
                   c.residency.c_str(), c.kernel.c_str(), med * 1e6, best * 1e6, gb / med, gb / best, r_med, r_best);
     }
   }
-  // TODO(tokens/s): decode tokens/s of the fixtures (packed int4 checkpoint vs its
-  // dequantized f32 twin, both models in ../shared/models) go here, measured in this
-  // same run and printed as one more table with the ratio int4/f32.
-  std::printf("\n== fixture tokens/s: not measured yet (TODO in bench/bench_int4_gemv.cpp) ==\n");
+}
+
+// ---- fixture tokens/s ---------------------------------------------------------
+// Both real fixtures, each as stored (f32 / bf16 weights, loaded as f32 dense
+// through OpenBLAS) and as an RTN int4 packed copy quantized in this run into a
+// temp dir (int4 kernels reading the packed bytes): prefill tok/s of one
+// kPrompt-token prompt of fixed ids, and decode tok/s of kDecode greedy steps
+// (argmax of the last logits), one token per Model::forward, as `nibble run` does.
+// Median and best of kFixtureReps runs, each on a fresh cache.
+
+constexpr int kPrompt = 128, kDecode = 128, kFixtureReps = 5;
+
+struct Fixture {
+  const char* name;
+  int group;  // stories260K: hidden 64 and intermediate 172, so g64's last group of down_proj is ragged (44)
+};
+constexpr Fixture kFixtures[] = {{"stories260K", 64}, {"qwen3-26M-linux", 128}};
+
+// $NIBBLE_SHARED, or ../shared beside the repo (as the tests find it).
+std::filesystem::path shared_dir() {
+  if (const char* s = std::getenv("NIBBLE_SHARED"); s && *s) return s;
+  return NIBBLE_DEFAULT_SHARED;
+}
+
+struct Speed {
+  double prefill_med = 0, prefill_best = 0, decode_med = 0, decode_best = 0;  // tokens/s
+};
+
+Speed measure_model(const nibble::Model& m) {
+  using Clock = std::chrono::steady_clock;
+  const nibble::ModelConfig& c = m.config();
+  NIBBLE_CHECK(kPrompt + kDecode <= c.max_position_embeddings, "fixture context {} < {} + {} tokens",
+               c.max_position_embeddings, kPrompt, kDecode);
+  // Fixed ids spread over the vocabulary (BOS first when the model has one).
+  std::vector<int32_t> prompt(kPrompt);
+  for (int i = 0; i < kPrompt; ++i) prompt[i] = static_cast<int32_t>((7919 * i + 13) % c.vocab_size);
+  if (c.bos_token_id) prompt[0] = static_cast<int32_t>(*c.bos_token_id);
+  std::vector<double> prefill, decode;
+  for (int rep = 0; rep < kFixtureReps; ++rep) {
+    nibble::KVCache cache(c, kPrompt + kDecode);
+    auto t0 = Clock::now();
+    nibble::Tensor logits = m.forward(prompt, cache, /*all_logits=*/false);  // [1, vocab]
+    prefill.push_back(kPrompt / std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    for (int i = 0; i < kDecode; ++i) {
+      const float* l = logits.data<float>();
+      const int32_t next = static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l);
+      logits = m.forward({next}, cache, /*all_logits=*/false);
+    }
+    decode.push_back(kDecode / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return {median(prefill), *std::max_element(prefill.begin(), prefill.end()), median(decode),
+          *std::max_element(decode.begin(), decode.end())};
+}
+
+Speed measure_dir(const std::filesystem::path& dir) {
+  const auto src = nibble::CheckpointDir::open(dir);  // outlives the model: packed parts are views into its files
+  const auto model = nibble::Model::load(*src);
+  return measure_model(*model);
+}
+
+void print_fixtures() {
+  const std::filesystem::path models = shared_dir() / "models";
+  std::printf("\n== fixture tokens/s (%s): %d-token prompt of fixed ids, then %d greedy decode steps one token at a\n"
+              "   time; median (best) of %d runs; f32 dense = the stored f32/bf16 weights as f32 (OpenBLAS);\n"
+              "   int4 = RTN int4_asym packed copy quantized in this run (int4 kernels on the packed bytes);\n"
+              "   int4/f32 = tokens/s ratio (> 1: int4 faster) ==\n",
+              models.c_str(), kPrompt, kDecode, kFixtureReps);
+  std::printf("%-16s %-14s %20s %20s %12s %12s\n", "fixture", "weights", "prefill tok/s", "decode tok/s",
+              "int4/f32 pre", "int4/f32 dec");
+  for (const Fixture& f : kFixtures) {
+    const std::filesystem::path dir = models / f.name;
+    if (!std::filesystem::exists(dir / "config.json")) {
+      std::printf("%-16s not found at %s (set NIBBLE_SHARED): skipped\n", f.name, dir.c_str());
+      continue;
+    }
+    std::fprintf(stderr, "fixtures: %s: measuring the stored weights\n", f.name);
+    const Speed ref = measure_dir(dir);
+    // A temp dir of our own for the packed copy, removed afterwards.
+    std::string tmpl = (std::filesystem::temp_directory_path() / "nibble-bench-XXXXXX").string();
+    NIBBLE_CHECK(mkdtemp(tmpl.data()) != nullptr, "cannot create a temp dir from {}", tmpl);
+    const std::filesystem::path tmp = tmpl;
+    Speed q;
+    try {
+      nibble::QuantizeOptions opt;
+      opt.method = "rtn";
+      opt.format = "int4_asym";
+      opt.group_size = f.group;
+      opt.progress = false;
+      std::fprintf(stderr, "fixtures: %s: quantizing (rtn int4 g%d) into %s\n", f.name, f.group, tmp.c_str());
+      nibble::quantize_model(dir, tmp / "rtn", opt);
+      std::fprintf(stderr, "fixtures: %s: measuring the int4 copy\n", f.name);
+      q = measure_dir(tmp / "rtn");
+    } catch (...) {
+      std::filesystem::remove_all(tmp);
+      throw;
+    }
+    std::filesystem::remove_all(tmp);
+    auto speed = [](double med, double best) {
+      char b[48];
+      std::snprintf(b, sizeof b, "%.1f (%.1f)", med, best);
+      return std::string(b);
+    };
+    const std::string g = "int4 g" + std::to_string(f.group) + " rtn";
+    std::printf("%-16s %-14s %20s %20s %12s %12s\n", f.name, "f32 dense",
+                speed(ref.prefill_med, ref.prefill_best).c_str(), speed(ref.decode_med, ref.decode_best).c_str(), "",
+                "");
+    std::printf("%-16s %-14s %20s %20s %12.3f %12.3f\n", f.name, g.c_str(), speed(q.prefill_med, q.prefill_best).c_str(),
+                speed(q.decode_med, q.decode_best).c_str(), q.prefill_med / ref.prefill_med,
+                q.decode_med / ref.decode_med);
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace
@@ -237,24 +358,46 @@ int main(int argc, char** argv) {
   std::string reps = "--benchmark_repetitions=5", min_time = "--benchmark_min_time=0.2";
   args.push_back(reps.data());
   args.push_back(min_time.data());
-  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  std::string fixtures = "on";  // --fixtures=on|off|only (ours, not Google Benchmark's)
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--fixtures=", 0) == 0) {
+      fixtures = a.substr(11);
+      if (fixtures != "on" && fixtures != "off" && fixtures != "only") {
+        std::fprintf(stderr, "--fixtures must be on, off or only, found '%s'\n", fixtures.c_str());
+        return 1;
+      }
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
   int n_args = static_cast<int>(args.size());
   benchmark::Initialize(&n_args, args.data());
   if (benchmark::ReportUnrecognizedArguments(n_args, args.data())) return 1;
   std::printf("threads: OpenMP %d, OpenBLAS %d; int4 ISA: %s\n", omp_get_max_threads(), openblas_get_num_threads(),
               nibble::cpu::isa_name(nibble::cpu::best_isa()));
 
-  XorShift rng{0x9E3779B97F4A7C15ull};
-  const std::vector<Shape> shapes = {{4096, 4096}, {14336, 4096}};
-  std::vector<Weights> weights;
-  weights.reserve(shapes.size());
-  for (const Shape& s : shapes) weights.push_back(make_weights(s, rng));
-  const std::vector<float> xs = make_x(kMaxM, 4096, rng);
-  for (size_t i = 0; i < shapes.size(); ++i) register_shape(i, shapes[i], weights[i], xs);
+  if (fixtures != "only") {
+    XorShift rng{0x9E3779B97F4A7C15ull};
+    const std::vector<Shape> shapes = {{4096, 4096}, {14336, 4096}};
+    std::vector<Weights> weights;
+    weights.reserve(shapes.size());
+    for (const Shape& s : shapes) weights.push_back(make_weights(s, rng));
+    const std::vector<float> xs = make_x(kMaxM, 4096, rng);
+    for (size_t i = 0; i < shapes.size(); ++i) register_shape(i, shapes[i], weights[i], xs);
 
-  CollectingReporter rep;
-  benchmark::RunSpecifiedBenchmarks(&rep);
-  print_summary(rep);
+    CollectingReporter rep;
+    benchmark::RunSpecifiedBenchmarks(&rep);
+    print_summary(rep);
+  }  // the GEMV weights (≥ 1 GB of rings) are freed before the fixtures run
   benchmark::Shutdown();
+  if (fixtures != "off") {
+    try {
+      print_fixtures();
+    } catch (const std::exception& e) {
+      std::printf("fixture tokens/s failed: %s\n", e.what());
+      return 1;
+    }
+  }
   return 0;
 }

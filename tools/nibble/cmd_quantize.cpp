@@ -1,4 +1,6 @@
 // nibble quantize: HF checkpoint -> nibble packed checkpoint.
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <memory>
 
@@ -81,6 +83,9 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
                 r.quantized_bits_per_weight);
     std::printf("  checkpoint: %s for %.2f M params, %.3f bits/weight overall\n", human_bytes(r.total_bytes).c_str(),
                 r.total_params / 1e6, r.checkpoint_bits_per_weight);
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    std::printf("  peak memory (RSS) %s\n", human_bytes(static_cast<uint64_t>(ru.ru_maxrss) * 1024).c_str());
     if (nq) std::printf("  worst relative weight error %.4f (%s); per-tensor errors in nibble.json\n", worst,
                         worst_name.c_str());
   });

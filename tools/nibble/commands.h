@@ -24,5 +24,7 @@ void register_dequantize(CLI::App& app, const GlobalOptions& global);
 void register_run(CLI::App& app, const GlobalOptions& global);
 void register_ppl(CLI::App& app, const GlobalOptions& global);
 void register_layer(CLI::App& app, const GlobalOptions& global);
+void register_probe(CLI::App& app, const GlobalOptions& global);
+void register_synth(CLI::App& app, const GlobalOptions& global);
 
 }  // namespace nibble::cli

@@ -1,0 +1,332 @@
+// GPTQ's CPU solve (src/quant/gptq.cpp) on Llama-3-8B-shaped matrices, with
+// round-to-nearest on the same matrix as the reference measured in the same run
+// (DESIGN.md: performance claims are ratios against a reference in the same run).
+//
+//   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build/bin/bench_gptq [--shapes full|small]
+//       [--tokens N] [--threads N] [--variants all|first|none]
+//
+// Per shape [out, in] (full: 4096×4096 q/o, 14336×4096 gate/up, 4096×14336 down;
+// small: 1024×1024, 2816×1024, 1024×2816):
+//   - H: seconds for MatrixStats::add over every calibration token (fp64 DSYRK,
+//     ~tokens·in² flops) and for finalize() (mirroring the triangle), apart;
+//   - seconds of gptq() on int4_asym g128 (damp 0.01, block 128): the damped
+//     inverse Cholesky of H in fp64 (~in³ flops: it dominates for in = 14336),
+//     then the column sweep (~out·in² flops of f32 GEMM);
+//   - the same with --mse (33-step range search per group) and with act-order;
+//   - rtn() (and rtn() with --mse) on the same grid, for comparison;
+//   - the output error on the calibration inputs, ‖X(Ŵ−W)ᵀ‖/‖XWᵀ‖ (fp64 sums):
+//     GPTQ must beat RTN there, or it did no real work.
+// Inputs are synthetic but correlated, as a linear's inputs are: every token is
+// a mix of 32 shared random factors plus 30% independent noise, and each input
+// channel has its own scale, log-uniform over two orders of magnitude (0.1 .. 10).
+// Weights are N(0, 0.02). Fixed seed: every run sees the same data.
+//
+// --threads N sets OpenMP's and OpenBLAS's thread counts (default: from the
+// environment, OMP_NUM_THREADS / OPENBLAS_NUM_THREADS). --variants: run --mse and
+// act-order on every shape (all), on the first shape only (first) or not at all.
+// Tables go to stdout; progress to stderr. Peak RSS (getrusage) is printed last:
+// for the down shape it is dominated by H and the solve's fp64 copies of it.
+#include <cblas.h>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "nibble/error.h"
+#include "nibble/format.h"
+#include "nibble/gptq.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A small fast generator: xorshift64 plus Box–Muller for normals.
+struct Rng {
+  uint64_t s;
+  double spare = 0;
+  bool has_spare = false;
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1p-53; }  // (0, 1)
+  double normal() {
+    if (has_spare) {
+      has_spare = false;
+      return spare;
+    }
+    const double r = std::sqrt(-2.0 * std::log(uniform())), t = 2.0 * std::numbers::pi * uniform();
+    spare = r * std::sin(t);
+    has_spare = true;
+    return r * std::cos(t);
+  }
+};
+
+struct Shape {
+  int64_t out, in;
+  const char* role;
+  std::string name() const { return std::to_string(out) + "x" + std::to_string(in); }
+};
+
+// X [tokens, in]: x[t, c] = scale_c · (Σ_k F[t, k] L[k, c] + 0.3·noise), F and
+// noise N(0, 1), L N(0, 1/kFactors), scale_c = 10^U(-1, 1).
+std::vector<float> make_inputs(int64_t tokens, int64_t in, Rng& rng) {
+  constexpr int64_t kFactors = 32;
+  constexpr double kNoise = 0.3;
+  std::vector<float> F(static_cast<size_t>(tokens * kFactors)), L(static_cast<size_t>(kFactors * in));
+  for (auto& v : F) v = static_cast<float>(rng.normal());
+  for (auto& v : L) v = static_cast<float>(rng.normal() / std::sqrt(static_cast<double>(kFactors)));
+  std::vector<float> X(static_cast<size_t>(tokens * in));  // [tokens, in]
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tokens), static_cast<int>(in),
+              static_cast<int>(kFactors), 1.0f, F.data(), static_cast<int>(kFactors), L.data(), static_cast<int>(in),
+              0.0f, X.data(), static_cast<int>(in));
+  std::vector<float> scale(static_cast<size_t>(in));
+  for (auto& s : scale) s = static_cast<float>(std::pow(10.0, 2.0 * rng.uniform() - 1.0));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < in; ++c) {
+      float& x = X[t * in + c];
+      x = scale[c] * (x + static_cast<float>(kNoise * rng.normal()));
+    }
+  return X;
+}
+
+std::vector<float> make_weights(int64_t out, int64_t in, Rng& rng) {
+  std::vector<float> W(static_cast<size_t>(out * in));  // [out, in]
+  for (auto& v : W) v = static_cast<float>(0.02 * rng.normal());
+  return W;
+}
+
+// ‖X Dᵀ‖²_F with D = A − B [out, in] (B may be null: D = A), X [tokens, in].
+// f32 GEMM over chunks of output rows, the squares summed in fp64.
+double output_sq(const std::vector<float>& X, int64_t tokens, const float* A, const float* B, int64_t out,
+                 int64_t in) {
+  constexpr int64_t kChunk = 1024;
+  std::vector<float> D(static_cast<size_t>(std::min(out, kChunk) * in));
+  std::vector<float> E(static_cast<size_t>(tokens * std::min(out, kChunk)));  // [tokens, chunk]
+  double sq = 0;
+  for (int64_t r0 = 0; r0 < out; r0 += kChunk) {
+    const int64_t m = std::min(kChunk, out - r0);
+    const float* d = A + r0 * in;
+    if (B) {
+      for (int64_t i = 0; i < m * in; ++i) D[i] = A[r0 * in + i] - B[r0 * in + i];
+      d = D.data();
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens), static_cast<int>(m),
+                static_cast<int>(in), 1.0f, X.data(), static_cast<int>(in), d, static_cast<int>(in), 0.0f, E.data(),
+                static_cast<int>(m));
+    for (int64_t i = 0; i < tokens * m; ++i) sq += static_cast<double>(E[i]) * E[i];
+  }
+  return sq;
+}
+
+double weight_sq(const float* A, const float* B, int64_t n) {
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(A[i]) - B[i];
+    sq += d * d;
+  }
+  return sq;
+}
+
+struct Row {
+  Shape shape;
+  double h_add = 0, h_fin = 0;
+  // NAN: not run.
+  double t_rtn = NAN, t_gptq = NAN, t_rtn_mse = NAN, t_gptq_mse = NAN, t_gptq_ao = NAN;
+  double e_rtn = NAN, e_gptq = NAN, e_rtn_mse = NAN, e_gptq_mse = NAN, e_gptq_ao = NAN;
+  double damp_used = 0;
+  int damp_retries = 0;
+  double identity_gap = NAN;  // |sweep_cost − (‖XΔWᵀ‖² + λ‖ΔW‖²)| / sweep_cost for plain GPTQ
+};
+
+std::string cell(double v, const char* fmt) {
+  if (std::isnan(v)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+[[noreturn]] void usage(const char* argv0, const char* why) {
+  std::fprintf(stderr,
+               "%s\nusage: %s [--shapes full|small] [--tokens N] [--threads N] [--variants all|first|none]\n", why,
+               argv0);
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shapes_opt = "full", variants = "first";
+  int64_t tokens = 2048;
+  int threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(argv[0], ("missing value for " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--shapes") shapes_opt = value();
+    else if (a == "--tokens") tokens = std::atoll(value().c_str());
+    else if (a == "--threads") threads = std::atoi(value().c_str());
+    else if (a == "--variants") variants = value();
+    else if (a == "-h" || a == "--help") usage(argv[0], "GPTQ solve benchmark (see the comment atop bench/bench_gptq.cpp)");
+    else usage(argv[0], ("unknown option " + a).c_str());
+  }
+  if (shapes_opt != "full" && shapes_opt != "small") usage(argv[0], "--shapes must be full or small");
+  if (variants != "all" && variants != "first" && variants != "none") usage(argv[0], "--variants must be all|first|none");
+  if (tokens <= 0) usage(argv[0], "--tokens must be positive");
+  if (threads < 0) usage(argv[0], "--threads must be positive");
+  if (threads > 0) {
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+  }
+  // Small shapes are quick: every variant on every shape unless told otherwise.
+  if (shapes_opt == "small" && variants == "first") {
+    bool explicit_variants = false;
+    for (int i = 1; i < argc; ++i) explicit_variants |= std::strcmp(argv[i], "--variants") == 0;
+    if (!explicit_variants) variants = "all";
+  }
+
+  const std::vector<Shape> shapes =
+      shapes_opt == "full"
+          ? std::vector<Shape>{{4096, 4096, "q/o_proj"}, {14336, 4096, "gate/up_proj"}, {4096, 14336, "down_proj"}}
+          : std::vector<Shape>{{1024, 1024, "q/o-like"}, {2816, 1024, "gate/up-like"}, {1024, 2816, "down-like"}};
+
+  std::printf("bench_gptq: GPTQ int4_asym g128 (damp 0.01, block 128) vs RTN, same run\n");
+  std::printf("threads: OpenMP %d, OpenBLAS %d; calibration: %lld synthetic correlated tokens; shapes: %s; "
+              "--mse/act-order on: %s\n",
+              omp_get_max_threads(), openblas_get_num_threads(), static_cast<long long>(tokens), shapes_opt.c_str(),
+              variants == "all" ? "every shape" : variants == "first" ? "the first shape" : "no shape");
+  std::fflush(stdout);
+
+  const nibble::FormatChoice format = nibble::find_format("int4_asym", 128);
+  const auto grid = nibble::quant::make_format_grid(format, false);
+  const auto grid_mse = nibble::quant::make_format_grid(format, true);
+
+  std::vector<Row> rows;
+  try {
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      const Shape& s = shapes[si];
+      const bool run_variants = variants == "all" || (variants == "first" && si == 0);
+      Row row{s};
+      Rng rng{0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(s.out * 1000003 + s.in)};
+      std::fprintf(stderr, "[%s] generating %lld×%lld inputs and %lld×%lld weights\n", s.name().c_str(),
+                   static_cast<long long>(tokens), static_cast<long long>(s.in), static_cast<long long>(s.out),
+                   static_cast<long long>(s.in));
+      const std::vector<float> X = make_inputs(tokens, s.in, rng);  // [tokens, in]
+      const std::vector<float> W = make_weights(s.out, s.in, rng);  // [out, in]
+      const int64_t n = s.out * s.in;
+
+      auto t0 = Clock::now();
+      nibble::quant::MatrixStats stats(s.in);
+      stats.add(X.data(), tokens);
+      row.h_add = seconds_since(t0);
+      t0 = Clock::now();
+      stats.finalize();
+      row.h_fin = seconds_since(t0);
+      std::fprintf(stderr, "[%s] H: add %.2f s, finalize %.2f s\n", s.name().c_str(), row.h_add, row.h_fin);
+
+      const double ref_sq = output_sq(X, tokens, W.data(), nullptr, s.out, s.in);
+      auto rel = [&](const nibble::quant::GptqResult& r) {
+        return std::sqrt(output_sq(X, tokens, r.dequant.data(), W.data(), s.out, s.in) / ref_sq);
+      };
+
+      t0 = Clock::now();
+      {
+        const auto r = nibble::quant::rtn(W.data(), s.out, s.in, *grid);
+        row.t_rtn = seconds_since(t0);
+        row.e_rtn = rel(r);
+      }
+      std::fprintf(stderr, "[%s] rtn: %.2f s, out err %.5f\n", s.name().c_str(), row.t_rtn, row.e_rtn);
+
+      nibble::quant::GptqOptions opt;
+      t0 = Clock::now();
+      {
+        const auto r = nibble::quant::gptq(W.data(), s.out, s.in, stats, *grid, opt);
+        row.t_gptq = seconds_since(t0);
+        const double out_sq = output_sq(X, tokens, r.dequant.data(), W.data(), s.out, s.in);
+        row.e_gptq = std::sqrt(out_sq / ref_sq);
+        row.damp_used = r.damp_used;
+        row.damp_retries = r.damp_retries;
+        // The sweep's own account of its error (gptq.h): Σ (w − q)²/U_ii² =
+        // ‖XΔWᵀ‖² + λ‖ΔW‖² (U in f32, so equal to ~1e-3, not exactly).
+        const double expect = out_sq + r.lambda * weight_sq(r.dequant.data(), W.data(), n);
+        row.identity_gap = std::abs(r.sweep_cost - expect) / r.sweep_cost;
+      }
+      std::fprintf(stderr, "[%s] gptq: %.2f s, out err %.5f (damp %g, %d retries; cost identity gap %.2e)\n",
+                   s.name().c_str(), row.t_gptq, row.e_gptq, row.damp_used, row.damp_retries, row.identity_gap);
+
+      if (run_variants) {
+        t0 = Clock::now();
+        {
+          const auto r = nibble::quant::rtn(W.data(), s.out, s.in, *grid_mse);
+          row.t_rtn_mse = seconds_since(t0);
+          row.e_rtn_mse = rel(r);
+        }
+        std::fprintf(stderr, "[%s] rtn --mse: %.2f s, out err %.5f\n", s.name().c_str(), row.t_rtn_mse,
+                     row.e_rtn_mse);
+        t0 = Clock::now();
+        {
+          const auto r = nibble::quant::gptq(W.data(), s.out, s.in, stats, *grid_mse, opt);
+          row.t_gptq_mse = seconds_since(t0);
+          row.e_gptq_mse = rel(r);
+        }
+        std::fprintf(stderr, "[%s] gptq --mse: %.2f s, out err %.5f\n", s.name().c_str(), row.t_gptq_mse,
+                     row.e_gptq_mse);
+        nibble::quant::GptqOptions ao = opt;
+        ao.act_order = true;
+        t0 = Clock::now();
+        {
+          const auto r = nibble::quant::gptq(W.data(), s.out, s.in, stats, *grid, ao);
+          row.t_gptq_ao = seconds_since(t0);
+          row.e_gptq_ao = rel(r);
+        }
+        std::fprintf(stderr, "[%s] gptq act-order: %.2f s, out err %.5f\n", s.name().c_str(), row.t_gptq_ao,
+                     row.e_gptq_ao);
+      }
+      rows.push_back(row);
+    }
+  } catch (const nibble::Error& e) {
+    std::fprintf(stderr, "bench_gptq: %s\n", e.what());
+    return 1;
+  }
+
+  std::printf("\n== seconds (wall); H = MatrixStats::add over %lld tokens, then finalize(); gptq/rtn = time ratio ==\n",
+              static_cast<long long>(tokens));
+  std::printf("%-11s %-13s %8s %8s %8s %8s %9s %8s %8s %9s %10s\n", "shape", "role", "H add", "H fin", "rtn", "gptq",
+              "gptq/rtn", "rtn mse", "gptq mse", "gptq act", "H GiB");
+  for (const Row& r : rows)
+    std::printf("%-11s %-13s %8s %8s %8s %8s %9s %8s %8s %9s %10.2f\n", r.shape.name().c_str(), r.shape.role,
+                cell(r.h_add, "%.2f").c_str(), cell(r.h_fin, "%.2f").c_str(), cell(r.t_rtn, "%.3f").c_str(),
+                cell(r.t_gptq, "%.2f").c_str(), cell(r.t_gptq / r.t_rtn, "%.0f").c_str(),
+                cell(r.t_rtn_mse, "%.2f").c_str(), cell(r.t_gptq_mse, "%.2f").c_str(), cell(r.t_gptq_ao, "%.2f").c_str(),
+                static_cast<double>(r.shape.in * r.shape.in * 8) / (1u << 30));
+
+  std::printf("\n== output error on the calibration inputs, ||X(W'-W)^T|| / ||XW^T||; gptq/rtn < 1: GPTQ did work ==\n");
+  std::printf("%-11s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "rtn", "gptq", "gptq/rtn", "rtn mse", "gptq mse",
+              "gptq act", "damp", "cost gap");
+  for (const Row& r : rows)
+    std::printf("%-11s %9s %9s %9s %9s %9s %9s %9s %9s\n", r.shape.name().c_str(), cell(r.e_rtn, "%.5f").c_str(),
+                cell(r.e_gptq, "%.5f").c_str(), cell(r.e_gptq / r.e_rtn, "%.3f").c_str(),
+                cell(r.e_rtn_mse, "%.5f").c_str(), cell(r.e_gptq_mse, "%.5f").c_str(),
+                cell(r.e_gptq_ao, "%.5f").c_str(), cell(r.damp_used, "%g").c_str(),
+                cell(r.identity_gap, "%.1e").c_str());
+  std::printf("(cost gap: |sweep_cost - (||X dW^T||^2 + lambda ||dW||^2)| / sweep_cost for plain gptq: the sweep's own\n"
+              " error account against the measured one; small but not zero, since U is applied in f32)\n");
+
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("\npeak RSS: %.2f GiB (getrusage ru_maxrss)\n", static_cast<double>(ru.ru_maxrss) / (1 << 20));
+  return 0;
+}
