@@ -2,11 +2,11 @@
 // round-to-nearest on the same matrix as the reference measured in the same run
 // (DESIGN.md: performance claims are ratios against a reference in the same run).
 //
-//   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build/bin/bench_gptq [--shapes full|small]
+//   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build/bin/bench_gptq [--shapes full|small|OUTxIN,...]
 //       [--tokens N] [--threads N] [--variants all|first|none]
 //
 // Per shape [out, in] (full: 4096×4096 q/o, 14336×4096 gate/up, 4096×14336 down;
-// small: 1024×1024, 2816×1024, 1024×2816):
+// small: 1024×1024, 2816×1024, 1024×2816; or a list such as 4096x4096,4096x14336):
 //   - H: seconds for MatrixStats::add over every calibration token (fp64 DSYRK,
 //     ~tokens·in² flops) and for finalize() (mirroring the triangle), apart;
 //   - seconds of gptq() on int4_asym g128 (damp 0.01, block 128): the damped
@@ -159,7 +159,7 @@ std::string cell(double v, const char* fmt) {
 
 [[noreturn]] void usage(const char* argv0, const char* why) {
   std::fprintf(stderr,
-               "%s\nusage: %s [--shapes full|small] [--tokens N] [--threads N] [--variants all|first|none]\n", why,
+               "%s\nusage: %s [--shapes full|small|OUTxIN,...] [--tokens N] [--threads N] [--variants all|first|none]\n", why,
                argv0);
   std::exit(2);
 }
@@ -183,7 +183,24 @@ int main(int argc, char** argv) {
     else if (a == "-h" || a == "--help") usage(argv[0], "GPTQ solve benchmark (see the comment atop bench/bench_gptq.cpp)");
     else usage(argv[0], ("unknown option " + a).c_str());
   }
-  if (shapes_opt != "full" && shapes_opt != "small") usage(argv[0], "--shapes must be full or small");
+  // --shapes full | small | OUTxIN[,OUTxIN...] (e.g. 4096x4096 to profile one shape).
+  std::vector<Shape> shapes;
+  if (shapes_opt == "full") {
+    shapes = {{4096, 4096, "q/o_proj"}, {14336, 4096, "gate/up_proj"}, {4096, 14336, "down_proj"}};
+  } else if (shapes_opt == "small") {
+    shapes = {{1024, 1024, "q/o-like"}, {2816, 1024, "gate/up-like"}, {1024, 2816, "down-like"}};
+  } else {
+    for (size_t p = 0; p <= shapes_opt.size();) {
+      const size_t comma = std::min(shapes_opt.find(',', p), shapes_opt.size());
+      long long out = 0, in = 0;
+      char tail = 0;
+      if (std::sscanf(shapes_opt.substr(p, comma - p).c_str(), "%lldx%lld%c", &out, &in, &tail) != 2 || out <= 0 ||
+          in <= 0)
+        usage(argv[0], "--shapes must be full, small or OUTxIN[,OUTxIN...]");
+      shapes.push_back({out, in, "custom"});
+      p = comma + 1;
+    }
+  }
   if (variants != "all" && variants != "first" && variants != "none") usage(argv[0], "--variants must be all|first|none");
   if (tokens <= 0) usage(argv[0], "--tokens must be positive");
   if (threads < 0) usage(argv[0], "--threads must be positive");
@@ -197,11 +214,6 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) explicit_variants |= std::strcmp(argv[i], "--variants") == 0;
     if (!explicit_variants) variants = "all";
   }
-
-  const std::vector<Shape> shapes =
-      shapes_opt == "full"
-          ? std::vector<Shape>{{4096, 4096, "q/o_proj"}, {14336, 4096, "gate/up_proj"}, {4096, 14336, "down_proj"}}
-          : std::vector<Shape>{{1024, 1024, "q/o-like"}, {2816, 1024, "gate/up-like"}, {1024, 2816, "down-like"}};
 
   std::printf("bench_gptq: GPTQ int4_asym g128 (damp 0.01, block 128) vs RTN, same run\n");
   std::printf("threads: OpenMP %d, OpenBLAS %d; calibration: %lld synthetic correlated tokens; shapes: %s; "
@@ -323,7 +335,7 @@ int main(int argc, char** argv) {
                 cell(r.e_gptq_ao, "%.5f").c_str(), cell(r.damp_used, "%g").c_str(),
                 cell(r.identity_gap, "%.1e").c_str());
   std::printf("(cost gap: |sweep_cost - (||X dW^T||^2 + lambda ||dW||^2)| / sweep_cost for plain gptq: the sweep's own\n"
-              " error account against the measured one; small but not zero, since U is applied in f32)\n");
+              " error account (gptq.h) against the one measured here; near 0 says the sweep's bookkeeping holds)\n");
 
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

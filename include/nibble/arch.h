@@ -16,6 +16,9 @@ struct ArchSpec {
   bool qkv_bias_always;         // qwen2: q/k/v projections always carry biases
   bool honours_attention_bias;  // llama/qwen3: config.attention_bias adds q/k/v/o biases
   bool qk_norm;                 // qwen3: per-head RMSNorm on q and k before RoPE
+  // qwen2/qwen3 (configs without layer_types): the sliding window applies only
+  // to layers >= max_window_layers; otherwise it applies to every layer.
+  bool window_from_max_window_layers;
 };
 
 const std::vector<ArchSpec>& arch_registry();

@@ -57,6 +57,7 @@ class KVCache {
 struct DecoderLayer {
   Tensor input_norm, post_norm, q_norm, k_norm;  // F32 (q/k norms: qwen3 only)
   LinearWeight q, k, v, o, gate, up, down;
+  int64_t window = 0;  // attention window (0 = full causal attention)
 
   // Loads layer i of `src`. With `dense`, packed linears are dequantized to
   // f32 (for calibration, which needs plain weights to quantize).

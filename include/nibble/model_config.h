@@ -35,7 +35,13 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // llama/qwen3 flag: biases on q/k/v/o
   bool mlp_bias = false;        // llama flag: biases on gate/up/down
-  std::optional<int64_t> sliding_window;
+  std::optional<int64_t> sliding_window;  // the window size, when some layer uses one
+  // Attention window per layer (0 = full causal attention): from layer_types
+  // when the config has it, else the architecture's rule.
+  std::vector<int64_t> layer_windows;
+  int64_t window(int64_t layer) const {
+    return layer < static_cast<int64_t>(layer_windows.size()) ? layer_windows[layer] : sliding_window.value_or(0);
+  }
   std::string dtype;  // "float32", "bfloat16", ... as the config states it (may be empty)
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;

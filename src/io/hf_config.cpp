@@ -93,6 +93,27 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
   if (r.optional<bool>("use_sliding_window", true) && j.contains("sliding_window") && !j["sliding_window"].is_null())
     c.sliding_window = r.required<int64_t>("sliding_window");
   c.dtype = r.optional<std::string>("dtype", r.optional<std::string>("torch_dtype", ""));
+  // Which layers use the window: layer_types (transformers 5), else the
+  // architecture's rule (qwen2/qwen3: layers >= max_window_layers; others: all).
+  c.layer_windows.assign(static_cast<size_t>(std::max<int64_t>(c.num_layers, 0)), 0);
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const auto& lt = j["layer_types"];
+    NIBBLE_CHECK(lt.is_array() && static_cast<int64_t>(lt.size()) == c.num_layers,
+                 "{}: 'layer_types' must list one entry per layer ({}), found {}", path.string(), c.num_layers,
+                 lt.dump());
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+      NIBBLE_CHECK(t == "full_attention" || t == "sliding_attention",
+                   "{}: layer_types[{}] = '{}' is not supported (full_attention, sliding_attention)", path.string(), i,
+                   t);
+      if (t == "sliding_attention") c.layer_windows[i] = c.sliding_window.value_or(0);
+    }
+  } else if (c.sliding_window) {
+    const int64_t first = find_arch(c.model_type).window_from_max_window_layers
+                              ? r.optional<int64_t>("max_window_layers", 0)
+                              : 0;
+    for (int64_t i = std::max<int64_t>(first, 0); i < c.num_layers; ++i) c.layer_windows[i] = *c.sliding_window;
+  }
 
   for (auto [key, value] : {std::pair{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
                             {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},

@@ -118,6 +118,7 @@ DecoderLayer DecoderLayer::load(const CheckpointDir& src, int64_t i, bool dense)
   };
   const std::string p = fmt::format("model.layers.{}.", i);
   DecoderLayer L;
+  L.window = c.window(i);
   L.input_norm = f32(p + "input_layernorm.weight");
   L.post_norm = f32(p + "post_attention_layernorm.weight");
   if (find_arch(c.model_type).qk_norm) {
@@ -170,7 +171,7 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
       sinv[i * half + j] = std::sin(angle);
     }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t window = c.sliding_window.value_or(0), row = KV * hd;
+  const int64_t window = L.window, row = KV * hd;
 
   rms_norm(x, n, D, L.input_norm.data<float>(), eps, xn.data());
   if (tap) (*tap)(LinearInput::QKV, xn.data(), n, D);

@@ -98,6 +98,35 @@ TEST(Config, Qwen2BiasesAndMistralSlidingWindow) {
   EXPECT_EQ(c.sliding_window, 4096);
 }
 
+TEST(Config, PerLayerAttentionWindows) {
+  TempDir d;
+  const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100)";
+  // Mistral: the window on every layer.
+  ModelConfig c = parse_model_config(write_config(d, R"({"model_type": "mistral", "sliding_window": 16, )" + base + "}"));
+  EXPECT_EQ(c.layer_windows, (std::vector<int64_t>{16, 16, 16, 16}));
+  // Qwen2 (transformers 4 style): only layers >= max_window_layers, and only with use_sliding_window.
+  c = parse_model_config(write_config(d, R"({"model_type": "qwen2", "sliding_window": 16, "use_sliding_window": true,
+    "max_window_layers": 2, )" + base + "}"));
+  EXPECT_EQ(c.layer_windows, (std::vector<int64_t>{0, 0, 16, 16}));
+  EXPECT_EQ(c.window(1), 0);
+  EXPECT_EQ(c.window(3), 16);
+  c = parse_model_config(write_config(d, R"({"model_type": "qwen2", "sliding_window": 16, "use_sliding_window": false,
+    "max_window_layers": 2, )" + base + "}"));
+  EXPECT_EQ(c.layer_windows, (std::vector<int64_t>{0, 0, 0, 0}));
+  // layer_types (transformers 5) decides when present.
+  c = parse_model_config(write_config(d, R"({"model_type": "qwen3", "sliding_window": 8, "max_window_layers": 0,
+    "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"], )" + base + "}"));
+  EXPECT_EQ(c.layer_windows, (std::vector<int64_t>{0, 8, 0, 8}));
+  EXPECT_NE(error_of(write_config(d, R"({"model_type": "qwen3", "layer_types": ["full_attention"], )" + base + "}"))
+                .find("one entry per layer"),
+            std::string::npos);
+  EXPECT_NE(error_of(write_config(d, R"({"model_type": "qwen3", "layer_types": ["full_attention", "chunked_attention",
+    "full_attention", "full_attention"], )" + base + "}"))
+                .find("chunked_attention"),
+            std::string::npos);
+}
+
 TEST(Config, BadInputNamesFileAndKey) {
   TempDir d;
   struct Case {
