@@ -28,7 +28,7 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
 // The same protocol run one decoder layer at a time over all windows at once
 // (LayerStream): only one layer's weights are in memory, the hidden states of
 // every window are. Gives the same numbers as perplexity().
-PerplexityResult perplexity_streaming(const CheckpointDir& src, const std::vector<int32_t>& tokens, int64_t ctx,
+PerplexityResult perplexity_streaming(const ModelSource& src, const std::vector<int32_t>& tokens, int64_t ctx,
                                       std::optional<int32_t> bos, bool progress);
 
 // log-softmax of one row of logits, in double: out[v] = l[v] - logsumexp(l).

@@ -16,7 +16,7 @@ namespace nibble {
 class LayerStream {
  public:
   // Embeds every sequence (ids are checked against the vocabulary).
-  LayerStream(const CheckpointDir& src, const std::vector<std::vector<int32_t>>& sequences);
+  LayerStream(const ModelSource& src, const std::vector<std::vector<int32_t>>& sequences);
 
   const ModelConfig& config() const { return config_; }
   size_t num_sequences() const { return hidden_.size(); }
@@ -32,13 +32,13 @@ class LayerStream {
 
   // Loads, applies and drops every decoder layer in turn (optionally with a
   // progress bar).
-  void apply_all(const CheckpointDir& src, bool progress);
+  void apply_all(const ModelSource& src, bool progress);
 
   // The final RMSNorm of sequence s: [length, hidden].
   std::vector<float> final_normed(size_t s) const;
 
   // The head (the tied embedding, or lm_head plain or packed).
-  LinearWeight load_head(const CheckpointDir& src) const;
+  LinearWeight load_head(const ModelSource& src) const;
 
  private:
   ModelConfig config_;

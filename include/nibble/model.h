@@ -61,7 +61,7 @@ struct DecoderLayer {
 
   // Loads layer i of `src`. With `dense`, packed linears are dequantized to
   // f32 (for calibration, which needs plain weights to quantize).
-  static DecoderLayer load(const CheckpointDir& src, int64_t i, bool dense = false);
+  static DecoderLayer load(const ModelSource& src, int64_t i, bool dense = false);
 };
 
 // The inputs of a layer's linears, as a calibration tap sees them: q/k/v
@@ -86,7 +86,7 @@ void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps,
 class Model {
  public:
   // Loads every weight of `src` (plain or packed) for the CPU forward.
-  static std::unique_ptr<Model> load(const CheckpointDir& src);
+  static std::unique_ptr<Model> load(const ModelSource& src);
 
   const ModelConfig& config() const { return config_; }
   // Runs `tokens` at positions cache.size() .. cache.size()+n-1 and appends

@@ -32,7 +32,7 @@ struct ProbeOptions {
 };
 
 // `tokens`: the held-out text's ids (windows start with `bos` when given).
-std::vector<ProbeRow> probe(const CheckpointDir& reference, const CheckpointDir& candidate,
+std::vector<ProbeRow> probe(const ModelSource& reference, const ModelSource& candidate,
                             const std::vector<int32_t>& tokens, std::optional<int32_t> bos, const ProbeOptions& o);
 
 }  // namespace nibble::eval

@@ -39,13 +39,27 @@ class TensorSource {
   virtual Tensor load(const std::string& name) const = 0;
 };
 
+// A whole model: named tensors plus the config they follow. CheckpointDir (HF
+// and nibble-packed directories) is one; GGUF files and overlays are others.
+// The forward, LayerStream, probe and eval take any ModelSource.
+class ModelSource : public TensorSource {
+ public:
+  virtual const ModelConfig& config() const = 0;
+  // The stored parts of a matrix whose meta().format is set (a format the
+  // kernels run directly). Sources without such matrices never get asked.
+  virtual std::vector<Tensor> parts(const std::string& name) const;
+  // Checks that every tensor the config implies is present with its shape
+  // (errors name describe() and the tensor).
+  virtual void validate_against_config() const;
+};
+
 // Names of the quantization metadata keys in a packed file's __metadata__.
 inline constexpr const char* kMetaFormat = "nibble.format";          // e.g. "int4_g128_asym"
 inline constexpr const char* kMetaGroupSize = "nibble.group_size";   // e.g. "128"
 inline constexpr const char* kMetaVersion = "nibble.version";
 inline constexpr const char* kMetaTensors = "nibble.tensors";        // JSON: {name: {format, shape}}
 
-class CheckpointDir final : public TensorSource {
+class CheckpointDir final : public ModelSource {
  public:
   // Opens DIR/config.json and DIR/model.safetensors or the shards named by
   // DIR/model.safetensors.index.json. Validates the index against the files.
@@ -55,7 +69,7 @@ class CheckpointDir final : public TensorSource {
 
   const std::filesystem::path& dir() const { return dir_; }
   bool has_config() const { return has_config_; }
-  const ModelConfig& config() const;  // throws for a lone file
+  const ModelConfig& config() const override;  // throws for a lone file
   // __metadata__ of the first weight file.
   const std::map<std::string, std::string>& metadata() const;
   // The weight files, in index order.
@@ -69,10 +83,9 @@ class CheckpointDir final : public TensorSource {
   Tensor load(const std::string& name) const override;
 
   // The stored parts of a quantized matrix (views into the files).
-  std::vector<Tensor> parts(const std::string& name) const;
+  std::vector<Tensor> parts(const std::string& name) const override;
 
-  // Checks that every tensor the config implies is present with its shape.
-  void validate_against_config() const;
+  void validate_against_config() const override;
 
  private:
   struct Entry {

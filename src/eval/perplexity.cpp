@@ -83,7 +83,7 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
   return scorer.result(static_cast<int64_t>(ws.size()));
 }
 
-PerplexityResult perplexity_streaming(const CheckpointDir& src, const std::vector<int32_t>& tokens, int64_t ctx,
+PerplexityResult perplexity_streaming(const ModelSource& src, const std::vector<int32_t>& tokens, int64_t ctx,
                                       std::optional<int32_t> bos, bool progress) {
   const auto ws = windows(src.config(), tokens, ctx, bos);
   LayerStream stream(src, ws);

@@ -43,15 +43,15 @@ void accumulate(const LinearWeight& ref, const LinearWeight& cand, const float* 
 
 }  // namespace
 
-std::vector<ProbeRow> probe(const CheckpointDir& ref, const CheckpointDir& cand, const std::vector<int32_t>& tokens,
+std::vector<ProbeRow> probe(const ModelSource& ref, const ModelSource& cand, const std::vector<int32_t>& tokens,
                             std::optional<int32_t> bos, const ProbeOptions& o) {
   const ModelConfig& c = ref.config();
   cand.validate_against_config();
   const ModelConfig& cc = cand.config();
   NIBBLE_CHECK(cc.hidden_size == c.hidden_size && cc.num_layers == c.num_layers &&
                    cc.intermediate_size == c.intermediate_size && cc.vocab_size == c.vocab_size,
-               "probe: {} and {} are not the same architecture (hidden {} vs {}, layers {} vs {})", ref.dir().string(),
-               cand.dir().string(), c.hidden_size, cc.hidden_size, c.num_layers, cc.num_layers);
+               "probe: {} and {} are not the same architecture (hidden {} vs {}, layers {} vs {})", ref.describe(),
+               cand.describe(), c.hidden_size, cc.hidden_size, c.num_layers, cc.num_layers);
   NIBBLE_CHECK(o.ctx >= 2 && o.ctx <= c.max_position_embeddings, "probe: --ctx {} must be in [2, {}]", o.ctx,
                c.max_position_embeddings);
   for (int64_t l : o.layers)

@@ -209,6 +209,21 @@ Tensor CheckpointDir::load(const std::string& name) const {
   return dequantize_parts(*e.meta.format, parts(name), e.meta.shape[0], e.meta.shape[1]);
 }
 
+std::vector<Tensor> ModelSource::parts(const std::string& name) const {
+  NIBBLE_FAIL("{}: tensor '{}' has no stored parts", describe(), name);
+}
+
+void ModelSource::validate_against_config() const {
+  const ModelConfig& c = config();
+  for (const ExpectedTensor& t : expected_tensors(c)) {
+    NIBBLE_CHECK(contains(t.name), "{}: tensor '{}' is missing (the config implies it: {} with {} layers)",
+                 describe(), t.name, c.model_type, c.num_layers);
+    const TensorMeta m = meta(t.name);
+    NIBBLE_CHECK(m.shape == t.shape, "{}: tensor '{}' has shape {}, but the config implies {}", describe(), t.name,
+                 shape_str(m.shape), shape_str(t.shape));
+  }
+}
+
 void CheckpointDir::validate_against_config() const {
   for (const ExpectedTensor& t : expected_tensors(config_)) {
     NIBBLE_CHECK(contains(t.name), "{}: tensor '{}' is missing (config.json implies it: {} with {} layers)",

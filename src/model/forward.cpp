@@ -104,7 +104,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   return f;
 }
 
-DecoderLayer DecoderLayer::load(const CheckpointDir& src, int64_t i, bool dense) {
+DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {
   const ModelConfig& c = src.config();
   auto f32 = [&](const std::string& name) { return src.load(name).to_f32(); };
   auto linear = [&](const std::string& prefix) {
@@ -135,7 +135,7 @@ DecoderLayer DecoderLayer::load(const CheckpointDir& src, int64_t i, bool dense)
   return L;
 }
 
-std::unique_ptr<Model> Model::load(const CheckpointDir& src) {
+std::unique_ptr<Model> Model::load(const ModelSource& src) {
   src.validate_against_config();
   auto m = std::unique_ptr<Model>(new Model());
   m->config_ = src.config();

@@ -7,7 +7,7 @@
 
 namespace nibble {
 
-LayerStream::LayerStream(const CheckpointDir& src, const std::vector<std::vector<int32_t>>& sequences)
+LayerStream::LayerStream(const ModelSource& src, const std::vector<std::vector<int32_t>>& sequences)
     : config_(src.config()), inv_freq_(rope_inv_freq(config_)), final_norm_(src.load("model.norm.weight").to_f32()) {
   src.validate_against_config();
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
@@ -57,7 +57,7 @@ void LayerStream::apply(const DecoderLayer& L, const InputTap* tap, bool advance
   }
 }
 
-void LayerStream::apply_all(const CheckpointDir& src, bool progress) {
+void LayerStream::apply_all(const ModelSource& src, bool progress) {
   Progress bar("layers", config_.num_layers, progress, "layers");
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     const DecoderLayer L = DecoderLayer::load(src, i);
@@ -74,7 +74,7 @@ std::vector<float> LayerStream::final_normed(size_t s) const {
   return out;
 }
 
-LinearWeight LayerStream::load_head(const CheckpointDir& src) const {
+LinearWeight LayerStream::load_head(const ModelSource& src) const {
   const std::string name = config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   const TensorMeta meta = src.meta(name);
   if (meta.format) return LinearWeight::packed(*meta.format, src.parts(name), meta.shape[0], meta.shape[1]);
