@@ -29,6 +29,7 @@
 #include <cblas.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -220,6 +221,10 @@ int main(int argc, char** argv) {
               "--mse/act-order on: %s\n",
               omp_get_max_threads(), openblas_get_num_threads(), static_cast<long long>(tokens), shapes_opt.c_str(),
               variants == "all" ? "every shape" : variants == "first" ? "the first shape" : "no shape");
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) == 3)  // other jobs on the machine skew every time below
+    std::printf("load average at start: %.2f %.2f %.2f (%ld cores online)\n", load[0], load[1], load[2],
+                sysconf(_SC_NPROCESSORS_ONLN));
   std::fflush(stdout);
 
   const nibble::FormatChoice format = nibble::find_format("int4_asym", 128);

@@ -27,6 +27,7 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -115,6 +116,17 @@ std::vector<float> make_x(int64_t M, int64_t K, XorShift& rng) {
   std::vector<float> x(static_cast<size_t>(M * K));
   for (auto& v : x) v = rng.uniform(-1.0f, 1.0f);
   return x;
+}
+
+// Other jobs on the machine skew every number here (on a loaded machine, spinning
+// OpenMP/OpenBLAS threads wait for the scheduler: see the decode note in
+// print_fixtures), so the header says how loaded it was.
+void print_load() {
+  double load[3] = {0, 0, 0};
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  if (getloadavg(load, 3) == 3)
+    std::printf("load average at start: %.2f %.2f %.2f (%ld cores online); OMP_WAIT_POLICY=%s\n", load[0], load[1],
+                load[2], sysconf(_SC_NPROCESSORS_ONLN), wait ? wait : "(unset)");
 }
 
 // What the summary needs about one benchmark: its key and weight bytes; times come from the reporter.
@@ -376,6 +388,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(n_args, args.data())) return 1;
   std::printf("threads: OpenMP %d, OpenBLAS %d; int4 ISA: %s\n", omp_get_max_threads(), openblas_get_num_threads(),
               nibble::cpu::isa_name(nibble::cpu::best_isa()));
+  print_load();
 
   if (fixtures != "only") {
     XorShift rng{0x9E3779B97F4A7C15ull};

@@ -58,6 +58,9 @@ struct DecoderLayer {
   Tensor input_norm, post_norm, q_norm, k_norm;  // F32 (q/k norms: qwen3 only)
   LinearWeight q, k, v, o, gate, up, down;
   int64_t window = 0;  // attention window (0 = full causal attention)
+  // Round every linear's input to bf16 first (as a bf16 inference engine
+  // does): the second honest computation the KL noise floor is measured with.
+  bool bf16_activations = false;
 
   // Loads layer i of `src`. With `dense`, packed linears are dequantized to
   // f32 (for calibration, which needs plain weights to quantize).
@@ -89,6 +92,8 @@ class Model {
   static std::unique_ptr<Model> load(const ModelSource& src);
 
   const ModelConfig& config() const { return config_; }
+  // See DecoderLayer::bf16_activations (applies to the head's input too).
+  void set_bf16_activations(bool on);
   // Runs `tokens` at positions cache.size() .. cache.size()+n-1 and appends
   // them to the cache. Returns logits F32 [n, vocab] (all rows) or [1, vocab]
   // (the last row only).
@@ -101,6 +106,7 @@ class Model {
   LinearWeight head_;
   std::vector<DecoderLayer> layers_;
   std::vector<float> inv_freq_;  // [head_dim / 2], scaling applied
+  bool bf16_activations_ = false;
 };
 
 }  // namespace nibble

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -108,5 +109,10 @@ class CheckpointDir final : public ModelSource {
 // generation config, chat template), i.e. regular top-level files that are
 // not weights.
 std::vector<std::filesystem::path> carried_files(const std::filesystem::path& dir);
+
+// Opens a source named on the command line: "DIR" (plain or packed, detected),
+// "hf:DIR", "packed:DIR", "overlay:CAND,keep=REGEX" (tensors matching REGEX
+// come from `reference`), "overlay:CAND,head=SRC" (lm_head from SRC).
+std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const ModelSource* reference = nullptr);
 
 }  // namespace nibble

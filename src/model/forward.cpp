@@ -65,6 +65,10 @@ void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps,
 
 namespace {
 
+void round_bf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
+}
+
 // HF rotate_half RoPE on one head vector: pairs (i, i + d/2).
 void rope(float* h, int64_t d, const float* cos, const float* sin) {
   const int64_t half = d / 2;
@@ -174,6 +178,7 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
   const int64_t window = L.window, row = KV * hd;
 
   rms_norm(x, n, D, L.input_norm.data<float>(), eps, xn.data());
+  if (L.bf16_activations) round_bf16(xn.data(), n * D);
   if (tap) (*tap)(LinearInput::QKV, xn.data(), n, D);
   L.q.forward(xn.data(), n, q.data());  // [n, H*hd]
   L.k.forward(xn.data(), n, k.data());  // [n, KV*hd]
@@ -222,17 +227,25 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
       }
     }
   }
+  if (L.bf16_activations) round_bf16(att.data(), n * H * hd);
   if (tap) (*tap)(LinearInput::O, att.data(), n, H * hd);
   L.o.forward(att.data(), n, tmp.data());  // [n, D]
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
   rms_norm(x, n, D, L.post_norm.data<float>(), eps, xn.data());
+  if (L.bf16_activations) round_bf16(xn.data(), n * D);
   if (tap) (*tap)(LinearInput::GateUp, xn.data(), n, D);
   L.gate.forward(xn.data(), n, g.data());  // [n, F]
   L.up.forward(xn.data(), n, u.data());    // [n, F]
   for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(gate) * up
+  if (L.bf16_activations) round_bf16(g.data(), n * F);
   if (tap) (*tap)(LinearInput::Down, g.data(), n, F);
   L.down.forward(g.data(), n, tmp.data());  // [n, D]
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
+}
+
+void Model::set_bf16_activations(bool on) {
+  bf16_activations_ = on;
+  for (DecoderLayer& L : layers_) L.bf16_activations = on;
 }
 
 Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits) const {
@@ -255,6 +268,7 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
   std::vector<float> xn(rows * D);
   rms_norm(x.data() + (n - rows) * D, rows, D, final_norm_.data<float>(), static_cast<float>(c.rms_norm_eps),
            xn.data());
+  if (bf16_activations_) round_bf16(xn.data(), rows * D);
   Tensor logits = Tensor::zeros(DType::F32, {rows, V});
   head_.forward(xn.data(), rows, logits.data_mut<float>());
   return logits;

@@ -26,5 +26,6 @@ void register_ppl(CLI::App& app, const GlobalOptions& global);
 void register_layer(CLI::App& app, const GlobalOptions& global);
 void register_probe(CLI::App& app, const GlobalOptions& global);
 void register_synth(CLI::App& app, const GlobalOptions& global);
+void register_eval(CLI::App& app, const GlobalOptions& global);
 
 }  // namespace nibble::cli

@@ -1,0 +1,301 @@
+// GgufSource: a GGUF file as a Hugging Face-named ModelSource (see gguf.h).
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+#include "nibble/arch.h"
+#include "nibble/error.h"
+#include "nibble/gguf.h"
+#include "nibble/model.h"
+
+namespace nibble {
+
+namespace {
+
+using io::GgmlType;
+using io::GgufFile;
+
+// general.architecture values nibble runs, and the model_type each becomes.
+// llama.cpp writes Mistral (7B) checkpoints as "llama".
+constexpr std::pair<std::string_view, std::string_view> kArchitectures[] = {
+    {"llama", "llama"}, {"qwen2", "qwen2"}, {"qwen3", "qwen3"}};
+
+// llama.cpp's tensor names (llama-arch.cpp's LLM_TENSOR_NAMES) -> HF names.
+struct NameRow {
+  std::string_view gguf, hf;
+};
+constexpr NameRow kGlobalNames[] = {
+    {"token_embd", "model.embed_tokens"}, {"output_norm", "model.norm"}, {"output", "lm_head"}};
+constexpr NameRow kLayerNames[] = {
+    {"attn_norm", "input_layernorm"},     {"attn_q", "self_attn.q_proj"},
+    {"attn_k", "self_attn.k_proj"},       {"attn_v", "self_attn.v_proj"},
+    {"attn_output", "self_attn.o_proj"},  {"attn_q_norm", "self_attn.q_norm"},
+    {"attn_k_norm", "self_attn.k_norm"},  {"ffn_norm", "post_attention_layernorm"},
+    {"ffn_gate", "mlp.gate_proj"},        {"ffn_up", "mlp.up_proj"},
+    {"ffn_down", "mlp.down_proj"},
+};
+
+// Llama 3.1-style RoPE scaling is stored by llama.cpp as this tensor of
+// per-frequency divisors rather than as parameters.
+constexpr const char* kRopeFreqs = "rope_freqs.weight";
+
+struct MappedName {
+  std::string hf;
+  int64_t layer = -1;    // -1 for the non-layer tensors
+  std::string_view base; // GGUF base name ("attn_q", "token_embd")
+};
+
+// "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight"; nullopt
+// for a name outside the table.
+std::optional<MappedName> map_name(std::string_view g) {
+  std::string_view suffix;
+  for (std::string_view s : {".weight", ".bias"})
+    if (g.size() > s.size() && g.substr(g.size() - s.size()) == s) suffix = s;
+  if (suffix.empty()) return std::nullopt;
+  std::string_view base = g.substr(0, g.size() - suffix.size());
+  if (base.rfind("blk.", 0) == 0) {
+    base.remove_prefix(4);
+    const size_t dot = base.find('.');
+    if (dot == std::string_view::npos || dot == 0 || dot > 9) return std::nullopt;
+    int64_t layer = 0;
+    for (char c : base.substr(0, dot)) {
+      if (c < '0' || c > '9') return std::nullopt;
+      layer = layer * 10 + (c - '0');
+    }
+    base.remove_prefix(dot + 1);
+    for (const NameRow& r : kLayerNames)
+      if (r.gguf == base)
+        return MappedName{fmt::format("model.layers.{}.{}{}", layer, r.hf, suffix), layer, r.gguf};
+    return std::nullopt;
+  }
+  for (const NameRow& r : kGlobalNames)
+    if (r.gguf == base) return MappedName{fmt::format("{}{}", r.hf, suffix), -1, r.gguf};
+  return std::nullopt;
+}
+
+std::string known_names() {
+  std::string out;
+  for (const NameRow& r : kGlobalNames) out += fmt::format("{}{}", out.empty() ? "" : ", ", r.gguf);
+  for (const NameRow& r : kLayerNames) out += fmt::format(", blk.N.{}", r.gguf);
+  return out + " (.weight/.bias)";
+}
+
+// Undoes llama.cpp's convert_hf_to_gguf permute() on the rows of a q or k
+// projection (weight [rows, cols] or bias [rows]). The converter reshapes the
+// HF rows of each head as [2, head_dim/2] and swaps the two axes, so GGUF row
+// 2j+h of a head holds HF row h·head_dim/2 + j (interleaved RoPE pairs, as
+// Meta's original checkpoints and llama.cpp's NORM rope expect); this puts
+// every row back where HF's rotate_half wants it.
+Tensor unpermute_rows(const Tensor& t, int64_t heads) {
+  const Tensor src = t.is_contiguous() ? t : t.contiguous();
+  const int64_t rows = src.size(0), head_dim = rows / heads, half = head_dim / 2;
+  const size_t row_bytes = src.nbytes() / static_cast<size_t>(rows);
+  Tensor out = Tensor::empty(src.dtype(), src.shape());
+  const auto* s = static_cast<const uint8_t*>(src.raw());
+  auto* d = static_cast<uint8_t*>(out.raw_mut());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t j = 0; j < half; ++j)
+        std::memcpy(d + static_cast<size_t>(h * head_dim + part * half + j) * row_bytes,
+                    s + static_cast<size_t>(h * head_dim + 2 * j + part) * row_bytes, row_bytes);
+  return out;
+}
+
+// The stored dtype of a plain (unquantized) GGUF tensor; nullopt for block types.
+std::optional<DType> plain_dtype(uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::F32: return DType::F32;
+    case GgmlType::F16: return DType::F16;
+    case GgmlType::BF16: return DType::BF16;
+    default: return std::nullopt;
+  }
+}
+
+// rope_freqs.weight holds, per frequency, the divisor llama 3's rule applies
+// to it. nibble's config carries the rule's parameters instead, so the
+// divisors are matched against the rule with Meta's published parameters
+// (low_freq_factor 1, high_freq_factor 4, original context 8192: Llama 3.1,
+// 3.2 and 3.3 all use them) and the largest divisor as the factor.
+RopeScaling rope_scaling_from_freqs(const GgufFile& f, const ModelConfig& c) {
+  const std::string file = f.path().string();
+  const Tensor freqs = f.dequantize(kRopeFreqs);
+  NIBBLE_CHECK(freqs.numel() == c.head_dim / 2, "{}: tensor '{}' has {} entries, expected head_dim/2 = {}", file,
+               kRopeFreqs, freqs.numel(), c.head_dim / 2);
+  const float* div = freqs.data<float>();
+  float factor = 1;
+  for (int64_t i = 0; i < freqs.numel(); ++i) factor = std::max(factor, div[i]);
+  RopeScaling s;
+  if (factor == 1) return s;  // all ones: no scaling
+  s.type = "llama3";
+  s.factor = factor;
+  s.low_freq_factor = 1;
+  s.high_freq_factor = 4;
+  s.original_max_position_embeddings = 8192;
+  ModelConfig plain = c, scaled = c;
+  plain.rope_scaling = RopeScaling{};
+  scaled.rope_scaling = s;
+  const std::vector<float> f0 = rope_inv_freq(plain), f1 = rope_inv_freq(scaled);
+  for (size_t i = 0; i < f0.size(); ++i) {
+    const double expected = static_cast<double>(f0[i]) / f1[i];
+    // f32 storage of the divisor and f32 inverse frequencies: 1e-4 relative
+    // is far inside the gap between distinct rules.
+    NIBBLE_CHECK(std::abs(expected - div[i]) <= 1e-4 * expected,
+                 "{}: tensor '{}' (RoPE frequency divisors) does not follow llama 3's scaling rule with factor {}, "
+                 "low/high frequency factors 1/4 and original context 8192: entry {} is {}, the rule gives {}; "
+                 "this RoPE scaling is not supported",
+                 file, kRopeFreqs, factor, i, div[i], expected);
+  }
+  return s;
+}
+
+ModelConfig config_from_metadata(const GgufFile& f) {
+  const std::string file = f.path().string();
+  const std::string& arch = f.get_string("general.architecture");
+  std::string_view model_type;
+  std::string supported;
+  for (const auto& [a, mt] : kArchitectures) {
+    supported += fmt::format("{}{}", supported.empty() ? "" : ", ", a);
+    if (a == arch) model_type = mt;
+  }
+  NIBBLE_CHECK(!model_type.empty(), "{}: general.architecture '{}' is not supported (supported: {})", file, arch,
+               supported);
+  auto key = [&](const char* k) { return fmt::format("{}.{}", arch, k); };
+
+  ModelConfig c;
+  c.model_type = model_type;
+  c.hidden_size = f.get_int(key("embedding_length"));
+  c.num_layers = f.get_int(key("block_count"));
+  c.intermediate_size = f.get_int(key("feed_forward_length"));
+  c.num_heads = f.get_int(key("attention.head_count"));
+  c.num_kv_heads = f.get_int(key("attention.head_count_kv"), c.num_heads);
+  c.rms_norm_eps = f.get_float(key("attention.layer_norm_rms_epsilon"));
+  c.rope_theta = f.get_float(key("rope.freq_base"), 10000.0);
+  c.max_position_embeddings = f.get_int(key("context_length"));
+  for (auto [k, v] : {std::pair{"embedding_length", c.hidden_size}, {"block_count", c.num_layers},
+                      {"feed_forward_length", c.intermediate_size}, {"attention.head_count", c.num_heads},
+                      {"attention.head_count_kv", c.num_kv_heads}, {"context_length", c.max_position_embeddings}})
+    NIBBLE_CHECK(v > 0, "{}: metadata key '{}.{}' must be positive, found {}", file, arch, k, v);
+  NIBBLE_CHECK(c.num_heads % c.num_kv_heads == 0, "{}: {}.attention.head_count ({}) is not a multiple of "
+               "{}.attention.head_count_kv ({})", file, arch, c.num_heads, arch, c.num_kv_heads);
+  if (f.has(key("attention.key_length"))) {
+    c.head_dim = f.get_int(key("attention.key_length"));
+  } else {
+    NIBBLE_CHECK(c.hidden_size % c.num_heads == 0, "{}: {}.embedding_length ({}) is not a multiple of "
+                 "{}.attention.head_count ({}) and there is no {}.attention.key_length", file, arch, c.hidden_size,
+                 arch, c.num_heads, arch);
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  NIBBLE_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, "{}: the head dimension must be positive and even, found {}",
+               file, c.head_dim);
+  const int64_t value_length = f.get_int(key("attention.value_length"), c.head_dim);
+  NIBBLE_CHECK(value_length == c.head_dim, "{}: {}.attention.value_length ({}) differs from the key length ({}); "
+               "nibble's forward needs them equal", file, arch, value_length, c.head_dim);
+  const int64_t rope_dims = f.get_int(key("rope.dimension_count"), c.head_dim);
+  NIBBLE_CHECK(rope_dims == c.head_dim, "{}: {}.rope.dimension_count is {}, but the head dimension is {}: partial "
+               "rotary embeddings are not supported", file, arch, rope_dims, c.head_dim);
+  NIBBLE_CHECK(c.rms_norm_eps > 0, "{}: {}.attention.layer_norm_rms_epsilon must be positive, found {}", file, arch,
+               c.rms_norm_eps);
+  NIBBLE_CHECK(c.rope_theta > 0, "{}: {}.rope.freq_base must be positive, found {}", file, arch, c.rope_theta);
+
+  // RoPE scaling: linear from the parameters; llama 3 from rope_freqs.weight.
+  const std::string scaling = f.get_string(key("rope.scaling.type"), "none");
+  if (scaling == "linear") {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = f.get_float(key("rope.scaling.factor"));
+    NIBBLE_CHECK(c.rope_scaling.factor > 0, "{}: {}.rope.scaling.factor must be positive, found {}", file, arch,
+                 c.rope_scaling.factor);
+  } else if (f.has(key("rope.scale_linear"))) {  // the older spelling
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = f.get_float(key("rope.scale_linear"));
+  } else {
+    NIBBLE_CHECK(scaling == "none", "{}: {}.rope.scaling.type '{}' is not supported (none, linear)", file, arch,
+                 scaling);
+  }
+  if (f.contains(kRopeFreqs)) {
+    NIBBLE_CHECK(c.rope_scaling.type == "default", "{}: both {}.rope.scaling.type and '{}' are set", file, arch,
+                 kRopeFreqs);
+    c.rope_scaling = rope_scaling_from_freqs(f, c);
+  }
+
+  NIBBLE_CHECK(f.contains("token_embd.weight"), "{}: tensor 'token_embd.weight' is missing", file);
+  const io::GgufTensorInfo& embd = f.info("token_embd.weight");
+  NIBBLE_CHECK(embd.ne.size() == 2, "{}: tensor 'token_embd.weight' has {} dimensions, expected 2", file,
+               embd.ne.size());
+  c.vocab_size = embd.ne[1];
+  c.tie_word_embeddings = !f.contains("output.weight");
+  const bool qkv_bias = f.contains("blk.0.attn_q.bias");
+  c.attention_bias = qkv_bias && model_type != "qwen2";  // qwen2's q/k/v biases are implied by the architecture
+  c.mlp_bias = f.contains("blk.0.ffn_gate.bias");
+  c.layer_windows.assign(static_cast<size_t>(c.num_layers), 0);
+
+  const io::GgufVocab voc = f.vocab();
+  c.bos_token_id = voc.bos_id;
+  if (voc.eos_id) c.eos_token_ids.push_back(*voc.eos_id);
+  if (voc.eot_id && voc.eot_id != voc.eos_id) c.eos_token_ids.push_back(*voc.eot_id);
+  return c;
+}
+
+}  // namespace
+
+std::unique_ptr<GgufSource> GgufSource::open(const std::filesystem::path& path) {
+  auto src = std::unique_ptr<GgufSource>(new GgufSource());
+  src->file_ = GgufFile::open(path);
+  const GgufFile& f = src->file_;
+  const std::string file = path.string();
+  src->config_ = config_from_metadata(f);
+  const ModelConfig& c = src->config_;
+  const bool permuted = c.model_type == "llama";  // qwen2/qwen3 use NEOX rope: rows are stored in HF order
+
+  for (const io::GgufTensorInfo& t : f.tensors()) {
+    if (t.name == kRopeFreqs) continue;  // folded into config().rope_scaling
+    const auto m = map_name(t.name);
+    NIBBLE_CHECK(m, "{}: tensor '{}' has no Hugging Face counterpart for a {} model (known: {})", file, t.name,
+                 c.model_type, known_names());
+    NIBBLE_CHECK(m->layer < c.num_layers, "{}: tensor '{}' is in block {}, but {}.block_count is {}", file, t.name,
+                 m->layer, f.get_string("general.architecture"), c.num_layers);
+    Entry e;
+    e.gguf_name = t.name;
+    e.meta.name = m->hf;
+    e.meta.shape = t.shape();
+    e.meta.dtype = plain_dtype(t.type).value_or(DType::F32);
+    e.meta.stored_bytes = t.nbytes;
+    if (permuted && m->base == "attn_q") e.unpermute_heads = c.num_heads;
+    if (permuted && m->base == "attn_k") e.unpermute_heads = c.num_kv_heads;
+    src->order_.push_back(m->hf);
+    src->entries_.emplace(m->hf, std::move(e));
+  }
+  // Shapes checked here, before any load, so that the row permutation below
+  // only ever sees q/k rows of heads × head_dim.
+  src->validate_against_config();
+  return src;
+}
+
+std::unique_ptr<ModelSource> open_gguf(const std::filesystem::path& path) { return GgufSource::open(path); }
+
+std::string GgufSource::describe() const { return file_.path().string(); }
+
+const GgufSource::Entry& GgufSource::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  NIBBLE_CHECK(it != entries_.end(), "{}: no tensor named '{}'", describe(), name);
+  return it->second;
+}
+
+const std::string& GgufSource::gguf_name(const std::string& name) const { return entry(name).gguf_name; }
+
+TensorMeta GgufSource::meta(const std::string& name) const { return entry(name).meta; }
+
+Tensor GgufSource::load(const std::string& name) const {
+  const Entry& e = entry(name);
+  const io::GgufTensorInfo& t = file_.info(e.gguf_name);
+  Tensor out = plain_dtype(t.type) ? file_.view(e.gguf_name) : file_.dequantize(e.gguf_name);
+  if (e.unpermute_heads > 0) {
+    NIBBLE_CHECK(out.dim() >= 1 && out.size(0) % (2 * e.unpermute_heads) == 0,
+                 "{}: tensor '{}' has {} rows, not a whole number of {} heads of even size", describe(), e.gguf_name,
+                 out.dim() ? out.size(0) : 0, e.unpermute_heads);
+    out = unpermute_rows(out, e.unpermute_heads);
+  }
+  return out;
+}
+
+}  // namespace nibble

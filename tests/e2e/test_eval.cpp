@@ -1,0 +1,179 @@
+// The KL yardstick against independent computations: KL and top-1 from the
+// two models' logits computed directly, perplexity against eval::perplexity,
+// the reference cache, overlays, and the CLI's bad inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "nibble/convert.h"
+#include "nibble/error.h"
+#include "nibble/eval.h"
+#include "nibble/kl.h"
+#include "nibble/model.h"
+#include "nibble/tokenizer.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+struct Fixture {
+  TempDir tmp;
+  fs::path model = test::model_dir("stories260K");
+  eval::Corpus corpus;
+  eval::KlOptions opt;
+  Fixture() {
+    QuantizeOptions r;
+    r.group_size = 32;
+    r.progress = false;
+    quantize_model(model, tmp / "rtn", r);
+    const Tokenizer tok = Tokenizer::from_file(model / "tokenizer.json");
+    const std::string text = slurp(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt").substr(96207, 30000);
+    corpus = {"ts", tok.encode(text, true), "x"};
+    opt.ctx = 64;
+    opt.chunks = 6;
+    opt.bos = leading_bos(tok);
+    opt.progress = false;
+    opt.bootstrap = 200;
+  }
+};
+
+TEST(KlEval, QuantileIsNumpysLinearDefinition) {
+  EXPECT_DOUBLE_EQ(eval::quantile({4, 1, 3, 2}, 0.5), 2.5);
+  EXPECT_DOUBLE_EQ(eval::quantile({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.9), 9.1);
+  EXPECT_DOUBLE_EQ(eval::quantile({7}, 0.99), 7.0);
+}
+
+TEST(KlEval, MatchesADirectComputationFromBothModelsLogits) {
+  Fixture f;
+  auto ref = CheckpointDir::open(f.model);
+  auto cand = CheckpointDir::open(f.tmp / "rtn");
+  std::vector<std::string> notes;
+  const eval::Reference r = eval::build_reference(*ref, {f.corpus}, f.opt, "", notes);
+  const auto rows = eval::score_candidate(*cand, r, {f.corpus}, f.opt);
+  ASSERT_EQ(rows.size(), 1u);
+
+  // Independent: both models' logits, softmax and KL per scored position in double.
+  auto mr = Model::load(*ref), mc = Model::load(*cand);
+  const int64_t V = mr->config().vocab_size, ctx = f.opt.ctx;
+  double kl_sum = 0, agree = 0, nll_r = 0, nll_c = 0, kl_max = 0;
+  int64_t n = 0;
+  for (int64_t k = 0; k < f.opt.chunks; ++k) {
+    std::vector<int32_t> w(f.corpus.tokens.begin() + k * ctx, f.corpus.tokens.begin() + (k + 1) * ctx);
+    w[0] = *f.opt.bos;
+    KVCache c1(mr->config(), ctx), c2(mc->config(), ctx);
+    const Tensor lr = mr->forward(w, c1), lc = mc->forward(w, c2);
+    for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
+      const float* a = lr.data<float>() + j * V;
+      const float* b = lc.data<float>() + j * V;
+      double za = 0, zb = 0, ma = a[0], mb = b[0];
+      for (int64_t v = 0; v < V; ++v) ma = std::max<double>(ma, a[v]), mb = std::max<double>(mb, b[v]);
+      for (int64_t v = 0; v < V; ++v) za += std::exp(a[v] - ma), zb += std::exp(b[v] - mb);
+      double kl = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double pa = std::exp(a[v] - ma) / za, pb = std::exp(b[v] - mb) / zb;
+        kl += pa * std::log(pa / pb);
+      }
+      kl_sum += kl;
+      kl_max = std::max(kl_max, kl);
+      agree += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+      nll_r += -(a[w[j + 1]] - ma - std::log(za));
+      nll_c += -(b[w[j + 1]] - mb - std::log(zb));
+      ++n;
+    }
+  }
+  const eval::KlSummary& s = rows[0];
+  EXPECT_EQ(s.positions, n);
+  EXPECT_NEAR(s.kl.mean, kl_sum / n, 1e-5 * kl_sum / n);  // fp32 log-probs in the reference
+  EXPECT_NEAR(s.kl.max, kl_max, 1e-4 * kl_max);
+  EXPECT_DOUBLE_EQ(s.top1, agree / n);
+  EXPECT_NEAR(s.ppl_ref, std::exp(nll_r / n), 1e-6 * s.ppl_ref);
+  EXPECT_NEAR(s.ppl_cand, std::exp(nll_c / n), 1e-6 * s.ppl_cand);
+  EXPECT_LE(s.kl_ci_lo, s.kl.mean);
+  EXPECT_GE(s.kl_ci_hi, s.kl.mean);
+  EXPECT_LE(s.kl.median, s.kl.p90);
+  EXPECT_LE(s.kl.p99, s.kl.p999);
+  // The same protocol as nibble ppl.
+  std::vector<int32_t> ids(f.corpus.tokens.begin(), f.corpus.tokens.begin() + f.opt.chunks * ctx);
+  EXPECT_NEAR(s.ppl_ref, eval::perplexity(*mr, ids, ctx, f.opt.bos, false).ppl, 1e-6 * s.ppl_ref);
+  // The ruler's floor is small against a 4-bit candidate, but not zero.
+  EXPECT_GT(r.noise_floor[0], 0.0);
+  EXPECT_LT(r.noise_floor[0], 0.01 * s.kl.mean);
+  // The reference against itself: nothing lost.
+  const auto same = eval::score_candidate(*ref, r, {f.corpus}, f.opt);
+  EXPECT_EQ(same[0].kl.max, 0.0);
+  EXPECT_EQ(same[0].top1, 1.0);
+}
+
+TEST(KlEval, ReferenceCacheIsReusedOnlyForTheSameInputs) {
+  Fixture f;
+  auto ref = CheckpointDir::open(f.model);
+  auto cand = CheckpointDir::open(f.tmp / "rtn");
+  std::vector<std::string> notes;
+  const auto r1 = eval::build_reference(*ref, {f.corpus}, f.opt, f.tmp / "cache", notes);
+  notes.clear();
+  const auto r2 = eval::build_reference(*ref, {f.corpus}, f.opt, f.tmp / "cache", notes);
+  ASSERT_FALSE(notes.empty());
+  EXPECT_NE(notes[0].find("loaded"), std::string::npos);
+  EXPECT_EQ(r1.noise_floor, r2.noise_floor);
+  const auto a = eval::score_candidate(*cand, r1, {f.corpus}, f.opt);
+  const auto b = eval::score_candidate(*cand, r2, {f.corpus}, f.opt);
+  EXPECT_EQ(a[0].kl.mean, b[0].kl.mean);
+  EXPECT_EQ(a[0].kl_ci_lo, b[0].kl_ci_lo);  // bootstrap is seeded
+  f.corpus.sha256 = "changed";
+  notes.clear();
+  eval::build_reference(*ref, {f.corpus}, f.opt, f.tmp / "cache", notes);
+  EXPECT_NE(notes[0].find("recomputing"), std::string::npos);
+}
+
+TEST(KlEval, OverlaysTakeTensorsFromTheReference) {
+  Fixture f;
+  auto ref = open_model_source(f.model.string());
+  std::vector<std::string> notes;
+  const auto r = eval::build_reference(*ref, {f.corpus}, f.opt, "", notes);
+  auto all = open_model_source("overlay:" + (f.tmp / "rtn").string() + ",keep=.*", ref.get());
+  EXPECT_EQ(eval::score_candidate(*all, r, {f.corpus}, f.opt)[0].kl.max, 0.0);
+  auto some = open_model_source("overlay:" + (f.tmp / "rtn").string() + ",keep=mlp", ref.get());
+  auto none = open_model_source("packed:" + (f.tmp / "rtn").string(), ref.get());
+  const double k_some = eval::score_candidate(*some, r, {f.corpus}, f.opt)[0].kl.mean;
+  const double k_none = eval::score_candidate(*none, r, {f.corpus}, f.opt)[0].kl.mean;
+  EXPECT_GT(k_some, 0.0);
+  EXPECT_LT(k_some, k_none);
+  // A tied head cannot be swapped; bad specs say what is wrong.
+  EXPECT_THROW(open_model_source("overlay:" + (f.tmp / "rtn").string() + ",head=" + f.model.string()), Error);
+  EXPECT_THROW(open_model_source("hf:" + (f.tmp / "rtn").string()), Error);
+  EXPECT_THROW(open_model_source("packed:" + f.model.string()), Error);
+  EXPECT_THROW(open_model_source("nonsense:abc"), Error);
+  EXPECT_THROW(open_model_source("overlay:" + (f.tmp / "rtn").string() + ",keep=(", ref.get()), Error);
+}
+
+TEST(KlEval, CliReportsAndRejectsBadInput) {
+  TempDir tmp;
+  const std::string m = test::model_dir("stories260K").string();
+  std::ofstream(tmp / "t.txt") << slurp(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt").substr(96207, 20000);
+  auto r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                             " --corpus ts=" + (tmp / "t.txt").string() + " --ctx 64 --chunks 3 --json " +
+                             (tmp / "r.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("noise floor"), std::string::npos);
+  EXPECT_NE(r.out.find("≤3× noise floor"), std::string::npos) << r.out;  // itself: KL 0
+  EXPECT_TRUE(fs::exists(tmp / "r.json"));
+  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m + " --corpus " +
+                        (tmp / "t.txt").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("NAME=FILE"), std::string::npos) << r.err;
+  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --corpus ts=" + (tmp / "t.txt").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--candidate"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace nibble

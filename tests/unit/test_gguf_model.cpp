@@ -1,0 +1,392 @@
+// GgufSource: GGUF files as HF-named ModelSources run by nibble's forward.
+// stories260K's F32 GGUF (llama.cpp's llama2.c converter, q/k rows in
+// interleaved RoPE order) against the HF checkpoint; synthetic llama (with
+// biases, permuted as convert_hf_to_gguf.py permutes them), qwen2, qwen3 and
+// Llama-3-RoPE models written both ways; the model-level errors; and the
+// perplexity of every llama.cpp quantization of stories260K.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <numbers>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "gguf_builder.h"
+#include "nibble/arch.h"
+#include "nibble/eval.h"
+#include "nibble/gguf.h"
+#include "nibble/model.h"
+#include "nibble/safetensors.h"
+#include "nibble/tokenizer.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::GgufBuilder;
+using test::TempDir;
+
+fs::path stories() { return test::model_dir("stories260K"); }
+fs::path gguf_dir() { return stories() / "gguf"; }
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+Tensor logits_of(const ModelSource& src, const std::vector<int32_t>& ids) {
+  auto model = Model::load(src);
+  KVCache cache(model->config(), 64);
+  return model->forward(ids, cache);
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  float m = 0;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i)
+    m = std::max(m, std::abs(a.data<float>()[i] - b.data<float>()[i]));
+  return m;
+}
+
+// ---------------------------------------------------------------- stories260K F32
+
+TEST(GgufSource, Stories260KF32MatchesTheHfCheckpoint) {
+  const auto gguf = GgufSource::open(gguf_dir() / "stories260K-F32.gguf");
+  const auto hf = CheckpointDir::open(stories());
+  const ModelConfig &g = gguf->config(), &h = hf->config();
+  EXPECT_EQ(g.model_type, "llama");
+  EXPECT_EQ(g.hidden_size, h.hidden_size);
+  EXPECT_EQ(g.intermediate_size, h.intermediate_size);
+  EXPECT_EQ(g.num_layers, h.num_layers);
+  EXPECT_EQ(g.num_heads, h.num_heads);
+  EXPECT_EQ(g.num_kv_heads, h.num_kv_heads);
+  EXPECT_EQ(g.head_dim, h.head_dim);
+  EXPECT_EQ(g.vocab_size, h.vocab_size);
+  EXPECT_EQ(g.max_position_embeddings, h.max_position_embeddings);  // 512 (README: patched from 128)
+  EXPECT_EQ(static_cast<float>(g.rms_norm_eps), static_cast<float>(h.rms_norm_eps));  // stored as f32 1e-5
+  EXPECT_EQ(g.rope_theta, h.rope_theta);  // no key: llama.cpp's default 10000
+  EXPECT_EQ(g.rope_scaling.type, "default");
+  EXPECT_EQ(g.bos_token_id, h.bos_token_id);
+  EXPECT_EQ(g.eos_token_ids, h.eos_token_ids);
+  EXPECT_EQ(g.layer_windows, std::vector<int64_t>(5, 0));
+  // The converter stores the tied classifier a second time as output.weight.
+  EXPECT_FALSE(g.tie_word_embeddings);
+
+  // Every HF tensor, bit for bit, after the name map and the q/k un-permutation.
+  for (const std::string& name : hf->names()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(gguf->contains(name));
+    const Tensor a = gguf->load(name), b = hf->load(name).to_f32();
+    ASSERT_EQ(a.dtype(), DType::F32);
+    ASSERT_EQ(a.shape(), b.shape());
+    EXPECT_EQ(gguf->meta(name).shape, b.shape());
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+  }
+  const Tensor head = gguf->load("lm_head.weight"), embed = hf->load("model.embed_tokens.weight").to_f32();
+  EXPECT_EQ(std::memcmp(head.raw(), embed.raw(), head.nbytes()), 0);
+  EXPECT_EQ(gguf->names().size(), hf->names().size() + 1);
+  // The permutation is real: the stored q rows are not in HF order.
+  const Tensor stored_q = gguf->file().dequantize("blk.0.attn_q.weight");
+  const Tensor hf_q = hf->load("model.layers.0.self_attn.q_proj.weight").to_f32();
+  EXPECT_NE(std::memcmp(stored_q.raw(), hf_q.raw(), hf_q.nbytes()), 0);
+  EXPECT_EQ(gguf->gguf_name("model.layers.0.self_attn.q_proj.weight"), "blk.0.attn_q.weight");
+
+  // Vocabulary: tokens as the HF tokenizer's, scores and types as the README says.
+  const Tokenizer tok = Tokenizer::from_file(stories() / "tokenizer.json");
+  const io::GgufVocab voc = gguf->vocab();
+  EXPECT_EQ(voc.model, "llama");
+  ASSERT_EQ(static_cast<int64_t>(voc.tokens.size()), tok.vocab_size());
+  for (int32_t i = 0; i < tok.vocab_size(); ++i) EXPECT_EQ(voc.tokens[i], tok.id_to_token(i).value_or("?")) << i;
+  ASSERT_EQ(voc.scores.size(), 512u);
+  ASSERT_EQ(voc.token_types.size(), 512u);
+  for (int i = 0; i < 512; ++i) {
+    EXPECT_EQ(voc.scores[i], i < 260 ? 0.0f : static_cast<float>(259 - i)) << i;
+    EXPECT_EQ(voc.token_types[i], i == 0 ? 2 : i <= 2 ? 3 : i <= 258 ? 6 : 1) << i;
+  }
+  EXPECT_EQ(voc.bos_id, 1);
+  EXPECT_EQ(voc.eos_id, 2);
+  EXPECT_EQ(voc.unknown_id, 0);
+  EXPECT_EQ(voc.padding_id, std::nullopt);  // written as 0xFFFFFFFF: none
+
+  // The forward on both: the same logits.
+  std::vector<int32_t> ids = tok.encode("Once upon a time, there was a little girl named Lily. She", true);
+  ASSERT_EQ((std::vector<int32_t>(ids.begin(), ids.begin() + 5)), (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  const Tensor lg = logits_of(*gguf, ids), lh = logits_of(*hf, ids);
+  EXPECT_LE(max_abs_diff(lg, lh), 1e-5f);
+}
+
+// ---------------------------------------------------------------- synthetic models
+
+// A small model of the given architecture, written as an HF directory and as
+// a GGUF the way llama.cpp's convert_hf_to_gguf.py writes it.
+struct Synth {
+  std::string arch = "llama";  // llama | qwen2 | qwen3
+  bool attention_bias = false;
+  bool tied = false;
+  bool llama3_rope = false;
+};
+
+// What a test changes in the GGUF to make it wrong.
+struct Defect {
+  std::string arch_name;    // general.architecture as written
+  std::string skip_key;     // metadata key left out (without the "<arch>." prefix)
+  std::string drop_tensor;  // GGUF tensor left out
+  std::string rename_from, rename_to;
+  int64_t rope_dims = 0;    // <arch>.rope.dimension_count, when > 0
+  bool bad_rope_freqs = false;
+};
+
+ModelConfig synth_config(const Synth& s) {
+  ModelConfig c;
+  c.model_type = s.arch;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 128;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = std::ldexp(1.0, -16);          // exact in f32, as GGUF stores it
+  c.rope_theta = s.llama3_rope ? 500000 : 10000;  // exact in f32
+  c.tie_word_embeddings = s.tied;
+  c.attention_bias = s.attention_bias;
+  return c;
+}
+
+// HF name -> GGUF name (llama.cpp's tensor names).
+std::string to_gguf_name(const std::string& hf) {
+  static const std::vector<std::pair<std::string, std::string>> whole = {
+      {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"}};
+  for (const auto& [a, b] : whole)
+    if (hf == a) return b;
+  static const std::vector<std::pair<std::string, std::string>> parts = {
+      {"input_layernorm", "attn_norm"}, {"self_attn.q_proj", "attn_q"},   {"self_attn.k_proj", "attn_k"},
+      {"self_attn.v_proj", "attn_v"},   {"self_attn.o_proj", "attn_output"}, {"self_attn.q_norm", "attn_q_norm"},
+      {"self_attn.k_norm", "attn_k_norm"}, {"post_attention_layernorm", "ffn_norm"}, {"mlp.gate_proj", "ffn_gate"},
+      {"mlp.up_proj", "ffn_up"},        {"mlp.down_proj", "ffn_down"}};
+  const std::string rest = hf.substr(std::string("model.layers.").size());  // "N.part.weight"
+  const size_t dot = rest.find('.');
+  const std::string layer = rest.substr(0, dot), tail = rest.substr(dot + 1);
+  for (const auto& [a, b] : parts)
+    if (tail.rfind(a + ".", 0) == 0) return "blk." + layer + "." + b + tail.substr(a.size());
+  ADD_FAILURE() << "no GGUF name for " << hf;
+  return hf;
+}
+
+// convert_hf_to_gguf.py's LlamaModel.permute: the rows of each head viewed as
+// [2, head_dim/2] and transposed, i.e. GGUF row h·hd + 2j + p is HF row
+// h·hd + p·hd/2 + j.
+Tensor llama_cpp_permute(const Tensor& t, int64_t heads) {
+  const int64_t rows = t.size(0), hd = rows / heads, cols = t.numel() / rows;
+  Tensor out = Tensor::empty(DType::F32, t.shape());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < hd / 2; ++j)
+      for (int64_t p = 0; p < 2; ++p)
+        std::memcpy(out.data_mut<float>() + (h * hd + 2 * j + p) * cols,
+                    t.data<float>() + (h * hd + p * hd / 2 + j) * cols, static_cast<size_t>(cols) * 4);
+  return out;
+}
+
+// llama 3's RoPE divisors as convert_hf_to_gguf.py computes them (in double).
+std::vector<float> llama3_divisors(const ModelConfig& c, double factor) {
+  std::vector<float> out;
+  for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+    const double freq = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
+    const double wavelen = 2 * std::numbers::pi / freq, low = 8192.0 / 1, high = 8192.0 / 4;
+    if (wavelen < high) out.push_back(1);
+    else if (wavelen > low) out.push_back(static_cast<float>(factor));
+    else {
+      const double smooth = (8192.0 / wavelen - 1) / (4 - 1);
+      out.push_back(static_cast<float>(1 / ((1 - smooth) / factor + smooth)));
+    }
+  }
+  return out;
+}
+
+// Writes hf_dir/{config.json, model.safetensors} and the GGUF; returns the config.
+ModelConfig write_synth(const Synth& s, const fs::path& hf_dir, const fs::path& gguf, const Defect& defect = {}) {
+  const ModelConfig c = synth_config(s);
+  std::mt19937 rng(42);
+  std::normal_distribution<float> noise(0.0f, 0.2f);
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (const ExpectedTensor& e : expected_tensors(c)) {
+    Tensor t = Tensor::empty(DType::F32, e.shape);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.data_mut<float>()[i] = (e.role == TensorRole::Norm ? 1.0f : 0.0f) + noise(rng);
+    weights.emplace_back(e.name, t);
+  }
+  fs::create_directories(hf_dir);
+  io::save_safetensors(hf_dir / "model.safetensors", weights);
+  json cfg = {{"model_type", s.arch}, {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+              {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
+              {"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim}, {"vocab_size", c.vocab_size},
+              {"max_position_embeddings", c.max_position_embeddings}, {"rms_norm_eps", c.rms_norm_eps},
+              {"rope_theta", c.rope_theta}, {"tie_word_embeddings", c.tie_word_embeddings},
+              {"attention_bias", c.attention_bias}};
+  if (s.llama3_rope)
+    cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  std::ofstream(hf_dir / "config.json") << cfg.dump(2);
+
+  GgufBuilder b;
+  const std::string arch = defect.arch_name.empty() ? s.arch : defect.arch_name;
+  b.kv_str("general.architecture", arch);
+  auto kv = [&](const std::string& k, auto v) {
+    if (k == defect.skip_key) return;
+    if constexpr (std::is_floating_point_v<decltype(v)>)
+      b.kv_f32(s.arch + "." + k, static_cast<float>(v));
+    else
+      b.kv_u32(s.arch + "." + k, static_cast<uint32_t>(v));
+  };
+  kv("context_length", c.max_position_embeddings);
+  kv("embedding_length", c.hidden_size);
+  kv("block_count", c.num_layers);
+  kv("feed_forward_length", c.intermediate_size);
+  kv("attention.head_count", c.num_heads);
+  kv("attention.head_count_kv", c.num_kv_heads);
+  kv("attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  kv("rope.freq_base", c.rope_theta);
+  if (s.arch == "qwen3") kv("attention.key_length", c.head_dim);
+  if (defect.rope_dims) kv("rope.dimension_count", defect.rope_dims);
+  for (const auto& [name, t] : weights) {
+    std::string g = to_gguf_name(name);
+    if (g == defect.drop_tensor) continue;
+    if (g == defect.rename_from) g = defect.rename_to;
+    Tensor stored = t;
+    if (s.arch == "llama" && g.find(".attn_q.") != std::string::npos) stored = llama_cpp_permute(t, c.num_heads);
+    if (s.arch == "llama" && g.find(".attn_k.") != std::string::npos) stored = llama_cpp_permute(t, c.num_kv_heads);
+    b.tensor_f32(g, stored);
+  }
+  if (s.llama3_rope) {
+    std::vector<float> div = llama3_divisors(c, 8.0);
+    if (defect.bad_rope_freqs) div[1] = 1.5f;
+    Tensor t = Tensor::empty(DType::F32, {static_cast<int64_t>(div.size())});
+    std::memcpy(t.data_mut<float>(), div.data(), div.size() * 4);
+    b.tensor_f32("rope_freqs.weight", t);
+  }
+  b.write(gguf);
+  return c;
+}
+
+
+const std::vector<int32_t> kIds = {1, 17, 99, 3, 64, 127, 0, 42, 42, 5, 88, 23};
+
+void expect_same_model(const Synth& s) {
+  TempDir tmp("nibble-gguf");
+  const ModelConfig c = write_synth(s, tmp / "hf", tmp / "m.gguf");
+  const auto gguf = GgufSource::open(tmp / "m.gguf");
+  const auto hf = CheckpointDir::open(tmp / "hf");
+  EXPECT_EQ(gguf->config().model_type, s.arch);
+  EXPECT_EQ(gguf->config().tie_word_embeddings, s.tied);
+  EXPECT_EQ(gguf->config().attention_bias, s.attention_bias);
+  EXPECT_EQ(gguf->config().head_dim, c.head_dim);
+  EXPECT_EQ(gguf->config().rope_scaling.type, hf->config().rope_scaling.type);
+  EXPECT_EQ(gguf->config().rope_scaling.factor, hf->config().rope_scaling.factor);
+  ASSERT_EQ(gguf->names().size(), hf->names().size());
+  for (const std::string& name : hf->names()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(gguf->contains(name));
+    const Tensor a = gguf->load(name), b = hf->load(name);
+    ASSERT_EQ(a.shape(), b.shape());
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+  }
+  // Same weights, same forward: the same logits, bit for bit.
+  EXPECT_EQ(max_abs_diff(logits_of(*gguf, kIds), logits_of(*hf, kIds)), 0.0f);
+}
+
+TEST(GgufSource, LlamaWithBiasesIsUnpermuted) { expect_same_model({.arch = "llama", .attention_bias = true}); }
+TEST(GgufSource, LlamaTiedWithLlama3Rope) {
+  expect_same_model({.arch = "llama", .tied = true, .llama3_rope = true});
+}
+TEST(GgufSource, Qwen2KeepsRowOrder) { expect_same_model({.arch = "qwen2"}); }
+TEST(GgufSource, Qwen3TiedWithQkNorm) { expect_same_model({.arch = "qwen3", .tied = true}); }
+
+TEST(GgufSource, ModelLevelErrors) {
+  TempDir tmp("nibble-gguf");
+  auto error = [&](const Synth& s, const Defect& d) {
+    const fs::path g = tmp / "bad.gguf";
+    write_synth(s, tmp / "hf", g, d);
+    const std::string msg = error_of([&] { GgufSource::open(g); });
+    EXPECT_EQ(msg.rfind(g.string() + ": ", 0), 0u) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    return msg;
+  };
+  const Synth llama;
+  EXPECT_NE(error(llama, {.arch_name = "gpt2"}).find("general.architecture 'gpt2' is not supported (supported: llama, "
+                                                     "qwen2, qwen3)"),
+            std::string::npos);
+  EXPECT_NE(error(llama, {.skip_key = "block_count"}).find("metadata key 'llama.block_count' is missing"),
+            std::string::npos);
+  EXPECT_NE(error(llama, {.rename_from = "blk.1.ffn_up.weight", .rename_to = "blk.1.ffn_upx.weight"})
+                .find("tensor 'blk.1.ffn_upx.weight' has no Hugging Face counterpart"),
+            std::string::npos);
+  EXPECT_NE(error(llama, {.rename_from = "blk.1.ffn_up.weight", .rename_to = "blk.7.ffn_up.weight"})
+                .find("tensor 'blk.7.ffn_up.weight' is in block 7, but llama.block_count is 2"),
+            std::string::npos);
+  EXPECT_NE(error(llama, {.drop_tensor = "blk.1.ffn_up.weight"})
+                .find("tensor 'model.layers.1.mlp.up_proj.weight' is missing"),
+            std::string::npos);
+  EXPECT_NE(error(llama, {.rope_dims = 8}).find("partial rotary embeddings are not supported"), std::string::npos);
+  EXPECT_NE(error({.llama3_rope = true}, {.bad_rope_freqs = true}).find("does not follow llama 3's scaling rule"),
+            std::string::npos);
+  // A wrong shape: k given q's shape.
+  EXPECT_NE(error(llama, {.skip_key = "attention.head_count_kv"})
+                .find("tensor 'model.layers.0.self_attn.k_proj.weight' has shape [32, 64], but the config implies [64, "
+                      "64]"),
+            std::string::npos);
+}
+
+// ---------------------------------------------------------------- perplexity
+
+// Every llama.cpp quantization of stories260K through nibble's forward, on
+// the evaluation half of the TinyStories sample (bytes [96207, end)), ctx 256,
+// 40 windows, the HF tokenizer with BOS. gguf/README.md lists llama.cpp's own
+// numbers (186 windows, its forward) to set beside these.
+TEST(GgufPerplexity, Stories260KQuantizations) {
+  std::ifstream in(test::shared_dir() / "data" / "corpora" / "tinystories-valid-sample.txt", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(text.size(), 96207u);
+  text = text.substr(96207);
+  const Tokenizer tok = Tokenizer::from_file(stories() / "tokenizer.json");
+  std::vector<int32_t> ids = tok.encode(text, true);
+  std::cout << "evaluation half: " << text.size() << " bytes, " << ids.size() << " tokens with BOS\n";
+  constexpr int64_t kCtx = 256, kChunks = 40;
+  ASSERT_GE(static_cast<int64_t>(ids.size()), kCtx * kChunks);
+  ids.resize(kCtx * kChunks);
+  const auto bos = leading_bos(tok);
+  auto ppl = [&](const ModelSource& src) { return eval::perplexity(*Model::load(src), ids, kCtx, bos, false); };
+
+  const eval::PerplexityResult hf = ppl(*CheckpointDir::open(stories()));
+  std::cout << fmt::format("{:<16} {:>9} {:>8} {:>8}\n", "model", "ppl", "±", "vs HF");
+  std::cout << fmt::format("{:<16} {:>9.4f} {:>8.4f} {:>8}\n", "HF (safetensors)", hf.ppl, hf.ppl_stderr, "");
+  for (const char* q : {"F32", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_K_M-imatrix", "Q4_0", "Q4_1", "IQ4_NL",
+                        "IQ4_NL-imatrix"}) {
+    const auto r = ppl(*GgufSource::open(gguf_dir() / fmt::format("stories260K-{}.gguf", q)));
+    std::cout << fmt::format("{:<16} {:>9.4f} {:>8.4f} {:>+7.2f}%\n", q, r.ppl, r.ppl_stderr,
+                             100 * (r.ppl / hf.ppl - 1));
+    EXPECT_EQ(r.scored_tokens, hf.scored_tokens);
+    if (std::string(q) == "F32") {
+      EXPECT_NEAR(r.ppl, hf.ppl, 1e-9 * hf.ppl);  // the same weights
+    } else {
+      // llama.cpp measured +0.4% (Q8_0) to +12% (Q4_0) on this model.
+      EXPECT_GT(r.ppl, 0.99 * hf.ppl) << q;
+      EXPECT_LT(r.ppl, 1.25 * hf.ppl) << q;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nibble

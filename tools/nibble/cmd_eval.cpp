@@ -1,0 +1,161 @@
+// nibble eval: the KL yardstick. Candidates against a reference, over the whole
+// vocabulary, per corpus, with the ruler's own noise floor.
+#include <openssl/evp.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "nibble/error.h"
+#include "nibble/kl.h"
+#include "nibble/npy.h"
+#include "nibble/tokenizer.h"
+#include "nibble/util.h"
+
+namespace nibble::cli {
+namespace {
+
+struct EvalCli {
+  std::string reference, cache, json;
+  std::vector<std::string> candidates, corpora;
+  bool noise_floor_only = false;
+  eval::KlOptions opt;
+};
+
+std::string sha256_hex(const std::string& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  std::string s;
+  for (unsigned int i = 0; i < len; ++i) s += fmt::format("{:02x}", md[i]);
+  return s;
+}
+
+eval::Corpus load_corpus(const std::string& spec, const Tokenizer* tok) {
+  const size_t eq = spec.find('=');
+  NIBBLE_CHECK(eq != std::string::npos && eq > 0, "--corpus '{}': expected NAME=FILE", spec);
+  eval::Corpus c;
+  c.name = spec.substr(0, eq);
+  const std::filesystem::path file = spec.substr(eq + 1);
+  NIBBLE_CHECK(std::filesystem::is_regular_file(file), "--corpus {}: no such file {}", c.name, file.string());
+  std::ifstream f(file, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string bytes = ss.str();
+  c.sha256 = sha256_hex(bytes);
+  if (file.extension() == ".npy") {
+    const Tensor t = io::read_npy(file);
+    NIBBLE_CHECK(t.dtype() == DType::I32 || t.dtype() == DType::I64, "--corpus {}: token ids must be int32/int64",
+                 file.string());
+    for (int64_t i = 0; i < t.numel(); ++i)
+      c.tokens.push_back(t.dtype() == DType::I32 ? t.data<int32_t>()[i] : static_cast<int32_t>(t.data<int64_t>()[i]));
+  } else {
+    NIBBLE_CHECK(tok != nullptr, "--corpus {}: text needs the reference's tokenizer.json", file.string());
+    try {
+      c.tokens = tok->encode(bytes, true);
+    } catch (const Error& e) {
+      NIBBLE_FAIL("--corpus {}: {}", file.string(), e.what());
+    }
+  }
+  return c;
+}
+
+std::string fmt_kl(double v) { return fmt::format("{:.5f}", v); }
+
+}  // namespace
+
+void register_eval(CLI::App& app, const GlobalOptions& global) {
+  auto* cmd = app.add_subcommand(
+      "eval", "KL(reference || candidate) over the full vocabulary per position, top-1 agreement, perplexity");
+  auto o = std::make_shared<EvalCli>();
+  cmd->add_option("--reference", o->reference, "Reference model (DIR or hf:DIR)")->required();
+  cmd->add_option("--candidate", o->candidates,
+                  "Candidate (repeatable): DIR, hf:DIR, packed:DIR, overlay:CAND,keep=REGEX, overlay:CAND,head=SRC");
+  cmd->add_option("--corpus", o->corpora, "NAME=FILE (repeatable): UTF-8 text (reference tokenizer) or .npy ids")
+      ->required();
+  cmd->add_option("--ctx", o->opt.ctx, "Window length in tokens")->capture_default_str();
+  cmd->add_option("--chunks", o->opt.chunks, "Windows per corpus (0 = all)")->capture_default_str();
+  cmd->add_option("--reference-cache", o->cache,
+                  "Directory caching the reference's fp32 log-probabilities (reused when inputs match)");
+  cmd->add_option("--bootstrap", o->opt.bootstrap, "Bootstrap resamples of windows for the 95 % intervals")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->opt.seed, "Bootstrap seed")->capture_default_str();
+  cmd->add_flag("--noise-floor", o->noise_floor_only, "Only measure the noise floor (no candidates needed)");
+  cmd->add_option("--json", o->json, "Also write the summaries as JSON");
+  cmd->footer(
+      "Example:\n  nibble eval --reference ../shared/models/qwen3-26M-linux --candidate out/qwen3-rtn \\\n"
+      "      --candidate out/qwen3-gptq --corpus linux=../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 40\n\n"
+      "Scores positions ctx/2 .. ctx-2 of each window (llama.cpp's protocol). The noise floor is the KL between\n"
+      "the reference and itself computed with bf16 activations; candidates within 3x of it are marked.");
+  cmd->callback([o, &global] {
+    NIBBLE_CHECK(o->noise_floor_only || !o->candidates.empty(), "eval: give at least one --candidate (or --noise-floor)");
+    o->opt.progress = !global.quiet;
+    auto ref = open_model_source(o->reference);
+    std::unique_ptr<Tokenizer> tok;
+    if (auto* dir = dynamic_cast<const CheckpointDir*>(ref.get()); dir && std::filesystem::exists(dir->dir() / "tokenizer.json"))
+      tok = std::make_unique<Tokenizer>(Tokenizer::from_file(dir->dir() / "tokenizer.json"));
+    if (tok) o->opt.bos = leading_bos(*tok);
+    std::vector<eval::Corpus> corpora;
+    for (const auto& c : o->corpora) corpora.push_back(load_corpus(c, tok.get()));
+    std::vector<std::string> notes;
+    const eval::Reference reference = eval::build_reference(*ref, corpora, o->opt, o->cache, notes);
+    if (!global.quiet)
+      for (const auto& n : notes) std::fprintf(stderr, "nibble: %s\n", n.c_str());
+
+    std::printf("reference %s; %lld-token windows, positions %lld..%lld scored\n", o->reference.c_str(),
+                static_cast<long long>(o->opt.ctx), static_cast<long long>(o->opt.ctx / 2),
+                static_cast<long long>(o->opt.ctx - 2));
+    for (size_t i = 0; i < corpora.size(); ++i)
+      std::printf("noise floor (bf16 activations vs f32), %s: KL %.3g over %lld windows\n", corpora[i].name.c_str(),
+                  reference.noise_floor[i], static_cast<long long>(reference.corpora[i].chunks));
+    nlohmann::ordered_json report;
+    report["reference"] = o->reference;
+    report["ctx"] = o->opt.ctx;
+    report["noise_floor"] = reference.noise_floor;
+    report["candidates"] = nlohmann::ordered_json::array();
+    if (!o->candidates.empty()) {
+      std::printf("\n| candidate | corpus | KL mean [95%% CI] | median | p90 | p99 | p99.9 | max | top-1 [95%% CI] | "
+                  "ppl ref | ppl cand | Δppl |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      std::fflush(stdout);
+    }
+    for (const auto& spec : o->candidates) {
+      auto cand = open_model_source(spec, ref.get());
+      const auto rows = eval::score_candidate(*cand, reference, corpora, o->opt);
+      nlohmann::ordered_json cj = {{"candidate", spec}, {"corpora", nlohmann::ordered_json::array()}};
+      for (const auto& r : rows) {
+        const bool near = r.kl.mean <= 3 * r.noise_floor;
+        std::printf("| %s | %s | %s [%s, %s]%s | %s | %s | %s | %s | %.4f | %.2f %% [%.2f, %.2f] | %.4f | %.4f | %+.4f |\n",
+                    spec.c_str(), r.corpus.c_str(), fmt_kl(r.kl.mean).c_str(), fmt_kl(r.kl_ci_lo).c_str(),
+                    fmt_kl(r.kl_ci_hi).c_str(), near ? " (≤3× noise floor)" : "", fmt_kl(r.kl.median).c_str(),
+                    fmt_kl(r.kl.p90).c_str(), fmt_kl(r.kl.p99).c_str(), fmt_kl(r.kl.p999).c_str(), r.kl.max,
+                    100 * r.top1, 100 * r.top1_ci_lo, 100 * r.top1_ci_hi, r.ppl_ref, r.ppl_cand,
+                    r.ppl_cand - r.ppl_ref);
+        std::fflush(stdout);
+        cj["corpora"].push_back({{"corpus", r.corpus},
+                                 {"positions", r.positions},
+                                 {"windows", r.chunks},
+                                 {"kl_mean", r.kl.mean},
+                                 {"kl_mean_ci95", {r.kl_ci_lo, r.kl_ci_hi}},
+                                 {"kl_median", r.kl.median},
+                                 {"kl_p90", r.kl.p90},
+                                 {"kl_p99", r.kl.p99},
+                                 {"kl_p999", r.kl.p999},
+                                 {"kl_max", r.kl.max},
+                                 {"top1", r.top1},
+                                 {"top1_ci95", {r.top1_ci_lo, r.top1_ci_hi}},
+                                 {"ppl_ref", r.ppl_ref},
+                                 {"ppl_cand", r.ppl_cand},
+                                 {"noise_floor", r.noise_floor},
+                                 {"within_3x_noise_floor", near}});
+      }
+      report["candidates"].push_back(cj);
+    }
+    if (!o->json.empty()) write_file_atomic(o->json, report.dump(2) + "\n");
+  });
+}
+
+}  // namespace nibble::cli
