@@ -23,7 +23,9 @@
 //
 // --threads N sets OpenMP's and OpenBLAS's thread counts (default: from the
 // environment, OMP_NUM_THREADS / OPENBLAS_NUM_THREADS). --variants: run --mse and
-// act-order on every shape (all), on the first shape only (first) or not at all.
+// act-order on every shape (all), on the first shape only (first) or not at all;
+// default first for the full shapes (each extra solve of the 14336-wide down shape
+// costs minutes on 2 cores, almost all of it the Cholesky), all for small ones.
 // Tables go to stdout; progress to stderr. Peak RSS (getrusage) is printed last:
 // for the down shape it is dominated by H and the solve's fp64 copies of it.
 #include <cblas.h>

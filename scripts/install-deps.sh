@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what nibble needs to build and test, quietly and only what is missing.
 # Debian/Ubuntu (apt) for the C++ side; pip for the Python used by the format
-# cross-check (an independent reader written from docs/FORMAT.md).
+# cross-check (an independent reader written from docs/FORMAT.md) and by the
+# GGUF tests (gguf: llama.cpp's own reader and dequantizers, the reference).
 set -euo pipefail
 
 APT_PACKAGES=(
@@ -31,8 +32,8 @@ if ((${#missing[@]})); then
 fi
 
 PY=${PYTHON:-python3}
-if command -v "$PY" >/dev/null 2>&1 && ! "$PY" -c "import numpy" 2>/dev/null; then
-  echo "install-deps: pip install numpy" >&2
-  "$PY" -m pip install -q numpy >/tmp/nibble-pip.log 2>&1 ||
-    { echo "install-deps: pip install numpy failed, see /tmp/nibble-pip.log" >&2; exit 1; }
+if command -v "$PY" >/dev/null 2>&1 && ! "$PY" -c "import numpy, gguf" 2>/dev/null; then
+  echo "install-deps: pip install numpy gguf" >&2
+  "$PY" -m pip install -q numpy gguf >/tmp/nibble-pip.log 2>&1 ||
+    { echo "install-deps: pip install numpy gguf failed, see /tmp/nibble-pip.log" >&2; exit 1; }
 fi

@@ -338,7 +338,7 @@ TEST(GgufDequant, MatchesGgufPyOnRandomBlocksOfEveryType) {
     EXPECT_EQ(f.get_float("t.f64"), 0.1);
     EXPECT_TRUE(f.get_bool("t.bool"));
     EXPECT_EQ(f.get_string("t.str"), "h\xc3\xa9llo \xe2\x96\x81w\xc3\xb6rld");
-    EXPECT_EQ(f.get_string_array("t.arr_s"), (std::vector<std::string>{"a", "", "\xe2\x96\x81b"}));
+    EXPECT_EQ(f.get_string_array("t.arr_s"), (std::vector<std::string>{"a", "", "\xe2\x96\x81" "b"}));
     EXPECT_EQ(f.get_int_array("t.arr_i"), (std::vector<int64_t>{1, -2, 3}));
     EXPECT_EQ(f.get_float_array("t.arr_f"), (std::vector<float>{0.5f, -1.25f}));
     EXPECT_EQ(f.get_int("absent", 7), 7);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <numbers>
@@ -139,10 +140,10 @@ struct Synth {
 
 // What a test changes in the GGUF to make it wrong.
 struct Defect {
-  std::string arch_name;    // general.architecture as written
-  std::string skip_key;     // metadata key left out (without the "<arch>." prefix)
-  std::string drop_tensor;  // GGUF tensor left out
-  std::string rename_from, rename_to;
+  std::string arch_name = "";    // general.architecture as written
+  std::string skip_key = "";     // metadata key left out (without the "<arch>." prefix)
+  std::string drop_tensor = "";  // GGUF tensor left out
+  std::string rename_from = "", rename_to = "";
   int64_t rope_dims = 0;    // <arch>.rope.dimension_count, when > 0
   bool bad_rope_freqs = false;
 };
@@ -363,7 +364,10 @@ TEST(GgufPerplexity, Stories260KQuantizations) {
   const Tokenizer tok = Tokenizer::from_file(stories() / "tokenizer.json");
   std::vector<int32_t> ids = tok.encode(text, true);
   std::cout << "evaluation half: " << text.size() << " bytes, " << ids.size() << " tokens with BOS\n";
-  constexpr int64_t kCtx = 256, kChunks = 40;
+  // NIBBLE_GGUF_PPL_CHUNKS=186 scores every window, as llama.cpp's run did.
+  constexpr int64_t kCtx = 256;
+  const char* env = std::getenv("NIBBLE_GGUF_PPL_CHUNKS");
+  const int64_t kChunks = env && *env ? std::stoll(env) : 40;
   ASSERT_GE(static_cast<int64_t>(ids.size()), kCtx * kChunks);
   ids.resize(kCtx * kChunks);
   const auto bos = leading_bos(tok);

@@ -27,5 +27,7 @@ void register_layer(CLI::App& app, const GlobalOptions& global);
 void register_probe(CLI::App& app, const GlobalOptions& global);
 void register_synth(CLI::App& app, const GlobalOptions& global);
 void register_eval(CLI::App& app, const GlobalOptions& global);
+void register_gsm8k(CLI::App& app, const GlobalOptions& global);
+void register_flips(CLI::App& app, const GlobalOptions& global);
 
 }  // namespace nibble::cli

@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", global.quiet, "No progress bars or info lines on stderr");
 
   for (Registrar r : {register_quantize, register_inspect, register_dequantize, register_run, register_ppl,
-                      register_layer, register_probe, register_synth, register_eval}) r(app, global);
+                      register_layer, register_probe, register_synth, register_eval,
+                      register_gsm8k, register_flips}) r(app, global);
 
   try {
     app.parse(argc, argv);

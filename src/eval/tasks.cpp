@@ -1,0 +1,175 @@
+#include "nibble/tasks.h"
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "nibble/error.h"
+#include "nibble/model.h"
+#include "nibble/tokenizer.h"
+#include "nibble/util.h"
+
+namespace nibble::eval {
+namespace fs = std::filesystem;
+
+std::optional<std::string> extract_answer(const std::string& text) {
+  // The last \boxed{...} (braces balanced).
+  const size_t b = text.rfind("\\boxed{");
+  if (b != std::string::npos) {
+    int depth = 0;
+    for (size_t i = b + 6; i < text.size(); ++i) {
+      if (text[i] == '{') ++depth;
+      if (text[i] == '}' && --depth == 0) return text.substr(b + 7, i - b - 7);
+    }
+  }
+  static const std::regex number(R"(-?\d[\d,]*(\.\d+)?|-?\.\d+)");
+  std::optional<std::string> last;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), number); it != std::sregex_iterator(); ++it)
+    last = it->str();
+  if (!last) return std::nullopt;
+  std::string s;
+  for (char c : *last)
+    if (c != ',') s += c;
+  return s;
+}
+
+std::string gsm8k_gold(const std::string& answer) {
+  const size_t p = answer.rfind("####");
+  NIBBLE_CHECK(p != std::string::npos, "gsm8k: answer has no '####': {}", answer.substr(0, 80));
+  std::string s = answer.substr(p + 4);
+  s.erase(0, s.find_first_not_of(" \t\n"));
+  s.erase(s.find_last_not_of(" \t\n") + 1);
+  std::string out;
+  for (char c : s)
+    if (c != ',') out += c;
+  return out;
+}
+
+bool answers_match(const std::string& pred, const std::string& gold) {
+  char* e1 = nullptr;
+  char* e2 = nullptr;
+  const double a = std::strtod(pred.c_str(), &e1), b = std::strtod(gold.c_str(), &e2);
+  if (!pred.empty() && !gold.empty() && *e1 == '\0' && *e2 == '\0') return std::abs(a - b) <= 1e-6 * std::max(1.0, std::abs(b));
+  return pred == gold;
+}
+
+std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokenizer_json, const Gsm8kOptions& o,
+                                 std::string* style_out) {
+  NIBBLE_CHECK(fs::is_regular_file(o.data), "gsm8k: --data {}: no such file", o.data.string());
+  std::ifstream f(o.data);
+  std::vector<Gsm8kItem> items;
+  std::string line;
+  int64_t lineno = 0;
+  while (static_cast<int64_t>(items.size()) < o.n && std::getline(f, line)) {
+    ++lineno;
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    NIBBLE_CHECK(!j.is_discarded() && j.contains("question") && j.contains("answer"),
+                 "gsm8k: {} line {}: expected a JSON object with \"question\" and \"answer\"", o.data.string(), lineno);
+    Gsm8kItem it;
+    it.id = static_cast<int64_t>(items.size());
+    it.question = j["question"].get<std::string>();
+    it.gold = gsm8k_gold(j["answer"].get<std::string>());
+    items.push_back(std::move(it));
+  }
+  NIBBLE_CHECK(!items.empty(), "gsm8k: {} has no problems", o.data.string());
+
+  const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
+  auto model = Model::load(src);
+  const ModelConfig& c = model->config();
+  const auto im_start = tok.token_to_id("<|im_start|>"), im_end = tok.token_to_id("<|im_end|>");
+  const bool chatml = im_start && im_end;
+  if (style_out) *style_out = chatml ? "chatml" : "plain";
+  const auto eos = tok.eos_id();
+  Progress bar("gsm8k", static_cast<int64_t>(items.size()), o.progress, "problems");
+  for (Gsm8kItem& it : items) {
+    const std::string prompt =
+        chatml ? "<|im_start|>user\n" + it.question +
+                     "\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
+               : "Question: " + it.question + "\nAnswer:";
+    std::vector<int32_t> ids = tok.encode(prompt, true);
+    const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - static_cast<int64_t>(ids.size()));
+    if (budget <= 0) {  // the question alone fills the context: no answer
+      bar.advance();
+      continue;
+    }
+    KVCache cache(c, static_cast<int64_t>(ids.size()) + budget);
+    Tensor logits = model->forward(ids, cache, false);
+    StreamDecoder dec(tok, true);
+    for (int64_t k = 0; k < budget; ++k) {
+      const float* l = logits.data<float>();
+      const int32_t next = static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l);
+      if ((eos && next == *eos) || (im_end && next == *im_end)) break;
+      it.output += dec.step(next);
+      if (!chatml && it.output.find("Question:") != std::string::npos) {
+        it.output.resize(it.output.find("Question:"));
+        break;
+      }
+      if (k + 1 < budget) logits = model->forward({next}, cache, false);
+    }
+    it.output += dec.finish();
+    it.pred = extract_answer(it.output);
+    it.correct = it.pred && answers_match(*it.pred, it.gold);
+    bar.advance();
+  }
+  bar.finish();
+  return items;
+}
+
+double mcnemar_exact(int64_t b, int64_t c) {
+  const int64_t n = b + c;
+  if (n == 0) return 1.0;
+  const int64_t k = std::min(b, c);
+  // P(X <= k) for X ~ Binomial(n, 1/2), in log space for large n.
+  double tail = 0;
+  for (int64_t i = 0; i <= k; ++i)
+    tail += std::exp(std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) - n * std::log(2.0));
+  return std::min(1.0, 2 * tail);
+}
+
+Flips compare_answers(const fs::path& a, const fs::path& b) {
+  auto read = [](const fs::path& p) {
+    NIBBLE_CHECK(fs::is_regular_file(p), "flips: {}: no such file", p.string());
+    std::ifstream f(p);
+    std::map<std::string, bool> m;
+    std::string line;
+    int64_t lineno = 0;
+    while (std::getline(f, line)) {
+      ++lineno;
+      if (line.empty()) continue;
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      NIBBLE_CHECK(!j.is_discarded() && j.contains("id") && j.contains("correct") && j["correct"].is_boolean(),
+                   "flips: {} line {}: expected a JSON object with \"id\" and boolean \"correct\"", p.string(), lineno);
+      const std::string id = j["id"].dump();
+      NIBBLE_CHECK(!m.count(id), "flips: {} line {}: id {} appears twice", p.string(), lineno, id);
+      m[id] = j["correct"].get<bool>();
+    }
+    NIBBLE_CHECK(!m.empty(), "flips: {} has no answers", p.string());
+    return m;
+  };
+  const auto ma = read(a), mb = read(b);
+  NIBBLE_CHECK(ma.size() == mb.size(), "flips: {} has {} answers, {} has {}", a.string(), ma.size(), b.string(),
+               mb.size());
+  Flips fl;
+  int64_t ra = 0, rb = 0;
+  for (const auto& [id, ca] : ma) {
+    const auto it = mb.find(id);
+    NIBBLE_CHECK(it != mb.end(), "flips: id {} is in {} but not in {}", id, a.string(), b.string());
+    const bool cb = it->second;
+    ++fl.n;
+    ra += ca;
+    rb += cb;
+    fl.n01 += !ca && cb;
+    fl.n10 += ca && !cb;
+  }
+  fl.acc_a = static_cast<double>(ra) / fl.n;
+  fl.acc_b = static_cast<double>(rb) / fl.n;
+  fl.flip_rate = static_cast<double>(fl.n01 + fl.n10) / fl.n;
+  fl.p_value = mcnemar_exact(fl.n01, fl.n10);
+  return fl;
+}
+
+}  // namespace nibble::eval
