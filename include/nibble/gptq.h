@@ -20,6 +20,7 @@ namespace nibble::quant {
 struct MatrixStats {
   explicit MatrixStats(int64_t dim = 0);
   int64_t dim = 0;
+  uint64_t id = 0;  // unique per object (and per change): lets a quantizer reuse work on the same statistics
   int64_t tokens = 0;
   std::vector<double> H;  // [dim, dim], both triangles valid after finalize()
 
@@ -83,9 +84,27 @@ struct GptqResult {
   QuantizedMatrix to_quantized(const FormatSpec& f, int group_size) const;
 };
 
+// The part of GPTQ that depends only on the inputs: dead inputs, the sweep
+// order, the damping, and U, the upper Cholesky factor of (H + λI)⁻¹ in the
+// sweep order (fp64 factorization, kept as f32). Matrices that read the same
+// input (q/k/v, gate/up) share one.
+struct PreparedHessian {
+  int64_t cols = 0;
+  bool act_order = false;
+  std::vector<float> U;         // [cols, cols] row-major, upper
+  std::vector<int64_t> perm;    // sweep position -> column
+  std::vector<uint8_t> dead;    // per column
+  int64_t dead_columns = 0;
+  double damp_used = 0, lambda = 0;
+  int damp_retries = 0;
+};
+// Throws an Error when the factorization still fails after the damping retries.
+PreparedHessian prepare_hessian(const MatrixStats& stats, const GptqOptions& options);
+
 // GPTQ on w[rows, cols] (row-major f32) with the inputs' statistics.
-// Throws an Error when the Cholesky still fails after the damping retries.
 GptqResult gptq(const float* w, int64_t rows, int64_t cols, const MatrixStats& stats, const Grid& grid,
+                const GptqOptions& options);
+GptqResult gptq(const float* w, int64_t rows, int64_t cols, const PreparedHessian& hessian, const Grid& grid,
                 const GptqOptions& options);
 
 // Round-to-nearest on any grid (the group parameters fitted to each group's

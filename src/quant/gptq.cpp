@@ -15,6 +15,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <charconv>
 #include <cmath>
 #include <numeric>
@@ -27,7 +29,11 @@ namespace nibble::quant {
 
 // ---- statistics --------------------------------------------------------------
 
-MatrixStats::MatrixStats(int64_t d) : dim(d), H(static_cast<size_t>(d * d), 0.0) {}
+namespace {
+std::atomic<uint64_t> g_stats_ids{1};
+}
+
+MatrixStats::MatrixStats(int64_t d) : dim(d), id(g_stats_ids++), H(static_cast<size_t>(d * d), 0.0) {}
 
 void MatrixStats::add(const float* x, int64_t n, int64_t ld) {
   if (ld == 0) ld = dim;
@@ -44,10 +50,12 @@ void MatrixStats::add(const float* x, int64_t n, int64_t ld) {
   }
   tokens += n;
   finalized_ = false;
+  id = g_stats_ids++;
 }
 
 void MatrixStats::finalize() {
   if (finalized_) return;
+  id = g_stats_ids++;
   for (int64_t i = 0; i < dim; ++i)
     for (int64_t j = i + 1; j < dim; ++j) H[j * dim + i] = H[i * dim + j];
   finalized_ = true;
@@ -61,6 +69,7 @@ void MatrixStats::merge(const MatrixStats& o) {
     for (int64_t j = i; j < dim; ++j) H[i * dim + j] += o.H[i * dim + j];
   tokens += o.tokens;
   finalized_ = false;
+  id = g_stats_ids++;
 }
 
 // ---- grids -------------------------------------------------------------------
@@ -190,49 +199,118 @@ GptqResult rtn(const float* w, int64_t rows, int64_t cols, const Grid& grid) {
 
 namespace {
 
-// U (row-major, upper) with Uᵀ U = (A)⁻¹ for A = H + λI; false when A is not
-// numerically positive definite at some step.
-bool inverse_cholesky_upper(std::vector<double>& a, int64_t n) {
+// Factors a (row-major, symmetric positive definite, already index-reversed:
+// a = J A J with J the reversal) and leaves in it L⁻¹ (row-major, lower) where
+// J A J = L Lᵀ. Then U = J L⁻¹ J is upper with Uᵀ U = A⁻¹: the upper Cholesky
+// factor of the inverse for 2/3 n³ flops (potrf + trtri) instead of 4/3 n³
+// (potrf + potri + potrf). Row-major data passed as column-major with 'U' is
+// the transposed problem, which is the same one here, and needs no copy.
+bool factor_reversed(std::vector<double>& a, int64_t n) {
   const int N = static_cast<int>(n);
-  if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', N, a.data(), N) != 0) return false;  // A = L Lᵀ
-  if (LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', N, a.data(), N) != 0) return false;  // A⁻¹ (lower)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = i + 1; j < n; ++j) a[i * n + j] = a[j * n + i];
-  if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', N, a.data(), N) != 0) return false;  // A⁻¹ = Uᵀ U
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < i; ++j) a[i * n + j] = 0.0;
-  for (int64_t i = 0; i < n * n; ++i)
-    if (!std::isfinite(a[i])) return false;
+  if (LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', N, a.data(), N) != 0) return false;
+  if (LAPACKE_dtrtri_work(LAPACK_COL_MAJOR, 'U', 'N', N, a.data(), N) != 0) return false;
   return true;
 }
 
 }  // namespace
 
+PreparedHessian prepare_hessian(const MatrixStats& stats, const GptqOptions& opt) {
+  NIBBLE_CHECK(stats.tokens > 0, "gptq: no calibration tokens were seen for this matrix");
+  NIBBLE_CHECK(opt.damp >= 0 && std::isfinite(opt.damp), "gptq: damping must be >= 0, found {}", opt.damp);
+  const int64_t n = stats.dim;
+  const std::vector<double>& H = stats.H;
+  PreparedHessian p;
+  p.cols = n;
+  p.act_order = opt.act_order;
+  // Dead inputs (H_jj == 0: never active in calibration) get H_jj = 1; the
+  // sweep zeroes their weights.
+  p.dead.assign(static_cast<size_t>(n), 0);
+  std::vector<double> diag(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) {
+    diag[j] = H[j * n + j];
+    if (diag[j] == 0.0) {
+      diag[j] = 1.0;
+      p.dead[j] = 1;
+      ++p.dead_columns;
+    }
+  }
+  // Sweep order: natural, or decreasing diag(H) (stable, so ties keep index order).
+  p.perm.resize(static_cast<size_t>(n));
+  std::iota(p.perm.begin(), p.perm.end(), 0);
+  if (opt.act_order)
+    std::stable_sort(p.perm.begin(), p.perm.end(), [&](int64_t a, int64_t b) { return diag[a] > diag[b]; });
+  double mean_diag = 0;
+  for (double d : diag) mean_diag += d;
+  mean_diag /= static_cast<double>(n);
+
+  // Raise the damping ×10 while the factorization fails.
+  std::vector<double> A(static_cast<size_t>(n * n));
+  bool ok = false;
+  for (int attempt = 0; attempt <= opt.max_damp_retries && !ok; ++attempt) {
+    const double factor = opt.damp > 0 ? opt.damp * std::pow(10.0, attempt)
+                                       : (attempt == 0 ? 0.0 : 0.01 * std::pow(10.0, attempt - 1));
+    const double lambda = factor * mean_diag;
+    // A = J P (H + λI) Pᵀ J: permuted to the sweep order, then index-reversed.
+#pragma omp parallel for schedule(static) if (n >= 512)
+    for (int64_t a = 0; a < n; ++a) {
+      const int64_t ia = p.perm[n - 1 - a];
+      for (int64_t b = 0; b < n; ++b) {
+        const int64_t ib = p.perm[n - 1 - b];
+        A[a * n + b] = ia == ib ? diag[ia] + lambda : H[ia * n + ib];
+      }
+    }
+    ok = factor_reversed(A, n);
+    p.damp_used = factor;
+    p.lambda = lambda;
+    p.damp_retries = attempt;
+  }
+  NIBBLE_CHECK(ok,
+               "gptq: the Hessian ({} inputs, {} tokens) is not positive definite even with damping {} "
+               "(after {} retries from --damp {}); more calibration data or a larger --damp is needed",
+               n, stats.tokens, p.damp_used, opt.max_damp_retries, opt.damp);
+  // U = J L⁻¹ J (row-major upper); L⁻¹ is the lower triangle of A.
+  p.U.assign(static_cast<size_t>(n * n), 0.0f);
+#pragma omp parallel for schedule(static) if (n >= 512)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i; j < n; ++j) {
+      const double v = A[(n - 1 - i) * n + (n - 1 - j)];
+      p.U[i * n + j] = static_cast<float>(v);
+    }
+  for (int64_t i = 0; i < n; ++i)
+    NIBBLE_CHECK(std::isfinite(p.U[i * n + i]) && p.U[i * n + i] > 0,
+                 "gptq: the inverse Hessian's factor is not finite at column {} (damping {})", i, p.damp_used);
+  return p;
+}
+
 GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const MatrixStats& stats, const Grid& grid,
                 const GptqOptions& opt) {
   NIBBLE_CHECK(stats.dim == cols, "gptq: the statistics are for {} inputs, the matrix has {} columns", stats.dim,
                cols);
-  NIBBLE_CHECK(stats.tokens > 0, "gptq: no calibration tokens were seen for this matrix");
-  NIBBLE_CHECK(opt.damp >= 0 && std::isfinite(opt.damp), "gptq: damping must be >= 0, found {}", opt.damp);
+  return gptq(w_in, rows, cols, prepare_hessian(stats, opt), grid, opt);
+}
+
+GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const PreparedHessian& prep, const Grid& grid,
+                const GptqOptions& opt) {
+  NIBBLE_CHECK(prep.cols == cols, "gptq: the Hessian is for {} inputs, the matrix has {} columns", prep.cols, cols);
+  NIBBLE_CHECK(prep.act_order == opt.act_order, "gptq: the Hessian was prepared for another column order");
   const int64_t g = grid.group_size();
   const int64_t B = opt.block_size;
   NIBBLE_CHECK(B > 0 && (g == 0 || B % g == 0), "gptq: block size {} must be a multiple of the group size {}", B, g);
   const int64_t gpr = g > 0 ? (cols + g - 1) / g : 0;
+  const std::vector<int64_t>& perm = prep.perm;
+  const std::vector<float>& U = prep.U;
 
   GptqResult res;
   res.rows = rows;
   res.cols = cols;
-  std::vector<double> H = stats.H;
+  res.damp_used = prep.damp_used;
+  res.lambda = prep.lambda;
+  res.damp_retries = prep.damp_retries;
+  res.dead_columns = prep.dead_columns;
   std::vector<float> W(w_in, w_in + rows * cols);
-
-  // Dead inputs: never active in calibration, so any value is free; zero them.
-  for (int64_t j = 0; j < cols; ++j) {
-    if (H[j * cols + j] == 0.0) {
-      H[j * cols + j] = 1.0;
+  for (int64_t j = 0; j < cols; ++j)
+    if (prep.dead[j])
       for (int64_t i = 0; i < rows; ++i) W[i * cols + j] = 0.0f;
-      ++res.dead_columns;
-    }
-  }
 
   // Group parameters fixed up front (act-order's static groups), from the
   // contiguous groups of the original weights.
@@ -244,51 +322,10 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const MatrixStats
         res.params[i * gpr + k] = grid.fit(&W[i * cols + c0], std::min(g, cols - c0));
       }
   }
-
-  // Sweep order: natural, or decreasing diag(H) (stable, so ties keep index order).
-  std::vector<int64_t> perm(static_cast<size_t>(cols));
-  std::iota(perm.begin(), perm.end(), 0);
-  if (opt.act_order)
-    std::stable_sort(perm.begin(), perm.end(),
-                     [&](int64_t a, int64_t b) { return H[a * cols + a] > H[b * cols + b]; });
-  std::vector<double> Hp;
-  if (opt.act_order) {
-    Hp.resize(static_cast<size_t>(cols * cols));
-    for (int64_t a = 0; a < cols; ++a)
-      for (int64_t b = 0; b < cols; ++b) Hp[a * cols + b] = H[perm[a] * cols + perm[b]];
-  } else {
-    Hp = std::move(H);
-  }
-  H = {};  // peak memory: one [cols, cols] fp64 copy here, another in the factorization
   std::vector<float> Wp(static_cast<size_t>(rows * cols));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t a = 0; a < cols; ++a) Wp[i * cols + a] = W[i * cols + perm[a]];
-
-  double mean_diag = 0;
-  for (int64_t j = 0; j < cols; ++j) mean_diag += Hp[j * cols + j];
-  mean_diag /= static_cast<double>(cols);
-
-  // Cholesky of the inverse, raising the damping ×10 on failure.
-  std::vector<double> A;
-  bool ok = false;
-  for (int attempt = 0; attempt <= opt.max_damp_retries && !ok; ++attempt) {
-    const double factor = opt.damp > 0 ? opt.damp * std::pow(10.0, attempt)
-                                       : (attempt == 0 ? 0.0 : 0.01 * std::pow(10.0, attempt - 1));
-    A = Hp;
-    const double lambda = factor * mean_diag;
-    for (int64_t j = 0; j < cols; ++j) A[j * cols + j] += lambda;
-    ok = inverse_cholesky_upper(A, cols);
-    res.damp_used = factor;
-    res.lambda = lambda;
-    res.damp_retries = attempt;
-  }
-  NIBBLE_CHECK(ok,
-               "gptq: the Hessian ({} inputs, {} tokens) is not positive definite even with damping {} "
-               "(after {} retries from --damp {}); more calibration data or a larger --damp is needed",
-               cols, stats.tokens, res.damp_used, opt.max_damp_retries, opt.damp);
-  std::vector<float> U(A.begin(), A.end());
-  A.clear();
-  A.shrink_to_fit();
+  W = {};
 
   res.dequant.assign(static_cast<size_t>(rows * cols), 0.0f);
   res.codes.assign(static_cast<size_t>(rows * cols), 0);
@@ -368,7 +405,15 @@ class GptqQuantizer final : public Quantizer {
     GptqOptions o;
     o.damp = config_.damp;
     o.act_order = config_.act_order;
-    const GptqResult r = gptq(w.data<float>(), w.size(0), w.size(1), *stats, *grid_, o);
+    NIBBLE_CHECK(stats->dim == w.size(1), "gptq: the statistics are for {} inputs, the matrix has {} columns",
+                 stats->dim, w.size(1));
+    // q/k/v (and gate/up) share their statistics: factor them once.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (prepared_id_ != stats->id) {
+      prepared_ = prepare_hessian(*stats, o);
+      prepared_id_ = stats->id;
+    }
+    const GptqResult r = gptq(w.data<float>(), w.size(0), w.size(1), prepared_, *grid_, o);
     if (info) *info = QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns};
     return r.to_quantized(*config_.format.spec, config_.format.group_size);
   }
@@ -376,6 +421,9 @@ class GptqQuantizer final : public Quantizer {
  private:
   QuantizerConfig config_;
   std::unique_ptr<Grid> grid_;
+  mutable std::mutex mu_;
+  mutable uint64_t prepared_id_ = 0;
+  mutable PreparedHessian prepared_;
 };
 
 std::unique_ptr<Quantizer> make_gptq(const QuantizerConfig& c) { return std::make_unique<GptqQuantizer>(c); }
