@@ -111,7 +111,8 @@ class CheckpointDir final : public ModelSource {
 std::vector<std::filesystem::path> carried_files(const std::filesystem::path& dir);
 
 // Opens a source named on the command line: "DIR" (plain or packed, detected),
-// "hf:DIR", "packed:DIR", "overlay:CAND,keep=REGEX" (tensors matching REGEX
+// "hf:DIR", "packed:DIR", "gguf:FILE" (llama.cpp's format, dequantized to f32),
+// "overlay:CAND,keep=REGEX" (tensors matching REGEX
 // come from `reference`), "overlay:CAND,head=SRC" (lm_head from SRC).
 std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const ModelSource* reference = nullptr);
 

@@ -1,4 +1,5 @@
 // GgufSource: a GGUF file as a Hugging Face-named ModelSource (see gguf.h).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>

@@ -1,8 +1,9 @@
-// Model sources named on the command line: "DIR", "hf:DIR", "packed:DIR",
+// Model sources named on the command line: "DIR", "hf:DIR", "packed:DIR", "gguf:FILE",
 // "overlay:CAND,keep=REGEX", "overlay:CAND,head=SRC".
 #include <regex>
 
 #include "nibble/error.h"
+#include "nibble/gguf.h"
 #include "nibble/source.h"
 
 namespace nibble {
@@ -46,6 +47,7 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const Mo
     NIBBLE_CHECK(!s->is_packed(), "{}: hf: names a plain checkpoint, but this one is packed by nibble (use packed:)", d);
     return s;
   }
+  if (const std::string f = strip("gguf:"); !f.empty()) return open_gguf(f);
   if (const std::string d = strip("packed:"); !d.empty()) {
     auto s = CheckpointDir::open(d);
     NIBBLE_CHECK(s->is_packed(), "{}: packed: names a nibble-packed checkpoint, but this one is plain (use hf:)", d);
@@ -79,7 +81,7 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const Mo
     NIBBLE_FAIL("'{}': expected keep=REGEX or head=SRC after the comma, found '{}'", spec, arg);
   }
   NIBBLE_CHECK(spec.find(':') == std::string::npos || std::filesystem::exists(spec),
-               "'{}': unknown source kind (known: DIR, hf:DIR, packed:DIR, overlay:CAND,keep=REGEX, "
+               "'{}': unknown source kind (known: DIR, hf:DIR, packed:DIR, gguf:FILE, overlay:CAND,keep=REGEX, "
                "overlay:CAND,head=SRC)",
                spec);
   return CheckpointDir::open(spec);
