@@ -73,6 +73,15 @@ enum class LinearInput { QKV, O, GateUp, Down };
 // Called with x[n, dim] (row-major) before the linears that read it.
 using InputTap = std::function<void(LinearInput which, const float* x, int64_t n, int64_t dim)>;
 
+// The seven linears of a decoder layer: name under "model.layers.N.", member,
+// and which input they read (in forward order).
+struct LinearSlot {
+  const char* name;
+  LinearWeight DecoderLayer::*member;
+  LinearInput input;
+};
+const std::vector<LinearSlot>& decoder_linears();
+
 // Inverse RoPE frequencies [head_dim / 2] with the config's scaling applied.
 std::vector<float> rope_inv_freq(const ModelConfig& c);
 

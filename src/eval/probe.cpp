@@ -13,17 +13,6 @@ double ProbeRow::rel() const { return sq_ref > 0 ? std::sqrt(sq_err / sq_ref) : 
 
 namespace {
 
-struct Slot {
-  const char* name;
-  LinearWeight DecoderLayer::*member;
-  LinearInput input;
-};
-constexpr Slot kSlots[] = {
-    {"self_attn.q_proj", &DecoderLayer::q, LinearInput::QKV},  {"self_attn.k_proj", &DecoderLayer::k, LinearInput::QKV},
-    {"self_attn.v_proj", &DecoderLayer::v, LinearInput::QKV},  {"self_attn.o_proj", &DecoderLayer::o, LinearInput::O},
-    {"mlp.gate_proj", &DecoderLayer::gate, LinearInput::GateUp}, {"mlp.up_proj", &DecoderLayer::up, LinearInput::GateUp},
-    {"mlp.down_proj", &DecoderLayer::down, LinearInput::Down},
-};
 
 // Adds ‖yc − yr‖² and ‖yr − b‖² for one batch of inputs.
 void accumulate(const LinearWeight& ref, const LinearWeight& cand, const float* x, int64_t n, ProbeRow& row) {
@@ -80,10 +69,10 @@ std::vector<ProbeRow> probe(const ModelSource& ref, const ModelSource& cand, con
     }
     const DecoderLayer Lc = DecoderLayer::load(cand, i);
     const size_t first = rows.size();
-    for (const Slot& s : kSlots) rows.push_back({fmt::format("model.layers.{}.{}.weight", i, s.name), i});
+    for (const LinearSlot& s : decoder_linears()) rows.push_back({fmt::format("model.layers.{}.{}.weight", i, s.name), i});
     const InputTap tap = [&](LinearInput which, const float* x, int64_t n, int64_t) {
-      for (size_t k = 0; k < std::size(kSlots); ++k)
-        if (kSlots[k].input == which) accumulate(Lr.*kSlots[k].member, Lc.*kSlots[k].member, x, n, rows[first + k]);
+      for (size_t k = 0; k < decoder_linears().size(); ++k)
+        if (decoder_linears()[k].input == which) accumulate(Lr.*decoder_linears()[k].member, Lc.*decoder_linears()[k].member, x, n, rows[first + k]);
     };
     stream.apply(Lr, &tap, true);
     bar.advance();

@@ -108,6 +108,19 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   return f;
 }
 
+const std::vector<LinearSlot>& decoder_linears() {
+  static const std::vector<LinearSlot> slots = {
+      {"self_attn.q_proj", &DecoderLayer::q, LinearInput::QKV},
+      {"self_attn.k_proj", &DecoderLayer::k, LinearInput::QKV},
+      {"self_attn.v_proj", &DecoderLayer::v, LinearInput::QKV},
+      {"self_attn.o_proj", &DecoderLayer::o, LinearInput::O},
+      {"mlp.gate_proj", &DecoderLayer::gate, LinearInput::GateUp},
+      {"mlp.up_proj", &DecoderLayer::up, LinearInput::GateUp},
+      {"mlp.down_proj", &DecoderLayer::down, LinearInput::Down},
+  };
+  return slots;
+}
+
 DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {
   const ModelConfig& c = src.config();
   auto f32 = [&](const std::string& name) { return src.load(name).to_f32(); };

@@ -18,17 +18,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-struct Slot {
-  const char* name;  // under model.layers.N.
-  LinearWeight DecoderLayer::*member;
-  LinearInput input;
-};
-constexpr Slot kSlots[] = {
-    {"self_attn.q_proj", &DecoderLayer::q, LinearInput::QKV},  {"self_attn.k_proj", &DecoderLayer::k, LinearInput::QKV},
-    {"self_attn.v_proj", &DecoderLayer::v, LinearInput::QKV},  {"self_attn.o_proj", &DecoderLayer::o, LinearInput::O},
-    {"mlp.gate_proj", &DecoderLayer::gate, LinearInput::GateUp}, {"mlp.up_proj", &DecoderLayer::up, LinearInput::GateUp},
-    {"mlp.down_proj", &DecoderLayer::down, LinearInput::Down},
-};
 
 std::string layer_file(int64_t i) { return fmt::format("layer-{:05d}.safetensors", i); }
 
@@ -157,7 +146,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::s
     const std::string prefix = fmt::format("model.layers.{}.", i);
     // One Hessian per distinct input that a selected matrix reads.
     std::map<LinearInput, MatrixStats> stats;
-    for (const Slot& s : kSlots)
+    for (const LinearSlot& s : decoder_linears())
       if (selected.count(prefix + s.name + ".weight") && !stats.count(s.input))
         stats.emplace(s.input, MatrixStats((L.*s.member).in_features()));
     const InputTap tap = [&](LinearInput which, const float* x, int64_t n, int64_t) {
@@ -170,7 +159,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::s
     stream.apply(L, stats.empty() ? nullptr : &tap, /*advance=*/!opt.sequential);
     std::vector<std::pair<std::string, Tensor>> out;
     ojson infos = ojson::object();
-    for (const Slot& s : kSlots) {
+    for (const LinearSlot& s : decoder_linears()) {
       const std::string name = prefix + s.name + ".weight";
       if (!selected.count(name)) continue;
       bar.set_note(fmt::format("layer {} {}", i, s.name));
