@@ -3,7 +3,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+
+#include "nibble/error.h"
 
 namespace nibble::test {
 
@@ -36,5 +40,22 @@ struct CommandResult {
 };
 // Runs a shell command line and captures stdout and stderr.
 CommandResult run_command(const std::string& cmdline);
+
+// A whole file's bytes.
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+// The message of the nibble::Error that fn() throws, or "(no error)".
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const nibble::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 }  // namespace nibble::test

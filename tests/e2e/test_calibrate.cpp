@@ -23,14 +23,9 @@ namespace {
 namespace fs = std::filesystem;
 using test::TempDir;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
 // The TinyStories split of SOURCES.md: bytes [0, 96207) calibrate, the rest evaluates.
 fs::path write_part(const TempDir& dir, const std::string& name, size_t begin, size_t end) {
-  const std::string all = slurp(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt");
+  const std::string all = test::read_file(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt");
   std::ofstream(dir / name, std::ios::binary) << all.substr(begin, std::min(end, all.size()) - begin);
   return dir / name;
 }
@@ -54,7 +49,7 @@ QuantizeOptions gptq_options(const fs::path& calib, int64_t samples, int64_t len
 double ppl_of(const fs::path& model, const fs::path& text, int64_t ctx, int64_t chunks) {
   auto dir = CheckpointDir::open(model);
   const Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
-  std::vector<int32_t> ids = tok.encode(slurp(text), true);
+  std::vector<int32_t> ids = tok.encode(test::read_file(text), true);
   ids.resize(std::min<size_t>(ids.size(), static_cast<size_t>(ctx * chunks)));
   return eval::perplexity(*Model::load(*dir), ids, ctx, leading_bos(tok), false).ppl;
 }
@@ -64,7 +59,7 @@ TEST(Calibration, SamplesAreDeterministicWindowsOfTheData) {
   const fs::path calib = write_part(tmp, "calib.txt", 0, 96207);
   const fs::path model = test::model_dir("stories260K");
   const Tokenizer tok = Tokenizer::from_file(model / "tokenizer.json");
-  const auto stream = tok.encode(slurp(calib), false);
+  const auto stream = tok.encode(test::read_file(calib), false);
   CalibrationOptions o;
   o.files = {calib};
   o.samples = 16;
@@ -146,7 +141,7 @@ TEST(LayerStream, MatchesTheWholeModelForward) {
 TEST(LayerStream, StreamingPerplexityEqualsTheModelsPerplexity) {
   auto dir = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
   const Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
-  std::vector<int32_t> ids = tok.encode(slurp(test::shared_dir() / "data/corpora/linux-eval.txt").substr(0, 40000));
+  std::vector<int32_t> ids = tok.encode(test::read_file(test::shared_dir() / "data/corpora/linux-eval.txt").substr(0, 40000));
   ids.resize(4 * 256);
   const auto a = eval::perplexity(*Model::load(*dir), ids, 256, std::nullopt, false);
   const auto b = eval::perplexity_streaming(*dir, ids, 256, std::nullopt, false);
@@ -175,7 +170,7 @@ TEST(Gptq, StoriesBeatsRtnOnHeldOutTextAndIsDeterministic) {
   QuantizeOptions small = gptq_options(calib, 4, 64, 64);
   quantize_model(model, tmp / "a", small);
   quantize_model(model, tmp / "b", small);
-  EXPECT_EQ(slurp(tmp / "a/model.safetensors"), slurp(tmp / "b/model.safetensors"));
+  EXPECT_EQ(test::read_file(tmp / "a/model.safetensors"), test::read_file(tmp / "b/model.safetensors"));
   const auto j = read_json(tmp / "gptq/nibble.json");
   EXPECT_EQ(j["method"], "gptq");
   EXPECT_EQ(j["calibration"]["samples"], 32);
@@ -232,7 +227,7 @@ TEST(Gptq, KilledRunResumesAtTheNextLayerWithIdenticalResult) {
                         " --resume 2>&1 | grep -v '\r'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("continuing at layer 3"), std::string::npos) << r.out;
-  EXPECT_EQ(slurp(tmp / "part/model.safetensors"), slurp(tmp / "whole/model.safetensors"));
+  EXPECT_EQ(test::read_file(tmp / "part/model.safetensors"), test::read_file(tmp / "whole/model.safetensors"));
   EXPECT_FALSE(fs::exists(tmp / ".part.nibble-partial"));
 }
 

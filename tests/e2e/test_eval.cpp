@@ -20,11 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 using test::TempDir;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
 struct Fixture {
   TempDir tmp;
   fs::path model = test::model_dir("stories260K");
@@ -36,7 +31,7 @@ struct Fixture {
     r.progress = false;
     quantize_model(model, tmp / "rtn", r);
     const Tokenizer tok = Tokenizer::from_file(model / "tokenizer.json");
-    const std::string text = slurp(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt").substr(96207, 30000);
+    const std::string text = test::read_file(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt").substr(96207, 30000);
     corpus = {"ts", tok.encode(text, true), "x"};
     opt.ctx = 64;
     opt.chunks = 6;
@@ -158,7 +153,7 @@ TEST(KlEval, OverlaysTakeTensorsFromTheReference) {
 TEST(KlEval, CliReportsAndRejectsBadInput) {
   TempDir tmp;
   const std::string m = test::model_dir("stories260K").string();
-  std::ofstream(tmp / "t.txt") << slurp(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt").substr(96207, 20000);
+  std::ofstream(tmp / "t.txt") << test::read_file(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt").substr(96207, 20000);
   auto r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
                              " --corpus ts=" + (tmp / "t.txt").string() + " --ctx 64 --chunks 3 --json " +
                              (tmp / "r.json").string());

@@ -31,16 +31,6 @@ using test::TempDir;
 
 fs::path gguf_dir() { return test::model_dir("stories260K") / "gguf"; }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 std::string f16_bytes(float v) {
   const uint16_t h = f32_to_f16(v);
   return {static_cast<char>(h & 0xff), static_cast<char>(h >> 8)};
@@ -209,14 +199,14 @@ TEST(GgufDequant, HandMadeQ6K) {
 
 TEST(GgufDequant, RefusesWhatItCannotDo) {
   const std::string b(66, '\0');
-  EXPECT_NE(error_of([&] { dequant(GgmlType::IQ2_XXS, b, 256); }).find("IQ2_XXS is not supported"),
+  EXPECT_NE(test::error_of([&] { dequant(GgmlType::IQ2_XXS, b, 256); }).find("IQ2_XXS is not supported"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { dequant(GgmlType::Q4_0, std::string(18, '\0'), 16); }).find("32-blocks"),
+  EXPECT_NE(test::error_of([&] { dequant(GgmlType::Q4_0, std::string(18, '\0'), 16); }).find("32-blocks"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { dequant(GgmlType::Q4_0, std::string(17, '\0'), 32); }).find("need 18 bytes"),
+  EXPECT_NE(test::error_of([&] { dequant(GgmlType::Q4_0, std::string(17, '\0'), 32); }).find("need 18 bytes"),
             std::string::npos);
   std::vector<float> out(32);
-  EXPECT_NE(error_of([&] { ggml_dequantize(99, nullptr, 0, out.data(), 0); }).find("unknown type 99"),
+  EXPECT_NE(test::error_of([&] { ggml_dequantize(99, nullptr, 0, out.data(), 0); }).find("unknown type 99"),
             std::string::npos);
 }
 
@@ -345,13 +335,13 @@ TEST(GgufDequant, MatchesGgufPyOnRandomBlocksOfEveryType) {
     EXPECT_EQ(f.get_int("absent", 7), 7);
     const std::string name = file.string();
     for (const auto& [msg, want] : std::vector<std::pair<std::string, std::string>>{
-             {error_of([&] { f.get_int("t.u64"); }), "'t.u64' is uint64 18000000000000000000, expected an integer "
+             {test::error_of([&] { f.get_int("t.u64"); }), "'t.u64' is uint64 18000000000000000000, expected an integer "
                                                      "that fits int64"},
-             {error_of([&] { f.get_int("t.str"); }), "'t.str' is string"},
-             {error_of([&] { f.get_float("t.u8"); }), "'t.u8' is uint8 200, expected a float32 or float64"},
-             {error_of([&] { f.get_string("t.bool"); }), "'t.bool' is bool true, expected a string"},
-             {error_of([&] { f.get_string_array("t.arr_i"); }), "'t.arr_i' is an array of 3 int32"},
-             {error_of([&] { f.get_bool("nope"); }), "metadata key 'nope' is missing"}}) {
+             {test::error_of([&] { f.get_int("t.str"); }), "'t.str' is string"},
+             {test::error_of([&] { f.get_float("t.u8"); }), "'t.u8' is uint8 200, expected a float32 or float64"},
+             {test::error_of([&] { f.get_string("t.bool"); }), "'t.bool' is bool true, expected a string"},
+             {test::error_of([&] { f.get_string_array("t.arr_i"); }), "'t.arr_i' is an array of 3 int32"},
+             {test::error_of([&] { f.get_bool("nope"); }), "metadata key 'nope' is missing"}}) {
       EXPECT_NE(msg.find(name + ": metadata key "), std::string::npos) << msg;
       EXPECT_NE(msg.find(want), std::string::npos) << msg;
     }

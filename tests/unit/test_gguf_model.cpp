@@ -36,16 +36,6 @@ using test::TempDir;
 fs::path stories() { return test::model_dir("stories260K"); }
 fs::path gguf_dir() { return stories() / "gguf"; }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 Tensor logits_of(const ModelSource& src, const std::vector<int32_t>& ids) {
   auto model = Model::load(src);
   KVCache cache(model->config(), 64);
@@ -320,7 +310,7 @@ TEST(GgufSource, ModelLevelErrors) {
   auto error = [&](const Synth& s, const Defect& d) {
     const fs::path g = tmp / "bad.gguf";
     write_synth(s, tmp / "hf", g, d);
-    const std::string msg = error_of([&] { GgufSource::open(g); });
+    const std::string msg = test::error_of([&] { GgufSource::open(g); });
     EXPECT_EQ(msg.rfind(g.string() + ": ", 0), 0u) << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     return msg;

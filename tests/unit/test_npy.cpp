@@ -38,16 +38,6 @@ std::string f32_bytes(std::initializer_list<float> v) {
   return s;
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 bool have_numpy() { return test::run_command("python3 -c 'import numpy'").exit_code == 0; }
 
 TEST(Npy, RoundTripShapesAndDtypes) {
@@ -100,7 +90,7 @@ TEST(Npy, DescrNames) {
   EXPECT_EQ(npy_descr(DType::U8), "|u1");
   EXPECT_EQ(npy_descr(DType::BF16), std::nullopt);
   TempDir tmp;
-  EXPECT_NE(error_of([&] { write_npy(tmp / "b.npy", Tensor::zeros(DType::BF16, {2})); }).find("BF16"),
+  EXPECT_NE(test::error_of([&] { write_npy(tmp / "b.npy", Tensor::zeros(DType::BF16, {2})); }).find("BF16"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(tmp / "b.npy"));
 }
@@ -195,7 +185,7 @@ np.save(d + '/str.npy', np.array(['ab', 'c']))
       {"str.npy", {"unsupported .npy dtype '<U2'", "string"}},
   };
   for (const auto& [name, needles] : refused) {
-    const std::string e = error_of([&] { read_npy(tmp / name); });
+    const std::string e = test::error_of([&] { read_npy(tmp / name); });
     EXPECT_NE(e.find((tmp / name).string()), std::string::npos) << e;
     for (const auto& n : needles) EXPECT_NE(e.find(n), std::string::npos) << "missing '" << n << "' in: " << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
@@ -283,14 +273,14 @@ TEST(Npy, MalformedFiles) {
     SCOPED_TRACE(c.name);
     const fs::path p = tmp / (c.name + ".npy");
     spit(p, c.bytes);
-    const std::string e = error_of([&] { read_npy(p); });
+    const std::string e = test::error_of([&] { read_npy(p); });
     EXPECT_NE(e.find(p.string()), std::string::npos) << e;
     for (const auto& n : c.needles) EXPECT_NE(e.find(n), std::string::npos) << "missing '" << n << "' in: " << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << "not one line: " << e;
   }
   // A missing file and a directory.
-  EXPECT_NE(error_of([&] { read_npy(tmp / "nope.npy"); }).find((tmp / "nope.npy").string()), std::string::npos);
-  EXPECT_NE(error_of([&] { read_npy(tmp.path()); }), "(no error)");
+  EXPECT_NE(test::error_of([&] { read_npy(tmp / "nope.npy"); }).find((tmp / "nope.npy").string()), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_npy(tmp.path()); }), "(no error)");
 }
 
 }  // namespace
