@@ -10,6 +10,8 @@
 #include "nibble/error.h"
 #include "nibble/eval.h"
 #include "nibble/kl.h"
+#include "nibble/match_rows.h"
+#include "nibble/safetensors.h"
 #include "nibble/model.h"
 #include "nibble/tokenizer.h"
 #include "test_util.h"
@@ -168,6 +170,72 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
   r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --corpus ts=" + (tmp / "t.txt").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--candidate"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace nibble
+
+namespace nibble {
+namespace {
+
+TEST(MatchRows, FindsAndUndoesARowPermutation) {
+  test::TempDir tmp;
+  const fs::path model = test::model_dir("stories260K");
+  auto src = CheckpointDir::open(model);
+  // A copy whose layer-1 q_proj rows are interleaved per head (what llama.cpp's
+  // converter does to q/k), everything else as is.
+  const std::string q = "model.layers.1.self_attn.q_proj.weight";
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::vector<int64_t> perm;
+  for (const auto& n : src->names()) {
+    Tensor t = src->load(n).to_f32().contiguous();
+    if (n == q) {
+      const int64_t R = t.size(0), C = t.size(1), hd = src->config().head_dim;
+      Tensor p = Tensor::zeros(DType::F32, {R, C});
+      for (int64_t i = 0; i < R; ++i) {  // row i of the copy holds row perm[i] of the original
+        const int64_t h = i / hd, k = i % hd, src_row = h * hd + (k % 2) * (hd / 2) + k / 2;
+        perm.push_back(src_row);
+        std::copy_n(t.data<float>() + src_row * C, C, p.data_mut<float>() + i * C);
+      }
+      t = p;
+    }
+    tensors.emplace_back(n, t);
+  }
+  fs::create_directories(tmp / "perm");
+  io::save_safetensors(tmp / "perm/model.safetensors", tensors, {{"format", "pt"}});
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(model / f, tmp / "perm" / f);
+
+  auto ref = open_model_source(model.string());
+  auto cand = open_model_source((tmp / "perm").string());
+  const auto ms = eval::match_rows(*ref, *cand);
+  int flagged = 0;
+  for (const auto& m : ms) {
+    if (!m.checked_rows) {
+      EXPECT_EQ(m.rel_error, 0.0) << m.name;
+      continue;
+    }
+    ++flagged;
+    EXPECT_EQ(m.name, q);
+    EXPECT_TRUE(m.permutation);
+    EXPECT_EQ(m.perm, perm);
+    EXPECT_EQ(m.rel_error_after, 0.0);
+  }
+  EXPECT_EQ(flagged, 1);
+  auto fixed = eval::undo_permutations(std::move(cand), ms);
+  eval::KlOptions o;
+  o.ctx = 32;
+  o.chunks = 2;
+  o.progress = false;
+  o.bootstrap = 10;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back((i * 13 + 5) % 512);
+  const eval::Corpus c{"x", ids, "x"};
+  std::vector<std::string> notes;
+  const auto r = eval::build_reference(*ref, {c}, o, "", notes);
+  EXPECT_EQ(eval::score_candidate(*fixed, r, {c}, o)[0].kl.max, 0.0);
+  auto broken = open_model_source((tmp / "perm").string());
+  EXPECT_GT(eval::score_candidate(*broken, r, {c}, o)[0].kl.mean, 1e-3);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "nibble/error.h"
 #include "nibble/kl.h"
+#include "nibble/match_rows.h"
 #include "nibble/npy.h"
 #include "nibble/tokenizer.h"
 #include "nibble/util.h"
@@ -22,7 +23,7 @@ namespace {
 struct EvalCli {
   std::string reference, cache, json;
   std::vector<std::string> candidates, corpora;
-  bool noise_floor_only = false;
+  bool noise_floor_only = false, match_rows = false;
   eval::KlOptions opt;
 };
 
@@ -86,6 +87,9 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--seed", o->opt.seed, "Bootstrap seed")->capture_default_str();
   cmd->add_flag("--noise-floor", o->noise_floor_only, "Only measure the noise floor (no candidates needed)");
   cmd->add_option("--json", o->json, "Also write the summaries as JSON");
+  cmd->add_flag("--match-rows", o->match_rows,
+                "Check every candidate tensor against the reference row by row; report layout differences and undo "
+                "row permutations before scoring");
   cmd->footer(
       "Example:\n  nibble eval --reference ../shared/models/qwen3-26M-linux --candidate out/qwen3-rtn \\\n"
       "      --candidate out/qwen3-gptq --corpus linux=../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 40\n\n"
@@ -124,8 +128,26 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     }
     for (const auto& spec : o->candidates) {
       auto cand = open_model_source(spec, ref.get());
-      const auto rows = eval::score_candidate(*cand, reference, corpora, o->opt);
       nlohmann::ordered_json cj = {{"candidate", spec}, {"corpora", nlohmann::ordered_json::array()}};
+      if (o->match_rows) {
+        const auto matches = eval::match_rows(*ref, *cand);
+        nlohmann::ordered_json mj = nlohmann::ordered_json::array();
+        for (const auto& m : matches) {
+          if (!m.checked_rows) continue;
+          const std::string what =
+              m.permutation ? fmt::format("rows permuted (worst row cosine {:.4f}); undone: rel. error {:.4f} -> {:.4f}",
+                                          m.min_cosine, m.rel_error, m.rel_error_after)
+                            : fmt::format("rel. error {:.4f} and rows do not match one to one: unrelated rows, not a "
+                                          "permutation (worst best-match cosine {:.4f})",
+                                          m.rel_error, m.min_cosine);
+          std::fprintf(stderr, "nibble: --match-rows %s: %s: %s\n", spec.c_str(), m.name.c_str(), what.c_str());
+          mj.push_back({{"tensor", m.name}, {"rel_error", m.rel_error}, {"permutation", m.permutation},
+                        {"min_cosine", m.min_cosine}, {"rel_error_after", m.rel_error_after}});
+        }
+        cj["match_rows"] = mj;
+        cand = eval::undo_permutations(std::move(cand), matches);
+      }
+      const auto rows = eval::score_candidate(*cand, reference, corpora, o->opt);
       for (const auto& r : rows) {
         const bool near = r.kl.mean <= 3 * r.noise_floor;
         std::printf("| %s | %s | %s [%s, %s]%s | %s | %s | %s | %s | %.4f | %.2f %% [%.2f, %.2f] | %.4f | %.4f | %+.4f |\n",
