@@ -6,6 +6,8 @@
 #include <cmath>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "nibble/convert.h"
 #include "nibble/error.h"
 #include "nibble/eval.h"
@@ -162,7 +164,15 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("noise floor"), std::string::npos);
   EXPECT_NE(r.out.find("≤3× noise floor"), std::string::npos) << r.out;  // itself: KL 0
-  EXPECT_TRUE(fs::exists(tmp / "r.json"));
+  const auto j = nlohmann::json::parse(test::read_file(tmp / "r.json"));
+  EXPECT_GT(j["noise_floor"]["kl_mean"].get<double>(), 0.0);
+  const auto& c0 = j["candidates"][0];
+  EXPECT_EQ(c0["name"], m);
+  EXPECT_NEAR(c0["bits_per_weight"].get<double>(), 32.0, 1e-9);  // f32 linears
+  for (const char* k : {"positions", "kl_mean", "kl_mean_ci95", "kl_median", "kl_p99", "kl_max", "top1", "ppl_ref", "ppl"})
+    EXPECT_TRUE(c0["overall"].contains(k) && c0["corpora"]["ts"].contains(k)) << k;
+  EXPECT_EQ(c0["overall"]["kl_max"].get<double>(), 0.0);
+  EXPECT_NE(r.out.find("| candidate | bits/weight |"), std::string::npos) << r.out;
   r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m + " --corpus " +
                         (tmp / "t.txt").string());
   EXPECT_NE(r.exit_code, 0);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "nibble/arch.h"
 #include "nibble/error.h"
 #include "nibble/kl.h"
 #include "nibble/match_rows.h"
@@ -67,6 +68,35 @@ eval::Corpus load_corpus(const std::string& spec, const Tokenizer* tok) {
 
 std::string fmt_kl(double v) { return fmt::format("{:.5f}", v); }
 
+// Stored bits per weight over the decoder linears and a separate head.
+double linear_bits_per_weight(const ModelSource& src) {
+  double bytes = 0, params = 0;
+  for (const ExpectedTensor& t : expected_tensors(src.config())) {
+    if (t.role != TensorRole::Linear && t.role != TensorRole::Head) continue;
+    bytes += static_cast<double>(src.meta(t.name).stored_bytes);
+    params += static_cast<double>(shape_numel(t.shape));
+  }
+  return params > 0 ? 8 * bytes / params : 0;
+}
+
+nlohmann::ordered_json summary_json(const eval::KlSummary& r) {
+  return {{"positions", r.positions},
+          {"windows", r.chunks},
+          {"kl_mean", r.kl.mean},
+          {"kl_mean_ci95", {r.kl_ci_lo, r.kl_ci_hi}},
+          {"kl_median", r.kl.median},
+          {"kl_p90", r.kl.p90},
+          {"kl_p99", r.kl.p99},
+          {"kl_p999", r.kl.p999},
+          {"kl_max", r.kl.max},
+          {"top1", r.top1},
+          {"top1_ci95", {r.top1_ci_lo, r.top1_ci_hi}},
+          {"ppl_ref", r.ppl_ref},
+          {"ppl", r.ppl_cand},
+          {"noise_floor", r.noise_floor},
+          {"within_3x_noise_floor", r.kl.mean <= 3 * r.noise_floor}};
+}
+
 }  // namespace
 
 void register_eval(CLI::App& app, const GlobalOptions& global) {
@@ -119,8 +149,15 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     nlohmann::ordered_json report;
     report["reference"] = o->reference;
     report["ctx"] = o->opt.ctx;
-    report["noise_floor"] = reference.noise_floor;
+    {
+      nlohmann::ordered_json nf = {{"kl_mean", reference.noise_floor_all},
+                                   {"method", "reference with bf16 activations vs f32"},
+                                   {"corpora", nlohmann::ordered_json::object()}};
+      for (size_t i = 0; i < corpora.size(); ++i) nf["corpora"][corpora[i].name] = {{"kl_mean", reference.noise_floor[i]}};
+      report["noise_floor"] = nf;
+    }
     report["candidates"] = nlohmann::ordered_json::array();
+    std::vector<nlohmann::ordered_json> compact;
     if (!o->candidates.empty()) {
       std::printf("\n| candidate | corpus | KL mean [95%% CI] | median | p90 | p99 | p99.9 | max | top-1 [95%% CI] | "
                   "ppl ref | ppl cand | Δppl |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -128,7 +165,11 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     }
     for (const auto& spec : o->candidates) {
       auto cand = open_model_source(spec, ref.get());
-      nlohmann::ordered_json cj = {{"candidate", spec}, {"corpora", nlohmann::ordered_json::array()}};
+      nlohmann::ordered_json cj = {{"name", spec},
+                                   {"source", cand->describe()},
+                                   {"bits_per_weight", linear_bits_per_weight(*cand)},
+                                   {"overall", nullptr},
+                                   {"corpora", nlohmann::ordered_json::object()}};
       if (o->match_rows) {
         const auto matches = eval::match_rows(*ref, *cand);
         nlohmann::ordered_json mj = nlohmann::ordered_json::array();
@@ -157,24 +198,29 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
                     100 * r.top1, 100 * r.top1_ci_lo, 100 * r.top1_ci_hi, r.ppl_ref, r.ppl_cand,
                     r.ppl_cand - r.ppl_ref);
         std::fflush(stdout);
-        cj["corpora"].push_back({{"corpus", r.corpus},
-                                 {"positions", r.positions},
-                                 {"windows", r.chunks},
-                                 {"kl_mean", r.kl.mean},
-                                 {"kl_mean_ci95", {r.kl_ci_lo, r.kl_ci_hi}},
-                                 {"kl_median", r.kl.median},
-                                 {"kl_p90", r.kl.p90},
-                                 {"kl_p99", r.kl.p99},
-                                 {"kl_p999", r.kl.p999},
-                                 {"kl_max", r.kl.max},
-                                 {"top1", r.top1},
-                                 {"top1_ci95", {r.top1_ci_lo, r.top1_ci_hi}},
-                                 {"ppl_ref", r.ppl_ref},
-                                 {"ppl_cand", r.ppl_cand},
-                                 {"noise_floor", r.noise_floor},
-                                 {"within_3x_noise_floor", near}});
+        cj["corpora"][r.corpus] = summary_json(r);
+        if (r.corpus == "all" || rows.size() == 1) cj["overall"] = summary_json(r);
       }
       report["candidates"].push_back(cj);
+      compact.push_back(cj);
+    }
+    // The comparison table: one row per candidate, pooled over the corpora.
+    if (!compact.empty()) {
+      std::printf("\n| candidate | bits/weight | KL mean [95%% CI] | KL p99 | KL max | top-1 | PPL |");
+      for (const auto& c : corpora) std::printf(" KL %s |", c.name.c_str());
+      std::printf("\n|---|---|---|---|---|---|---|");
+      for (size_t i = 0; i < corpora.size(); ++i) std::printf("---|");
+      std::printf("\n");
+      for (const auto& cj : compact) {
+        const auto& ov = cj["overall"];
+        std::printf("| %s | %.3f | %.5f [%.5f, %.5f] | %.4f | %.4f | %.2f %% | %.4f |", cj["name"].get<std::string>().c_str(),
+                    cj["bits_per_weight"].get<double>(), ov["kl_mean"].get<double>(),
+                    ov["kl_mean_ci95"][0].get<double>(), ov["kl_mean_ci95"][1].get<double>(),
+                    ov["kl_p99"].get<double>(), ov["kl_max"].get<double>(), 100 * ov["top1"].get<double>(),
+                    ov["ppl"].get<double>());
+        for (const auto& c : corpora) std::printf(" %.5f |", cj["corpora"][c.name]["kl_mean"].get<double>());
+        std::printf("\n");
+      }
     }
     if (!o->json.empty()) write_file_atomic(o->json, report.dump(2) + "\n");
   });
