@@ -22,8 +22,19 @@ echo "== nibble dequantize -> a plain HF checkpoint (f32) that transformers can 
 echo
 echo "== measure: perplexity on held-out TinyStories, original vs int4 (ctx 256, 20 windows)"
 TEXT="$SHARED/data/corpora/tinystories-valid-sample.txt"
-printf "original: "; "$NIBBLE" -q ppl --model "$MODEL" --text "$TEXT" --ctx 256 --chunks 20
-printf "int4 g64: "; "$NIBBLE" -q ppl --model "$OUT/stories260K-rtn-g64" --text "$TEXT" --ctx 256 --chunks 20
+# SOURCES.md's split: bytes [0, 96207) calibrate, the rest evaluates.
+head -c 96207 "$TEXT" > "$OUT/ts-calib.txt"
+tail -c +96208 "$TEXT" > "$OUT/ts-eval.txt"
+printf "original: "; "$NIBBLE" -q ppl --model "$MODEL" --text "$OUT/ts-eval.txt" --ctx 256 --chunks 20
+printf "int4 g64: "; "$NIBBLE" -q ppl --model "$OUT/stories260K-rtn-g64" --text "$OUT/ts-eval.txt" --ctx 256 --chunks 20
 echo
 echo "== nibble run: a story from the packed int4 checkpoint (int4 kernels read the packed bytes directly)"
 "$NIBBLE" run --model "$OUT/stories260K-rtn-g64" --prompt "Once upon a time" -n 120
+echo
+echo "== nibble quantize --method gptq --mse: calibrated on the other half of TinyStories"
+"$NIBBLE" quantize --method gptq --mse --model "$MODEL" --out "$OUT/stories260K-gptq-g64" --group 64 \
+  --calib "$OUT/ts-calib.txt" --calib-samples 64 --calib-len 256 --force
+echo
+echo "== nibble eval: the KL yardstick on held-out text, RTN vs GPTQ+MSE (ctx 256, 40 windows)"
+"$NIBBLE" -q eval --reference "$MODEL" --candidate "$OUT/stories260K-rtn-g64" --candidate "$OUT/stories260K-gptq-g64" \
+  --corpus tinystories="$OUT/ts-eval.txt" --ctx 256 --chunks 40
