@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "nibble/error.h"
 #include "nibble/eval.h"
+#include "nibble/layerwise.h"
 #include "nibble/model.h"
 #include "nibble/safetensors.h"
 #include "nibble/util.h"
@@ -51,16 +53,46 @@ struct Positions {
 
 // Runs `model` over the corpus windows; with `ref` set, scores every position
 // against it; otherwise fills `out` as the reference.
-void run(const Model& model, const std::vector<std::vector<int32_t>>& ws, int64_t ctx, const ReferenceCorpus* ref,
-         ReferenceCorpus* out, Positions* pos, Progress& bar) {
-  const int64_t V = model.config().vocab_size, per = scored_per_window(ctx);
-  KVCache cache(model.config(), ctx);
+// Windows per pass of the layer stream: bounds the hidden states in memory
+// (windows × ctx × hidden f32) while each layer's weights are read once per pass.
+constexpr size_t kWindowsPerPass = 32;
+
+// Runs `src` over the windows one decoder layer at a time (only one layer's
+// weights in memory; LayerStream gives the same logits as Model::forward) and
+// calls fn(k, logits [ctx, vocab]) for every window k.
+void for_each_window(const ModelSource& src, const std::vector<std::vector<int32_t>>& ws, bool bf16_activations,
+                     Progress& bar, const std::function<void(size_t, const float*)>& fn) {
+  const ModelConfig& c = src.config();
+  for (size_t b0 = 0; b0 < ws.size(); b0 += kWindowsPerPass) {
+    const size_t nb = std::min(kWindowsPerPass, ws.size() - b0);
+    const std::vector<std::vector<int32_t>> batch(ws.begin() + b0, ws.begin() + b0 + nb);
+    LayerStream stream(src, batch);
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      DecoderLayer L = DecoderLayer::load(src, i);
+      L.bf16_activations = bf16_activations;
+      stream.apply(L, nullptr, true);
+    }
+    const LinearWeight head = stream.load_head(src);
+    std::vector<float> logits;
+    for (size_t k = 0; k < nb; ++k) {
+      std::vector<float> xn = stream.final_normed(k);
+      if (bf16_activations)
+        for (float& v : xn) v = round_to_bf16(v);
+      logits.resize(static_cast<size_t>(stream.length(k) * c.vocab_size));
+      head.forward(xn.data(), stream.length(k), logits.data());
+      fn(b0 + k, logits.data());
+      bar.advance();
+    }
+  }
+}
+
+void run(const ModelSource& src, bool bf16_activations, const std::vector<std::vector<int32_t>>& ws, int64_t ctx,
+         const ReferenceCorpus* ref, ReferenceCorpus* out, Positions* pos, Progress& bar) {
+  const int64_t V = src.config().vocab_size, per = scored_per_window(ctx);
   std::vector<double> lp(static_cast<size_t>(V));
-  for (size_t k = 0; k < ws.size(); ++k) {
-    cache.clear();
-    const Tensor logits = model.forward(ws[k], cache);
+  for_each_window(src, ws, bf16_activations, bar, [&](size_t k, const float* logits) {
     for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
-      const float* l = logits.data<float>() + j * V;
+      const float* l = logits + j * V;
       log_softmax(l, V, lp.data());
       const int64_t p = static_cast<int64_t>(k) * per + (j - ctx / 2);
       const int32_t target = ws[k][j + 1];
@@ -85,8 +117,7 @@ void run(const Model& model, const std::vector<std::vector<int32_t>>& ws, int64_
         pos->agree.push_back(top == ref->top1[p]);
       }
     }
-    bar.advance();
-  }
+  });
 }
 
 ojson fingerprint(const ModelSource& src, const std::vector<Corpus>& corpora, const KlOptions& o) {
@@ -142,8 +173,8 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
     notes.push_back("reference cache in " + cache_dir.string() + " was made from other inputs; recomputing it");
   }
 
-  auto model = Model::load(src);
-  const int64_t V = model->config().vocab_size, per = scored_per_window(o.ctx);
+  src.validate_against_config();
+  const int64_t V = src.config().vocab_size, per = scored_per_window(o.ctx);
   std::vector<std::vector<std::vector<int32_t>>> ws;
   int64_t total = 0;
   for (const auto& c : corpora) {
@@ -163,20 +194,19 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
       rc.target.resize(n);
       rc.top1.resize(n);
       rc.nll.resize(n);
-      run(*model, ws[i], o.ctx, nullptr, &rc, nullptr, bar);
+      run(src, false, ws[i], o.ctx, nullptr, &rc, nullptr, bar);
       ref.corpora.push_back(std::move(rc));
     }
     bar.finish();
   }
   // The noise floor: the same reference, computed a second honest way.
-  model->set_bf16_activations(true);
   {
     Progress bar("noise floor", total, o.progress, "windows");
     double sum = 0;
     int64_t count = 0;
     for (size_t i = 0; i < corpora.size(); ++i) {
       Positions p;
-      run(*model, ws[i], o.ctx, &ref.corpora[i], nullptr, &p, bar);
+      run(src, true, ws[i], o.ctx, &ref.corpora[i], nullptr, &p, bar);
       ref.noise_floor.push_back(mean_of(p.kl));
       for (double k : p.kl) sum += k;
       count += static_cast<int64_t>(p.kl.size());
@@ -209,10 +239,9 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
 
 std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference& ref, const std::vector<Corpus>& corpora,
                                        const KlOptions& o, bool bf16_activations) {
-  auto model = Model::load(cand);
-  model->set_bf16_activations(bf16_activations);
-  NIBBLE_CHECK(!ref.corpora.empty() && model->config().vocab_size == ref.corpora[0].vocab,
-               "eval: {} has a vocabulary of {} tokens, the reference {}", cand.describe(), model->config().vocab_size,
+  cand.validate_against_config();
+  NIBBLE_CHECK(!ref.corpora.empty() && cand.config().vocab_size == ref.corpora[0].vocab,
+               "eval: {} has a vocabulary of {} tokens, the reference {}", cand.describe(), cand.config().vocab_size,
                ref.corpora.empty() ? 0 : ref.corpora[0].vocab);
   int64_t total = 0;
   std::vector<std::vector<std::vector<int32_t>>> ws;
@@ -277,7 +306,7 @@ std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference&
     NIBBLE_CHECK(rc.chunks == static_cast<int64_t>(ws[i].size()), "eval: reference and corpus '{}' disagree",
                  corpora[i].name);
     Positions p;
-    run(*model, ws[i], o.ctx, &rc, nullptr, &p, bar);
+    run(cand, bf16_activations, ws[i], o.ctx, &rc, nullptr, &p, bar);
     std::vector<Chunk> chunks(static_cast<size_t>(rc.chunks));
     double agree = 0, nll_r = 0, nll_c = 0;
     for (size_t k = 0; k < p.kl.size(); ++k) {
