@@ -28,7 +28,6 @@ struct MatrixStats {
   void add(const float* x, int64_t n, int64_t ld = 0);
   // Makes H symmetric (add() fills one triangle).
   void finalize();
-  void merge(const MatrixStats& other);
 
  private:
   bool finalized_ = true;

@@ -101,8 +101,6 @@ class Model {
   static std::unique_ptr<Model> load(const ModelSource& src);
 
   const ModelConfig& config() const { return config_; }
-  // See DecoderLayer::bf16_activations (applies to the head's input too).
-  void set_bf16_activations(bool on);
   // Runs `tokens` at positions cache.size() .. cache.size()+n-1 and appends
   // them to the cache. Returns logits F32 [n, vocab] (all rows) or [1, vocab]
   // (the last row only).
@@ -115,7 +113,6 @@ class Model {
   LinearWeight head_;
   std::vector<DecoderLayer> layers_;
   std::vector<float> inv_freq_;  // [head_dim / 2], scaling applied
-  bool bf16_activations_ = false;
 };
 
 }  // namespace nibble

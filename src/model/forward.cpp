@@ -256,11 +256,6 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
 }
 
-void Model::set_bf16_activations(bool on) {
-  bf16_activations_ = on;
-  for (DecoderLayer& L : layers_) L.bf16_activations = on;
-}
-
 Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool all_logits) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size()), D = c.hidden_size, V = c.vocab_size, p0 = cache.size();
@@ -281,7 +276,6 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
   std::vector<float> xn(rows * D);
   rms_norm(x.data() + (n - rows) * D, rows, D, final_norm_.data<float>(), static_cast<float>(c.rms_norm_eps),
            xn.data());
-  if (bf16_activations_) round_bf16(xn.data(), rows * D);
   Tensor logits = Tensor::zeros(DType::F32, {rows, V});
   head_.forward(xn.data(), rows, logits.data_mut<float>());
   return logits;

@@ -61,17 +61,6 @@ void MatrixStats::finalize() {
   finalized_ = true;
 }
 
-void MatrixStats::merge(const MatrixStats& o) {
-  NIBBLE_CHECK(o.dim == dim, "MatrixStats::merge: dims {} and {} differ", dim, o.dim);
-  // Only the upper triangle of a not-finalized operand is valid; merge it and
-  // re-symmetrize.
-  for (int64_t i = 0; i < dim; ++i)
-    for (int64_t j = i; j < dim; ++j) H[i * dim + j] += o.H[i * dim + j];
-  tokens += o.tokens;
-  finalized_ = false;
-  id = g_stats_ids++;
-}
-
 // ---- grids -------------------------------------------------------------------
 
 GroupParams fit_group_mse(const FormatSpec& f, const float* w, int64_t n) {
