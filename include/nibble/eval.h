@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "nibble/model.h"
@@ -30,6 +31,13 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
 // every window are. Gives the same numbers as perplexity().
 PerplexityResult perplexity_streaming(const ModelSource& src, const std::vector<int32_t>& tokens, int64_t ctx,
                                       std::optional<int32_t> bos, bool progress);
+
+// The windows every metric here scores: non-overlapping runs of `ctx` tokens
+// from the start of `tokens` (a shorter tail dropped; the first `max_windows`
+// when > 0), each starting with `bos` when given. `what` names the text in the
+// error when it holds less than one window.
+std::vector<std::vector<int32_t>> make_windows(const std::vector<int32_t>& tokens, int64_t ctx, int64_t max_windows,
+                                               std::optional<int32_t> bos, const std::string& what);
 
 // log-softmax of one row of logits, in double: out[v] = l[v] - logsumexp(l).
 void log_softmax(const float* logits, int64_t vocab, double* out);

@@ -53,6 +53,11 @@ class KVCache {
   int64_t row_, max_, len_ = 0;
 };
 
+// Loads the linear "PREFIX.weight" (+ "PREFIX.bias" when present) of `src`:
+// packed matrices stay packed (for the int4 kernels) unless `dense`, anything
+// else becomes f32.
+LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool dense = false);
+
 // One decoder layer's weights (norm gains f32; linears dense or packed).
 struct DecoderLayer {
   Tensor input_norm, post_norm, q_norm, k_norm;  // F32 (q/k norms: qwen3 only)

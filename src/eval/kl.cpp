@@ -31,16 +31,7 @@ namespace {
 
 std::vector<std::vector<int32_t>> windows_of(const Corpus& c, const KlOptions& o) {
   NIBBLE_CHECK(o.ctx >= 4, "eval: --ctx must be at least 4, found {}", o.ctx);
-  int64_t n = static_cast<int64_t>(c.tokens.size()) / o.ctx;
-  NIBBLE_CHECK(n > 0, "eval: corpus '{}' has {} tokens, fewer than one window of --ctx {}", c.name, c.tokens.size(),
-               o.ctx);
-  if (o.chunks > 0) n = std::min(n, o.chunks);
-  std::vector<std::vector<int32_t>> w;
-  for (int64_t k = 0; k < n; ++k) {
-    w.emplace_back(c.tokens.begin() + k * o.ctx, c.tokens.begin() + (k + 1) * o.ctx);
-    if (o.bos) w.back()[0] = *o.bos;
-  }
-  return w;
+  return make_windows(c.tokens, o.ctx, o.chunks, o.bos, fmt::format("eval: corpus '{}'", c.name));
 }
 
 int64_t scored_per_window(int64_t ctx) { return ctx - 1 - ctx / 2; }  // positions ctx/2 .. ctx-2

@@ -53,18 +53,23 @@ std::vector<std::vector<int32_t>> windows(const ModelConfig& c, const std::vecto
   NIBBLE_CHECK(ctx >= 4, "perplexity: --ctx must be at least 4, found {}", ctx);
   NIBBLE_CHECK(ctx <= c.max_position_embeddings, "perplexity: --ctx {} exceeds the model's context of {} positions",
                ctx, c.max_position_embeddings);
-  const int64_t chunks = static_cast<int64_t>(tokens.size()) / ctx;
-  NIBBLE_CHECK(chunks > 0, "perplexity: the text has {} tokens, fewer than one window of --ctx {}", tokens.size(),
-               ctx);
+  return make_windows(tokens, ctx, 0, bos, "perplexity: the text");
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> make_windows(const std::vector<int32_t>& tokens, int64_t ctx, int64_t max_windows,
+                                               std::optional<int32_t> bos, const std::string& what) {
+  int64_t n = static_cast<int64_t>(tokens.size()) / ctx;
+  NIBBLE_CHECK(n > 0, "{} has {} tokens, fewer than one window of --ctx {}", what, tokens.size(), ctx);
+  if (max_windows > 0) n = std::min(n, max_windows);
   std::vector<std::vector<int32_t>> w;
-  for (int64_t k = 0; k < chunks; ++k) {
+  for (int64_t k = 0; k < n; ++k) {
     w.emplace_back(tokens.begin() + k * ctx, tokens.begin() + (k + 1) * ctx);
     if (bos) w.back()[0] = *bos;
   }
   return w;
 }
-
-}  // namespace
 
 PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& tokens, int64_t ctx,
                             std::optional<int32_t> bos, bool progress) {

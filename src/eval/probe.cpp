@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "nibble/error.h"
+#include "nibble/eval.h"
 #include "nibble/layerwise.h"
 #include "nibble/model.h"
 #include "nibble/util.h"
@@ -45,16 +46,7 @@ std::vector<ProbeRow> probe(const ModelSource& ref, const ModelSource& cand, con
                c.max_position_embeddings);
   for (int64_t l : o.layers)
     NIBBLE_CHECK(l >= 0 && l < c.num_layers, "probe: layer {} does not exist (the model has {})", l, c.num_layers);
-  int64_t chunks = static_cast<int64_t>(tokens.size()) / o.ctx;
-  NIBBLE_CHECK(chunks > 0, "probe: the text has {} tokens, fewer than one window of --ctx {}", tokens.size(), o.ctx);
-  if (o.chunks > 0) chunks = std::min(chunks, o.chunks);
-  std::vector<std::vector<int32_t>> windows;
-  for (int64_t k = 0; k < chunks; ++k) {
-    windows.emplace_back(tokens.begin() + k * o.ctx, tokens.begin() + (k + 1) * o.ctx);
-    if (bos) windows.back()[0] = *bos;
-  }
-
-  LayerStream stream(ref, windows);
+  LayerStream stream(ref, make_windows(tokens, o.ctx, o.chunks, bos, "probe: the text"));
   std::vector<ProbeRow> rows;
   int64_t last = c.num_layers - 1;
   if (!o.layers.empty() && !o.head) last = *o.layers.rbegin();

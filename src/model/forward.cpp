@@ -121,18 +121,20 @@ const std::vector<LinearSlot>& decoder_linears() {
   return slots;
 }
 
+LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool dense) {
+  const std::string wname = prefix + ".weight";
+  const TensorMeta meta = src.meta(wname);
+  LinearWeight l = meta.format && !dense
+                       ? LinearWeight::packed(*meta.format, src.parts(wname), meta.shape[0], meta.shape[1])
+                       : LinearWeight::dense(src.load(wname).to_f32());
+  if (src.contains(prefix + ".bias")) l.bias = src.load(prefix + ".bias").to_f32();
+  return l;
+}
+
 DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {
   const ModelConfig& c = src.config();
   auto f32 = [&](const std::string& name) { return src.load(name).to_f32(); };
-  auto linear = [&](const std::string& prefix) {
-    const std::string wname = prefix + ".weight";
-    const TensorMeta meta = src.meta(wname);
-    LinearWeight l = meta.format && !dense
-                         ? LinearWeight::packed(*meta.format, src.parts(wname), meta.shape[0], meta.shape[1])
-                         : LinearWeight::dense(f32(wname));
-    if (src.contains(prefix + ".bias")) l.bias = f32(prefix + ".bias");
-    return l;
-  };
+  auto linear = [&](const std::string& prefix) { return load_linear(src, prefix, dense); };
   const std::string p = fmt::format("model.layers.{}.", i);
   DecoderLayer L;
   L.window = c.window(i);
@@ -160,13 +162,7 @@ std::unique_ptr<Model> Model::load(const ModelSource& src) {
   auto f32 = [&](const std::string& name) { return src.load(name).to_f32(); };
   m->embed_ = f32("model.embed_tokens.weight");
   m->final_norm_ = f32("model.norm.weight");
-  if (c.tie_word_embeddings) {
-    m->head_ = LinearWeight::dense(m->embed_);
-  } else {
-    const TensorMeta meta = src.meta("lm_head.weight");
-    m->head_ = meta.format ? LinearWeight::packed(*meta.format, src.parts("lm_head.weight"), meta.shape[0], meta.shape[1])
-                           : LinearWeight::dense(f32("lm_head.weight"));
-  }
+  m->head_ = c.tie_word_embeddings ? LinearWeight::dense(m->embed_) : load_linear(src, "lm_head");
   for (int64_t i = 0; i < c.num_layers; ++i) m->layers_.push_back(DecoderLayer::load(src, i));
   m->inv_freq_ = rope_inv_freq(c);
   return m;

@@ -75,10 +75,7 @@ std::vector<float> LayerStream::final_normed(size_t s) const {
 }
 
 LinearWeight LayerStream::load_head(const ModelSource& src) const {
-  const std::string name = config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  const TensorMeta meta = src.meta(name);
-  if (meta.format) return LinearWeight::packed(*meta.format, src.parts(name), meta.shape[0], meta.shape[1]);
-  return LinearWeight::dense(src.load(name).to_f32());
+  return load_linear(src, config_.tie_word_embeddings ? "model.embed_tokens" : "lm_head");
 }
 
 }  // namespace nibble
