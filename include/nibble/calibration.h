@@ -27,6 +27,10 @@ struct CalibrationSet {
   std::vector<std::string> notes;               // clipping and the like, for the user
 };
 
+// Token ids from a .npy of integers (any shape, flattened), each checked
+// against the vocabulary; `what` ("--calib", "--corpus") starts the errors.
+std::vector<int32_t> read_token_ids_npy(const std::filesystem::path& path, int64_t vocab, const std::string& what);
+
 // Every file becomes one stream of ids (text: encode() without special tokens;
 // .npy: its integers, flattened), the streams are concatenated, and each
 // sample is a window of length L (minus one for the BOS when `bos` is set, which is

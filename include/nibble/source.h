@@ -52,6 +52,8 @@ class ModelSource : public TensorSource {
   // Checks that every tensor the config implies is present with its shape
   // (errors name describe() and the tensor).
   virtual void validate_against_config() const;
+  // The tokenizer.json that goes with the weights, or an empty path.
+  virtual std::filesystem::path tokenizer_json() const { return {}; }
 };
 
 // Names of the quantization metadata keys in a packed file's __metadata__.
@@ -87,6 +89,7 @@ class CheckpointDir final : public ModelSource {
   std::vector<Tensor> parts(const std::string& name) const override;
 
   void validate_against_config() const override;
+  std::filesystem::path tokenizer_json() const override;
 
  private:
   struct Entry {

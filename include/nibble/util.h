@@ -30,6 +30,8 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 
+// Lower-case hex SHA-256 of bytes in memory.
+std::string sha256_hex(const void* data, size_t size);
 // Lower-case hex SHA-256 of a file's contents.
 std::string sha256_file(const std::filesystem::path& path);
 

@@ -66,6 +66,21 @@ void Progress::draw(bool final) {
   std::fflush(stderr);
 }
 
+namespace {
+std::string hex_of(const unsigned char* d, unsigned len) {
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", d[i]);
+  return hex;
+}
+}  // namespace
+
+std::string sha256_hex(const void* data, size_t size) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  EVP_Digest(data, size, digest, &len, EVP_sha256(), nullptr);
+  return hex_of(digest, len);
+}
+
 std::string sha256_file(const std::filesystem::path& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   NIBBLE_CHECK(f, "{}: cannot open for hashing ({})", path.string(), std::strerror(errno));
@@ -81,9 +96,7 @@ std::string sha256_file(const std::filesystem::path& path) {
   EVP_DigestFinal_ex(ctx, digest, &len);
   EVP_MD_CTX_free(ctx);
   NIBBLE_CHECK(!read_error, "{}: read error while hashing", path.string());
-  std::string hex;
-  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", digest[i]);
-  return hex;
+  return hex_of(digest, len);
 }
 
 void write_file_atomic(const std::filesystem::path& path, const std::string& content) {

@@ -224,6 +224,11 @@ void ModelSource::validate_against_config() const {
   }
 }
 
+std::filesystem::path CheckpointDir::tokenizer_json() const {
+  const fs::path p = dir_ / "tokenizer.json";
+  return fs::exists(p) ? p : fs::path();
+}
+
 void CheckpointDir::validate_against_config() const {
   for (const ExpectedTensor& t : expected_tensors(config_)) {
     NIBBLE_CHECK(contains(t.name), "{}: tensor '{}' is missing (config.json implies it: {} with {} layers)",

@@ -23,6 +23,7 @@ class OverlaySource final : public ModelSource {
   Tensor load(const std::string& n) const override { return from(n).load(n); }
   std::vector<Tensor> parts(const std::string& n) const override { return from(n).parts(n); }
   const ModelConfig& config() const override { return base_->config(); }
+  std::filesystem::path tokenizer_json() const override { return base_->tokenizer_json(); }
 
  private:
   const ModelSource& from(const std::string& n) const {

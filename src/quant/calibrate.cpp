@@ -48,8 +48,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::s
   const ModelConfig& c = src.config();
   // ---- the calibration set
   std::unique_ptr<Tokenizer> tok;
-  if (fs::exists(src.dir() / "tokenizer.json"))
-    tok = std::make_unique<Tokenizer>(Tokenizer::from_file(src.dir() / "tokenizer.json"));
+  if (const fs::path tj = src.tokenizer_json(); !tj.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tj));
   const std::optional<int32_t> bos = tok ? leading_bos(*tok) : std::nullopt;
   const CalibrationSet calib =
       load_calibration(opt.calib, tok.get(), bos, c.max_position_embeddings, static_cast<int32_t>(c.vocab_size));

@@ -1,13 +1,12 @@
 #include "nibble/calibration.h"
 
-#include <openssl/evp.h>
-
 #include <fstream>
 #include <random>
 #include <sstream>
 
 #include "nibble/error.h"
 #include "nibble/npy.h"
+#include "nibble/util.h"
 
 namespace nibble {
 namespace fs = std::filesystem;
@@ -18,24 +17,7 @@ std::vector<int32_t> file_ids(const fs::path& path, const Tokenizer* tok, int32_
   NIBBLE_CHECK(fs::is_regular_file(path), "--calib {}: no such file", path.string());
   std::vector<int32_t> ids;
   if (path.extension() == ".npy") {
-    const Tensor t = io::read_npy(path);
-    NIBBLE_CHECK(t.dtype() == DType::I32 || t.dtype() == DType::I64 || t.dtype() == DType::I16 ||
-                     t.dtype() == DType::U8,
-                 "--calib {}: token-id files must hold integers, found {}", path.string(), dtype_name(t.dtype()));
-    const Tensor c = t.contiguous();
-    ids.resize(static_cast<size_t>(c.numel()));
-    for (int64_t i = 0; i < c.numel(); ++i) {
-      int64_t v = 0;
-      switch (c.dtype()) {
-        case DType::I32: v = c.data<int32_t>()[i]; break;
-        case DType::I64: v = c.data<int64_t>()[i]; break;
-        case DType::I16: v = c.data<int16_t>()[i]; break;
-        default: v = c.data<uint8_t>()[i]; break;
-      }
-      NIBBLE_CHECK(v >= 0 && v < vocab, "--calib {}: token id {} at index {} is outside the vocabulary (size {})",
-                   path.string(), v, i, vocab);
-      ids[static_cast<size_t>(i)] = static_cast<int32_t>(v);
-    }
+    ids = read_token_ids_npy(path, vocab, "--calib");
   } else {
     std::ifstream f(path, std::ios::binary);
     NIBBLE_CHECK(f, "--calib {}: cannot open", path.string());
@@ -53,16 +35,28 @@ std::vector<int32_t> file_ids(const fs::path& path, const Tokenizer* tok, int32_
   return ids;
 }
 
-std::string sha256_hex(const void* data, size_t n) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data, n, md, &len, EVP_sha256(), nullptr);
-  std::string s;
-  for (unsigned int i = 0; i < len; ++i) s += fmt::format("{:02x}", md[i]);
-  return s;
-}
-
 }  // namespace
+
+std::vector<int32_t> read_token_ids_npy(const fs::path& path, int64_t vocab, const std::string& what) {
+  const Tensor t = io::read_npy(path);
+  NIBBLE_CHECK(t.dtype() == DType::I32 || t.dtype() == DType::I64 || t.dtype() == DType::I16 || t.dtype() == DType::U8,
+               "{} {}: token-id files must hold integers, found {}", what, path.string(), dtype_name(t.dtype()));
+  const Tensor c = t.contiguous();
+  std::vector<int32_t> ids(static_cast<size_t>(c.numel()));
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    int64_t v = 0;
+    switch (c.dtype()) {
+      case DType::I32: v = c.data<int32_t>()[i]; break;
+      case DType::I64: v = c.data<int64_t>()[i]; break;
+      case DType::I16: v = c.data<int16_t>()[i]; break;
+      default: v = c.data<uint8_t>()[i]; break;
+    }
+    NIBBLE_CHECK(v >= 0 && v < vocab, "{} {}: token id {} at index {} is outside the vocabulary (size {})", what,
+                 path.string(), v, i, vocab);
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+  }
+  return ids;
+}
 
 CalibrationSet load_calibration(const CalibrationOptions& o, const Tokenizer* tok, std::optional<int32_t> bos,
                                 int64_t max_context, int32_t vocab) {

@@ -1,7 +1,5 @@
 // nibble eval: the KL yardstick. Candidates against a reference, over the whole
 // vocabulary, per corpus, with the ruler's own noise floor.
-#include <openssl/evp.h>
-
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -14,7 +12,7 @@
 #include "nibble/error.h"
 #include "nibble/kl.h"
 #include "nibble/match_rows.h"
-#include "nibble/npy.h"
+#include "nibble/calibration.h"
 #include "nibble/tokenizer.h"
 #include "nibble/util.h"
 
@@ -28,16 +26,7 @@ struct EvalCli {
   eval::KlOptions opt;
 };
 
-std::string sha256_hex(const std::string& data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  std::string s;
-  for (unsigned int i = 0; i < len; ++i) s += fmt::format("{:02x}", md[i]);
-  return s;
-}
-
-eval::Corpus load_corpus(const std::string& spec, const Tokenizer* tok) {
+eval::Corpus load_corpus(const std::string& spec, const Tokenizer* tok, int64_t vocab) {
   const size_t eq = spec.find('=');
   NIBBLE_CHECK(eq != std::string::npos && eq > 0, "--corpus '{}': expected NAME=FILE", spec);
   eval::Corpus c;
@@ -48,13 +37,9 @@ eval::Corpus load_corpus(const std::string& spec, const Tokenizer* tok) {
   std::stringstream ss;
   ss << f.rdbuf();
   const std::string bytes = ss.str();
-  c.sha256 = sha256_hex(bytes);
+  c.sha256 = sha256_hex(bytes.data(), bytes.size());
   if (file.extension() == ".npy") {
-    const Tensor t = io::read_npy(file);
-    NIBBLE_CHECK(t.dtype() == DType::I32 || t.dtype() == DType::I64, "--corpus {}: token ids must be int32/int64",
-                 file.string());
-    for (int64_t i = 0; i < t.numel(); ++i)
-      c.tokens.push_back(t.dtype() == DType::I32 ? t.data<int32_t>()[i] : static_cast<int32_t>(t.data<int64_t>()[i]));
+    c.tokens = read_token_ids_npy(file, vocab, "--corpus");
   } else {
     NIBBLE_CHECK(tok != nullptr, "--corpus {}: text needs the reference's tokenizer.json", file.string());
     try {
@@ -130,11 +115,10 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     o->opt.progress = !global.quiet;
     auto ref = open_model_source(o->reference);
     std::unique_ptr<Tokenizer> tok;
-    if (auto* dir = dynamic_cast<const CheckpointDir*>(ref.get()); dir && std::filesystem::exists(dir->dir() / "tokenizer.json"))
-      tok = std::make_unique<Tokenizer>(Tokenizer::from_file(dir->dir() / "tokenizer.json"));
+    if (const auto tj = ref->tokenizer_json(); !tj.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tj));
     if (tok) o->opt.bos = leading_bos(*tok);
     std::vector<eval::Corpus> corpora;
-    for (const auto& c : o->corpora) corpora.push_back(load_corpus(c, tok.get()));
+    for (const auto& c : o->corpora) corpora.push_back(load_corpus(c, tok.get(), ref->config().vocab_size));
     std::vector<std::string> notes;
     const eval::Reference reference = eval::build_reference(*ref, corpora, o->opt, o->cache, notes);
     if (!global.quiet)

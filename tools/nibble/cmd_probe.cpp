@@ -25,13 +25,6 @@ struct ProbeCli {
   eval::ProbeOptions opt;
 };
 
-// "hf:DIR" / "packed:DIR" / "DIR" -> DIR (the kind is read from the directory itself).
-std::string source_dir(const std::string& s) {
-  for (const char* p : {"hf:", "packed:"})
-    if (s.rfind(p, 0) == 0) return s.substr(std::string(p).size());
-  return s;
-}
-
 }  // namespace
 
 void register_probe(CLI::App& app, const GlobalOptions& global) {
@@ -39,7 +32,9 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
       "probe", "Relative output error ||(W'-W)x|| / ||Wx|| of every matrix on the reference's own activations");
   auto o = std::make_shared<ProbeCli>();
   cmd->add_option("--reference", o->reference, "Reference model directory (unquantized)")->required();
-  cmd->add_option("--candidate", o->candidate, "Candidate model directory (e.g. nibble-packed)")->required();
+  cmd->add_option("--candidate", o->candidate,
+                  "Candidate: DIR, hf:DIR, packed:DIR, gguf:FILE, overlay:CAND,keep=REGEX, overlay:CAND,head=SRC")
+      ->required();
   cmd->add_option("--corpus", o->corpus, "Held-out UTF-8 text")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", o->opt.ctx, "Window length in tokens")->capture_default_str();
   cmd->add_option("--chunks", o->opt.chunks, "Windows used (0 = all)")->capture_default_str();
@@ -50,10 +45,10 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
       "Example:\n  nibble probe --reference ../shared/models/qwen3-26M-linux --candidate out/qwen3-gptq \\\n"
       "      --corpus ../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 8");
   cmd->callback([o, &global] {
-    auto ref = CheckpointDir::open(source_dir(o->reference));
-    auto cand = CheckpointDir::open(source_dir(o->candidate));
-    NIBBLE_CHECK(std::filesystem::exists(ref->dir() / "tokenizer.json"), "{}: no tokenizer.json", o->reference);
-    const Tokenizer tok = Tokenizer::from_file(ref->dir() / "tokenizer.json");
+    auto ref = open_model_source(o->reference);
+    auto cand = open_model_source(o->candidate, ref.get());
+    NIBBLE_CHECK(!ref->tokenizer_json().empty(), "{}: no tokenizer.json", o->reference);
+    const Tokenizer tok = Tokenizer::from_file(ref->tokenizer_json());
     std::ifstream f(o->corpus, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();

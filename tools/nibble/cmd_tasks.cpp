@@ -30,10 +30,10 @@ void register_gsm8k(CLI::App& app, const GlobalOptions& global) {
   cmd->callback([o, &global] {
     o->g.progress = !global.quiet;
     auto src = open_model_source(o->model);
-    const auto* dir = dynamic_cast<const CheckpointDir*>(src.get());
-    NIBBLE_CHECK(dir && std::filesystem::exists(dir->dir() / "tokenizer.json"), "{}: no tokenizer.json", o->model);
+    const auto tokenizer = src->tokenizer_json();
+    NIBBLE_CHECK(!tokenizer.empty(), "{}: no tokenizer.json", o->model);
     std::string style;
-    const auto items = eval::run_gsm8k(*src, dir->dir() / "tokenizer.json", o->g, &style);
+    const auto items = eval::run_gsm8k(*src, tokenizer, o->g, &style);
     std::string text;
     int64_t right = 0;
     for (const auto& it : items) {
