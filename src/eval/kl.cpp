@@ -248,8 +248,8 @@ std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference&
     int64_t n = 0;
   };
   std::vector<Chunk> all_chunks;
-  std::vector<double> all_kl, all_nll_c, all_nll_r;
-  double all_agree = 0;
+  std::vector<double> all_kl;
+  double all_agree = 0, all_nll_r = 0, all_nll_c = 0;
 
   auto summarize = [&](const std::string& name, const std::vector<double>& kl, const std::vector<Chunk>& chunks,
                        double agree, double nll_r, double nll_c, double floor) {
@@ -312,19 +312,13 @@ std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference&
     out.push_back(summarize(corpora[i].name, p.kl, chunks, agree, nll_r, nll_c, ref.noise_floor[i]));
     all_chunks.insert(all_chunks.end(), chunks.begin(), chunks.end());
     all_kl.insert(all_kl.end(), p.kl.begin(), p.kl.end());
-    for (size_t k = 0; k < p.kl.size(); ++k) {
-      all_nll_r.push_back(rc.nll[k]);
-      all_nll_c.push_back(p.nll[k]);
-    }
     all_agree += agree;
+    all_nll_r += nll_r;
+    all_nll_c += nll_c;
   }
   bar.finish();
-  if (corpora.size() > 1) {
-    double nr = 0, nc = 0;
-    for (double v : all_nll_r) nr += v;
-    for (double v : all_nll_c) nc += v;
-    out.push_back(summarize("all", all_kl, all_chunks, all_agree, nr, nc, ref.noise_floor_all));
-  }
+  if (corpora.size() > 1)
+    out.push_back(summarize("all", all_kl, all_chunks, all_agree, all_nll_r, all_nll_c, ref.noise_floor_all));
   return out;
 }
 
