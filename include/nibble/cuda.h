@@ -2,6 +2,9 @@
 // NIBBLE_HAVE_CUDA (configure with NIBBLE_CUDA=auto|on and nvcc on PATH).
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <string_view>
 #include <vector>
 
 #include "nibble/format.h"
@@ -17,5 +20,72 @@ bool device_available();
 // expands them, and the result comes back as F32 [rows, cols]. Bit-identical
 // to the CPU reference (product and sum rounded separately, no FMA).
 Tensor dequantize_int4_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+
+// Device memory owned by one object (cudaFree on destruction).
+struct DeviceBuffer {
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  void* get() const { return ptr_.get(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> ptr_;
+  size_t bytes_ = 0;
+};
+
+// 16-bit activation types of the W4A16 kernels (fp32 accumulation inside).
+enum class Act { BF16, F16 };
+
+// A linear layer's weight resident on the GPU in a kernel's own layout, made
+// once at load time from the FORMAT.md parts. docs/CUDA.md describes each layout.
+struct DeviceLinear {
+  const struct LinearKernel* kernel = nullptr;
+  int64_t rows = 0, cols = 0;  // W is [rows = out features, cols = in features]
+  int group_size = 0;
+  DeviceBuffer a, b;  // the kernel's buffers (w4a16: tiled codes, tiled scale/min pairs)
+  size_t weight_bytes() const { return a.bytes() + b.bytes(); }
+};
+
+// The CUDA kernel registry (DESIGN.md: kernels by format, backend, op): one row
+// per (format family, op). A format with no row falls back to "dequantize to
+// bf16 once, cuBLAS GEMM" (the reference path).
+struct LinearKernel {
+  std::string_view format;  // format family, e.g. "int4_asym"
+  std::string_view name;    // e.g. "w4a16_mma"
+  std::vector<int> group_sizes;
+  // Uploads and re-lays out a packed matrix (host parts, as FORMAT.md stores them).
+  DeviceLinear (*upload)(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+  // y[M, rows] = x[M, cols] · Ŵᵀ; x, y device pointers of `act` type with leading
+  // dimensions ldx, ldy (elements). `stream` is a cudaStream_t. With `pdl`, the
+  // launch allows programmatic dependent launch: the kernel loads its weights
+  // before waiting for the previous kernel in the stream (Hopper).
+  void (*gemm)(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
+               void* stream, bool pdl);
+};
+const std::vector<const LinearKernel*>& linear_kernel_registry();
+// The kernel for a format, or nullptr when the reference path must be used.
+const LinearKernel* find_linear_kernel(std::string_view format, int group_size);
+
+// W4A16 numerics (fp32 accumulation always): with group size >= 64 and M <= 16
+// the kernel uses the exact weights code·scale + min; otherwise it rounds each
+// weight once to the activation type, fl16(code·scale + min).
+bool w4a16_exact_weights(int group_size, int64_t M);
+
+// The w4a16 layout built on the host (tests, and what upload does on the device):
+// codes [ceil(rows/16)][ceil(cols/64)][32 lanes] × 16 bytes, scale/min pairs
+// [ceil(rows/16)][padded groups][8] × 8 bytes. docs/CUDA.md defines both.
+struct W4A16HostLayout {
+  std::vector<uint8_t> codes, meta;
+};
+W4A16HostLayout w4a16_layout_host(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+
+// Reference path: Ŵ dequantized to bf16 [rows, cols] on the device, and the
+// cuBLAS bf16 GEMM with fp32 accumulation over it.
+DeviceBuffer dequantize_to_bf16_device(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
+                      int64_t ldy, void* stream);
 
 }  // namespace nibble::cuda

@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 
 #ifdef NIBBLE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <cmath>
 #include <cstring>
 #include <random>
 
 #include "nibble/cuda.h"
 #include "nibble/format.h"
+#include "nibble/dtype.h"
 #include "nibble/quantizer.h"
 
 namespace nibble {
@@ -30,6 +34,218 @@ TEST(Cuda, DequantInt4AsymBitExactWithCpuReference) {
       EXPECT_EQ(std::memcmp(gpu.raw(), cpu.raw(), cpu.nbytes()), 0) << "g=" << g << " cols=" << cols;
     }
   }
+}
+
+
+// Packs a random int4_asym matrix: random codes, scales and mins (bf16), so
+// every code value and sign pattern occurs (not a quantized smooth matrix).
+std::vector<Tensor> random_int4_parts(std::mt19937& rng, int64_t rows, int64_t cols, int g) {
+  const FormatChoice f = find_format("int4_asym", g);
+  QuantizedMatrix q;
+  q.format = f.spec;
+  q.group_size = g;
+  q.rows = rows;
+  q.cols = cols;
+  q.codes.resize(static_cast<size_t>(rows * cols));
+  std::uniform_int_distribution<int> code(0, 15);
+  std::uniform_real_distribution<float> scale(0.002f, 0.02f), mn(-0.2f, 0.05f);
+  for (auto& c : q.codes) c = static_cast<uint8_t>(code(rng));
+  q.params.resize(static_cast<size_t>(rows * q.groups_per_row()));
+  for (auto& p : q.params) p = {round_to_bf16(scale(rng)), round_to_bf16(mn(rng))};
+  return f.spec->pack(q);
+}
+
+// Ŵ as the W4A16 kernels use it: exact (fp32 c·s + m) or rounded once to 16
+// bits, fl16(c·s + m) (fused), as cuda::w4a16_exact_weights says.
+std::vector<float> weights_kernel(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int g,
+                                  cuda::Act act, bool exact) {
+  const FormatChoice f = find_format("int4_asym", g);
+  const QuantizedMatrix q = f.spec->unpack(parts, rows, cols, g);
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const GroupParams& p = q.group(r, c / g);
+      const float v = std::fma(static_cast<float>(q.codes[r * cols + c]), p.scale, p.min);
+      w[r * cols + c] = exact ? std::fma(static_cast<double>(q.codes[r * cols + c]), p.scale, p.min)
+                        : act == cuda::Act::BF16 ? bf16_to_f32(f32_to_bf16(v))
+                                                 : f16_to_f32(f32_to_f16(v));
+    }
+  return w;
+}
+
+uint16_t to_16bit(float v, cuda::Act act) { return act == cuda::Act::BF16 ? f32_to_bf16(v) : f32_to_f16(v); }
+float from_16bit(uint16_t v, cuda::Act act) { return act == cuda::Act::BF16 ? bf16_to_f32(v) : f16_to_f32(v); }
+
+struct GemmCase {
+  int64_t N, K;
+  int g;
+};
+
+// Runs the registered int4_asym kernel for every M in `ms` against a float64
+// reference on the weights the kernel uses (exact or rounded to 16 bits).
+// Bound: the output's rounding to 16 bits (2^-8 relative covers bf16's 2^-9)
+// plus fp32 accumulation, 1e-5 of Σ|x·w|, and for the exact-weight path the
+// cancellation in s·Σ(128 + c)x − 128·s·Σx, 3e-5 of Σ|x·w| (derivation in
+// src/backend/cuda/w4a16.cu).
+void check_w4a16(const GemmCase& tc, cuda::Act act, const std::vector<int>& ms, bool pdl, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto parts = random_int4_parts(rng, tc.N, tc.K, tc.g);
+  const cuda::LinearKernel* k = cuda::find_linear_kernel("int4_asym", tc.g);
+  ASSERT_NE(k, nullptr);
+  const cuda::DeviceLinear dw = k->upload(parts, tc.N, tc.K, tc.g);
+  const int64_t Mmax = *std::max_element(ms.begin(), ms.end());
+  const int64_t ldx = (tc.K + 7) / 8 * 8 + 8, ldy = tc.N + 3;  // padded leading dimensions
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(Mmax * ldx));
+  std::vector<float> xf(static_cast<size_t>(Mmax * tc.K));
+  for (int64_t m = 0; m < Mmax; ++m)
+    for (int64_t c = 0; c < ldx; ++c) {
+      // Padding holds NaN: the kernel must never read past K.
+      const float v = c < tc.K ? normal(rng) : std::nanf("");
+      x[m * ldx + c] = to_16bit(v, act);
+      if (c < tc.K) xf[m * tc.K + c] = from_16bit(x[m * ldx + c], act);
+    }
+  std::vector<double> ref(static_cast<size_t>(Mmax * tc.N)), mag(ref.size());
+  std::vector<float> w;
+  bool w_exact = false;
+  auto reference = [&](bool exact) {
+  w = weights_kernel(parts, tc.N, tc.K, tc.g, act, exact);
+  w_exact = exact;
+  for (int64_t m = 0; m < Mmax; ++m)
+    for (int64_t n = 0; n < tc.N; ++n) {
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < tc.K; ++c) {
+        const double p = static_cast<double>(xf[m * tc.K + c]) * w[n * tc.K + c];
+        s += p;
+        a += std::fabs(p);
+      }
+      ref[m * tc.N + n] = s;
+      mag[m * tc.N + n] = a;
+    }
+  };
+  cuda::DeviceBuffer dx(x.size() * 2), dy(static_cast<size_t>(Mmax * ldy) * 2);
+  ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<uint16_t> y(static_cast<size_t>(Mmax * ldy));
+  for (int M : ms) {
+    const bool exact = cuda::w4a16_exact_weights(tc.g, M);
+    if (w.empty() || exact != w_exact) reference(exact);
+    ASSERT_EQ(cudaMemset(dy.get(), 0xFF, dy.bytes()), cudaSuccess);  // poison: NaN in both 16-bit types
+    k->gemm(dw, dx.get(), M, ldx, dy.get(), ldy, act, nullptr, pdl);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    int bad = 0;
+    for (int64_t m = 0; m < Mmax && bad < 5; ++m)
+      for (int64_t n = 0; n < ldy && bad < 5; ++n) {
+        const uint16_t got = y[m * ldy + n];
+        if (m >= M || n >= tc.N) {  // outside the output: untouched
+          if (got != 0xFFFF) {
+            ++bad;
+            ADD_FAILURE() << "wrote outside y at m=" << m << " n=" << n;
+          }
+          continue;
+        }
+        const double r = ref[m * tc.N + n];
+        const double tol = std::ldexp(std::fabs(r), -8) + (exact ? 3e-5 : 1e-5) * mag[m * tc.N + n];
+        const double v = from_16bit(got, act);
+        if (!(std::fabs(v - r) <= tol)) {
+          ++bad;
+          ADD_FAILURE() << "N=" << tc.N << " K=" << tc.K << " g=" << tc.g << " M=" << M << " act="
+                        << (act == cuda::Act::BF16 ? "bf16" : "f16") << " y[" << m << "," << n << "]=" << v
+                        << " ref=" << r << " tol=" << tol;
+        }
+      }
+    if (bad) return;
+  }
+}
+
+std::vector<int> all_m(int hi) {
+  std::vector<int> v;
+  for (int m = 1; m <= hi; ++m) v.push_back(m);
+  return v;
+}
+
+TEST(Cuda, W4A16RegistryRows) {
+  EXPECT_NE(cuda::find_linear_kernel("int4_asym", 128), nullptr);
+  EXPECT_NE(cuda::find_linear_kernel("int4_asym", 32), nullptr);
+  EXPECT_EQ(cuda::find_linear_kernel("int4_asym", 256), nullptr);
+  EXPECT_EQ(cuda::find_linear_kernel("no_such_format", 128), nullptr);
+}
+
+TEST(Cuda, W4A16LayoutOnDeviceMatchesHostReference) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(11);
+  for (const GemmCase& tc : {GemmCase{24, 172, 32}, GemmCase{40, 4160, 128}, GemmCase{136, 4096, 64}}) {
+    const auto parts = random_int4_parts(rng, tc.N, tc.K, tc.g);
+    const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", tc.g)->upload(parts, tc.N, tc.K, tc.g);
+    const cuda::W4A16HostLayout host = cuda::w4a16_layout_host(parts, tc.N, tc.K, tc.g);
+    ASSERT_EQ(dw.a.bytes(), host.codes.size());
+    ASSERT_EQ(dw.b.bytes(), host.meta.size());
+    std::vector<uint8_t> a(host.codes.size()), b(host.meta.size());
+    ASSERT_EQ(cudaMemcpy(a.data(), dw.a.get(), a.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(b.data(), dw.b.get(), b.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(a, host.codes) << "N=" << tc.N << " K=" << tc.K;
+    EXPECT_EQ(b, host.meta) << "N=" << tc.N << " K=" << tc.K;
+  }
+}
+
+// The sweep the issue asks for: M = 1..64, K = 4096 / 14336 / a ragged last
+// group, N odd multiples of 8, both activation types.
+TEST(Cuda, W4A16SweepBf16) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({40, 4096, 128}, cuda::Act::BF16, all_m(64), false, 1);
+  check_w4a16({24, 14336, 128}, cuda::Act::BF16, all_m(64), false, 2);
+  check_w4a16({56, 4160, 128}, cuda::Act::BF16, all_m(64), false, 3);  // last group of 64
+  check_w4a16({8, 4100, 128}, cuda::Act::BF16, all_m(64), false, 4);   // last chunk of 4
+}
+
+TEST(Cuda, W4A16SweepF16) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({40, 4096, 128}, cuda::Act::F16, all_m(64), false, 5);
+  check_w4a16({24, 14336, 128}, cuda::Act::F16, all_m(64), false, 6);
+  check_w4a16({56, 4160, 128}, cuda::Act::F16, all_m(64), false, 7);
+}
+
+TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  for (int g : {32, 64})
+    for (auto act : {cuda::Act::BF16, cuda::Act::F16}) check_w4a16({72, 4160, g}, act, {1, 7, 16, 33, 64}, false, 8);
+  check_w4a16({24, 172, 32}, cuda::Act::BF16, {1, 5, 64}, false, 9);  // K < one chunk beyond 128
+  check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 4, 16, 64}, false, 10);
+  check_w4a16({1032, 14336, 128}, cuda::Act::BF16, {1, 16}, false, 11);
+  check_w4a16({40, 4096, 128}, cuda::Act::BF16, {65, 130}, false, 12);  // M > 64: blocks of 64 tokens
+}
+
+TEST(Cuda, W4A16WithProgrammaticDependentLaunch) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 16}, true, 13);
+}
+
+// The reference path (dequantize to bf16 once, cuBLAS) computes the same thing.
+TEST(Cuda, CublasReferencePathAgrees) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(14);
+  const int64_t N = 200, K = 4096, M = 16;
+  const auto parts = random_int4_parts(rng, N, K, 128);
+  const cuda::DeviceBuffer w = cuda::dequantize_to_bf16_device(parts, N, K, 128);
+  const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", 128)->upload(parts, N, K, 128);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(M * K));
+  for (auto& v : x) v = f32_to_bf16(normal(rng));
+  cuda::DeviceBuffer dx(x.size() * 2), y1(static_cast<size_t>(M * N) * 2), y2(static_cast<size_t>(M * N) * 2);
+  ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  cuda::gemm_bf16_cublas(w.get(), N, K, dx.get(), M, K, y1.get(), N, nullptr);
+  dw.kernel->gemm(dw, dx.get(), M, K, y2.get(), N, cuda::Act::BF16, nullptr, false);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> a(static_cast<size_t>(M * N)), b(a.size());
+  ASSERT_EQ(cudaMemcpy(a.data(), y1.get(), a.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(b.data(), y2.get(), b.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = bf16_to_f32(a[i]) - bf16_to_f32(b[i]);
+    num += d * d;
+    den += static_cast<double>(bf16_to_f32(a[i])) * bf16_to_f32(a[i]);
+  }
+  EXPECT_LT(std::sqrt(num / den), 4e-3);
 }
 
 }  // namespace

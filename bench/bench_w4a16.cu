@@ -1,0 +1,279 @@
+// W4A16 on the GPU: a Llama-3-8B-shaped stack of linears plus the head, timed
+// as CUDA graphs at M = 1, 4, 16, 64, next to cuBLAS bf16 on the same shapes and
+// against the read bandwidth measured in the same run (issue 6, item 2).
+//
+//   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--skip-cublas]
+//
+// Stacks: "unfused" = q, k, v, o, gate, up, down per layer (7 launches, as the
+// torch reference in bench/torch_int4_stack.py times it); "fused" = qkv and
+// gate|up concatenated (4 launches per layer, what the GPU forward does).
+// Weights are random (codes, scales, mins), never zeros.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "nibble/cuda.h"
+#include "nibble/dtype.h"
+#include "nibble/format.h"
+
+namespace {
+
+#define CK(call)                                                                                        \
+  do {                                                                                                  \
+    cudaError_t e_ = (call);                                                                            \
+    if (e_ != cudaSuccess) {                                                                            \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
+      std::exit(1);                                                                                     \
+    }                                                                                                   \
+  } while (0)
+
+using nibble::cuda::Act;
+using nibble::cuda::DeviceBuffer;
+using nibble::cuda::DeviceLinear;
+
+__global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* out) {
+  unsigned acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[0] = acc;  // keeps the loads; practically never taken
+}
+
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16((static_cast<float>(h & 0xFFFF) / 65535.0f - 0.5f) * 0.1f);
+  }
+}
+
+struct Shape {
+  int64_t n, k;
+};
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median time of one replay of `graph` (ms), after warm-up.
+float time_graph(cudaGraphExec_t exec, cudaStream_t s, int reps) {
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(t);
+}
+
+template <typename F>
+float time_captured(cudaStream_t s, int reps, F&& body) {
+  body();  // once outside the graph: module loads, library handles, workspaces
+  CK(cudaStreamSynchronize(s));
+  CK(cudaGetLastError());
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  body();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  const float ms = time_graph(exec, s, reps);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  return ms;
+}
+
+std::vector<nibble::Tensor> random_parts(int64_t rows, int64_t cols, uint32_t seed) {
+  const auto f = nibble::find_format("int4_asym", 128);
+  const auto specs = f.spec->parts(rows, cols, 128);
+  std::vector<nibble::Tensor> parts;
+  std::mt19937 rng(seed);
+  for (const auto& sp : specs) {
+    nibble::Tensor t = nibble::Tensor::zeros(sp.dtype, sp.shape);
+    if (sp.dtype == nibble::DType::U8) {
+      auto* p = static_cast<uint32_t*>(t.raw_mut());
+      for (size_t i = 0; i < t.nbytes() / 4; ++i) p[i] = rng();
+    } else {
+      auto* p = static_cast<uint16_t*>(t.raw_mut());
+      std::uniform_real_distribution<float> d(sp.suffix == "scales" ? 0.002f : -0.1f, sp.suffix == "scales" ? 0.02f : 0.0f);
+      for (size_t i = 0; i < t.nbytes() / 2; ++i) p[i] = nibble::f32_to_bf16(d(rng));
+    }
+    parts.push_back(std::move(t));
+  }
+  return parts;
+}
+
+std::vector<Shape> stack_shapes(int layers, bool fused) {
+  const int64_t h = 4096, kv = 1024, ff = 14336, vocab = 128256;
+  std::vector<Shape> s;
+  for (int l = 0; l < layers; ++l) {
+    if (fused) {
+      s.insert(s.end(), {{h + 2 * kv, h}, {h, h}, {2 * ff, h}, {h, ff}});
+    } else {
+      s.insert(s.end(), {{h, h}, {kv, h}, {kv, h}, {h, h}, {ff, h}, {ff, h}, {h, ff}});
+    }
+  }
+  s.push_back({vocab, h});
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int layers = 32, reps = 20;
+  bool skip_cublas = false, profile = false;
+  std::vector<int> ms = {1, 4, 16, 64};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--skip-cublas") skip_cublas = true;
+    else if (a == "--profile") profile = true;
+    else if (a == "--ms" && i + 1 < argc) {
+      ms.clear();
+      for (std::string v = argv[++i]; !v.empty();) {
+        const size_t c = v.find(',');
+        ms.push_back(std::atoi(v.substr(0, c).c_str()));
+        v = c == std::string::npos ? "" : v.substr(c + 1);
+      }
+    } else {
+      std::fprintf(stderr, "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--skip-cublas] [--profile]\n");
+      return 2;
+    }
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  if (profile) {  // a few plain launches per distinct shape and M, for Nsight Compute
+    const auto* k = nibble::cuda::find_linear_kernel("int4_asym", 128);
+    DeviceBuffer x(64 * 14336 * 2), y(64 * 28672 * 2);
+    fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), 64 * 14336, 7);
+    for (const Shape sh : {Shape{4096, 4096}, Shape{28672, 4096}, Shape{4096, 14336}}) {
+      const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, 128);
+      for (int M : ms)
+        for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, Act::BF16, s, false);
+    }
+    CK(cudaStreamSynchronize(s));
+    return 0;
+  }
+
+  // Read bandwidth: 4 GiB read once per pass, median of passes.
+  double read_gbs = 0;
+  {
+    const int64_t bytes = int64_t{4} << 30;
+    DeviceBuffer buf(bytes), sink(64);
+    CK(cudaMemset(buf.get(), 0x5A, bytes));
+    const float ms_read = time_captured(s, reps, [&] {
+      read_kernel<<<prop.multiProcessorCount * 8, 512, 0, s>>>(static_cast<const uint4*>(buf.get()), bytes / 16,
+                                                              static_cast<unsigned*>(sink.get()));
+    });
+    read_gbs = bytes / (ms_read * 1e-3) / 1e9;
+    std::printf("read bandwidth: %.0f GB/s (4 GiB read, %.3f ms)\n", read_gbs, ms_read);
+  }
+
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  const int64_t width = 2 * 14336 + 128256;  // any K or N of the stack fits
+  DeviceBuffer x(static_cast<size_t>(max_m * width * 2)), y(static_cast<size_t>(max_m * width * 2));
+  fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), max_m * width, 7);
+  CK(cudaGetLastError());
+
+  std::printf("\n%-8s %3s %12s %10s %10s %10s %12s %10s\n", "stack", "M", "int4 GB", "nibble ms", "no-PDL ms",
+              "cuBLAS ms", "bf16 GB", "of read BW");
+  for (bool fused : {false, true}) {
+    const std::vector<Shape> shapes = stack_shapes(layers, fused);
+    // One host random matrix per distinct shape; each linear gets its own device copy.
+    std::vector<DeviceLinear> w;
+    double int4_bytes = 0, bf16_bytes = 0;
+    {
+      std::vector<std::pair<Shape, std::vector<nibble::Tensor>>> cache;
+      const auto* k = nibble::cuda::find_linear_kernel("int4_asym", 128);
+      for (const Shape& sh : shapes) {
+        auto it = std::find_if(cache.begin(), cache.end(),
+                               [&](const auto& c) { return c.first.n == sh.n && c.first.k == sh.k; });
+        if (it == cache.end()) {
+          cache.emplace_back(sh, random_parts(sh.n, sh.k, static_cast<uint32_t>(cache.size() + 1)));
+          it = cache.end() - 1;
+        }
+        w.push_back(k->upload(it->second, sh.n, sh.k, 128));
+        int4_bytes += static_cast<double>(w.back().weight_bytes());
+        bf16_bytes += 2.0 * sh.n * sh.k;
+      }
+    }
+    std::vector<DeviceBuffer> wb;
+    if (!skip_cublas) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        wb.emplace_back(static_cast<size_t>(shapes[i].n * shapes[i].k * 2));
+        fill_bf16<<<4096, 256>>>(static_cast<__nv_bfloat16*>(wb.back().get()), shapes[i].n * shapes[i].k,
+                                 static_cast<uint32_t>(i));
+      }
+      CK(cudaDeviceSynchronize());
+    }
+    if (!fused)
+      for (int M : ms) {  // per distinct shape: all its copies in the stack, one graph
+        std::vector<Shape> seen;
+        for (const Shape& sh : shapes) {
+          if (std::any_of(seen.begin(), seen.end(), [&](const Shape& o) { return o.n == sh.n && o.k == sh.k; }))
+            continue;
+          seen.push_back(sh);
+          std::vector<size_t> idx;
+          double bytes = 0;
+          for (size_t i = 0; i < shapes.size(); ++i)
+            if (shapes[i].n == sh.n && shapes[i].k == sh.k) {
+              idx.push_back(i);
+              bytes += static_cast<double>(w[i].weight_bytes());
+            }
+          const float t = time_captured(s, reps, [&] {
+            for (size_t i : idx) w[i].kernel->gemm(w[i], x.get(), M, sh.k, y.get(), sh.n, Act::BF16, s, true);
+          });
+          std::printf("  shape %6lld x %5lld  M=%2d  x%-3zu %8.2f us each  %6.0f GB/s  %5.1f%% of read BW\n",
+                      static_cast<long long>(sh.n), static_cast<long long>(sh.k), M, idx.size(),
+                      1e3 * t / idx.size(), bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
+        }
+      }
+    for (int M : ms) {
+      auto run_stack = [&](bool pdl) {
+        for (size_t i = 0; i < shapes.size(); ++i)
+          w[i].kernel->gemm(w[i], x.get(), M, shapes[i].k, y.get(), shapes[i].n, Act::BF16, s, pdl);
+      };
+      const float t_pdl = time_captured(s, reps, [&] { run_stack(true); });
+      const float t_plain = time_captured(s, reps, [&] { run_stack(false); });
+      float t_cublas = 0;
+      if (!skip_cublas)
+        t_cublas = time_captured(s, reps, [&] {
+          for (size_t i = 0; i < shapes.size(); ++i)
+            nibble::cuda::gemm_bf16_cublas(wb[i].get(), shapes[i].n, shapes[i].k, x.get(), M, shapes[i].k, y.get(),
+                                           shapes[i].n, s);
+        });
+      std::printf("%-8s %3d %12.3f %10.3f %10.3f %10.3f %12.3f %9.1f%%\n", fused ? "fused" : "unfused", M,
+                  int4_bytes / 1e9, t_pdl, t_plain, t_cublas, bf16_bytes / 1e9,
+                  100.0 * int4_bytes / (t_pdl * 1e-3) / (read_gbs * 1e9));
+    }
+    CK(cudaDeviceSynchronize());
+  }
+  std::printf("\nfloor at the measured read bandwidth: int4 bytes / %.0f GB/s\n", read_gbs);
+  return 0;
+}

@@ -1,0 +1,643 @@
+// W4A16 GEMV / small-M GEMM for int4_asym on the GPU (docs/CUDA.md has the
+// layout and the measured speed).
+//
+// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, x and y bf16 or fp16, fp32 accumulation.
+//
+// Design
+//  * Decode is bandwidth bound: every byte of weights is read once, in 16-byte
+//    loads, coalesced (a warp reads 512 contiguous bytes), several in flight per
+//    thread. Codes are re-laid out once at load time so that one 16-byte load
+//    gives a lane exactly its A-fragment nibbles of four mma.m16n8k16 tiles
+//    (16 rows × 64 inputs per warp per load): no shared memory, no shuffles.
+//  * The weights are the mma's A operand ("swap AB"): 16 output rows are the M
+//    side of the tensor-core tile, the tokens are its N = 8 side, so M = 1 .. 8
+//    tokens cost one mma per 16×16 weights and M = 64 eight.
+//  * Decode of 8 nibbles (one 32-bit word) to bf16: shift, and-or with the
+//    exponent of 128 (0x4300 | c is exactly 128 + c), subtract 128, then one
+//    fused multiply-add c·s + m per pair: the weight is fl_bf16(c·s + m), i.e.
+//    FORMAT.md's value rounded once to 16 bits. fp16 uses 1024 (0x6400).
+//  * Split-K inside a block: the warps of a block share a 16-row tile and take
+//    interleaved 64-input chunks; partial sums meet in shared memory. The number
+//    of warps per block is chosen so the whole GPU has enough loads in flight
+//    even for narrow matrices.
+//  * Programmatic dependent launch (sm_90): a kernel issues its first weight
+//    loads, then waits for the previous kernel (griddepcontrol.wait) before it
+//    touches x, so launch latency and the previous kernel's tail overlap with
+//    this kernel's weight stream.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/check.h"
+#include "nibble/cuda.h"
+#include "nibble/dtype.h"
+
+namespace nibble::cuda {
+
+void DeviceBuffer::Free::operator()(void* p) const { cudaFree(p); }
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  void* p = nullptr;
+  NIBBLE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+  ptr_.reset(p);
+}
+
+namespace {
+
+constexpr int kTileRows = 16;  // output rows per mma tile
+constexpr int kChunk = 64;     // inputs per 16-byte lane load (4 mma k-steps of 16)
+
+// ---- the layout (docs/CUDA.md) ---------------------------------------------
+// Lane l of a warp: gid = l / 4, tig = l % 4. Within a chunk of 64 inputs the
+// mma's k order is permuted (a dot product does not care, as long as weights
+// and activations use the same order): in k-step s, the mma's k index
+// kk = 2tig + 8h + e (h, e in {0, 1}) is the chunk's input 16tig + 4s + 2h + e.
+// A lane's activations for the whole chunk are then 16 consecutive inputs
+// (two 16-byte loads), and its B fragment for step s is inputs 16tig + 4s .. +3.
+// In chunk c of row tile t, word s of lane l holds 8 nibbles, nibble p at bits
+// 4p..4p+3, with j = p % 4 the A-fragment register and e = p / 4 its half:
+//   row = gid + 8·(j % 2),   input = 64c + 16tig + 4s + 2·(j / 2) + e,
+// so (word >> 4j) & 0x000F000F is register j's pair.
+__host__ __device__ inline void nibble_coords(int lane, int s, int p, int* row, int* k) {
+  const int gid = lane >> 2, tig = lane & 3;
+  const int j = p & 3, e = p >> 2;
+  *row = gid + ((j & 1) ? 8 : 0);
+  *k = 16 * tig + 4 * s + 2 * (j >> 1) + e;
+}
+
+struct Dims {
+  int64_t tiles, chunks, groups_padded;
+};
+Dims dims_of(int64_t rows, int64_t cols, int group_size) {
+  const int64_t chunks = (cols + kChunk - 1) / kChunk;
+  return {(rows + kTileRows - 1) / kTileRows, chunks, (chunks * kChunk + group_size - 1) / group_size};
+}
+
+void check_parts(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
+  const FormatChoice f = find_format("int4_asym", group_size);
+  const auto specs = f.spec->parts(rows, cols, group_size);
+  NIBBLE_CHECK(parts.size() == specs.size(), "w4a16: expected {} parts, found {}", specs.size(), parts.size());
+  for (size_t i = 0; i < specs.size(); ++i)
+    NIBBLE_CHECK(parts[i].dtype() == specs[i].dtype && parts[i].shape() == specs[i].shape,
+                 "w4a16: part {} should be {} {}, found {} {}", specs[i].suffix, dtype_name(specs[i].dtype),
+                 shape_str(specs[i].shape), dtype_name(parts[i].dtype()), shape_str(parts[i].shape()));
+  NIBBLE_CHECK(cols % 2 == 0, "w4a16: the input width must be even (found {}): x is read in pairs", cols);
+}
+
+// ---- the kernel --------------------------------------------------------------
+
+template <typename T>
+struct ActTraits;
+template <>
+struct ActTraits<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
+  static constexpr uint32_t kOnes = 0x3F803F80u;  // 1.0 in both halves
+  static constexpr float kOffset = 128.0f;
+  __device__ static T2 magic() { return __floats2bfloat162_rn(128.0f, 128.0f); }
+  __device__ static T2 broadcast(uint16_t bf16_bits) {
+    __nv_bfloat16 h;
+    std::memcpy(&h, &bf16_bits, 2);
+    return __bfloat162bfloat162(h);
+  }
+  __device__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct ActTraits<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
+  static constexpr uint32_t kOnes = 0x3C003C00u;  // 1.0 in both halves
+  static constexpr float kOffset = 1024.0f;
+  __device__ static T2 magic() { return __floats2half2_rn(1024.0f, 1024.0f); }
+  __device__ static T2 broadcast(uint16_t bf16_bits) {
+    const float v = __uint_as_float(static_cast<uint32_t>(bf16_bits) << 16);
+    return __float2half2_rn(v);
+  }
+  __device__ static __half from_float(float v) { return __float2half_rn(v); }
+};
+
+template <typename T>
+__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ inline void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ inline void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ inline void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Eight consecutive activations row[k .. k+7] of one token (16 bytes); zeros at
+// and past K (K is even, so pairs are whole) and for tokens past M.
+template <typename T>
+__device__ inline uint4 load_x8(const T* row, int64_t k, int K, bool tok_ok) {
+  if (!tok_ok) return make_uint4(0, 0, 0, 0);
+  if (k + 8 <= K) return *reinterpret_cast<const uint4*>(row + k);
+  uint32_t v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = (k + 2 * i < K) ? *reinterpret_cast<const uint32_t*>(row + k + 2 * i) : 0u;
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// Decodes one lane's A fragments of a chunk (4 k-steps × 4 registers) of one
+// 16-row tile; sm = (scale, min) of rows gid (.x) and gid + 8 (.y).
+template <typename T>
+__device__ inline void decode_chunk(const uint4& q, const uint2& sm, uint32_t (&a)[4][4]) {
+  using Tr = ActTraits<T>;
+  using T2 = typename Tr::T2;
+  const T2 s_lo = Tr::broadcast(static_cast<uint16_t>(sm.x & 0xFFFF));
+  const T2 m_lo = Tr::broadcast(static_cast<uint16_t>(sm.x >> 16));
+  const T2 s_hi = Tr::broadcast(static_cast<uint16_t>(sm.y & 0xFFFF));
+  const T2 m_hi = Tr::broadcast(static_cast<uint16_t>(sm.y >> 16));
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t v = ((words[s] >> (4 * j)) & 0x000F000Fu) | Tr::kMagic;
+      T2 h;
+      std::memcpy(&h, &v, 4);
+      h = __hfma2(__hsub2(h, Tr::magic()), (j & 1) ? s_hi : s_lo, (j & 1) ? m_hi : m_lo);
+      std::memcpy(&a[s][j], &h, 4);
+    }
+}
+
+// The offset codes of a chunk as A fragments, no arithmetic: (0x4300 | c) is
+// exactly 128 + c in bf16 (0x6400 | c is 1024 + c in fp16). Scale and min are
+// applied to the fp32 partial sums instead (see the kernel).
+template <typename T>
+__device__ inline void decode_chunk_raw(const uint4& q, uint32_t (&a)[4][4]) {
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) a[s][j] = ((words[s] >> (4 * j)) & 0x000F000Fu) | ActTraits<T>::kMagic;
+}
+
+__device__ inline float bf16_bits_to_float(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+
+// One warp computes R row tiles (16·R rows) × NT token tiles (8·NT tokens)
+// over an interleaved share of the input chunks; the warps of a block split K
+// and meet in shared memory. U chunks are loaded before the first is used.
+//
+// Two ways to apply a group's scale s and min m (kRaw):
+//  * false: decode each weight to 16 bits, fl16(c·s + m) (shift, and-or,
+//    subtract, fused multiply-add per pair), then mma. Any group size.
+//  * true (a chunk must lie in one group: G >= 64): the mma multiplies x by the
+//    offset codes 128 + c directly, giving P = Σ(128 + c)·x per chunk in fp32,
+//    and a second mma with an all-ones A gives Σx; then
+//      Σ(c·s + m)·x = s·P + (m − 128·s)·Σx,
+//    two fp32 FMAs per output per chunk instead of two 16-bit operations per
+//    weight pair. The weights are exact (never rounded to 16 bits); the
+//    cancellation in s·P − 128·s·Σx costs at most ~2^-17 of Σ|x|·s per chunk.
+template <typename T, int NT, int R, int U, bool kRaw>
+__global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
+    w4a16_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
+                 int64_t ldx, T* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
+                 int groups_padded, int g_shift) {
+  extern __shared__ float red[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
+
+  const T* xp[NT];
+  bool tok_ok[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int tok = n * 8 + gid;
+    tok_ok[n] = tok < M;
+    xp[n] = x + static_cast<int64_t>(tok_ok[n] ? tok : 0) * ldx;
+  }
+  bool tile_ok[R];
+  const uint4* cp[R];
+  const uint2* mp[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    tile_ok[r] = tile0 + r < tiles;
+    const int64_t t = tile_ok[r] ? tile0 + r : 0;
+    cp[r] = codes + t * chunks * 32 + lane;
+    mp[r] = meta + t * groups_padded * 8 + gid;
+  }
+  float acc[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+
+  // Software pipeline: the next U chunks' loads are issued before the current
+  // ones are used, so every warp always has loads in flight (bandwidth needs
+  // ~50 KiB in flight per SM).
+  uint4 q[U][R];
+  uint2 mt[U][R];
+  auto load_batch = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * nwarps;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (c < chunks && tile_ok[r]) {
+          q[u][r] = load_stream(cp[r] + static_cast<int64_t>(c) * 32);
+          mt[u][r] = __ldg(mp[r] + ((static_cast<int64_t>(c) * kChunk + 16 * tig) >> g_shift) * 8);
+        } else {
+          q[u][r] = make_uint4(0, 0, 0, 0);
+          mt[u][r] = make_uint2(0, 0);
+        }
+    }
+  };
+  const int step = nwarps * U;
+  load_batch(warp);
+  grid_dependency_wait();  // weights are in flight; x may be the previous kernel's output
+  for (int c0 = warp; c0 < chunks; c0 += step) {
+    uint4 qc[U][R];
+    uint2 mc[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        qc[u][r] = q[u][r];
+        mc[u][r] = mt[u][r];
+      }
+    if (c0 + step < chunks) load_batch(c0 + step);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * nwarps;
+      if (c >= chunks) break;
+      uint32_t a[R][4][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if constexpr (kRaw)
+          decode_chunk_raw<T>(qc[u][r], a[r]);
+        else
+          decode_chunk<T>(qc[u][r], mc[u][r], a[r]);
+      }
+      const int64_t k = static_cast<int64_t>(c) * kChunk + 16 * tig;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint4 x0 = load_x8(xp[n], k, K, tok_ok[n]);
+        const uint4 x1 = load_x8(xp[n], k + 8, K, tok_ok[n]);
+        const uint32_t b[4][2] = {{x0.x, x0.y}, {x0.z, x0.w}, {x1.x, x1.y}, {x1.z, x1.w}};
+        if constexpr (kRaw) {
+          constexpr uint32_t ones[4] = {ActTraits<T>::kOnes, ActTraits<T>::kOnes, ActTraits<T>::kOnes,
+                                        ActTraits<T>::kOnes};
+          float xs[4] = {0.0f, 0.0f, 0.0f, 0.0f}, part[R][4];
+#pragma unroll
+          for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.0f;
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            mma_16816<T>(xs, ones, b[s][0], b[s][1]);
+#pragma unroll
+            for (int r = 0; r < R; ++r) mma_16816<T>(part[r], a[r][s], b[s][0], b[s][1]);
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const float s_lo = bf16_bits_to_float(mc[u][r].x & 0xFFFF), m_lo = bf16_bits_to_float(mc[u][r].x >> 16);
+            const float s_hi = bf16_bits_to_float(mc[u][r].y & 0xFFFF), m_hi = bf16_bits_to_float(mc[u][r].y >> 16);
+            const float o_lo = fmaf(-ActTraits<T>::kOffset, s_lo, m_lo), o_hi = fmaf(-ActTraits<T>::kOffset, s_hi, m_hi);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              acc[r][n][j] = fmaf((j & 2) ? s_hi : s_lo, part[r][j], fmaf((j & 2) ? o_hi : o_lo, xs[j], acc[r][n][j]));
+          }
+        } else {
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int r = 0; r < R; ++r) mma_16816<T>(acc[r][n], a[r][s], b[s][0], b[s][1]);
+        }
+      }
+    }
+  }
+  grid_dependency_wait();  // y may still be read by the previous kernel
+  grid_dependents_launch();
+
+  // Accumulator layout (m16n8 C fragment): acc[r][n][j] is row 16(tile0 + r) +
+  // gid + 8·(j / 2), token n·8 + 2·tig + j % 2.
+  const int64_t row0 = tile0 * kTileRows;
+  if (nwarps == 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int tok = n * 8 + 2 * tig + (j & 1);
+          const int64_t row = row0 + r * kTileRows + gid + 8 * (j >> 1);
+          if (tok < M && row < N) y[tok * ldy + row] = ActTraits<T>::from_float(acc[r][n][j]);
+        }
+    return;
+  }
+  constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
+  float* rw = red + warp * kOut;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        rw[(n * 8 + 2 * tig + (j & 1)) * kRows + r * kTileRows + gid + 8 * (j >> 1)] = acc[r][n][j];
+  __syncthreads();
+  for (int i = threadIdx.x; i < kOut; i += blockDim.x) {
+    float s = 0.0f;
+    for (int w = 0; w < nwarps; ++w) s += red[w * kOut + i];
+    const int tok = i / kRows;
+    const int64_t row = row0 + i % kRows;
+    if (tok < M && row < N) y[tok * ldy + row] = ActTraits<T>::from_float(s);
+  }
+}
+
+// Builds the layout on the device from the FORMAT.md parts: one thread per
+// output 32-bit word (codes) and per 8-byte pair entry (meta).
+__global__ void relayout_codes_kernel(const uint8_t* __restrict__ qweight, uint32_t* __restrict__ out, int64_t rows,
+                                      int64_t cols, int64_t chunks) {
+  const int64_t words = ((rows + kTileRows - 1) / kTileRows) * chunks * 32 * 4;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= words) return;
+  const int s = static_cast<int>(idx & 3), lane = static_cast<int>((idx >> 2) & 31);
+  const int64_t c = (idx >> 7) % chunks, t = (idx >> 7) / chunks;
+  const int64_t bytes_per_row = (cols + 1) / 2;
+  uint32_t w = 0;
+  for (int p = 0; p < 8; ++p) {
+    int r, k;
+    nibble_coords(lane, s, p, &r, &k);
+    const int64_t row = t * kTileRows + r, col = c * kChunk + k;
+    if (row >= rows || col >= cols) continue;
+    const uint8_t b = qweight[row * bytes_per_row + col / 2];
+    w |= static_cast<uint32_t>((col & 1) ? (b >> 4) : (b & 0xF)) << (4 * p);
+  }
+  out[idx] = w;
+}
+
+__global__ void relayout_meta_kernel(const uint16_t* __restrict__ scales, const uint16_t* __restrict__ mins,
+                                     uint16_t* __restrict__ out, int64_t rows, int64_t groups, int64_t groups_padded) {
+  const int64_t entries = ((rows + kTileRows - 1) / kTileRows) * groups_padded * 8;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= entries) return;
+  const int gid = static_cast<int>(idx & 7);
+  const int64_t g = (idx >> 3) % groups_padded, t = (idx >> 3) / groups_padded;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = t * kTileRows + gid + 8 * h;
+    const bool ok = row < rows && g < groups;
+    out[idx * 4 + 2 * h] = ok ? scales[row * groups + g] : 0;
+    out[idx * 4 + 2 * h + 1] = ok ? mins[row * groups + g] : 0;
+  }
+}
+
+DeviceBuffer upload(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  DeviceBuffer d(c.nbytes());
+  NIBBLE_CUDA_CHECK(cudaMemcpy(d.get(), c.raw(), c.nbytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
+                void* stream, bool pdl);
+
+const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm};
+
+DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
+  check_parts(parts, rows, cols, group_size);
+  const Dims d = dims_of(rows, cols, group_size);
+  DeviceLinear out;
+  out.kernel = &kW4A16;
+  out.rows = rows;
+  out.cols = cols;
+  out.group_size = group_size;
+  out.a = DeviceBuffer(static_cast<size_t>(d.tiles * d.chunks * 32 * 16));
+  out.b = DeviceBuffer(static_cast<size_t>(d.tiles * d.groups_padded * 8 * 8));
+  const DeviceBuffer qw = upload(parts[0]), sc = upload(parts[1]), mn = upload(parts[2]);
+  const int64_t words = d.tiles * d.chunks * 32 * 4, entries = d.tiles * d.groups_padded * 8;
+  relayout_codes_kernel<<<blocks_for(words, 256), 256>>>(static_cast<const uint8_t*>(qw.get()),
+                                                          static_cast<uint32_t*>(out.a.get()), rows, cols, d.chunks);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  relayout_meta_kernel<<<blocks_for(entries, 256), 256>>>(
+      static_cast<const uint16_t*>(sc.get()), static_cast<const uint16_t*>(mn.get()),
+      static_cast<uint16_t*>(out.b.get()), rows, (cols + group_size - 1) / group_size, d.groups_padded);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());
+  return out;
+}
+
+}  // namespace
+
+bool w4a16_exact_weights(int group_size, int64_t M) { return group_size >= 64 && M <= 16; }
+
+namespace {
+
+struct DeviceInfo {
+  int sms = 0;
+};
+const DeviceInfo& device_info() {
+  static const DeviceInfo info = [] {
+    DeviceInfo i;
+    int dev = 0;
+    NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
+    NIBBLE_CUDA_CHECK(cudaDeviceGetAttribute(&i.sms, cudaDevAttrMultiProcessorCount, dev));
+    return i;
+  }();
+  return info;
+}
+
+template <typename T, int NT, int R, int U>
+void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, T* y, int64_t ldy, cudaStream_t stream, bool pdl,
+            bool exact) {
+  const Dims d = dims_of(w.rows, w.cols, w.group_size);
+  const int64_t blocks = (d.tiles + R - 1) / R;
+  // Warps per block: enough resident warps on the whole GPU (~32 per SM) to
+  // keep the weight stream saturated, at most 16 (8 when the kernel may use
+  // up to 255 registers), at most one per chunk, and the reduction buffer
+  // within 48 KiB.
+  const int64_t target = static_cast<int64_t>(device_info().sms) * 32;
+  const int64_t smem_per_warp = static_cast<int64_t>(R) * kTileRows * NT * 8 * sizeof(float);
+  int64_t warps = std::clamp<int64_t>(target / std::max<int64_t>(blocks, 1), 1, NT >= 2 ? 8 : 16);
+  warps = std::max<int64_t>(std::min<int64_t>({warps, d.chunks, 49152 / smem_per_warp}), 1);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = warps > 1 ? static_cast<size_t>(warps * smem_per_warp) : 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  auto kernel = w4a16_kernel<T, NT, R, U, false>;
+  if constexpr (NT <= 2)
+    if (exact) kernel = w4a16_kernel<T, NT, R, U, true>;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel,
+                                       static_cast<const uint4*>(w.a.get()),
+                                       static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
+                                       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(d.tiles),
+                                       static_cast<int>(d.chunks), static_cast<int>(d.groups_padded),
+                                       __builtin_ctz(static_cast<unsigned>(w.group_size))));
+}
+
+// Tokens in blocks of at most 64 (8 token tiles); each block is one pass over
+// W. Row tiles per warp (R) grow with the token tiles so that each activation
+// fragment loaded is used R times (the L1 traffic for x is what limits M > 8).
+template <typename T>
+void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, cudaStream_t s,
+              bool pdl) {
+  const bool exact = w4a16_exact_weights(w.group_size, M);  // one rule for the whole call
+  for (int64_t m0 = 0; m0 < M; m0 += 64) {
+    const int m = static_cast<int>(std::min<int64_t>(64, M - m0));
+    const T* xm = static_cast<const T*>(x) + m0 * ldx;
+    T* ym = static_cast<T*>(y) + m0 * ldy;
+    // The most row tiles per warp that still leaves ~16 warps per SM.
+    const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, want = int64_t{device_info().sms} * 16 / 8;
+    const int r = tiles / 4 >= want ? 4 : tiles / 2 >= want ? 2 : 1;
+    if (m <= 8)
+      launch<T, 1, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+    else if (m <= 16)
+      r == 4 ? launch<T, 2, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+      : r == 2 ? launch<T, 2, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+               : launch<T, 2, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+    else if (m <= 32)
+      r == 4 ? launch<T, 4, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+      : r == 2 ? launch<T, 4, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+               : launch<T, 4, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+    else
+      r >= 2 ? launch<T, 8, 2, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact) : launch<T, 8, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+  }
+}
+
+void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
+                void* stream, bool pdl) {
+  NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
+  NIBBLE_CHECK(ldx >= w.cols && ldx % 8 == 0, "w4a16: ldx must be a multiple of 8 and at least {} (found {})", w.cols,
+               ldx);
+  NIBBLE_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "w4a16: x must be 16-byte aligned");
+  NIBBLE_CHECK(std::find(kW4A16.group_sizes.begin(), kW4A16.group_sizes.end(), w.group_size) !=
+                   kW4A16.group_sizes.end(),
+               "w4a16: group size {} has no kernel", w.group_size);
+  NIBBLE_CHECK(ldy >= w.rows, "w4a16: ldy must be at least {} (found {})", w.rows, ldy);
+  NIBBLE_CHECK(w.rows < (int64_t{1} << 31) && w.cols < (int64_t{1} << 31), "w4a16: matrix too large");
+  if (M <= 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (act == Act::BF16)
+    launch_t<__nv_bfloat16>(w, x, M, ldx, y, ldy, s, pdl);
+  else
+    launch_t<__half>(w, x, M, ldx, y, ldy, s, pdl);
+}
+
+__global__ void f32_to_bf16_kernel(const float* __restrict__ in, __nv_bfloat16* __restrict__ out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+}
+
+}  // namespace
+
+const std::vector<const LinearKernel*>& linear_kernel_registry() {
+  static const std::vector<const LinearKernel*> rows = {&kW4A16};
+  return rows;
+}
+
+const LinearKernel* find_linear_kernel(std::string_view format, int group_size) {
+  for (const LinearKernel* k : linear_kernel_registry())
+    if (k->format == format && std::find(k->group_sizes.begin(), k->group_sizes.end(), group_size) != k->group_sizes.end())
+      return k;
+  return nullptr;
+}
+
+W4A16HostLayout w4a16_layout_host(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
+  check_parts(parts, rows, cols, group_size);
+  const Dims d = dims_of(rows, cols, group_size);
+  const Tensor qw = parts[0].contiguous(), sc = parts[1].contiguous(), mn = parts[2].contiguous();
+  const auto* q = static_cast<const uint8_t*>(qw.raw());
+  const auto* s = static_cast<const uint16_t*>(sc.raw());
+  const auto* m = static_cast<const uint16_t*>(mn.raw());
+  const int64_t bytes_per_row = (cols + 1) / 2, groups = (cols + group_size - 1) / group_size;
+  W4A16HostLayout out;
+  out.codes.assign(static_cast<size_t>(d.tiles * d.chunks * 32 * 16), 0);
+  out.meta.assign(static_cast<size_t>(d.tiles * d.groups_padded * 8 * 8), 0);
+  for (int64_t t = 0; t < d.tiles; ++t)
+    for (int64_t c = 0; c < d.chunks; ++c)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int st = 0; st < 4; ++st) {
+          uint32_t w = 0;
+          for (int p = 0; p < 8; ++p) {
+            int r, k;
+            nibble_coords(lane, st, p, &r, &k);
+            const int64_t row = t * kTileRows + r, col = c * kChunk + k;
+            if (row >= rows || col >= cols) continue;
+            const uint8_t b = q[row * bytes_per_row + col / 2];
+            w |= static_cast<uint32_t>((col & 1) ? (b >> 4) : (b & 0xF)) << (4 * p);
+          }
+          std::memcpy(&out.codes[static_cast<size_t>((((t * d.chunks + c) * 32 + lane) * 4 + st) * 4)], &w, 4);
+        }
+  for (int64_t t = 0; t < d.tiles; ++t)
+    for (int64_t g = 0; g < d.groups_padded; ++g)
+      for (int gid = 0; gid < 8; ++gid)
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = t * kTileRows + gid + 8 * h;
+          const bool ok = row < rows && g < groups;
+          const uint16_t v[2] = {ok ? s[row * groups + g] : uint16_t{0}, ok ? m[row * groups + g] : uint16_t{0}};
+          std::memcpy(&out.meta[static_cast<size_t>(((t * d.groups_padded + g) * 8 + gid) * 8 + 4 * h)], v, 4);
+        }
+  return out;
+}
+
+DeviceBuffer dequantize_to_bf16_device(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
+  const Tensor f32 = dequantize_int4_asym(parts, rows, cols, group_size);
+  const DeviceBuffer d32 = upload(f32);
+  DeviceBuffer out(static_cast<size_t>(rows * cols) * 2);
+  const int64_t n = rows * cols;
+  if (n > 0) {
+    f32_to_bf16_kernel<<<blocks_for(n, 256), 256>>>(static_cast<const float*>(d32.get()),
+                                                    static_cast<__nv_bfloat16*>(out.get()), n);
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+  }
+  NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());
+  return out;
+}
+
+void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
+                      int64_t ldy, void* stream) {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h = nullptr;
+    NIBBLE_CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasCreate failed");
+    return h;
+  }();
+  NIBBLE_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(stream)) == CUBLAS_STATUS_SUCCESS,
+               "cuBLAS: cublasSetStream failed");
+  const float alpha = 1.0f, beta = 0.0f;
+  // Column-major view: Yᵀ[rows, M] = W[rows, cols] (row-major = colmajor Wᵀ) · Xᵀ[cols, M].
+  const cublasStatus_t st = cublasGemmEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M), static_cast<int>(cols), &alpha,
+      w_bf16, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF, static_cast<int>(ldx), &beta, y, CUDA_R_16BF,
+      static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  NIBBLE_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS: bf16 GEMM failed (status {})", static_cast<int>(st));
+}
+
+}  // namespace nibble::cuda
