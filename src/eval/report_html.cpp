@@ -19,8 +19,9 @@ namespace {
 // every plot has a log KL axis, in 5 bins per decade for the histograms. One
 // range for all candidates, so their plots line up: from the decade below the
 // smallest positive value (KL or noise floor) to the decade above the largest,
-// at most 9 decades (less pulls zero-ish rounding values into view for
-// nothing; below the range they are counted in a bar of their own).
+// but at most 9 decades: a few rounding-level values (1e-15 where two models
+// all but agree) would otherwise squeeze everything else into a corner. What
+// falls below the range (zeros included) is counted in a bar of its own.
 constexpr int kPerDecade = 5;
 constexpr int kMaxDecades = 9;
 // An empirical CDF is drawn through at most this many of its steps (each an
