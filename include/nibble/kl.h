@@ -75,9 +75,12 @@ struct KlSummary {
 };
 
 // Scores one candidate against the reference: one summary per corpus, then
-// the pooled "all".
+// the pooled "all". When `per_position_kl` is given it receives the KL of every
+// scored position, corpora in order (the pooled sample the quantiles come
+// from; moved out, not copied), for histograms and CDFs.
 std::vector<KlSummary> score_candidate(const ModelSource& candidate, const Reference& ref, const std::vector<Corpus>& corpora,
-                                       const KlOptions& o, bool bf16_activations = false);
+                                       const KlOptions& o, bool bf16_activations = false,
+                                       std::vector<double>* per_position_kl = nullptr);
 
 // The order statistics of a sample (copied and sorted): quantile q by linear
 // interpolation between closest ranks (numpy's default).

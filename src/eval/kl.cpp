@@ -229,7 +229,8 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
 }
 
 std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference& ref, const std::vector<Corpus>& corpora,
-                                       const KlOptions& o, bool bf16_activations) {
+                                       const KlOptions& o, bool bf16_activations,
+                                       std::vector<double>* per_position_kl) {
   cand.validate_against_config();
   NIBBLE_CHECK(!ref.corpora.empty() && cand.config().vocab_size == ref.corpora[0].vocab,
                "eval: {} has a vocabulary of {} tokens, the reference {}", cand.describe(), cand.config().vocab_size,
@@ -319,6 +320,7 @@ std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference&
   bar.finish();
   if (corpora.size() > 1)
     out.push_back(summarize("all", all_kl, all_chunks, all_agree, all_nll_r, all_nll_c, ref.noise_floor_all));
+  if (per_position_kl) *per_position_kl = std::move(all_kl);
   return out;
 }
 

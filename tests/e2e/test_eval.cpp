@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "nibble/convert.h"
@@ -15,6 +17,7 @@
 #include "nibble/match_rows.h"
 #include "nibble/safetensors.h"
 #include "nibble/model.h"
+#include "nibble/report.h"
 #include "nibble/tokenizer.h"
 #include "test_util.h"
 
@@ -180,6 +183,59 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
   r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --corpus ts=" + (tmp / "t.txt").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--candidate"), std::string::npos) << r.err;
+}
+
+TEST(KlEval, CliWritesAnHtmlReportWithTheTableItPrints) {
+  Fixture f;  // f.tmp / "rtn": stories260K, RTN g32
+  const std::string m = f.model.string(), rtn = (f.tmp / "rtn").string();
+  const std::string overlay = "overlay:" + rtn + ",keep=mlp&?";  // a spec with a character HTML must escape
+  std::ofstream(f.tmp / "t.txt") << test::read_file(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt").substr(96207, 20000);
+  const fs::path html_path = f.tmp / "report.html";
+  const auto r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                                   " --candidate " + rtn + " --candidate '" + overlay + "' --corpus ts=" +
+                                   (f.tmp / "t.txt").string() + " --ctx 64 --chunks 3 --html " + html_path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::is_regular_file(html_path));
+  EXPECT_FALSE(fs::exists(html_path.string() + ".tmp"));
+  const std::string html = test::read_file(html_path);
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>\n<html", 0), 0u);
+  EXPECT_EQ(html.substr(html.size() - 8), "</html>\n");
+  for (const char* tag : {"<head>", "</head>", "<body>", "</body>", "<meta charset=\"utf-8\">"})
+    EXPECT_NE(html.find(tag), std::string::npos) << tag;
+  for (const char* bad : {"http://", "https://", "src=", "href=", "url(", "<script", "<link"})
+    EXPECT_EQ(html.find(bad), std::string::npos) << bad;
+  size_t svgs = 0;
+  for (size_t p = html.find("<svg"); p != std::string::npos; p = html.find("<svg", p + 1)) ++svgs;
+  EXPECT_EQ(svgs, 1u + 2 * 3);  // the overlay of all CDFs, then a histogram and a CDF per candidate
+  EXPECT_EQ(html.find("mlp&?"), std::string::npos);
+  for (const std::string& name : {m, rtn, overlay})
+    EXPECT_NE(html.find("<h3>" + eval::html_escape(name) + "</h3>"), std::string::npos) << name;
+  // The comparison table printed on stdout, cell for cell in the page.
+  const size_t head = r.out.find("| candidate | bits/weight |");
+  ASSERT_NE(head, std::string::npos) << r.out;
+  std::istringstream lines(r.out.substr(head));
+  std::string line;
+  std::getline(lines, line);  // header
+  std::getline(lines, line);  // |---|
+  int rows = 0;
+  while (std::getline(lines, line) && line.rfind("| ", 0) == 0) {
+    ++rows;
+    const std::string inner = line.substr(2, line.size() - 4);
+    for (size_t a = 0, b; a <= inner.size(); a = b + 3) {
+      b = inner.find(" | ", a);
+      if (b == std::string::npos) b = inner.size();
+      std::string_view cell = std::string_view(inner).substr(a, b - a);
+      std::string badge;  // the page shows the Markdown's near-floor mark as a badge
+      if (cell.ends_with(eval::kNearNoiseFloorMark)) {
+        cell.remove_suffix(eval::kNearNoiseFloorMark.size());
+        badge = " <span class=\"badge\">≤3× floor</span>";
+      }
+      EXPECT_NE(html.find(fmt::format(">{}{}</td>", eval::html_escape(cell), badge)), std::string::npos) << cell;
+    }
+  }
+  EXPECT_EQ(rows, 3);
+  // The reference against itself (KL 0) is within 3x the noise floor, in both tables.
+  EXPECT_NE(html.find("<tr class=\"near\"><td class=\"text\">" + m + "</td>"), std::string::npos);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "nibble/error.h"
 #include "nibble/kl.h"
 #include "nibble/match_rows.h"
+#include "nibble/report.h"
 #include "nibble/calibration.h"
 #include "nibble/tokenizer.h"
 #include "nibble/util.h"
@@ -20,7 +21,7 @@ namespace nibble::cli {
 namespace {
 
 struct EvalCli {
-  std::string reference, cache, json;
+  std::string reference, cache, json, html;
   std::vector<std::string> candidates, corpora;
   bool noise_floor_only = false, match_rows = false;
   eval::KlOptions opt;
@@ -50,8 +51,6 @@ eval::Corpus load_corpus(const std::string& spec, const Tokenizer* tok, int64_t 
   }
   return c;
 }
-
-std::string fmt_kl(double v) { return fmt::format("{:.5f}", v); }
 
 // Stored bits per weight over the decoder linears and a separate head.
 double linear_bits_per_weight(const ModelSource& src) {
@@ -102,6 +101,8 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--seed", o->opt.seed, "Bootstrap seed")->capture_default_str();
   cmd->add_flag("--noise-floor", o->noise_floor_only, "Only measure the noise floor (no candidates needed)");
   cmd->add_option("--json", o->json, "Also write the summaries as JSON");
+  cmd->add_option("--html", o->html,
+                  "Also write a self-contained HTML report: tables, KL histograms and CDFs per candidate");
   cmd->add_flag("--match-rows", o->match_rows,
                 "Check every candidate tensor against the reference row by row; report layout differences and undo "
                 "row permutations before scoring");
@@ -141,10 +142,19 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       report["noise_floor"] = nf;
     }
     report["candidates"] = nlohmann::ordered_json::array();
-    std::vector<nlohmann::ordered_json> compact;
+    // The comparison table and the HTML page come from one EvalReport.
+    eval::EvalReport summary;
+    summary.reference = o->reference;
+    summary.ctx = o->opt.ctx;
+    summary.noise_floor_all = reference.noise_floor_all;
+    for (size_t i = 0; i < corpora.size(); ++i)
+      summary.corpora.push_back({corpora[i].name, reference.corpora[i].chunks,
+                                 reference.corpora[i].chunks * reference.corpora[i].per_chunk, reference.noise_floor[i]});
     if (!o->candidates.empty()) {
-      std::printf("\n| candidate | corpus | KL mean [95%% CI] | median | p90 | p99 | p99.9 | max | top-1 [95%% CI] | "
-                  "ppl ref | ppl cand | Δppl |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      const auto header = eval::detail_header();
+      std::printf("\n%s\n|", eval::markdown_row(header).c_str());
+      for (size_t i = 0; i < header.size(); ++i) std::printf("---|");
+      std::printf("\n");
       std::fflush(stdout);
     }
     for (const auto& spec : o->candidates) {
@@ -172,41 +182,27 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
         cj["match_rows"] = mj;
         cand = eval::undo_permutations(std::move(cand), matches);
       }
-      const auto rows = eval::score_candidate(*cand, reference, corpora, o->opt);
-      for (const auto& r : rows) {
-        const bool near = r.kl.mean <= 3 * r.noise_floor;
-        std::printf("| %s | %s | %s [%s, %s]%s | %s | %s | %s | %s | %.4f | %.2f %% [%.2f, %.2f] | %.4f | %.4f | %+.4f |\n",
-                    spec.c_str(), r.corpus.c_str(), fmt_kl(r.kl.mean).c_str(), fmt_kl(r.kl_ci_lo).c_str(),
-                    fmt_kl(r.kl_ci_hi).c_str(), near ? " (≤3× noise floor)" : "", fmt_kl(r.kl.median).c_str(),
-                    fmt_kl(r.kl.p90).c_str(), fmt_kl(r.kl.p99).c_str(), fmt_kl(r.kl.p999).c_str(), r.kl.max,
-                    100 * r.top1, 100 * r.top1_ci_lo, 100 * r.top1_ci_hi, r.ppl_ref, r.ppl_cand,
-                    r.ppl_cand - r.ppl_ref);
+      eval::ReportCandidate rc;
+      rc.name = spec;
+      rc.source = cand->describe();
+      rc.bits_per_weight = cj["bits_per_weight"].get<double>();
+      // The per-position KL only when a page will plot it (8 bytes per scored position).
+      rc.rows = eval::score_candidate(*cand, reference, corpora, o->opt, false, o->html.empty() ? nullptr : &rc.kl);
+      for (const auto& r : rc.rows) {
+        std::vector<std::string> cells = {spec};
+        for (auto& c : eval::detail_cells(r)) cells.push_back(std::move(c));
+        std::printf("%s\n", eval::markdown_row(cells).c_str());
         std::fflush(stdout);
         cj["corpora"][r.corpus] = summary_json(r);
-        if (r.corpus == "all" || rows.size() == 1) cj["overall"] = summary_json(r);
+        if (r.corpus == "all" || rc.rows.size() == 1) cj["overall"] = summary_json(r);
       }
       report["candidates"].push_back(cj);
-      compact.push_back(cj);
+      summary.candidates.push_back(std::move(rc));
     }
     // The comparison table: one row per candidate, pooled over the corpora.
-    if (!compact.empty()) {
-      std::printf("\n| candidate | bits/weight | KL mean [95%% CI] | KL p99 | KL max | top-1 | PPL |");
-      for (const auto& c : corpora) std::printf(" KL %s |", c.name.c_str());
-      std::printf("\n|---|---|---|---|---|---|---|");
-      for (size_t i = 0; i < corpora.size(); ++i) std::printf("---|");
-      std::printf("\n");
-      for (const auto& cj : compact) {
-        const auto& ov = cj["overall"];
-        std::printf("| %s | %.3f | %.5f [%.5f, %.5f] | %.4f | %.4f | %.2f %% | %.4f |", cj["name"].get<std::string>().c_str(),
-                    cj["bits_per_weight"].get<double>(), ov["kl_mean"].get<double>(),
-                    ov["kl_mean_ci95"][0].get<double>(), ov["kl_mean_ci95"][1].get<double>(),
-                    ov["kl_p99"].get<double>(), ov["kl_max"].get<double>(), 100 * ov["top1"].get<double>(),
-                    ov["ppl"].get<double>());
-        for (const auto& c : corpora) std::printf(" %.5f |", cj["corpora"][c.name]["kl_mean"].get<double>());
-        std::printf("\n");
-      }
-    }
+    if (!summary.candidates.empty()) std::printf("\n%s", eval::comparison_markdown(summary).c_str());
     if (!o->json.empty()) write_file_atomic(o->json, report.dump(2) + "\n");
+    if (!o->html.empty()) eval::write_html_report(o->html, summary);
   });
 }
 
