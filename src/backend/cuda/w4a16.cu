@@ -157,10 +157,17 @@ __device__ inline void grid_dependents_launch() {
 #endif
 }
 
+// (a & b) | c in one instruction (the compiler emits an and and an or).
+__device__ inline uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 // Eight consecutive activations row[k .. k+7] of one token (16 bytes); zeros at
 // and past K (K is even, so pairs are whole) and for tokens past M.
 template <typename T>
-__device__ inline uint4 load_x8(const T* row, int64_t k, int K, bool tok_ok) {
+__device__ inline uint4 load_x8(const T* row, int k, int K, bool tok_ok) {
   if (!tok_ok) return make_uint4(0, 0, 0, 0);
   if (k + 8 <= K) return *reinterpret_cast<const uint4*>(row + k);
   uint32_t v[4];
@@ -184,7 +191,7 @@ __device__ inline void decode_chunk(const uint4& q, const uint2& sm, uint32_t (&
   for (int s = 0; s < 4; ++s)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint32_t v = ((words[s] >> (4 * j)) & 0x000F000Fu) | Tr::kMagic;
+      const uint32_t v = and_or(words[s] >> (4 * j), 0x000F000Fu, Tr::kMagic);
       T2 h;
       std::memcpy(&h, &v, 4);
       h = __hfma2(__hsub2(h, Tr::magic()), (j & 1) ? s_hi : s_lo, (j & 1) ? m_hi : m_lo);
@@ -201,7 +208,7 @@ __device__ inline void decode_chunk_raw(const uint4& q, uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int s = 0; s < 4; ++s)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) a[s][j] = ((words[s] >> (4 * j)) & 0x000F000Fu) | ActTraits<T>::kMagic;
+    for (int j = 0; j < 4; ++j) a[s][j] = and_or(words[s] >> (4 * j), 0x000F000Fu, ActTraits<T>::kMagic);
 }
 
 __device__ inline float bf16_bits_to_float(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
@@ -300,11 +307,20 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
         else
           decode_chunk<T>(qc[u][r], mc[u][r], a[r]);
       }
-      const int64_t k = static_cast<int64_t>(c) * kChunk + 16 * tig;
+      const int k = c * kChunk + 16 * tig;
+      const bool whole = (c + 1) * kChunk <= K;  // the same for the whole warp
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        const uint4 x0 = load_x8(xp[n], k, K, tok_ok[n]);
-        const uint4 x1 = load_x8(xp[n], k + 8, K, tok_ok[n]);
+        uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+        if (whole) {
+          if (tok_ok[n]) {
+            x0 = *reinterpret_cast<const uint4*>(xp[n] + k);
+            x1 = *reinterpret_cast<const uint4*>(xp[n] + k + 8);
+          }
+        } else {
+          x0 = load_x8(xp[n], k, K, tok_ok[n]);
+          x1 = load_x8(xp[n], k + 8, K, tok_ok[n]);
+        }
         const uint32_t b[4][2] = {{x0.x, x0.y}, {x0.z, x0.w}, {x1.x, x1.y}, {x1.z, x1.w}};
         if constexpr (kRaw) {
           constexpr uint32_t ones[4] = {ActTraits<T>::kOnes, ActTraits<T>::kOnes, ActTraits<T>::kOnes,
