@@ -170,9 +170,9 @@ int main(int argc, char** argv) {
 
   if (profile) {  // a few plain launches per distinct shape and M, for Nsight Compute
     const auto* k = nibble::cuda::find_linear_kernel("int4_asym", 128);
-    DeviceBuffer x(64 * 14336 * 2), y(64 * 28672 * 2);
+    DeviceBuffer x(64 * 14336 * 2), y(64 * 128256 * 2);
     fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), 64 * 14336, 7);
-    for (const Shape sh : {Shape{4096, 4096}, Shape{28672, 4096}, Shape{4096, 14336}}) {
+    for (const Shape sh : {Shape{4096, 4096}, Shape{28672, 4096}, Shape{4096, 14336}, Shape{128256, 4096}}) {
       const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, 128);
       for (int M : ms)
         for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, Act::BF16, s, false);

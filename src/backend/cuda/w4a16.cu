@@ -138,14 +138,6 @@ __device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ inline uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 __device__ inline void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -155,6 +147,20 @@ __device__ inline void grid_dependents_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+__device__ inline void cp_async16(void* smem_dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ inline void cp_async8(void* smem_dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // (a & b) | c in one instruction (the compiler emits an and and an or).
@@ -227,12 +233,13 @@ __device__ inline float bf16_bits_to_float(uint32_t bits16) { return __uint_as_f
 //    two fp32 FMAs per output per chunk instead of two 16-bit operations per
 //    weight pair. The weights are exact (never rounded to 16 bits); the
 //    cancellation in s·P − 128·s·Σx costs at most ~2^-17 of Σ|x|·s per chunk.
-template <typename T, int NT, int R, int U, bool kRaw>
+template <typename T, int NT, int R, int S, bool kRaw>
 __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
     w4a16_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                  int64_t ldx, T* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
                  int groups_padded, int g_shift) {
-  extern __shared__ float red[];
+  static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two");
+  extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
@@ -261,51 +268,47 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
 
-  // Software pipeline: the next U chunks' loads are issued before the current
-  // ones are used, so every warp always has loads in flight (bandwidth needs
-  // ~50 KiB in flight per SM).
-  uint4 q[U][R];
-  uint2 mt[U][R];
-  auto load_batch = [&](int c0) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = c0 + u * nwarps;
+  // Weight stream: a ring of S stages per warp in shared memory, filled with
+  // cp.async (no registers held while bytes are in flight, so many warps can
+  // each keep S - 1 chunks in flight). Each lane copies and later reads only
+  // its own 16 + 8 bytes of a stage, so no barrier is needed.
+  uint4* ring_q = reinterpret_cast<uint4*>(smem) + warp * S * R * 32;
+  uint2* ring_m = reinterpret_cast<uint2*>(smem + static_cast<size_t>(nwarps) * S * R * 32 * 16) + warp * S * R * 32;
+  auto issue = [&](int i) {  // the warp's i-th chunk into stage i % S
+    const int c = warp + i * nwarps, st = i & (S - 1);
+    if (c < chunks) {
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        if (c < chunks && tile_ok[r]) {
-          q[u][r] = load_stream(cp[r] + static_cast<int64_t>(c) * 32);
-          mt[u][r] = __ldg(mp[r] + ((static_cast<int64_t>(c) * kChunk + 16 * tig) >> g_shift) * 8);
-        } else {
-          q[u][r] = make_uint4(0, 0, 0, 0);
-          mt[u][r] = make_uint2(0, 0);
+        if (tile_ok[r]) {
+          cp_async16(ring_q + (st * R + r) * 32 + lane, cp[r] + static_cast<int64_t>(c) * 32);
+          cp_async8(ring_m + (st * R + r) * 32 + lane, mp[r] + ((static_cast<int64_t>(c) * kChunk + 16 * tig) >> g_shift) * 8);
         }
     }
+    cp_async_commit();
   };
-  const int step = nwarps * U;
-  load_batch(warp);
+  const int iters = warp < chunks ? (chunks - warp + nwarps - 1) / nwarps : 0;
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(i);
   grid_dependency_wait();  // weights are in flight; x may be the previous kernel's output
-  for (int c0 = warp; c0 < chunks; c0 += step) {
-    uint4 qc[U][R];
-    uint2 mc[U][R];
+  for (int i = 0; i < iters; ++i) {
+    issue(i + S - 1);
+    cp_async_wait<S - 1>();
+    const int c = warp + i * nwarps, st = i & (S - 1);
+    uint4 qs[R];
+    uint2 ms[R];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        qc[u][r] = q[u][r];
-        mc[u][r] = mt[u][r];
-      }
-    if (c0 + step < chunks) load_batch(c0 + step);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = c0 + u * nwarps;
-      if (c >= chunks) break;
+    for (int r = 0; r < R; ++r) {
+      qs[r] = ring_q[(st * R + r) * 32 + lane];
+      ms[r] = ring_m[(st * R + r) * 32 + lane];
+    }
+    {
       uint32_t a[R][4][4];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if constexpr (kRaw)
-          decode_chunk_raw<T>(qc[u][r], a[r]);
+          decode_chunk_raw<T>(qs[r], a[r]);
         else
-          decode_chunk<T>(qc[u][r], mc[u][r], a[r]);
+          decode_chunk<T>(qs[r], ms[r], a[r]);
       }
       const int k = c * kChunk + 16 * tig;
       const bool whole = (c + 1) * kChunk <= K;  // the same for the whole warp
@@ -336,8 +339,8 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
           }
 #pragma unroll
           for (int r = 0; r < R; ++r) {
-            const float s_lo = bf16_bits_to_float(mc[u][r].x & 0xFFFF), m_lo = bf16_bits_to_float(mc[u][r].x >> 16);
-            const float s_hi = bf16_bits_to_float(mc[u][r].y & 0xFFFF), m_hi = bf16_bits_to_float(mc[u][r].y >> 16);
+            const float s_lo = bf16_bits_to_float(ms[r].x & 0xFFFF), m_lo = bf16_bits_to_float(ms[r].x >> 16);
+            const float s_hi = bf16_bits_to_float(ms[r].y & 0xFFFF), m_hi = bf16_bits_to_float(ms[r].y >> 16);
             const float o_lo = fmaf(-ActTraits<T>::kOffset, s_lo, m_lo), o_hi = fmaf(-ActTraits<T>::kOffset, s_hi, m_hi);
 #pragma unroll
             for (int j = 0; j < 4; ++j)
@@ -372,6 +375,7 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
     return;
   }
   constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * R * 32 * 24);
   float* rw = red + warp * kOut;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -485,7 +489,7 @@ const DeviceInfo& device_info() {
   return info;
 }
 
-template <typename T, int NT, int R, int U>
+template <typename T, int NT, int R, int S>
 void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, T* y, int64_t ldy, cudaStream_t stream, bool pdl,
             bool exact) {
   const Dims d = dims_of(w.rows, w.cols, w.group_size);
@@ -495,22 +499,34 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, T* y, int64_t
   // up to 255 registers), at most one per chunk, and the reduction buffer
   // within 48 KiB.
   const int64_t target = static_cast<int64_t>(device_info().sms) * 32;
-  const int64_t smem_per_warp = static_cast<int64_t>(R) * kTileRows * NT * 8 * sizeof(float);
+  // Shared memory per warp: its ring (S stages of R × 32 × (16 + 8) bytes) and
+  // its slice of the reduction buffer; a block stays within 110 KiB so two fit
+  // on an SM.
+  const int64_t smem_per_warp = static_cast<int64_t>(S) * R * 32 * 24 + static_cast<int64_t>(R) * kTileRows * NT * 8 * 4;
   int64_t warps = std::clamp<int64_t>(target / std::max<int64_t>(blocks, 1), 1, NT >= 2 ? 8 : 16);
-  warps = std::max<int64_t>(std::min<int64_t>({warps, d.chunks, 49152 / smem_per_warp}), 1);
+  warps = std::max<int64_t>(std::min<int64_t>({warps, d.chunks, (110 << 10) / smem_per_warp}), 1);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
-  cfg.dynamicSmemBytes = warps > 1 ? static_cast<size_t>(warps * smem_per_warp) : 0;
+  cfg.dynamicSmemBytes = static_cast<size_t>(warps * smem_per_warp);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  auto kernel = w4a16_kernel<T, NT, R, U, false>;
+  auto kernel = w4a16_kernel<T, NT, R, S, false>;
   if constexpr (NT <= 2)
-    if (exact) kernel = w4a16_kernel<T, NT, R, U, true>;
+    if (exact) kernel = w4a16_kernel<T, NT, R, S, true>;
+  static const bool attr_set = [&] {  // once per instantiation: allow > 48 KiB of dynamic shared memory
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_kernel<T, NT, R, S, false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    if constexpr (NT <= 2)
+      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_kernel<T, NT, R, S, true>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    return true;
+  }();
+  (void)attr_set;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel,
                                        static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
@@ -534,17 +550,17 @@ void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void
     const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, want = int64_t{device_info().sms} * 16 / 8;
     const int r = tiles / 4 >= want ? 4 : tiles / 2 >= want ? 2 : 1;
     if (m <= 8)
-      launch<T, 1, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      launch<T, 1, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else if (m <= 16)
-      r == 4 ? launch<T, 2, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-      : r == 2 ? launch<T, 2, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-               : launch<T, 2, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r == 4 ? launch<T, 2, 4, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+      : r == 2 ? launch<T, 2, 2, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+               : launch<T, 2, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else if (m <= 32)
-      r == 4 ? launch<T, 4, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-      : r == 2 ? launch<T, 4, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-               : launch<T, 4, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r == 4 ? launch<T, 4, 4, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+      : r == 2 ? launch<T, 4, 2, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+               : launch<T, 4, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else
-      r >= 2 ? launch<T, 8, 2, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact) : launch<T, 8, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r >= 2 ? launch<T, 8, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact) : launch<T, 8, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
   }
 }
 
