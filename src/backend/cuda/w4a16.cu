@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
     w4a16_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                  int64_t ldx, T* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
                  int groups_padded, int g_shift) {
-  static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two");
+  static_assert(NT > 1 || ((S & (S - 1)) == 0 && S >= 2), "ring stages: a power of two");
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
@@ -268,40 +268,8 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
 
-  // Weight stream: a ring of S stages per warp in shared memory, filled with
-  // cp.async (no registers held while bytes are in flight, so many warps can
-  // each keep S - 1 chunks in flight). Each lane copies and later reads only
-  // its own 16 + 8 bytes of a stage, so no barrier is needed.
-  uint4* ring_q = reinterpret_cast<uint4*>(smem) + warp * S * R * 32;
-  uint2* ring_m = reinterpret_cast<uint2*>(smem + static_cast<size_t>(nwarps) * S * R * 32 * 16) + warp * S * R * 32;
-  auto issue = [&](int i) {  // the warp's i-th chunk into stage i % S
-    const int c = warp + i * nwarps, st = i & (S - 1);
-    if (c < chunks) {
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (tile_ok[r]) {
-          cp_async16(ring_q + (st * R + r) * 32 + lane, cp[r] + static_cast<int64_t>(c) * 32);
-          cp_async8(ring_m + (st * R + r) * 32 + lane, mp[r] + ((static_cast<int64_t>(c) * kChunk + 16 * tig) >> g_shift) * 8);
-        }
-    }
-    cp_async_commit();
-  };
-  const int iters = warp < chunks ? (chunks - warp + nwarps - 1) / nwarps : 0;
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) issue(i);
-  grid_dependency_wait();  // weights are in flight; x may be the previous kernel's output
-  for (int i = 0; i < iters; ++i) {
-    issue(i + S - 1);
-    cp_async_wait<S - 1>();
-    const int c = warp + i * nwarps, st = i & (S - 1);
-    uint4 qs[R];
-    uint2 ms[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      qs[r] = ring_q[(st * R + r) * 32 + lane];
-      ms[r] = ring_m[(st * R + r) * 32 + lane];
-    }
-    {
+  // One chunk c: decode its weights (qs, ms: R row tiles) and multiply with x.
+  auto compute = [&](int c, const uint4 (&qs)[R], const uint2 (&ms)[R]) {
       uint32_t a[R][4][4];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -353,6 +321,82 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
             for (int r = 0; r < R; ++r) mma_16816<T>(acc[r][n], a[r][s], b[s][0], b[s][1]);
         }
       }
+  };
+
+  if constexpr (NT == 1) {
+    // Weight stream: a ring of S stages per warp in shared memory, filled with
+    // cp.async (no registers held while bytes are in flight, so many warps can
+    // each keep S - 1 chunks in flight). Each lane copies and later reads only
+    // its own 16 + 8 bytes of a stage, so no barrier is needed.
+    uint4* ring_q = reinterpret_cast<uint4*>(smem) + warp * S * R * 32;
+    uint2* ring_m = reinterpret_cast<uint2*>(smem + static_cast<size_t>(nwarps) * S * R * 32 * 16) + warp * S * R * 32;
+    auto issue = [&](int i) {  // the warp's i-th chunk into stage i % S
+      const int c = warp + i * nwarps, st = i & (S - 1);
+      if (c < chunks) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (tile_ok[r]) {
+            cp_async16(ring_q + (st * R + r) * 32 + lane, cp[r] + static_cast<int64_t>(c) * 32);
+            cp_async8(ring_m + (st * R + r) * 32 + lane, mp[r] + ((static_cast<int64_t>(c) * kChunk + 16 * tig) >> g_shift) * 8);
+          }
+      }
+      cp_async_commit();
+    };
+    const int iters = warp < chunks ? (chunks - warp + nwarps - 1) / nwarps : 0;
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue(i);
+    grid_dependency_wait();  // weights are in flight; x may be the previous kernel's output
+    for (int i = 0; i < iters; ++i) {
+      issue(i + S - 1);
+      cp_async_wait<S - 1>();
+      const int c = warp + i * nwarps, st = i & (S - 1);
+      uint4 qs[R];
+      uint2 ms[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        qs[r] = ring_q[(st * R + r) * 32 + lane];
+        ms[r] = ring_m[(st * R + r) * 32 + lane];
+      }
+      compute(c, qs, ms);
+    }
+  } else {
+    // Activations are reloaded per token tile, so for M > 8 registers, not a
+    // ring, carry the weights: the next S chunks' loads are issued before the
+    // current ones are used (S acts as the unroll here).
+    uint4 q[S][R];
+    uint2 mt[S][R];
+    auto load_batch = [&](int c0) {
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
+        const int c = c0 + u * nwarps;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (c < chunks && tile_ok[r]) {
+            q[u][r] = __ldcs(cp[r] + static_cast<int64_t>(c) * 32);
+            mt[u][r] = __ldg(mp[r] + ((static_cast<int64_t>(c) * kChunk + 16 * tig) >> g_shift) * 8);
+          } else {
+            q[u][r] = make_uint4(0, 0, 0, 0);
+            mt[u][r] = make_uint2(0, 0);
+          }
+      }
+    };
+    const int step = nwarps * S;
+    load_batch(warp);
+    grid_dependency_wait();
+    for (int c0 = warp; c0 < chunks; c0 += step) {
+      uint4 qc[S][R];
+      uint2 mc[S][R];
+#pragma unroll
+      for (int u = 0; u < S; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          qc[u][r] = q[u][r];
+          mc[u][r] = mt[u][r];
+        }
+      if (c0 + step < chunks) load_batch(c0 + step);
+#pragma unroll
+      for (int u = 0; u < S; ++u)
+        if (c0 + u * nwarps < chunks) compute(c0 + u * nwarps, qc[u], mc[u]);
     }
   }
   grid_dependency_wait();  // y may still be read by the previous kernel
@@ -375,7 +419,8 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
     return;
   }
   constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * R * 32 * 24);
+  constexpr size_t kRingLane = NT == 1 ? R * 24 : 0;  // ring bytes per lane and stage
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * 32 * kRingLane);
   float* rw = red + warp * kOut;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -502,7 +547,8 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, T* y, int64_t
   // Shared memory per warp: its ring (S stages of R × 32 × (16 + 8) bytes) and
   // its slice of the reduction buffer; a block stays within 110 KiB so two fit
   // on an SM.
-  const int64_t smem_per_warp = static_cast<int64_t>(S) * R * 32 * 24 + static_cast<int64_t>(R) * kTileRows * NT * 8 * 4;
+  const int64_t ring_lane = NT == 1 ? R * 24 : 0;  // the kernel's kRingLane
+  const int64_t smem_per_warp = static_cast<int64_t>(S) * 32 * ring_lane + static_cast<int64_t>(R) * kTileRows * NT * 8 * 4;
   int64_t warps = std::clamp<int64_t>(target / std::max<int64_t>(blocks, 1), 1, NT >= 2 ? 8 : 16);
   warps = std::max<int64_t>(std::min<int64_t>({warps, d.chunks, (110 << 10) / smem_per_warp}), 1);
   cudaLaunchConfig_t cfg = {};
@@ -552,15 +598,15 @@ void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void
     if (m <= 8)
       launch<T, 1, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else if (m <= 16)
-      r == 4 ? launch<T, 2, 4, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-      : r == 2 ? launch<T, 2, 2, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-               : launch<T, 2, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r == 4 ? launch<T, 2, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+      : r == 2 ? launch<T, 2, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+               : launch<T, 2, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else if (m <= 32)
-      r == 4 ? launch<T, 4, 4, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-      : r == 2 ? launch<T, 4, 2, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-               : launch<T, 4, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r == 4 ? launch<T, 4, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+      : r == 2 ? launch<T, 4, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+               : launch<T, 4, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else
-      r >= 2 ? launch<T, 8, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact) : launch<T, 8, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r >= 2 ? launch<T, 8, 2, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact) : launch<T, 8, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
   }
 }
 
