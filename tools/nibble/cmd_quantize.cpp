@@ -30,8 +30,15 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--model", *model, "Hugging Face model directory (config.json + safetensors)")->required();
   cmd->add_option("--out", *out, "Output directory for the packed checkpoint")->required();
   cmd->add_option("--method", opt->method, "Quantization method")->check(CLI::IsMember(methods))->capture_default_str();
+  // Checked against the registry's names; the list itself is in the footer.
+  const CLI::Validator known_format(
+      [formats](std::string& name) -> std::string {
+        if (std::find(formats.begin(), formats.end(), name) != formats.end()) return {};
+        return "unknown format '" + name + "' (the list is below; `nibble inspect --formats` prints it too)";
+      },
+      "FORMAT");
   cmd->add_option("--format", opt->format, "Storage format: a family or canonical name from the list below")
-      ->check(CLI::IsMember(formats))
+      ->check(known_format)
       ->capture_default_str();
   cmd->add_option("--group", opt->group_size,
                   "Group size (inputs per scale) for formats that offer a choice; 0 = the format's default "
