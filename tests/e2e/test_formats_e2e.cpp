@@ -169,7 +169,7 @@ TEST(FormatsCli, QuantizeInspectAndLayerTakeEveryFormat) {
     SCOPED_TRACE(n);
     const fs::path rep = tmp / (n + ".json");
     r = test::run_command(nb + " layer -q --weight " + (tmp / "W.npy").string() + " --inputs " +
-                          (tmp / "X.npy").string() + " --method rtn --grid " + n + " --out " +
+                          (tmp / "X.npy").string() + " --method rtn --format " + n + " --out " +
                           (tmp / "Q.npy").string() + " --report " + rep.string());
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("SQNR"), std::string::npos) << r.out;

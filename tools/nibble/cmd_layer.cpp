@@ -251,7 +251,7 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--inputs", o->inputs, "Calibration inputs X [tokens, in], .npy (the Hessian is XᵀX)")->required();
   cmd->add_option("--heldout", o->heldout, "Held-out inputs [tokens, in], .npy: output error measured on them too");
   cmd->add_option("--method", o->method, "rtn or gptq")->required()->check(CLI::IsMember({"rtn", "gptq"}));
-  cmd->add_option("--grid", o->grid,
+  cmd->add_option("--grid,--format", o->grid,
                   "A format from the registry (a family name such as int4_asym with --group, or a canonical name "
                   "such as int4_g64_asym, fp8_e4m3_channel, nvfp4; list below), or uniform:step=S (symmetric, no "
                   "clamp)")
