@@ -14,8 +14,8 @@ namespace nibble {
 
 struct QuantizeOptions {
   std::string method = "rtn";
-  std::string format = "int4_asym";
-  int group_size = 128;
+  std::string format = "int4_asym";  // a registry family or canonical name
+  int group_size = 0;                // 0: the format's default (int4_asym: 128)
   std::string keep_regex;        // tensors matching it (std::regex search) stay unquantized
   bool allow_nonfinite = false;  // keep a tensor with NaN/Inf unquantized (with a warning) instead of failing
   bool force = false;            // replace a non-empty output directory

@@ -33,6 +33,21 @@ float f16_to_f32(uint16_t h);
 float f8_e4m3_to_f32(uint8_t b);  // OCP E4M3 (fn): no infinities, S.1111.111 is NaN
 float f8_e5m2_to_f32(uint8_t b);  // OCP E5M2: IEEE-like, with infinities
 
+// fp32 -> OCP FP8, round to nearest even, saturating: a finite value beyond the
+// largest finite one (E4M3 448, E5M2 57344) becomes that value, with its sign.
+// E4M3 has no infinities: ±inf saturates too, NaN becomes S.1111.111. E5M2
+// keeps ±inf as ±inf and NaN as S.11111.10. Every finite code round-trips:
+// f32_to_f8_*(f8_*_to_f32(b)) == b.
+uint8_t f32_to_f8_e4m3(float x);
+uint8_t f32_to_f8_e5m2(float x);
+// OCP FP4 E2M1 (the MX element type): S.EE.M in the low 4 bits, bias 1, values
+// ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, no infinities or NaN.
+float e2m1_to_f32(uint8_t code);  // bits above the low 4 are ignored
+// Round to nearest even, saturating to ±6 (±inf too); NaN has no E2M1 code and is an error.
+uint8_t f32_to_e2m1(float x);
+// OCP E8M0 (the MX shared scale): 2^(b - 127), b = 0xFF is NaN.
+float e8m0_to_f32(uint8_t b);
+
 // Rounds x to the nearest bf16 value and returns it as float (RNE).
 inline float round_to_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 

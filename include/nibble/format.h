@@ -3,6 +3,11 @@
 // A format stores a [rows, cols] weight matrix as integer codes plus per-group
 // parameters, with groups of `group_size` consecutive inputs (columns) of one
 // output row; the last group of a row is shorter when cols % group_size != 0.
+// Group size 0 means one group per row: per-channel formats (one scale per
+// output row) and per-tensor formats (whose rows all carry the one set of
+// tensor parameters) use it. Parameters that belong to the whole matrix (a
+// per-tensor scale, NVFP4's second-level scale) are fitted once per matrix
+// (fit_tensor) before the groups, and every group carries a copy of them.
 // Everything format-specific is reached through the row's function pointers:
 // ask the registry, never switch on a format name elsewhere.
 #pragma once
@@ -17,11 +22,18 @@
 
 namespace nibble {
 
-// The parameters of one group: w' = decode(code, params).
-// For int4_asym: w' = code * scale + min (both bf16 values held in fp32).
+// The parameters of one group: w' = decode(code, params). Each format uses
+// the fields it needs (docs/FORMAT.md gives each one's arithmetic), always
+// holding the exact values its stored parts decode to:
+//   int4_asym:               w' = code·scale + min
+//   int*_sym, fp*:           w' = value(code)·scale
+//   int*_tensor_asym:        w' = (code − zero)·scale
+//   nvfp4:                   w' = value(code)·(scale·global)
 struct GroupParams {
-  float scale = 0.0f;
-  float min = 0.0f;
+  float scale = 0.0f;   // the step (integer formats) or the scale of the code's value (float formats)
+  float min = 0.0f;     // int4_asym: the value of code 0
+  float zero = 0.0f;    // affine integer formats: the integer zero point (held exactly in fp32)
+  float global = 0.0f;  // two-level formats (nvfp4): the per-tensor second-level scale
 };
 
 // A matrix in unpacked form: one code per weight, one GroupParams per group.
@@ -33,7 +45,9 @@ struct QuantizedMatrix {
   std::vector<uint8_t> codes;       // [rows, cols]
   std::vector<GroupParams> params;  // [rows, groups_per_row]
 
-  int64_t groups_per_row() const { return (cols + group_size - 1) / group_size; }
+  // Inputs per group (group_size, or the whole row when group_size is 0).
+  int64_t group_len() const { return group_size > 0 ? group_size : cols; }
+  int64_t groups_per_row() const { return group_size > 0 ? (cols + group_size - 1) / group_size : 1; }
   const GroupParams& group(int64_t row, int64_t g) const { return params[row * groups_per_row() + g]; }
   std::string canonical_name() const;
 };
@@ -49,17 +63,26 @@ struct FormatSpec {
   std::string_view family;       // registry key, e.g. "int4_asym"
   std::string_view description;  // one line for --help and inspect
   int code_bits;                 // bits per code (4)
-  std::vector<int> group_sizes;  // allowed group sizes
+  std::vector<int> group_sizes;  // allowed group sizes, the default last; {0}: one group per row
 
-  // Name with the group size spelled in, e.g. "int4_g128_asym".
+  // Name with the group size spelled in, e.g. "int4_g128_asym" (the family
+  // name itself for formats without a group size choice).
   std::string (*canonical_name)(int group_size);
   // Tensors stored for one [rows, cols] matrix.
   std::vector<PartSpec> (*parts)(int64_t rows, int64_t cols, int group_size);
 
   // Group primitives (RTN, GPTQ and range search are written against these).
-  // fit: parameters for the n values of one group, the range (min, max) first
-  // multiplied by `shrink` in (0, 1] (1 = plain round-to-nearest).
-  GroupParams (*fit_group)(const float* w, int64_t n, float shrink);
+  // fit_tensor (nullptr when the format has no per-matrix parameters): the
+  // parameters of the whole [rows, cols] matrix, fitted once before any group.
+  // fit_group: parameters for the n values of one group, given the matrix's
+  // (`tensor`, default-constructed when there is no fit_tensor); the group's
+  // range (min, max) or absolute maximum is first multiplied by `shrink` in
+  // (0, 1] (1 = plain round-to-nearest; formats whose every parameter is
+  // per-tensor ignore it).
+  GroupParams (*fit_tensor)(const float* w, int64_t rows, int64_t cols);
+  GroupParams (*fit_group)(const float* w, int64_t n, float shrink, const GroupParams& tensor);
+  // The nearest code to w under p (round to nearest even, saturating at the
+  // format's range), and the value a code decodes to.
   uint8_t (*encode)(float w, const GroupParams& p);
   float (*decode)(uint8_t code, const GroupParams& p);
 
@@ -78,9 +101,16 @@ struct FormatChoice {
   std::string canonical_name() const { return spec->canonical_name(group_size); }
 };
 
-// Finds a format by family ("int4_asym") plus group size, or by canonical name
-// ("int4_g128_asym"); throws an Error listing the known names otherwise.
+// Finds a format by family ("int4_asym") plus group size (0: the family's
+// default, its last listed size), or by canonical name ("int4_g128_asym");
+// throws an Error listing the known names otherwise.
 FormatChoice find_format(std::string_view name, int group_size = 0);
+// Every canonical name, in registry order (for --help and error messages).
+std::vector<std::string> format_names();
+
+// The parameters of the whole matrix w[rows, cols] (default-constructed for
+// formats without fit_tensor).
+GroupParams fit_tensor_params(const FormatSpec& f, const float* w, int64_t rows, int64_t cols);
 
 // Bits per weight of a packed [rows, cols] matrix (all parts, params included).
 double bits_per_weight(const FormatChoice& f, int64_t rows, int64_t cols);

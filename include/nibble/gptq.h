@@ -33,14 +33,22 @@ struct MatrixStats {
   bool finalized_ = true;
 };
 
-// How a weight becomes a representable value. Groups are `group_size`
+// How a weight becomes a representable value. Groups are group_len(cols)
 // consecutive inputs of one output row (0: no groups, one global grid).
 class Grid {
  public:
   virtual ~Grid() = default;
+  // The format's group size as its registry row names it (0 for per-channel
+  // and per-tensor formats and for grids without groups).
   virtual int group_size() const = 0;
-  // Parameters for the n values of one group (only called when group_size > 0).
-  virtual GroupParams fit(const float* w, int64_t n) const = 0;
+  // Inputs per group in a matrix of `cols` inputs; 0 when the grid has no groups.
+  virtual int64_t group_len(int64_t cols) const = 0;
+  // Parameters of the whole matrix, fitted once before any group (per-tensor
+  // scales, NVFP4's global scale); default-constructed when there are none.
+  virtual GroupParams fit_tensor(const float*, int64_t, int64_t) const { return {}; }
+  // Parameters for the n values of one group (only called when the grid has
+  // groups), given the matrix's.
+  virtual GroupParams fit(const float* w, int64_t n, const GroupParams& tensor) const = 0;
   // The representable value for w, and its code when the grid has codes.
   virtual float quantize(float w, const GroupParams& p, uint8_t* code) const = 0;
   // True when quantize() produces codes of a registered format.
@@ -58,11 +66,11 @@ std::unique_ptr<Grid> make_uniform_grid(float step);
 std::unique_ptr<Grid> parse_grid(const std::string& text, int default_group, bool mse);
 
 // The MSE range search on its own: parameters for one group.
-GroupParams fit_group_mse(const FormatSpec& f, const float* w, int64_t n);
+GroupParams fit_group_mse(const FormatSpec& f, const float* w, int64_t n, const GroupParams& tensor = {});
 
 struct GptqOptions {
   double damp = 0.01;       // λ = damp · mean(diag H)
-  int block_size = 128;     // lazy-batch width (a multiple of the group size)
+  int block_size = 128;     // lazy-batch width (groups it does not tile get static parameters)
   bool act_order = false;   // sweep columns in decreasing diag(H), static groups
   int max_damp_retries = 3; // ×10 damping per failed Cholesky
 };

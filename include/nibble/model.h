@@ -1,6 +1,7 @@
 // The Llama-family forward pass on the CPU (llama, mistral, qwen2, qwen3):
 // f32 activations, weights dense f32 or nibble-packed int4 (used by the int4
-// kernel directly, never expanded to a full-precision copy).
+// kernel directly, never expanded to a full-precision copy; packed formats
+// without a kernel are dequantized to f32 when loaded).
 #pragma once
 
 #include <cstdint>
@@ -54,8 +55,8 @@ class KVCache {
 };
 
 // Loads the linear "PREFIX.weight" (+ "PREFIX.bias" when present) of `src`:
-// packed matrices stay packed (for the int4 kernels) unless `dense`, anything
-// else becomes f32.
+// packed matrices of a format with a CPU kernel (int4_asym) stay packed unless
+// `dense`; anything else (other formats dequantized) becomes f32.
 LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool dense = false);
 
 // One decoder layer's weights (norm gains f32; linears dense or packed).

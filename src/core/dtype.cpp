@@ -8,8 +8,10 @@
 // (_Float16, F16C, a nearest-value search in double, the spec formulas).
 #include "nibble/dtype.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "nibble/error.h"
@@ -144,6 +146,37 @@ inline float decode_e4m3(uint8_t b) {
 // Inf and NaN included), so decoding goes through the f16 decoder.
 inline float decode_e5m2(uint8_t b) { return decode_f16(static_cast<uint16_t>(b << 8)); }
 
+// fp32 -> a small float format with `ebits` exponent and `mbits` mantissa bits
+// (bias `bias`, largest finite magnitude `fmax`), round to nearest even,
+// saturating at fmax; the result is the code's bits, sign at bit ebits+mbits.
+// |x| is rounded on the grid of its binade: quantum = 2^(e - mbits) with e its
+// exponent, clamped below at the smallest normal exponent 1 - bias (the
+// subnormal grid). |x| / quantum is an exact fp32 division by a power of two,
+// and nearbyint in the default rounding mode rounds it to nearest, ties to an
+// even integer, i.e. to the even mantissa; a carry into the next binade gives
+// the right value, since 2^(mbits+1) quanta is the next binade's first value.
+// NaN is the caller's business.
+uint32_t encode_minifloat(float x, int ebits, int mbits, int bias, float fmax) {
+  const uint32_t sign = std::signbit(x) ? 1u << (ebits + mbits) : 0u;
+  float a = std::fabs(x);
+  if (!(a <= fmax)) a = fmax;  // beyond the largest finite value (and inf): saturate
+  const int emin = 1 - bias;
+  const int e = a > 0.0f ? std::max(std::ilogb(a), emin) : emin;
+  const float quantum = std::ldexp(1.0f, e - mbits);
+  float v = std::nearbyint(a / quantum) * quantum;
+  if (v > fmax) v = fmax;  // rounded up past the largest finite value
+  uint32_t exp_field, man;
+  if (v < std::ldexp(1.0f, emin)) {  // subnormal (or zero): units of 2^(emin - mbits)
+    exp_field = 0;
+    man = static_cast<uint32_t>(v / std::ldexp(1.0f, emin - mbits));
+  } else {
+    const int ev = std::ilogb(v);
+    exp_field = static_cast<uint32_t>(ev + bias);
+    man = static_cast<uint32_t>(v / std::ldexp(1.0f, ev - mbits)) - (1u << mbits);
+  }
+  return sign | (exp_field << mbits) | man;
+}
+
 // 256-entry decode tables for the bulk fp8 paths.
 using F8Table = std::array<float, 256>;
 template <float (*Decode)(uint8_t)>
@@ -242,6 +275,31 @@ uint16_t f32_to_f16(float x) { return encode_f16(f32_bits(x)); }
 float f16_to_f32(uint16_t h) { return decode_f16(h); }
 float f8_e4m3_to_f32(uint8_t b) { return decode_e4m3(b); }
 float f8_e5m2_to_f32(uint8_t b) { return decode_e5m2(b); }
+
+uint8_t f32_to_f8_e4m3(float x) {
+  if (std::isnan(x)) return std::signbit(x) ? 0xFF : 0x7F;
+  return static_cast<uint8_t>(encode_minifloat(x, 4, 3, 7, 448.0f));
+}
+
+uint8_t f32_to_f8_e5m2(float x) {
+  if (std::isnan(x)) return std::signbit(x) ? 0xFE : 0x7E;
+  if (std::isinf(x)) return x > 0 ? 0x7C : 0xFC;
+  return static_cast<uint8_t>(encode_minifloat(x, 5, 2, 15, 57344.0f));
+}
+
+float e2m1_to_f32(uint8_t code) {
+  // S.EE.M: exponent 0 is the subnormal binade (0, 0.5); otherwise (1 + M/2) * 2^(E-1).
+  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = kMagnitude[code & 0x7];
+  return (code & 0x8) ? -v : v;
+}
+
+uint8_t f32_to_e2m1(float x) {
+  NIBBLE_CHECK(!std::isnan(x), "f32_to_e2m1: NaN has no E2M1 code");
+  return static_cast<uint8_t>(encode_minifloat(x, 2, 1, 1, 6.0f));
+}
+
+float e8m0_to_f32(uint8_t b) { return b == 0xFF ? NAN : std::ldexp(1.0f, static_cast<int>(b) - 127); }
 
 void convert_to_f32(const void* src, DType dt, float* dst, size_t n) {
   if (n == 0) return;

@@ -31,7 +31,7 @@ std::vector<PartSpec> parts(int64_t rows, int64_t cols, int g) {
   };
 }
 
-GroupParams fit_group(const float* w, int64_t n, float shrink) {
+GroupParams fit_group(const float* w, int64_t n, float shrink, const GroupParams&) {
   float lo = w[0], hi = w[0];
   for (int64_t i = 1; i < n; ++i) {
     lo = std::min(lo, w[i]);
@@ -122,6 +122,7 @@ const FormatSpec kInt4Asym{
     .group_sizes = {32, 64, 128},
     .canonical_name = canonical_name,
     .parts = parts,
+    .fit_tensor = nullptr,
     .fit_group = fit_group,
     .encode = encode,
     .decode = decode,

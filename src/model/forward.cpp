@@ -22,7 +22,8 @@ LinearWeight LinearWeight::dense(Tensor w) {
 }
 
 LinearWeight LinearWeight::packed(FormatChoice f, std::vector<Tensor> parts, int64_t out, int64_t in) {
-  NIBBLE_CHECK(f.spec->family == "int4_asym", "the CPU forward has no kernel for format {} yet",
+  NIBBLE_CHECK(cpu::find_packed_gemm(*f.spec) != nullptr,
+               "the CPU forward has no kernel for format {} (load_linear dequantizes such matrices)",
                f.canonical_name());
   LinearWeight l;
   l.format_ = f;
@@ -34,8 +35,7 @@ LinearWeight LinearWeight::packed(FormatChoice f, std::vector<Tensor> parts, int
 
 void LinearWeight::forward(const float* x, int64_t M, float* y) const {
   if (is_packed()) {
-    cpu::gemm_int4_asym(x, M, parts_[0].data<uint8_t>(), parts_[1].data<uint16_t>(), parts_[2].data<uint16_t>(),
-                        out_, in_, format_.group_size, y);
+    cpu::find_packed_gemm(*format_.spec)(x, M, parts_, out_, in_, format_.group_size, y);
   } else {
     cpu::gemm_f32(x, M, dense_.data<float>(), out_, in_, y);
   }
@@ -124,9 +124,11 @@ const std::vector<LinearSlot>& decoder_linears() {
 LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool dense) {
   const std::string wname = prefix + ".weight";
   const TensorMeta meta = src.meta(wname);
-  LinearWeight l = meta.format && !dense
-                       ? LinearWeight::packed(*meta.format, src.parts(wname), meta.shape[0], meta.shape[1])
-                       : LinearWeight::dense(src.load(wname).to_f32());
+  // Formats with a CPU kernel stay packed; any other format is dequantized
+  // once here and runs through the dense GEMM.
+  const bool kernel = meta.format && cpu::find_packed_gemm(*meta.format->spec) != nullptr;
+  LinearWeight l = kernel && !dense ? LinearWeight::packed(*meta.format, src.parts(wname), meta.shape[0], meta.shape[1])
+                                    : LinearWeight::dense(src.load(wname).to_f32());
   if (src.contains(prefix + ".bias")) l.bias = src.load(prefix + ".bias").to_f32();
   return l;
 }

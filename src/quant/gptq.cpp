@@ -63,14 +63,14 @@ void MatrixStats::finalize() {
 
 // ---- grids -------------------------------------------------------------------
 
-GroupParams fit_group_mse(const FormatSpec& f, const float* w, int64_t n) {
+GroupParams fit_group_mse(const FormatSpec& f, const float* w, int64_t n, const GroupParams& tensor) {
   constexpr int kSteps = 33;          // shrink factors 1.0, 0.9875, ..., 0.6
   constexpr double kNorm = 2.4;       // the error norm of the search
-  GroupParams best = f.fit_group(w, n, 1.0f);
+  GroupParams best = f.fit_group(w, n, 1.0f, tensor);
   double best_err = INFINITY;
   for (int k = 0; k < kSteps; ++k) {
     const float shrink = static_cast<float>(1.0 - 0.4 * k / (kSteps - 1));
-    const GroupParams p = f.fit_group(w, n, shrink);
+    const GroupParams p = f.fit_group(w, n, shrink, tensor);
     double err = 0;
     for (int64_t i = 0; i < n; ++i) err += std::pow(std::abs(static_cast<double>(w[i]) - f.decode(f.encode(w[i], p), p)), kNorm);
     if (err < best_err) {  // strict: a tie keeps the wider range
@@ -87,8 +87,12 @@ class FormatGrid final : public Grid {
  public:
   FormatGrid(const FormatChoice& f, bool mse) : f_(f), mse_(mse) {}
   int group_size() const override { return f_.group_size; }
-  GroupParams fit(const float* w, int64_t n) const override {
-    return mse_ ? fit_group_mse(*f_.spec, w, n) : f_.spec->fit_group(w, n, 1.0f);
+  int64_t group_len(int64_t cols) const override { return f_.group_size > 0 ? f_.group_size : cols; }
+  GroupParams fit_tensor(const float* w, int64_t rows, int64_t cols) const override {
+    return fit_tensor_params(*f_.spec, w, rows, cols);
+  }
+  GroupParams fit(const float* w, int64_t n, const GroupParams& tensor) const override {
+    return mse_ ? fit_group_mse(*f_.spec, w, n, tensor) : f_.spec->fit_group(w, n, 1.0f, tensor);
   }
   float quantize(float w, const GroupParams& p, uint8_t* code) const override {
     const uint8_t c = f_.spec->encode(w, p);
@@ -106,7 +110,8 @@ class UniformGrid final : public Grid {
  public:
   explicit UniformGrid(float step) : step_(step) {}
   int group_size() const override { return 0; }
-  GroupParams fit(const float*, int64_t) const override { return {}; }
+  int64_t group_len(int64_t) const override { return 0; }
+  GroupParams fit(const float*, int64_t, const GroupParams&) const override { return {}; }
   float quantize(float w, const GroupParams&, uint8_t* code) const override {
     if (code) *code = 0;
     return step_ * std::nearbyint(w / step_);
@@ -164,18 +169,20 @@ GptqResult rtn(const float* w, int64_t rows, int64_t cols, const Grid& grid) {
   GptqResult r;
   r.rows = rows;
   r.cols = cols;
-  const int64_t g = grid.group_size() > 0 ? grid.group_size() : cols;
+  const bool grouped = grid.group_len(cols) > 0;
+  const int64_t g = grouped ? grid.group_len(cols) : cols;
   const int64_t gpr = (cols + g - 1) / g;
   r.dequant.resize(static_cast<size_t>(rows * cols));
   r.codes.resize(static_cast<size_t>(rows * cols));
-  if (grid.group_size() > 0) r.params.resize(static_cast<size_t>(rows * gpr));
+  if (grouped) r.params.resize(static_cast<size_t>(rows * gpr));
+  const GroupParams tensor = grid.fit_tensor(w, rows, cols);
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t k = 0; k < gpr; ++k) {
       const int64_t c0 = k * g, n = std::min(g, cols - c0);
       const float* src = w + i * cols + c0;
-      const GroupParams p = grid.group_size() > 0 ? grid.fit(src, n) : GroupParams{};
-      if (grid.group_size() > 0) r.params[i * gpr + k] = p;
+      const GroupParams p = grouped ? grid.fit(src, n, tensor) : GroupParams{};
+      if (grouped) r.params[i * gpr + k] = p;
       for (int64_t j = 0; j < n; ++j)
         r.dequant[i * cols + c0 + j] = grid.quantize(src[j], p, &r.codes[i * cols + c0 + j]);
     }
@@ -282,9 +289,14 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const PreparedHes
                 const GptqOptions& opt) {
   NIBBLE_CHECK(prep.cols == cols, "gptq: the Hessian is for {} inputs, the matrix has {} columns", prep.cols, cols);
   NIBBLE_CHECK(prep.act_order == opt.act_order, "gptq: the Hessian was prepared for another column order");
-  const int64_t g = grid.group_size();
+  const int64_t g = grid.group_len(cols);
   const int64_t B = opt.block_size;
-  NIBBLE_CHECK(B > 0 && (g == 0 || B % g == 0), "gptq: block size {} must be a multiple of the group size {}", B, g);
+  NIBBLE_CHECK(B > 0, "gptq: the block size must be positive, found {}", B);
+  // Groups fitted when the sweep reaches them must lie inside one block; groups
+  // that blocks do not tile (a per-channel format's whole row wider than a
+  // block) get static parameters from the original weights, as GPTQ's
+  // reference does for per-channel quantization, and so does act-order.
+  const bool static_groups = g > 0 && (opt.act_order || B % g != 0);
   const int64_t gpr = g > 0 ? (cols + g - 1) / g : 0;
   const std::vector<int64_t>& perm = prep.perm;
   const std::vector<float>& U = prep.U;
@@ -301,14 +313,15 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const PreparedHes
     if (prep.dead[j])
       for (int64_t i = 0; i < rows; ++i) W[i * cols + j] = 0.0f;
 
-  // Group parameters fixed up front (act-order's static groups), from the
-  // contiguous groups of the original weights.
+  // Per-matrix parameters, and group parameters fixed up front (static
+  // groups), from the contiguous groups of the original weights.
+  const GroupParams tensor = grid.fit_tensor(W.data(), rows, cols);
   res.params.resize(static_cast<size_t>(rows * gpr));
-  if (opt.act_order && g > 0) {
+  if (static_groups) {
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t k = 0; k < gpr; ++k) {
         const int64_t c0 = k * g;
-        res.params[i * gpr + k] = grid.fit(&W[i * cols + c0], std::min(g, cols - c0));
+        res.params[i * gpr + k] = grid.fit(&W[i * cols + c0], std::min(g, cols - c0), tensor);
       }
   }
   std::vector<float> Wp(static_cast<size_t>(rows * cols));
@@ -336,13 +349,13 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const PreparedHes
       std::vector<float> gbuf(static_cast<size_t>(std::max<int64_t>(g, 1)));
       for (int64_t i = 0; i < nb; ++i) {
         const int64_t col = i1 + i, orig = perm[col];
-        if (g > 0 && !opt.act_order && orig % g == 0) {
+        if (g > 0 && !static_groups && orig % g == 0) {
           // A new group: fit its parameters on the error-updated weights (the
           // whole group lies in this block, since B is a multiple of g).
           const int64_t n = std::min(g, cols - orig);
           for (int64_t r = r0; r < r1; ++r) {
             for (int64_t k = 0; k < n; ++k) gbuf[k] = Wb[(i + k) * rows + r];
-            res.params[r * gpr + orig / g] = grid.fit(gbuf.data(), n);
+            res.params[r * gpr + orig / g] = grid.fit(gbuf.data(), n, tensor);
           }
         }
         const float d = U[col * cols + col];

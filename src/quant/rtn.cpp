@@ -13,15 +13,16 @@ QuantizedMatrix quantize_rtn(const FormatChoice& format, const float* w, int64_t
   q.group_size = format.group_size;
   q.rows = rows;
   q.cols = cols;
-  const int64_t gpr = q.groups_per_row(), g = q.group_size;
+  const int64_t gpr = q.groups_per_row(), g = q.group_len();
   q.codes.resize(static_cast<size_t>(rows * cols));
   q.params.resize(static_cast<size_t>(rows * gpr));
+  const GroupParams tensor = fit_tensor_params(f, w, rows, cols);
 #pragma omp parallel for schedule(static) if (rows > 16)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t k = 0; k < gpr; ++k) {
       const int64_t c0 = k * g, n = std::min(g, cols - c0);  // last group may be shorter
       const float* src = w + r * cols + c0;
-      const GroupParams p = f.fit_group(src, n, 1.0f);
+      const GroupParams p = f.fit_group(src, n, 1.0f, tensor);
       q.params[r * gpr + k] = p;
       uint8_t* codes = q.codes.data() + r * cols + c0;
       for (int64_t i = 0; i < n; ++i) codes[i] = f.encode(src[i], p);

@@ -213,12 +213,12 @@ TEST(Gptq, MseRangeSearchNeverLosesToThePlainFit) {
   int shrunk = 0;
   for (int k = 0; k < 50; ++k) {
     const float* v = &w[k * 32];
-    const GroupParams plain = f.fit_group(v, 32, 1.0f), best = fit_group_mse(f, v, 32);
+    const GroupParams plain = f.fit_group(v, 32, 1.0f, {}), best = fit_group_mse(f, v, 32);
     EXPECT_LE(err(v, best), err(v, plain));
     // The result is one of the 33 candidates, each the format's own fit.
     bool found = false;
     for (int s = 0; s <= 32 && !found; ++s) {
-      const GroupParams c = f.fit_group(v, 32, static_cast<float>(1.0 - 0.4 * s / 32));
+      const GroupParams c = f.fit_group(v, 32, static_cast<float>(1.0 - 0.4 * s / 32), {});
       found = c.scale == best.scale && c.min == best.min;
     }
     EXPECT_TRUE(found);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "nibble/format.h"
 #include "nibble/source.h"
 #include "nibble/util.h"
 
@@ -75,20 +76,41 @@ void print_tensor(const CheckpointDir& src, const std::string& name, int64_t row
 
 }  // namespace
 
+std::string format_list_text() {
+  std::string out;
+  for (const FormatSpec* f : format_registry()) {
+    for (int g : f->group_sizes) {
+      const FormatChoice c{f, g};
+      out += fmt::format("  {:<18} {:6.3f} b/w  {}\n", c.canonical_name(), bits_per_weight(c, 4096, 4096),
+                         f->description);
+    }
+  }
+  return out;
+}
+
 void register_inspect(CLI::App& app, const GlobalOptions& global) {
   auto* cmd = app.add_subcommand("inspect", "List a checkpoint's tensors, formats, sizes and bits per weight");
   auto path = std::make_shared<std::string>();
   auto tensor = std::make_shared<std::string>();
   auto rows = std::make_shared<int64_t>(2);
   auto cols = std::make_shared<int64_t>(8);
-  cmd->add_option("path", *path, "Model directory or .safetensors file")->required();
+  auto formats = std::make_shared<bool>(false);
+  cmd->add_option("path", *path, "Model directory or .safetensors file");
+  cmd->add_flag("--formats", *formats, "List the storage formats nibble knows (the format registry) and exit");
   cmd->add_option("--tensor", *tensor, "Print a few (dequantized) values of this tensor");
   cmd->add_option("--rows", *rows, "Rows shown with --tensor")->capture_default_str();
   cmd->add_option("--cols", *cols, "Values per row shown with --tensor")->capture_default_str();
   cmd->footer(
       "Examples:\n  nibble inspect out/stories-rtn\n"
-      "  nibble inspect out/stories-rtn --tensor model.layers.0.mlp.down_proj.weight");
-  cmd->callback([path, tensor, rows, cols] {
+      "  nibble inspect out/stories-rtn --tensor model.layers.0.mlp.down_proj.weight\n"
+      "  nibble inspect --formats");
+  cmd->callback([path, tensor, rows, cols, formats] {
+    if (*formats) {
+      std::printf("formats (canonical name, bits/weight of a 4096x4096 matrix with all stored parameters, what):\n%s",
+                  format_list_text().c_str());
+      return;
+    }
+    NIBBLE_CHECK(!path->empty(), "inspect: give a model directory or .safetensors file (or --formats)");
     const fs::path p = *path;
     std::unique_ptr<CheckpointDir> src =
         fs::is_directory(p) ? CheckpointDir::open(p) : CheckpointDir::open_file(p);

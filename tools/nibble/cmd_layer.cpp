@@ -50,11 +50,17 @@ Tensor load_matrix(const std::string& path, const char* flag) {
 
 // sqrt(num / den), or NaN when the reference is zero (reported as null / n/a).
 double rel_error(double sq_num, double sq_den) { return sq_den > 0 ? std::sqrt(sq_num / sq_den) : NAN; }
+// Signal-to-quantization-noise ratio in dB, 10·log10(‖signal‖² / ‖error‖²):
+// +inf for an exact result, NaN for a zero signal (both reported as null).
+double sqnr_db(double sq_err, double sq_ref) {
+  return sq_ref > 0 ? (sq_err > 0 ? 10.0 * std::log10(sq_ref / sq_err) : INFINITY) : NAN;
+}
 
 struct OutputError {
   double sq_err = 0;  // ‖X(Ŵ−W)ᵀ‖²
   double sq_ref = 0;  // ‖X Wᵀ‖²
   double rel() const { return rel_error(sq_err, sq_ref); }
+  double sqnr() const { return sqnr_db(sq_err, sq_ref); }
 };
 
 // ‖X Dᵀ‖²_F and ‖X Wᵀ‖²_F for X [tokens, in], W and D = Ŵ − W [out, in],
@@ -100,6 +106,11 @@ nlohmann::ordered_json or_null(double v) {
 
 std::string fmt_rel(double v) {
   return std::isfinite(v) ? fmt::format("{:.6f}", v) : std::string("n/a (zero reference)");
+}
+
+std::string fmt_db(double v) {
+  if (std::isnan(v)) return "n/a (zero reference)";
+  return std::isinf(v) ? std::string("inf (exact)") : fmt::format("{:.2f} dB", v);
 }
 
 void run_layer(const LayerOptions& o, const GlobalOptions& global) {
@@ -194,11 +205,14 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
   j["tokens"] = x.size(0);
   if (xh) j["heldout_tokens"] = xh->size(0);
   j["weight_rel_err"] = or_null(weight_rel);
+  j["weight_sqnr_db"] = or_null(sqnr_db(dw_sq, w_sq));
   j["output_rel_err_calib"] = or_null(calib.rel());
   j["output_sq_err_calib"] = calib.sq_err;
+  j["output_sqnr_db_calib"] = or_null(calib.sqnr());
   if (held) {
     j["output_rel_err_heldout"] = or_null(held->rel());
     j["output_sq_err_heldout"] = held->sq_err;
+    j["output_sqnr_db_heldout"] = or_null(held->sqnr());
   }
   j["damp_used"] = is_gptq ? ojson(r.damp_used) : ojson(nullptr);
   j["lambda"] = is_gptq ? ojson(r.lambda) : ojson(nullptr);
@@ -213,12 +227,13 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
               grid->format() ? grid->format()->canonical_name(grid->group_size()).c_str() : o.grid.c_str(),
               shape_str(w.shape()).c_str(), static_cast<long long>(x.size(0)),
               xh ? fmt::format(", {} held-out", xh->size(0)).c_str() : "");
-  std::printf("  weight rel. error ||W'-W||/||W||          %s\n", fmt_rel(weight_rel).c_str());
-  std::printf("  output rel. error, calibration            %s  (squared error %.6g)\n", fmt_rel(calib.rel()).c_str(),
-              calib.sq_err);
+  std::printf("  weight rel. error ||W'-W||/||W||          %s  (SQNR %s)\n", fmt_rel(weight_rel).c_str(),
+              fmt_db(sqnr_db(dw_sq, w_sq)).c_str());
+  std::printf("  output rel. error, calibration            %s  (squared error %.6g, SQNR %s)\n",
+              fmt_rel(calib.rel()).c_str(), calib.sq_err, fmt_db(calib.sqnr()).c_str());
   if (held)
-    std::printf("  output rel. error, held-out               %s  (squared error %.6g)\n",
-                fmt_rel(held->rel()).c_str(), held->sq_err);
+    std::printf("  output rel. error, held-out               %s  (squared error %.6g, SQNR %s)\n",
+                fmt_rel(held->rel()).c_str(), held->sq_err, fmt_db(held->sqnr()).c_str());
   std::printf("wrote %s and %s\n", o.out.c_str(), o.report.c_str());
   if (!global.quiet)
     std::fprintf(stderr, "nibble: layer: %.3f s (read %.3f s, statistics %.3f s, %s %.3f s, errors %.3f s)\n",
@@ -236,10 +251,12 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--inputs", o->inputs, "Calibration inputs X [tokens, in], .npy (the Hessian is XᵀX)")->required();
   cmd->add_option("--heldout", o->heldout, "Held-out inputs [tokens, in], .npy: output error measured on them too");
   cmd->add_option("--method", o->method, "rtn or gptq")->required()->check(CLI::IsMember({"rtn", "gptq"}));
-  cmd->add_option("--grid", o->grid,
-                  "A format (int4_asym with --group, or int4_g64_asym), or uniform:step=S (symmetric, no clamp)")
+  cmd->add_option("--grid,--format", o->grid,
+                  "A format from the registry (a family name such as int4_asym with --group, or a canonical name "
+                  "such as int4_g64_asym, fp8_e4m3_channel, nvfp4; list below), or uniform:step=S (symmetric, no "
+                  "clamp)")
       ->capture_default_str();
-  cmd->add_option("--group", o->group, "Group size for a format family name")
+  cmd->add_option("--group", o->group, "Group size for a format family name that offers a choice")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--mse", o->mse, "Search each group's range (33 shrink factors, |err|^2.4) instead of min/max");
@@ -251,12 +268,14 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--report", o->report, "Output JSON report (errors, options, GPTQ's damping and sweep cost)")
       ->required();
   cmd->footer(
-      "Output error: ||X(W'-W)^T||_F / ||X W^T||_F over the rows of --inputs (and of --heldout).\n"
+      "Output error: ||X(W'-W)^T||_F / ||X W^T||_F over the rows of --inputs (and of --heldout); SQNR:\n"
+      "10 log10(||X W^T||^2 / ||X(W'-W)^T||^2) dB (and the same on the weights).\n"
       "Example (GPTQ's textbook case: 2 inputs over 4 tokens, W = [[0.62, 0.37]]):\n"
       "  nibble layer --weight W.npy --inputs X.npy --method gptq --grid uniform:step=0.25 --out Q.npy "
       "--report R.json\n"
       "  nibble layer --weight W.npy --inputs X.npy --heldout X2.npy --method gptq --act-order --mse "
-      "--grid int4_g128_asym --out Q.npy --report R.json");
+      "--grid int4_g128_asym --out Q.npy --report R.json\n"
+      "\nFormats:\n" + format_list_text());
   cmd->callback([&global, o, damp] {
     NIBBLE_CHECK(o->method == "gptq" || damp->count() == 0, "--damp applies to --method gptq only");
     run_layer(*o, global);

@@ -1,6 +1,7 @@
 // nibble quantize: HF checkpoint -> nibble packed checkpoint.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -21,16 +22,29 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   std::vector<std::string>& calib_files = *calib_files_ptr;
   std::vector<std::string> methods;
   for (const auto* m : quant::method_registry()) methods.emplace_back(m->name);
-  std::vector<std::string> formats;
+  std::vector<std::string> formats;  // family names and canonical names ("int4_asym", "int4_g64_asym", ...)
   for (const auto* f : format_registry()) formats.emplace_back(f->family);
+  for (const std::string& n : format_names())
+    if (std::find(formats.begin(), formats.end(), n) == formats.end()) formats.push_back(n);
 
   cmd->add_option("--model", *model, "Hugging Face model directory (config.json + safetensors)")->required();
   cmd->add_option("--out", *out, "Output directory for the packed checkpoint")->required();
   cmd->add_option("--method", opt->method, "Quantization method")->check(CLI::IsMember(methods))->capture_default_str();
-  cmd->add_option("--format", opt->format, "Storage format")->check(CLI::IsMember(formats))->capture_default_str();
-  cmd->add_option("--group", opt->group_size, "Group size (inputs per scale/min)")
-      ->check(CLI::IsMember({32, 64, 128}))
+  // Checked against the registry's names; the list itself is in the footer.
+  const CLI::Validator known_format(
+      [formats](std::string& name) -> std::string {
+        if (std::find(formats.begin(), formats.end(), name) != formats.end()) return {};
+        return "unknown format '" + name + "' (the list is below; `nibble inspect --formats` prints it too)";
+      },
+      "FORMAT");
+  cmd->add_option("--format", opt->format, "Storage format: a family or canonical name from the list below")
+      ->check(known_format)
       ->capture_default_str();
+  cmd->add_option("--group", opt->group_size,
+                  "Group size (inputs per scale) for formats that offer a choice; 0 = the format's default "
+                  "(int4_asym: 128)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--keep", opt->keep_regex, "Tensors whose name matches this regex stay unquantized");
   cmd->add_flag("--allow-nonfinite", opt->allow_nonfinite,
                 "Keep a weight with NaN/Inf unquantized (with a warning) instead of failing");
@@ -59,7 +73,10 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       "  nibble quantize --method gptq --mse --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
       "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 128 --calib-len 512\n"
       "\nA calibrated run checkpoints every finished layer in .OUT.nibble-partial/; if it is killed, run the same\n"
-      "command with --resume to continue at the next layer.");
+      "command with --resume to continue at the next layer.\n"
+      "\nFormats (every one works with --method rtn and gptq; --mse searches the range of per-group and\n"
+      "per-channel parameters and leaves per-tensor ones as they are):\n" +
+      format_list_text());
 
   cmd->callback([&global, model, out, opt, calib_files_ptr] {
     opt->progress = !global.quiet;

@@ -30,4 +30,9 @@ void register_eval(CLI::App& app, const GlobalOptions& global);
 void register_gsm8k(CLI::App& app, const GlobalOptions& global);
 void register_flips(CLI::App& app, const GlobalOptions& global);
 
+// The format registry as text for --help footers and `nibble inspect --formats`:
+// one line per canonical name with its bits per weight (on a 4096×4096 matrix)
+// and the row's description.
+std::string format_list_text();
+
 }  // namespace nibble::cli

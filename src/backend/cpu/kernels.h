@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "nibble/format.h"
 
@@ -33,5 +34,14 @@ void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uin
 // CPU cannot run it.
 void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                         const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
+
+// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ with Ŵ read straight from a format's stored
+// parts (in the order its registry row's parts() lists them).
+using PackedGemm = void (*)(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K,
+                            int group_size, float* y);
+// The CPU GEMM registered for a format (src/backend/cpu/packed_kernels.cpp),
+// or nullptr when there is none: callers then dequantize the matrix once and
+// use gemm_f32 (DESIGN.md: a missing entry falls back to dequantize + reference GEMM).
+PackedGemm find_packed_gemm(const FormatSpec& format);
 
 }  // namespace nibble::cpu

@@ -1,0 +1,34 @@
+// The CPU kernel table: which formats have a GEMM that reads their packed
+// parts directly (DESIGN.md: kernels registered by format, backend and op).
+// A format without an entry is dequantized to f32 when a model loads.
+#include "backend/cpu/kernels.h"
+#include "formats/registry_rows.h"
+
+namespace nibble::cpu {
+namespace {
+
+// int4_asym parts: qweight U8, scales BF16, mins BF16 (docs/FORMAT.md §3).
+void gemm_int4_asym_parts(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K,
+                          int group_size, float* y) {
+  gemm_int4_asym(x, M, parts[0].data<uint8_t>(), parts[1].data<uint16_t>(), parts[2].data<uint16_t>(), N, K,
+                 group_size, y);
+}
+
+struct KernelEntry {
+  const FormatSpec* format;
+  PackedGemm gemm;
+};
+
+const KernelEntry kKernels[] = {
+    {&formats::kInt4Asym, gemm_int4_asym_parts},
+};
+
+}  // namespace
+
+PackedGemm find_packed_gemm(const FormatSpec& format) {
+  for (const KernelEntry& k : kKernels)
+    if (k.format == &format) return k.gemm;
+  return nullptr;
+}
+
+}  // namespace nibble::cpu

@@ -1,0 +1,108 @@
+// Pieces the format files share: part checking, bit packing of codes, and the
+// scaffolding of an unpacked matrix. Format-neutral: nothing here knows a row.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "nibble/error.h"
+#include "nibble/format.h"
+
+namespace nibble::formats {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Checks the stored parts against the row's parts() (count, dtype, shape).
+inline void check_parts(const FormatSpec& f, const std::vector<Tensor>& in, int64_t rows, int64_t cols, int g) {
+  const auto expect = f.parts(rows, cols, g);
+  NIBBLE_CHECK(in.size() == expect.size(), "{}: expected {} parts, found {}", f.canonical_name(g), expect.size(),
+               in.size());
+  for (size_t i = 0; i < expect.size(); ++i) {
+    NIBBLE_CHECK(in[i].dtype() == expect[i].dtype && in[i].shape() == expect[i].shape,
+                 "{} {}: expected {} {}, found {} {}", f.canonical_name(g), expect[i].suffix,
+                 dtype_name(expect[i].dtype), shape_str(expect[i].shape), dtype_name(in[i].dtype()),
+                 shape_str(in[i].shape()));
+  }
+}
+
+// An unpacked matrix of the right sizes, codes and parameters zeroed.
+inline QuantizedMatrix empty_matrix(const FormatSpec& f, int64_t rows, int64_t cols, int g) {
+  QuantizedMatrix q;
+  q.format = &f;
+  q.group_size = g;
+  q.rows = rows;
+  q.cols = cols;
+  q.codes.assign(static_cast<size_t>(rows * cols), 0);
+  q.params.assign(static_cast<size_t>(rows * q.groups_per_row()), GroupParams{});
+  return q;
+}
+
+// Bytes per row when each code takes `bits` bits.
+inline int64_t packed_row_bytes(int64_t cols, int bits) { return ceil_div(cols * bits, 8); }
+
+// Codes of `bits` bits each, packed per row as a little-endian bit stream:
+// code i of a row occupies bits [i·bits, (i+1)·bits) of the row, bit k of the
+// row being bit (k mod 8) of byte floor(k / 8). Each row starts on a fresh
+// byte; the unused high bits of a row's last byte are 0. For 4-bit codes this
+// is "element 2j in the low nibble of byte j"; for 8-bit codes, one byte each.
+inline Tensor pack_codes(const QuantizedMatrix& q, int bits, DType dtype = DType::U8) {
+  const int64_t bpr = packed_row_bytes(q.cols, bits);
+  Tensor t = Tensor::zeros(dtype, {q.rows, bpr});
+  uint8_t* out = static_cast<uint8_t*>(t.raw_mut());
+  const uint32_t mask = (1u << bits) - 1;
+#pragma omp parallel for schedule(static) if (q.rows > 64)
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const uint8_t* c = q.codes.data() + r * q.cols;
+    uint8_t* b = out + r * bpr;
+    for (int64_t i = 0; i < q.cols; ++i) {
+      const uint32_t v = (c[i] & mask) << ((i * bits) % 8);  // at most 15 bits wide
+      const int64_t byte = i * bits / 8;
+      b[byte] = static_cast<uint8_t>(b[byte] | (v & 0xFF));
+      if (v >> 8) b[byte + 1] = static_cast<uint8_t>(b[byte + 1] | (v >> 8));
+    }
+  }
+  return t;
+}
+
+inline void unpack_codes(const Tensor& packed, int bits, QuantizedMatrix& q) {
+  const Tensor t = packed.contiguous();
+  const int64_t bpr = packed_row_bytes(q.cols, bits);
+  const uint8_t* in = static_cast<const uint8_t*>(t.raw());
+  const uint32_t mask = (1u << bits) - 1;
+#pragma omp parallel for schedule(static) if (q.rows > 64)
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const uint8_t* b = in + r * bpr;
+    uint8_t* c = q.codes.data() + r * q.cols;
+    for (int64_t i = 0; i < q.cols; ++i) {
+      const int64_t bit = i * bits, byte = bit / 8;
+      uint32_t v = b[byte];
+      if (bit % 8 + bits > 8) v |= static_cast<uint32_t>(b[byte + 1]) << 8;
+      c[i] = static_cast<uint8_t>((v >> (bit % 8)) & mask);
+    }
+  }
+}
+
+// Element i of a stored part as fp32 / as a byte, whatever the part's
+// alignment in its file (parts may be views into a mapping at any offset).
+inline float part_f32(const Tensor& t, int64_t i) {
+  float v;
+  std::memcpy(&v, static_cast<const uint8_t*>(t.raw()) + i * 4, 4);
+  return v;
+}
+inline uint16_t part_u16(const Tensor& t, int64_t i) {
+  uint16_t v;
+  std::memcpy(&v, static_cast<const uint8_t*>(t.raw()) + i * 2, 2);
+  return v;
+}
+inline uint8_t part_u8(const Tensor& t, int64_t i) { return static_cast<const uint8_t*>(t.raw())[i]; }
+
+// Largest |w| of n values.
+inline float abs_max(const float* w, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(w[i]));
+  return m;
+}
+
+}  // namespace nibble::formats

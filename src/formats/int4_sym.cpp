@@ -1,0 +1,79 @@
+// int4_sym: 4-bit symmetric integer codes with zero point 8 and an f16 scale
+// per group of G consecutive inputs (G = 32, 64 or 128): the layout of the
+// community's symmetric GPTQ/AWQ int4 checkpoints (codes 0..15 with an implicit
+// zero point of 8, fp16 scales). docs/FORMAT.md §7.1 is normative.
+//
+//   scale = f16(absmax / 7)                                    (fp32 division, then round to f16)
+//   code  = clamp(round_half_even(w / scale) + 8, 0, 15)       (8 when scale == 0)
+//   w'    = (code - 8) * scale                                 (fp32)
+#include "formats/common.h"
+#include "formats/registry_rows.h"
+
+namespace nibble::formats {
+namespace {
+
+constexpr int kZero = 8, kMaxCode = 15;
+
+std::string canonical_name(int g) { return fmt::format("int4_g{}_sym", g); }
+
+std::vector<PartSpec> parts(int64_t rows, int64_t cols, int g) {
+  return {
+      {"qweight", DType::U8, {rows, ceil_div(cols, 2)}},
+      {"scales", DType::F16, {rows, ceil_div(cols, g)}},
+  };
+}
+
+GroupParams fit_group(const float* w, int64_t n, float shrink, const GroupParams&) {
+  const float amax = abs_max(w, n) * shrink;
+  GroupParams p;
+  // Rounded to f16 before any code is chosen: codes are picked against the
+  // scale the dequantizer will read.
+  p.scale = f16_to_f32(f32_to_f16(amax / 7.0f));
+  NIBBLE_CHECK(std::isfinite(p.scale), "int4_sym: group absmax {} gives a scale beyond the f16 range", amax);
+  return p;
+}
+
+uint8_t encode(float w, const GroupParams& p) {
+  if (p.scale == 0.0f) return kZero;  // an all-zero group
+  const float q = std::nearbyint(w / p.scale) + static_cast<float>(kZero);
+  return static_cast<uint8_t>(std::clamp(q, 0.0f, static_cast<float>(kMaxCode)));
+}
+
+float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(code - kZero) * p.scale; }
+
+std::vector<Tensor> pack(const QuantizedMatrix& q) {
+  const int64_t gpr = q.groups_per_row();
+  Tensor scales = Tensor::zeros(DType::F16, {q.rows, gpr});
+  uint16_t* sc = scales.data_mut<uint16_t>();
+  for (int64_t i = 0; i < q.rows * gpr; ++i) sc[i] = f32_to_f16(q.params[i].scale);
+  return {pack_codes(q, 4), scales};
+}
+
+QuantizedMatrix unpack(const std::vector<Tensor>& in, int64_t rows, int64_t cols, int g) {
+  check_parts(kInt4Sym, in, rows, cols, g);
+  QuantizedMatrix q = empty_matrix(kInt4Sym, rows, cols, g);
+  unpack_codes(in[0], 4, q);
+  const Tensor sc = in[1].contiguous();
+  for (size_t i = 0; i < q.params.size(); ++i) q.params[i].scale = f16_to_f32(part_u16(sc, static_cast<int64_t>(i)));
+  return q;
+}
+
+}  // namespace
+
+const FormatSpec kInt4Sym{
+    .family = "int4_sym",
+    .description = "4-bit symmetric codes (zero point 8), f16 scale = absmax/7 per group of G inputs "
+                   "(GPTQ/AWQ community layout; 4.125 bits/weight at G=128)",
+    .code_bits = 4,
+    .group_sizes = {32, 64, 128},
+    .canonical_name = canonical_name,
+    .parts = parts,
+    .fit_tensor = nullptr,
+    .fit_group = fit_group,
+    .encode = encode,
+    .decode = decode,
+    .pack = pack,
+    .unpack = unpack,
+};
+
+}  // namespace nibble::formats
