@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
     for (const Shape sh : {Shape{4096, 4096}, Shape{28672, 4096}, Shape{4096, 14336}, Shape{128256, 4096}}) {
       const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, 128);
       for (int M : ms)
-        for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, Act::BF16, s, false);
+        for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, false);
     }
     CK(cudaStreamSynchronize(s));
     return 0;
@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
               bytes += static_cast<double>(w[i].weight_bytes());
             }
           const float t = time_captured(s, reps, [&] {
-            for (size_t i : idx) w[i].kernel->gemm(w[i], x.get(), M, sh.k, y.get(), sh.n, Act::BF16, s, true);
+            for (size_t i : idx) w[i].kernel->gemm(w[i], x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, true);
           });
           std::printf("  shape %6lld x %5lld  M=%2d  x%-3zu %8.2f us each  %6.0f GB/s  %5.1f%% of read BW\n",
                       static_cast<long long>(sh.n), static_cast<long long>(sh.k), M, idx.size(),
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
     for (int M : ms) {
       auto run_stack = [&](bool pdl) {
         for (size_t i = 0; i < shapes.size(); ++i)
-          w[i].kernel->gemm(w[i], x.get(), M, shapes[i].k, y.get(), shapes[i].n, Act::BF16, s, pdl);
+          w[i].kernel->gemm(w[i], x.get(), M, shapes[i].k, y.get(), shapes[i].n, Act::BF16, false, s, pdl);
       };
       const float t_pdl = time_captured(s, reps, [&] { run_stack(true); });
       const float t_plain = time_captured(s, reps, [&] { run_stack(false); });

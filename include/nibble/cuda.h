@@ -58,12 +58,13 @@ struct LinearKernel {
   std::vector<int> group_sizes;
   // Uploads and re-lays out a packed matrix (host parts, as FORMAT.md stores them).
   DeviceLinear (*upload)(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
-  // y[M, rows] = x[M, cols] · Ŵᵀ; x, y device pointers of `act` type with leading
-  // dimensions ldx, ldy (elements). `stream` is a cudaStream_t. With `pdl`, the
+  // y[M, rows] = x[M, cols] · Ŵᵀ; x, y device pointers of `act` type (y f32 with
+  // f32_out) with leading dimensions ldx, ldy (elements); ldx a multiple of 8 and
+  // x 16-byte aligned. `stream` is a cudaStream_t. With `pdl`, the
   // launch allows programmatic dependent launch: the kernel loads its weights
   // before waiting for the previous kernel in the stream (Hopper).
   void (*gemm)(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
-               void* stream, bool pdl);
+               bool f32_out, void* stream, bool pdl);
 };
 const std::vector<const LinearKernel*>& linear_kernel_registry();
 // The kernel for a format, or nullptr when the reference path must be used.
@@ -83,9 +84,9 @@ struct W4A16HostLayout {
 W4A16HostLayout w4a16_layout_host(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
 
 // Reference path: Ŵ dequantized to bf16 [rows, cols] on the device, and the
-// cuBLAS bf16 GEMM with fp32 accumulation over it.
+// cuBLAS bf16 GEMM with fp32 accumulation over it; y is bf16, or f32 with f32_out.
 DeviceBuffer dequantize_to_bf16_device(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
 void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
-                      int64_t ldy, void* stream);
+                      int64_t ldy, void* stream, bool f32_out = false);
 
 }  // namespace nibble::cuda

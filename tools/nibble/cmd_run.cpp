@@ -12,6 +12,9 @@
 #include "nibble/model.h"
 #include "nibble/sampler.h"
 #include "nibble/tokenizer.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda_model.h"
+#endif
 
 namespace nibble::cli {
 namespace {
@@ -19,26 +22,55 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-struct Loaded {
-  std::unique_ptr<CheckpointDir> dir;
-  std::unique_ptr<Model> model;
-  Tokenizer tok;
-};
+// A model on the CPU or the GPU behind one "run these tokens" call.
+class Runner {
+ public:
+  Runner(const std::string& path, const std::string& device) : dir_(CheckpointDir::open(path)) {
+    NIBBLE_CHECK(std::filesystem::exists(dir_->dir() / "tokenizer.json"), "{}: no tokenizer.json", path);
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file(dir_->dir() / "tokenizer.json"));
+    NIBBLE_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, found '{}'", device);
+#ifndef NIBBLE_HAVE_CUDA
+    NIBBLE_CHECK(device == "cpu", "--device cuda: this build has no CUDA backend (build with NIBBLE_CUDA=on)");
+#endif
+    cuda_ = device == "cuda";
+    if (!cuda_) cpu_ = Model::load(*dir_);
+  }
+  const ModelConfig& config() const { return dir_->config(); }
+  const Tokenizer& tok() const { return *tok_; }
+  // Makes room for `positions` tokens (the KV cache).
+  void reserve(int64_t positions) {
+    if (cuda_) {
+#ifdef NIBBLE_HAVE_CUDA
+      gpu_ = cuda::GpuModel::load(*dir_, positions);
+#endif
+    } else {
+      cache_ = std::make_unique<KVCache>(config(), positions);
+    }
+  }
+  Tensor last_logits(const std::vector<int32_t>& ids) {
+#ifdef NIBBLE_HAVE_CUDA
+    if (cuda_) return gpu_->forward(ids, false);
+#endif
+    return cpu_->forward(ids, *cache_, false);
+  }
 
-Loaded load(const std::string& path) {
-  auto dir = CheckpointDir::open(path);
-  NIBBLE_CHECK(std::filesystem::exists(dir->dir() / "tokenizer.json"), "{}: no tokenizer.json", path);
-  Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
-  auto model = Model::load(*dir);
-  return {std::move(dir), std::move(model), std::move(tok)};
-}
+ private:
+  std::unique_ptr<CheckpointDir> dir_;
+  std::unique_ptr<Tokenizer> tok_;
+  bool cuda_ = false;
+  std::unique_ptr<Model> cpu_;
+  std::unique_ptr<KVCache> cache_;
+#ifdef NIBBLE_HAVE_CUDA
+  std::unique_ptr<cuda::GpuModel> gpu_;
+#endif
+};
 
 }  // namespace
 
 void register_run(CLI::App& app, const GlobalOptions& global) {
-  auto* cmd = app.add_subcommand("run", "Generate text with a checkpoint (plain or packed) on the CPU");
+  auto* cmd = app.add_subcommand("run", "Generate text with a checkpoint (plain or packed) on the CPU or a GPU");
   struct Opts {
-    std::string model, prompt;
+    std::string model, prompt, device = "cpu";
     int n = 128;
     SamplerConfig sampler;
     bool truncate = false;
@@ -52,11 +84,15 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--top-p", o->sampler.top_p, "Nucleus sampling mass")->capture_default_str();
   cmd->add_option("--seed", o->sampler.seed, "Random seed for sampling")->capture_default_str();
   cmd->add_flag("--truncate", o->truncate, "Keep only the end of a prompt longer than the context");
-  cmd->footer("Example:\n  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100");
+  cmd->add_option("--device", o->device,
+                  "cpu, or cuda (CUDA builds: int4 linears through the W4A16 kernels, the rest through cuBLAS)")
+      ->capture_default_str();
+  cmd->footer("Examples:\n  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100\n"
+              "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --device cuda");
   cmd->callback([o, &global] {
-    Loaded m = load(o->model);
-    const ModelConfig& c = m.model->config();
-    std::vector<int32_t> ids = m.tok.encode(o->prompt, true);
+    Runner m(o->model, o->device);
+    const ModelConfig& c = m.config();
+    std::vector<int32_t> ids = m.tok().encode(o->prompt, true);
     NIBBLE_CHECK(!ids.empty(), "the prompt encodes to no tokens; give some text");
     const int64_t ctx = c.max_position_embeddings;
     if (static_cast<int64_t>(ids.size()) + o->n > ctx) {
@@ -66,19 +102,19 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
       ids.erase(ids.begin(), ids.end() - (ctx - o->n));
     }
     Sampler sampler(o->sampler);
-    KVCache cache(c, static_cast<int64_t>(ids.size()) + o->n);
-    std::printf("%s", m.tok.decode(ids, true).c_str());
+    m.reserve(static_cast<int64_t>(ids.size()) + o->n);
+    std::printf("%s", m.tok().decode(ids, true).c_str());
     std::fflush(stdout);
 
     const auto t0 = Clock::now();
-    Tensor logits = m.model->forward(ids, cache, false);
+    Tensor logits = m.last_logits(ids);
     const double prefill_s = seconds_since(t0);
     // Stop at an end-of-sequence id; also at BOS, which models trained on
     // BOS-delimited documents (llama2.c's TinyStories) emit to end a story.
     std::vector<int32_t> stop(c.eos_token_ids.begin(), c.eos_token_ids.end());
-    if (auto e = m.tok.eos_id()) stop.push_back(*e);
-    if (auto b = leading_bos(m.tok)) stop.push_back(*b);
-    StreamDecoder stream(m.tok, true);
+    if (auto e = m.tok().eos_id()) stop.push_back(*e);
+    if (auto b = leading_bos(m.tok())) stop.push_back(*b);
+    StreamDecoder stream(m.tok(), true);
     const auto t1 = Clock::now();
     int generated = 0;
     for (int i = 0; i < o->n; ++i) {
@@ -87,7 +123,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
       ++generated;
       std::printf("%s", stream.step(next).c_str());
       std::fflush(stdout);
-      if (i + 1 < o->n) logits = m.model->forward({next}, cache, false);
+      if (i + 1 < o->n) logits = m.last_logits({next});
     }
     std::printf("%s\n", stream.finish().c_str());
     std::fflush(stdout);  // the text first, then the timings on stderr

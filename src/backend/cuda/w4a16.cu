@@ -219,6 +219,15 @@ __device__ inline void decode_chunk_raw(const uint4& q, uint32_t (&a)[4][4]) {
 
 __device__ inline float bf16_bits_to_float(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
 
+template <typename O>
+__device__ inline O to_out(float v);
+template <>
+__device__ inline float to_out<float>(float v) { return v; }
+template <>
+__device__ inline __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ inline __half to_out<__half>(float v) { return __float2half_rn(v); }
+
 // One warp computes R row tiles (16·R rows) × NT token tiles (8·NT tokens)
 // over an interleaved share of the input chunks; the warps of a block split K
 // and meet in shared memory. U chunks are loaded before the first is used.
@@ -233,10 +242,10 @@ __device__ inline float bf16_bits_to_float(uint32_t bits16) { return __uint_as_f
 //    two fp32 FMAs per output per chunk instead of two 16-bit operations per
 //    weight pair. The weights are exact (never rounded to 16 bits); the
 //    cancellation in s·P − 128·s·Σx costs at most ~2^-17 of Σ|x|·s per chunk.
-template <typename T, int NT, int R, int S, bool kRaw>
+template <typename T, typename OutT, int NT, int R, int S, bool kRaw>
 __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
     w4a16_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
-                 int64_t ldx, T* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
+                 int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
                  int groups_padded, int g_shift) {
   static_assert(NT > 1 || ((S & (S - 1)) == 0 && S >= 2), "ring stages: a power of two");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -414,7 +423,7 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
         for (int j = 0; j < 4; ++j) {
           const int tok = n * 8 + 2 * tig + (j & 1);
           const int64_t row = row0 + r * kTileRows + gid + 8 * (j >> 1);
-          if (tok < M && row < N) y[tok * ldy + row] = ActTraits<T>::from_float(acc[r][n][j]);
+          if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(acc[r][n][j]);
         }
     return;
   }
@@ -435,7 +444,7 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
     for (int w = 0; w < nwarps; ++w) s += red[w * kOut + i];
     const int tok = i / kRows;
     const int64_t row = row0 + i % kRows;
-    if (tok < M && row < N) y[tok * ldy + row] = ActTraits<T>::from_float(s);
+    if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(s);
   }
 }
 
@@ -487,7 +496,7 @@ unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + 
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
-                void* stream, bool pdl);
+                bool f32_out, void* stream, bool pdl);
 
 const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm};
 
@@ -534,8 +543,8 @@ const DeviceInfo& device_info() {
   return info;
 }
 
-template <typename T, int NT, int R, int S>
-void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, T* y, int64_t ldy, cudaStream_t stream, bool pdl,
+template <typename T, typename OutT, int NT, int R, int S>
+void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream, bool pdl,
             bool exact) {
   const Dims d = dims_of(w.rows, w.cols, w.group_size);
   const int64_t blocks = (d.tiles + R - 1) / R;
@@ -561,14 +570,14 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, T* y, int64_t
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  auto kernel = w4a16_kernel<T, NT, R, S, false>;
+  auto kernel = w4a16_kernel<T, OutT, NT, R, S, false>;
   if constexpr (NT <= 2)
-    if (exact) kernel = w4a16_kernel<T, NT, R, S, true>;
+    if (exact) kernel = w4a16_kernel<T, OutT, NT, R, S, true>;
   static const bool attr_set = [&] {  // once per instantiation: allow > 48 KiB of dynamic shared memory
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_kernel<T, NT, R, S, false>,
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_kernel<T, OutT, NT, R, S, false>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
     if constexpr (NT <= 2)
-      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_kernel<T, NT, R, S, true>,
+      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_kernel<T, OutT, NT, R, S, true>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
     return true;
   }();
@@ -584,34 +593,34 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, T* y, int64_t
 // Tokens in blocks of at most 64 (8 token tiles); each block is one pass over
 // W. Row tiles per warp (R) grow with the token tiles so that each activation
 // fragment loaded is used R times (the L1 traffic for x is what limits M > 8).
-template <typename T>
+template <typename T, typename OutT>
 void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, cudaStream_t s,
               bool pdl) {
   const bool exact = w4a16_exact_weights(w.group_size, M);  // one rule for the whole call
   for (int64_t m0 = 0; m0 < M; m0 += 64) {
     const int m = static_cast<int>(std::min<int64_t>(64, M - m0));
     const T* xm = static_cast<const T*>(x) + m0 * ldx;
-    T* ym = static_cast<T*>(y) + m0 * ldy;
+    OutT* ym = static_cast<OutT*>(y) + m0 * ldy;
     // The most row tiles per warp that still leaves ~16 warps per SM.
     const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, want = int64_t{device_info().sms} * 16 / 8;
     const int r = tiles / 4 >= want ? 4 : tiles / 2 >= want ? 2 : 1;
     if (m <= 8)
-      launch<T, 1, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      launch<T, OutT, 1, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else if (m <= 16)
-      r == 4 ? launch<T, 2, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-      : r == 2 ? launch<T, 2, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-               : launch<T, 2, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r == 4 ? launch<T, OutT, 2, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+      : r == 2 ? launch<T, OutT, 2, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+               : launch<T, OutT, 2, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else if (m <= 32)
-      r == 4 ? launch<T, 4, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-      : r == 2 ? launch<T, 4, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-               : launch<T, 4, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r == 4 ? launch<T, OutT, 4, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+      : r == 2 ? launch<T, OutT, 4, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
+               : launch<T, OutT, 4, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
     else
-      r >= 2 ? launch<T, 8, 2, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact) : launch<T, 8, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r >= 2 ? launch<T, OutT, 8, 2, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact) : launch<T, OutT, 8, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
   }
 }
 
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
-                void* stream, bool pdl) {
+                bool f32_out, void* stream, bool pdl) {
   NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
   NIBBLE_CHECK(ldx >= w.cols && ldx % 8 == 0, "w4a16: ldx must be a multiple of 8 and at least {} (found {})", w.cols,
                ldx);
@@ -624,9 +633,11 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
   if (M <= 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   if (act == Act::BF16)
-    launch_t<__nv_bfloat16>(w, x, M, ldx, y, ldy, s, pdl);
+    f32_out ? launch_t<__nv_bfloat16, float>(w, x, M, ldx, y, ldy, s, pdl)
+            : launch_t<__nv_bfloat16, __nv_bfloat16>(w, x, M, ldx, y, ldy, s, pdl);
   else
-    launch_t<__half>(w, x, M, ldx, y, ldy, s, pdl);
+    f32_out ? launch_t<__half, float>(w, x, M, ldx, y, ldy, s, pdl)
+            : launch_t<__half, __half>(w, x, M, ldx, y, ldy, s, pdl);
 }
 
 __global__ void f32_to_bf16_kernel(const float* __restrict__ in, __nv_bfloat16* __restrict__ out, int64_t n) {
@@ -701,7 +712,7 @@ DeviceBuffer dequantize_to_bf16_device(const std::vector<Tensor>& parts, int64_t
 }
 
 void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
-                      int64_t ldy, void* stream) {
+                      int64_t ldy, void* stream, bool f32_out) {
   static cublasHandle_t handle = [] {
     cublasHandle_t h = nullptr;
     NIBBLE_CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasCreate failed");
@@ -713,7 +724,8 @@ void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void
   // Column-major view: Yᵀ[rows, M] = W[rows, cols] (row-major = colmajor Wᵀ) · Xᵀ[cols, M].
   const cublasStatus_t st = cublasGemmEx(
       handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M), static_cast<int>(cols), &alpha,
-      w_bf16, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF, static_cast<int>(ldx), &beta, y, CUDA_R_16BF,
+      w_bf16, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF, static_cast<int>(ldx), &beta, y,
+      f32_out ? CUDA_R_32F : CUDA_R_16BF,
       static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   NIBBLE_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS: bf16 GEMM failed (status {})", static_cast<int>(st));
 }

@@ -1,0 +1,40 @@
+// The Llama-family forward pass on an NVIDIA GPU (CUDA builds only; see
+// docs/CUDA.md). Linears of a format with a CUDA kernel (int4_asym: w4a16_mma)
+// stay packed on the device; everything else is held as bf16 and runs through
+// cuBLAS. Inputs of linears are bf16; their outputs, the residual stream,
+// norms, RoPE, attention and the KV cache are fp32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "nibble/model_config.h"
+#include "nibble/source.h"
+#include "nibble/tensor.h"
+
+namespace nibble::cuda {
+
+class GpuModel {
+ public:
+  // Loads every weight of `src` onto the GPU with a KV cache of `max_tokens`
+  // positions.
+  static std::unique_ptr<GpuModel> load(const ModelSource& src, int64_t max_tokens);
+  ~GpuModel();
+
+  const ModelConfig& config() const;
+  int64_t size() const;  // positions in the KV cache
+  void reset();          // empties the KV cache
+  // Runs `tokens` at positions size() .. size()+n-1 and appends them to the
+  // cache. Returns logits F32 [n, vocab] (all rows) or [1, vocab] (the last).
+  Tensor forward(const std::vector<int32_t>& tokens, bool all_logits = true);
+  // Bytes of weights resident on the device.
+  size_t weight_bytes() const;
+
+ private:
+  GpuModel();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nibble::cuda
