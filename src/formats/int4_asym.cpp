@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "formats/common.h"
 #include "formats/registry_rows.h"
 #include "nibble/error.h"
 #include "nibble/format.h"
@@ -20,8 +21,6 @@ namespace {
 constexpr int kLevels = 15;  // codes 0..15
 
 std::string canonical_name(int g) { return fmt::format("int4_g{}_asym", g); }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::vector<PartSpec> parts(int64_t rows, int64_t cols, int g) {
   return {
@@ -62,53 +61,23 @@ uint8_t encode(float w, const GroupParams& p) {
 float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(code) * p.scale + p.min; }
 
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
-  const int64_t rows = q.rows, cols = q.cols, bytes_per_row = ceil_div(cols, 2), gpr = q.groups_per_row();
-  Tensor qweight = Tensor::zeros(DType::U8, {rows, bytes_per_row});
-  Tensor scales = Tensor::zeros(DType::BF16, {rows, gpr});
-  Tensor mins = Tensor::zeros(DType::BF16, {rows, gpr});
-  uint8_t* qw = qweight.data_mut<uint8_t>();
-  uint16_t* sc = scales.data_mut<uint16_t>();
-  uint16_t* mn = mins.data_mut<uint16_t>();
-#pragma omp parallel for schedule(static) if (rows > 64)
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* c = q.codes.data() + r * cols;
-    uint8_t* out = qw + r * bytes_per_row;
-    for (int64_t j = 0; j < cols / 2; ++j) out[j] = static_cast<uint8_t>((c[2 * j] & 0xF) | (c[2 * j + 1] << 4));
-    if (cols % 2) out[cols / 2] = c[cols - 1] & 0xF;  // odd width: high nibble of the last byte is 0
-    for (int64_t g = 0; g < gpr; ++g) {
-      sc[r * gpr + g] = f32_to_bf16(q.group(r, g).scale);
-      mn[r * gpr + g] = f32_to_bf16(q.group(r, g).min);
-    }
+  Tensor scales = Tensor::zeros(DType::BF16, {q.rows, q.groups_per_row()});
+  Tensor mins = Tensor::zeros(DType::BF16, {q.rows, q.groups_per_row()});
+  for (size_t i = 0; i < q.params.size(); ++i) {
+    scales.data_mut<uint16_t>()[i] = f32_to_bf16(q.params[i].scale);
+    mins.data_mut<uint16_t>()[i] = f32_to_bf16(q.params[i].min);
   }
-  return {qweight, scales, mins};
+  return {pack_codes(q, 4), scales, mins};  // byte j = code[2j] | code[2j+1] << 4
 }
 
 QuantizedMatrix unpack(const std::vector<Tensor>& in, int64_t rows, int64_t cols, int g) {
-  const auto expect = parts(rows, cols, g);
-  NIBBLE_CHECK(in.size() == expect.size(), "int4_asym: expected {} parts, found {}", expect.size(), in.size());
-  for (size_t i = 0; i < expect.size(); ++i) {
-    NIBBLE_CHECK(in[i].dtype() == expect[i].dtype && in[i].shape() == expect[i].shape,
-                 "int4_asym {}: expected {} {}, found {} {}", expect[i].suffix, dtype_name(expect[i].dtype),
-                 shape_str(expect[i].shape), dtype_name(in[i].dtype()), shape_str(in[i].shape()));
-  }
-  QuantizedMatrix q;
-  q.format = &kInt4Asym;
-  q.group_size = g;
-  q.rows = rows;
-  q.cols = cols;
-  q.codes.resize(static_cast<size_t>(rows * cols));
-  q.params.resize(static_cast<size_t>(rows * q.groups_per_row()));
-  const Tensor qw = in[0].contiguous(), sc = in[1].contiguous(), mn = in[2].contiguous();
-  const int64_t bytes_per_row = ceil_div(cols, 2), gpr = q.groups_per_row();
-#pragma omp parallel for schedule(static) if (rows > 64)
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* b = qw.data<uint8_t>() + r * bytes_per_row;
-    uint8_t* c = q.codes.data() + r * cols;
-    for (int64_t i = 0; i < cols; ++i) c[i] = (i % 2 == 0) ? (b[i / 2] & 0xF) : (b[i / 2] >> 4);
-    for (int64_t k = 0; k < gpr; ++k) {
-      q.params[r * gpr + k].scale = bf16_to_f32(sc.data<uint16_t>()[r * gpr + k]);
-      q.params[r * gpr + k].min = bf16_to_f32(mn.data<uint16_t>()[r * gpr + k]);
-    }
+  check_parts(kInt4Asym, in, rows, cols, g);
+  QuantizedMatrix q = empty_matrix(kInt4Asym, rows, cols, g);
+  unpack_codes(in[0], 4, q);
+  const Tensor sc = in[1].contiguous(), mn = in[2].contiguous();
+  for (size_t i = 0; i < q.params.size(); ++i) {
+    q.params[i].scale = bf16_to_f32(part_u16(sc, static_cast<int64_t>(i)));
+    q.params[i].min = bf16_to_f32(part_u16(mn, static_cast<int64_t>(i)));
   }
   return q;
 }
