@@ -113,5 +113,29 @@ TEST(Synth, WritesALoadableDeterministicCheckpoint) {
   EXPECT_THROW(synthesize_model(tmp / "d", o), Error);
 }
 
+// A model with more embedding rows than its tokenizer has tokens (a padded
+// vocabulary, or synth with a borrowed tokenizer): nibble run samples only ids
+// the tokenizer can decode, so generation never stops on an undecodable id.
+TEST(Synth, RunSamplesOnlyTokenizerIdsOfAPaddedVocabulary) {
+  TempDir tmp;
+  SynthOptions o;
+  o.hidden = 64;
+  o.intermediate = 128;
+  o.layers = 1;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.vocab = 4096;  // the stories tokenizer has 512 tokens
+  o.context = 256;
+  o.progress = false;
+  o.tokenizer_from = test::model_dir("stories260K");
+  synthesize_model(tmp / "m", o);
+  // Random weights: with the whole vocabulary to pick from, ids >= 512 win most steps.
+  const auto r = test::run_command(test::nibble_bin() + " run -q --model '" + (tmp / "m").string() +
+                                   "' --prompt 'Once upon a time' -n 40");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time", 0), 0u) << r.out;
+  EXPECT_GT(r.out.size(), std::string("Once upon a time").size() + 20) << r.out;
+}
+
 }  // namespace
 }  // namespace nibble

@@ -115,10 +115,14 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     if (auto e = m.tok().eos_id()) stop.push_back(*e);
     if (auto b = leading_bos(m.tok())) stop.push_back(*b);
     StreamDecoder stream(m.tok(), true);
+    // Models often have more embedding rows than their tokenizer has tokens
+    // (padded vocabularies; a synthesized model with a borrowed tokenizer):
+    // sample only ids the tokenizer can turn back into text.
+    const int64_t samplable = std::min<int64_t>(c.vocab_size, m.tok().vocab_size());
     const auto t1 = Clock::now();
     int generated = 0;
     for (int i = 0; i < o->n; ++i) {
-      const int32_t next = sampler.sample(logits.data<float>(), c.vocab_size);
+      const int32_t next = sampler.sample(logits.data<float>(), samplable);
       if (std::find(stop.begin(), stop.end(), next) != stop.end()) break;
       ++generated;
       std::printf("%s", stream.step(next).c_str());
