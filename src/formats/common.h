@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "nibble/dtype.h"
 #include "nibble/error.h"
 #include "nibble/format.h"
 
@@ -97,6 +98,31 @@ inline uint16_t part_u16(const Tensor& t, int64_t i) {
   return v;
 }
 inline uint8_t part_u8(const Tensor& t, int64_t i) { return static_cast<const uint8_t*>(t.raw())[i]; }
+
+// One field of every group's parameters as a stored part [rows, groups of a
+// row] of dtype F32, F16 or BF16 (rounded to nearest even), and back.
+inline Tensor params_part(const QuantizedMatrix& q, float GroupParams::*field, DType dtype) {
+  Tensor t = Tensor::zeros(dtype, {q.rows, q.groups_per_row()});
+  for (size_t i = 0; i < q.params.size(); ++i) {
+    const float v = q.params[i].*field;
+    if (dtype == DType::F32)
+      t.data_mut<float>()[i] = v;
+    else
+      t.data_mut<uint16_t>()[i] = dtype == DType::F16 ? f32_to_f16(v) : f32_to_bf16(v);
+  }
+  return t;
+}
+inline void params_from_part(const Tensor& part, float GroupParams::*field, QuantizedMatrix& q) {
+  const Tensor t = part.contiguous();
+  NIBBLE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F16 || t.dtype() == DType::BF16,
+               "parameter part of dtype {}: expected F32, F16 or BF16", dtype_name(t.dtype()));
+  for (size_t i = 0; i < q.params.size(); ++i) {
+    const auto k = static_cast<int64_t>(i);
+    q.params[i].*field = t.dtype() == DType::F32   ? part_f32(t, k)
+                         : t.dtype() == DType::F16 ? f16_to_f32(part_u16(t, k))
+                                                   : bf16_to_f32(part_u16(t, k));
+  }
+}
 
 // Largest |w| of n values.
 inline float abs_max(const float* w, int64_t n) {

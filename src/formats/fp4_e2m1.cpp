@@ -31,17 +31,14 @@ uint8_t encode(float w, const GroupParams& p) { return p.scale == 0.0f ? 0 : f32
 float decode(uint8_t code, const GroupParams& p) { return e2m1_to_f32(code) * p.scale; }
 
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
-  Tensor scales = Tensor::zeros(DType::BF16, {q.rows, q.groups_per_row()});
-  for (size_t i = 0; i < q.params.size(); ++i) scales.data_mut<uint16_t>()[i] = f32_to_bf16(q.params[i].scale);
-  return {pack_codes(q, 4), scales};
+  return {pack_codes(q, 4), params_part(q, &GroupParams::scale, DType::BF16)};
 }
 
 QuantizedMatrix unpack(const std::vector<Tensor>& in, int64_t rows, int64_t cols, int g) {
   check_parts(kFp4E2m1, in, rows, cols, g);
   QuantizedMatrix q = empty_matrix(kFp4E2m1, rows, cols, g);
   unpack_codes(in[0], 4, q);
-  const Tensor sc = in[1].contiguous();
-  for (size_t i = 0; i < q.params.size(); ++i) q.params[i].scale = bf16_to_f32(part_u16(sc, static_cast<int64_t>(i)));
+  params_from_part(in[1], &GroupParams::scale, q);
   return q;
 }
 

@@ -54,11 +54,7 @@ struct Fp8 {
   static float decode(uint8_t code, const GroupParams& p) { return E::decode(code) * p.scale; }
 
   static std::vector<Tensor> pack(const QuantizedMatrix& q) {
-    if (kPerChannel) {
-      Tensor scales = Tensor::zeros(DType::F32, {q.rows, 1});
-      for (int64_t r = 0; r < q.rows; ++r) scales.data_mut<float>()[r] = q.params[r].scale;
-      return {pack_codes(q, 8, E::kDType), scales};
-    }
+    if (kPerChannel) return {pack_codes(q, 8, E::kDType), params_part(q, &GroupParams::scale, DType::F32)};
     for (const GroupParams& o : q.params)
       NIBBLE_CHECK(o.scale == q.params[0].scale, "{}: rows carry different tensor scales", spec().family);
     Tensor scale = Tensor::zeros(DType::F32, {1});

@@ -61,24 +61,17 @@ uint8_t encode(float w, const GroupParams& p) {
 float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(code) * p.scale + p.min; }
 
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
-  Tensor scales = Tensor::zeros(DType::BF16, {q.rows, q.groups_per_row()});
-  Tensor mins = Tensor::zeros(DType::BF16, {q.rows, q.groups_per_row()});
-  for (size_t i = 0; i < q.params.size(); ++i) {
-    scales.data_mut<uint16_t>()[i] = f32_to_bf16(q.params[i].scale);
-    mins.data_mut<uint16_t>()[i] = f32_to_bf16(q.params[i].min);
-  }
-  return {pack_codes(q, 4), scales, mins};  // byte j = code[2j] | code[2j+1] << 4
+  // qweight byte j of a row = code[2j] | code[2j+1] << 4 (pack_codes with 4 bits)
+  return {pack_codes(q, 4), params_part(q, &GroupParams::scale, DType::BF16),
+          params_part(q, &GroupParams::min, DType::BF16)};
 }
 
 QuantizedMatrix unpack(const std::vector<Tensor>& in, int64_t rows, int64_t cols, int g) {
   check_parts(kInt4Asym, in, rows, cols, g);
   QuantizedMatrix q = empty_matrix(kInt4Asym, rows, cols, g);
   unpack_codes(in[0], 4, q);
-  const Tensor sc = in[1].contiguous(), mn = in[2].contiguous();
-  for (size_t i = 0; i < q.params.size(); ++i) {
-    q.params[i].scale = bf16_to_f32(part_u16(sc, static_cast<int64_t>(i)));
-    q.params[i].min = bf16_to_f32(part_u16(mn, static_cast<int64_t>(i)));
-  }
+  params_from_part(in[1], &GroupParams::scale, q);
+  params_from_part(in[2], &GroupParams::min, q);
   return q;
 }
 

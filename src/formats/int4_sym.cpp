@@ -42,19 +42,14 @@ uint8_t encode(float w, const GroupParams& p) {
 float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(code - kZero) * p.scale; }
 
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
-  const int64_t gpr = q.groups_per_row();
-  Tensor scales = Tensor::zeros(DType::F16, {q.rows, gpr});
-  uint16_t* sc = scales.data_mut<uint16_t>();
-  for (int64_t i = 0; i < q.rows * gpr; ++i) sc[i] = f32_to_f16(q.params[i].scale);
-  return {pack_codes(q, 4), scales};
+  return {pack_codes(q, 4), params_part(q, &GroupParams::scale, DType::F16)};
 }
 
 QuantizedMatrix unpack(const std::vector<Tensor>& in, int64_t rows, int64_t cols, int g) {
   check_parts(kInt4Sym, in, rows, cols, g);
   QuantizedMatrix q = empty_matrix(kInt4Sym, rows, cols, g);
   unpack_codes(in[0], 4, q);
-  const Tensor sc = in[1].contiguous();
-  for (size_t i = 0; i < q.params.size(); ++i) q.params[i].scale = f16_to_f32(part_u16(sc, static_cast<int64_t>(i)));
+  params_from_part(in[1], &GroupParams::scale, q);
   return q;
 }
 

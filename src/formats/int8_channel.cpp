@@ -38,17 +38,14 @@ uint8_t encode(float w, const GroupParams& p) {
 float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(static_cast<int8_t>(code)) * p.scale; }
 
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
-  Tensor scales = Tensor::zeros(DType::F32, {q.rows, 1});
-  for (int64_t r = 0; r < q.rows; ++r) scales.data_mut<float>()[r] = q.params[r].scale;
-  return {pack_codes(q, 8, DType::I8), scales};
+  return {pack_codes(q, 8, DType::I8), params_part(q, &GroupParams::scale, DType::F32)};  // [rows, 1]
 }
 
 QuantizedMatrix unpack(const std::vector<Tensor>& in, int64_t rows, int64_t cols, int g) {
   check_parts(kInt8ChannelSym, in, rows, cols, g);
   QuantizedMatrix q = empty_matrix(kInt8ChannelSym, rows, cols, g);
   unpack_codes(in[0], 8, q);
-  const Tensor sc = in[1].contiguous();
-  for (int64_t r = 0; r < rows; ++r) q.params[r].scale = part_f32(sc, r);
+  params_from_part(in[1], &GroupParams::scale, q);
   return q;
 }
 
