@@ -36,6 +36,12 @@ struct DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Host to device copies: raw bytes, a tensor's bytes (made contiguous), and a
+// tensor's values converted to bf16 (round to nearest even) on the host.
+DeviceBuffer upload(const void* host, size_t bytes);
+DeviceBuffer upload(const Tensor& t);
+DeviceBuffer upload_bf16(const Tensor& t);
+
 // 16-bit activation types of the W4A16 kernels (fp32 accumulation inside).
 enum class Act { BF16, F16 };
 

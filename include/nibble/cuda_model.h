@@ -28,8 +28,6 @@ class GpuModel {
   // Runs `tokens` at positions size() .. size()+n-1 and appends them to the
   // cache. Returns logits F32 [n, vocab] (all rows) or [1, vocab] (the last).
   Tensor forward(const std::vector<int32_t>& tokens, bool all_logits = true);
-  // Bytes of weights resident on the device.
-  size_t weight_bytes() const;
 
  private:
   GpuModel();

@@ -117,6 +117,10 @@ double bits_per_weight(const FormatChoice& f, int64_t rows, int64_t cols);
 
 // Reference dequantization of an unpacked matrix into out[rows * cols].
 void dequantize(const QuantizedMatrix& q, float* out);
+// Checks stored parts against f.spec->parts() (count, dtype, shape); throws an
+// Error naming the first part that differs.
+void check_parts(const FormatChoice& f, const std::vector<Tensor>& parts, int64_t rows, int64_t cols);
+
 // Reference dequantization straight from the stored parts.
 Tensor dequantize_parts(const FormatChoice& f, const std::vector<Tensor>& parts, int64_t rows, int64_t cols);
 

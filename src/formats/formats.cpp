@@ -1,6 +1,7 @@
 // The format registry table and the format-generic helpers around it.
 #include <algorithm>
 
+#include "formats/common.h"
 #include "formats/registry_rows.h"
 #include "nibble/error.h"
 #include "nibble/format.h"
@@ -70,6 +71,10 @@ void dequantize(const QuantizedMatrix& q, float* out) {
     for (int64_t c = 0; c < q.cols; ++c)
       out[r * q.cols + c] = f.decode(q.codes[r * q.cols + c], q.params[r * gpr + c / g]);
   }
+}
+
+void check_parts(const FormatChoice& f, const std::vector<Tensor>& parts, int64_t rows, int64_t cols) {
+  formats::check_parts(*f.spec, parts, rows, cols, f.group_size);
 }
 
 Tensor dequantize_parts(const FormatChoice& f, const std::vector<Tensor>& parts, int64_t rows, int64_t cols) {

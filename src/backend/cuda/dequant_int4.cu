@@ -3,8 +3,6 @@
 // materialize a layer). Layout: docs/FORMAT.md.
 #include <cuda_bf16.h>
 
-#include <memory>
-
 #include "backend/cuda/check.h"
 #include "nibble/cuda.h"
 
@@ -32,41 +30,13 @@ __global__ void dequant_int4_asym_kernel(const uint8_t* __restrict__ qweight, co
   }
 }
 
-struct DeviceFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DevicePtr = std::unique_ptr<void, DeviceFree>;
-
-DevicePtr device_copy(const Tensor& t) {
-  void* p = nullptr;
-  NIBBLE_CUDA_CHECK(cudaMalloc(&p, t.nbytes() ? t.nbytes() : 1));
-  DevicePtr owned(p);
-  NIBBLE_CUDA_CHECK(cudaMemcpy(p, t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
-  return owned;
-}
-
 }  // namespace
 
-bool device_available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 Tensor dequantize_int4_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
-  // Shapes and dtypes are the format's to check.
-  const FormatChoice f = find_format("int4_asym", group_size);
-  const auto specs = f.spec->parts(rows, cols, group_size);
-  NIBBLE_CHECK(parts.size() == specs.size(), "cuda dequantize: expected {} parts, found {}", specs.size(), parts.size());
-  for (size_t i = 0; i < specs.size(); ++i)
-    NIBBLE_CHECK(parts[i].dtype() == specs[i].dtype && parts[i].shape() == specs[i].shape,
-                 "cuda dequantize: part {} should be {} {}, found {} {}", specs[i].suffix, dtype_name(specs[i].dtype),
-                 shape_str(specs[i].shape), dtype_name(parts[i].dtype()), shape_str(parts[i].shape()));
-  const Tensor qw = parts[0].contiguous(), sc = parts[1].contiguous(), mn = parts[2].contiguous();
-  DevicePtr d_qw = device_copy(qw), d_sc = device_copy(sc), d_mn = device_copy(mn);
+  check_parts(find_format("int4_asym", group_size), parts, rows, cols);  // shapes and dtypes are the format's
+  const DeviceBuffer d_qw = upload(parts[0]), d_sc = upload(parts[1]), d_mn = upload(parts[2]);
   Tensor out = Tensor::zeros(DType::F32, {rows, cols});
-  void* d_out_raw = nullptr;
-  NIBBLE_CUDA_CHECK(cudaMalloc(&d_out_raw, out.nbytes() ? out.nbytes() : 1));
-  DevicePtr d_out(d_out_raw);
+  DeviceBuffer d_out(out.nbytes());
   const int64_t n = rows * ((cols + 1) / 2);
   if (n > 0) {
     constexpr int kThreads = 256;

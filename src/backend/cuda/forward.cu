@@ -30,29 +30,11 @@ using bf16 = __nv_bfloat16;
 
 int64_t pad8(int64_t v) { return (v + 7) / 8 * 8; }  // leading dimensions: the W4A16 kernels read 16-byte rows
 
-DeviceBuffer upload_bytes(const void* p, size_t bytes) {
-  DeviceBuffer d(bytes);
-  NIBBLE_CUDA_CHECK(cudaMemcpy(d.get(), p, bytes, cudaMemcpyHostToDevice));
-  return d;
-}
-DeviceBuffer upload_f32(const Tensor& t) {
-  const Tensor c = t.to_f32().contiguous();
-  return upload_bytes(c.raw(), c.nbytes());
-}
-DeviceBuffer upload_bf16(const Tensor& t) {
-  const Tensor c = t.to_f32().contiguous();
-  std::vector<uint16_t> h(static_cast<size_t>(c.numel()));
-  const float* p = c.data<float>();
-  for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(p[i]);
-  return upload_bytes(h.data(), h.size() * 2);
-}
-
 // A linear on the device: packed (a registered kernel) or dense bf16 (cuBLAS).
 struct GpuLinear {
   int64_t out = 0, in = 0;
   DeviceLinear packed;
   DeviceBuffer dense, bias;  // bias: f32 [out], empty when none
-  size_t bytes() const { return packed.weight_bytes() + dense.bytes() + bias.bytes(); }
 };
 
 GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix) {
@@ -67,7 +49,7 @@ GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix) {
     l.packed = k->upload(src.parts(wname), l.out, l.in, meta.format->group_size);
   else
     l.dense = upload_bf16(src.load(wname));  // any other format: dequantized once (the registry's fallback)
-  if (src.contains(prefix + ".bias")) l.bias = upload_f32(src.load(prefix + ".bias"));
+  if (src.contains(prefix + ".bias")) l.bias = upload(src.load(prefix + ".bias").to_f32());
   return l;
 }
 
@@ -271,16 +253,6 @@ const ModelConfig& GpuModel::config() const { return impl_->c; }
 int64_t GpuModel::size() const { return impl_->len; }
 void GpuModel::reset() { impl_->len = 0; }
 
-size_t GpuModel::weight_bytes() const {
-  const Impl& m = *impl_;
-  size_t b = m.embed.bytes() + m.final_norm.bytes() + m.head.bytes();
-  for (const GpuLayer& L : m.layers) {
-    b += L.input_norm.bytes() + L.post_norm.bytes() + L.q_norm.bytes() + L.k_norm.bytes();
-    for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) b += l->bytes();
-  }
-  return b;
-}
-
 std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens) {
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible");
   NIBBLE_CHECK(max_tokens > 0, "GpuModel: the KV cache needs at least one position");
@@ -295,19 +267,19 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.ldQ = pad8(c.num_heads * c.head_dim);
   m.ldF = pad8(c.intermediate_size);
   const Tensor embed = src.load("model.embed_tokens.weight").to_f32();
-  m.embed = upload_f32(embed);
-  m.final_norm = upload_f32(src.load("model.norm.weight"));
+  m.embed = upload(embed);
+  m.final_norm = upload(src.load("model.norm.weight").to_f32());
   m.head = c.tie_word_embeddings ? dense_linear(embed) : load_linear_gpu(src, "lm_head");
   const bool qk_norm = find_arch(c.model_type).qk_norm;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     GpuLayer L;
     L.window = c.window(i);
-    L.input_norm = upload_f32(src.load(p + "input_layernorm.weight"));
-    L.post_norm = upload_f32(src.load(p + "post_attention_layernorm.weight"));
+    L.input_norm = upload(src.load(p + "input_layernorm.weight").to_f32());
+    L.post_norm = upload(src.load(p + "post_attention_layernorm.weight").to_f32());
     if (qk_norm) {
-      L.q_norm = upload_f32(src.load(p + "self_attn.q_norm.weight"));
-      L.k_norm = upload_f32(src.load(p + "self_attn.k_norm.weight"));
+      L.q_norm = upload(src.load(p + "self_attn.q_norm.weight").to_f32());
+      L.k_norm = upload(src.load(p + "self_attn.k_norm.weight").to_f32());
     }
     L.q = load_linear_gpu(src, p + "self_attn.q_proj");
     L.k = load_linear_gpu(src, p + "self_attn.k_proj");
@@ -322,7 +294,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     m.vcache.emplace_back(cache_bytes);
   }
   const std::vector<float> inv = rope_inv_freq(c);
-  m.inv_freq = upload_bytes(inv.data(), inv.size() * 4);
+  m.inv_freq = upload(inv.data(), inv.size() * 4);
   // Attention keeps q and the scores of one query in shared memory.
   const size_t att_smem = static_cast<size_t>(c.head_dim + max_tokens) * 4;
   NIBBLE_CHECK(att_smem <= 200u << 10, "GpuModel: a KV cache of {} positions is more than the attention kernel's "

@@ -37,14 +37,6 @@
 
 namespace nibble::cuda {
 
-void DeviceBuffer::Free::operator()(void* p) const { cudaFree(p); }
-
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  void* p = nullptr;
-  NIBBLE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
-  ptr_.reset(p);
-}
-
 namespace {
 
 constexpr int kTileRows = 16;  // output rows per mma tile
@@ -77,13 +69,7 @@ Dims dims_of(int64_t rows, int64_t cols, int group_size) {
 }
 
 void check_parts(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
-  const FormatChoice f = find_format("int4_asym", group_size);
-  const auto specs = f.spec->parts(rows, cols, group_size);
-  NIBBLE_CHECK(parts.size() == specs.size(), "w4a16: expected {} parts, found {}", specs.size(), parts.size());
-  for (size_t i = 0; i < specs.size(); ++i)
-    NIBBLE_CHECK(parts[i].dtype() == specs[i].dtype && parts[i].shape() == specs[i].shape,
-                 "w4a16: part {} should be {} {}, found {} {}", specs[i].suffix, dtype_name(specs[i].dtype),
-                 shape_str(specs[i].shape), dtype_name(parts[i].dtype()), shape_str(parts[i].shape()));
+  nibble::check_parts(find_format("int4_asym", group_size), parts, rows, cols);
   NIBBLE_CHECK(cols % 2 == 0, "w4a16: the input width must be even (found {}): x is read in pairs", cols);
 }
 
@@ -103,7 +89,6 @@ struct ActTraits<__nv_bfloat16> {
     std::memcpy(&h, &bf16_bits, 2);
     return __bfloat162bfloat162(h);
   }
-  __device__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 };
 template <>
 struct ActTraits<__half> {
@@ -116,7 +101,6 @@ struct ActTraits<__half> {
     const float v = __uint_as_float(static_cast<uint32_t>(bf16_bits) << 16);
     return __float2half2_rn(v);
   }
-  __device__ static __half from_float(float v) { return __float2half_rn(v); }
 };
 
 template <typename T>
@@ -485,13 +469,6 @@ __global__ void relayout_meta_kernel(const uint16_t* __restrict__ scales, const 
   }
 }
 
-DeviceBuffer upload(const Tensor& t) {
-  const Tensor c = t.contiguous();
-  DeviceBuffer d(c.nbytes());
-  NIBBLE_CUDA_CHECK(cudaMemcpy(d.get(), c.raw(), c.nbytes(), cudaMemcpyHostToDevice));
-  return d;
-}
-
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
@@ -640,11 +617,6 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
             : launch_t<__half, __half>(w, x, M, ldx, y, ldy, s, pdl);
 }
 
-__global__ void f32_to_bf16_kernel(const float* __restrict__ in, __nv_bfloat16* __restrict__ out, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
-}
-
 }  // namespace
 
 const std::vector<const LinearKernel*>& linear_kernel_registry() {
@@ -698,17 +670,7 @@ W4A16HostLayout w4a16_layout_host(const std::vector<Tensor>& parts, int64_t rows
 }
 
 DeviceBuffer dequantize_to_bf16_device(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
-  const Tensor f32 = dequantize_int4_asym(parts, rows, cols, group_size);
-  const DeviceBuffer d32 = upload(f32);
-  DeviceBuffer out(static_cast<size_t>(rows * cols) * 2);
-  const int64_t n = rows * cols;
-  if (n > 0) {
-    f32_to_bf16_kernel<<<blocks_for(n, 256), 256>>>(static_cast<const float*>(d32.get()),
-                                                    static_cast<__nv_bfloat16*>(out.get()), n);
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
-  }
-  NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());
-  return out;
+  return upload_bf16(dequantize_parts(find_format("int4_asym", group_size), parts, rows, cols));
 }
 
 void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
