@@ -13,7 +13,7 @@
 namespace nibble {
 
 struct QuantizeOptions {
-  std::string method = "rtn";
+  std::string method = "rtn";        // "[transform+]quantizer" (quant::parse_method)
   std::string format = "int4_asym";  // a registry family or canonical name
   int group_size = 0;                // 0: the format's default (int4_asym: 128)
   std::string keep_regex;        // tensors matching it (std::regex search) stay unquantized
@@ -27,6 +27,11 @@ struct QuantizeOptions {
   bool mse = false;        // MSE range search per group (RTN and GPTQ)
   bool act_order = false;  // GPTQ: decreasing diag(H) order, static groups
   double damp = 0.01;      // GPTQ: λ = damp · mean(diag H)
+  double alpha = 0.5;      // SmoothQuant: migration strength
+  uint64_t rotate_seed = 0;  // rotation: seed of the random signs
+  // Activation quantizer the checkpoint's linears run with (simulated W8A8,
+  // e.g. "int8_token"); recorded in nibble.json, empty for none.
+  std::string activations;
 
   // Calibration (methods that need it).
   CalibrationOptions calib;

@@ -23,11 +23,18 @@ struct MatrixStats {
   uint64_t id = 0;  // unique per object (and per change): lets a quantizer reuse work on the same statistics
   int64_t tokens = 0;
   std::vector<double> H;  // [dim, dim], both triangles valid after finalize()
+  // Per input channel: Σ|x_j| over the tokens (AWQ's activation magnitude is
+  // abs_sum / tokens) and max|x_j| (SmoothQuant's).
+  std::vector<double> abs_sum;
+  std::vector<float> abs_max;
 
   // Adds the n rows of x[n, dim] (row stride ld, default dim).
   void add(const float* x, int64_t n, int64_t ld = 0);
   // Makes H symmetric (add() fills one triangle).
   void finalize();
+  // The statistics of the inputs x_j · factor_j (a transform that scales the
+  // input channels): H_ij · f_i · f_j, abs_sum_j · |f_j|, abs_max_j · |f_j|.
+  void scale_inputs(const std::vector<double>& factor);
 
  private:
   bool finalized_ = true;

@@ -15,6 +15,9 @@
 #include "nibble/tensor.h"
 
 namespace nibble {
+namespace quant {
+class HadamardRotation;
+}
 
 // One linear layer's weight (+ optional bias) as the forward uses it.
 class LinearWeight {
@@ -67,6 +70,8 @@ struct DecoderLayer {
   // Round every linear's input to bf16 first (as a bf16 inference engine
   // does): the second honest computation the KL noise floor is measured with.
   bool bf16_activations = false;
+  // Applied to down_proj's input first (the source's down_proj_rotation()).
+  std::shared_ptr<const quant::HadamardRotation> down_rotation;
 
   // Loads layer i of `src`. With `dense`, packed linears are dequantized to
   // f32 (for calibration, which needs plain weights to quantize).

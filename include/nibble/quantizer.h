@@ -29,6 +29,9 @@ struct QuantizeInfo {
   double damp_used = 0;      // GPTQ: damping factor that succeeded
   int damp_retries = 0;      // GPTQ: failed Cholesky attempts (damping ×10 each)
   int64_t dead_columns = 0;  // GPTQ: inputs never active in calibration
+  // Filled by the calibrated flow: the stored weight against the matrix the
+  // quantizer was given (after any transform), ‖W' − W‖_F / ‖W‖_F and max |W' − W|.
+  double rel_error = 0, max_abs_error = 0;
 };
 
 class Quantizer {

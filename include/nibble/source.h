@@ -40,6 +40,14 @@ class TensorSource {
   virtual Tensor load(const std::string& name) const = 0;
 };
 
+// A transform the forward applies to activations because it cannot be folded
+// into weights: the randomized Hadamard rotation (quant::HadamardRotation) of
+// down_proj's input that `--method rotate+...` uses.
+struct OnlineRotation {
+  int64_t size = 0;
+  uint64_t seed = 0;
+};
+
 // A whole model: named tensors plus the config they follow. CheckpointDir (HF
 // and nibble-packed directories) is one; GGUF files and overlays are others.
 // The forward, LayerStream, probe and eval take any ModelSource.
@@ -54,6 +62,8 @@ class ModelSource : public TensorSource {
   virtual void validate_against_config() const;
   // The tokenizer.json that goes with the weights, or an empty path.
   virtual std::filesystem::path tokenizer_json() const { return {}; }
+  // The rotation the forward applies to down_proj's input, if any.
+  virtual std::optional<OnlineRotation> down_proj_rotation() const { return std::nullopt; }
 };
 
 // Names of the quantization metadata keys in a packed file's __metadata__.
@@ -90,6 +100,8 @@ class CheckpointDir final : public ModelSource {
 
   void validate_against_config() const override;
   std::filesystem::path tokenizer_json() const override;
+  // From nibble.json's "online_rotation" (packed checkpoints of rotate+...).
+  std::optional<OnlineRotation> down_proj_rotation() const override { return down_rotation_; }
 
  private:
   struct Entry {
@@ -106,6 +118,7 @@ class CheckpointDir final : public ModelSource {
   std::map<std::string, Entry> entries_;
   std::vector<std::string> order_;
   bool packed_ = false;
+  std::optional<OnlineRotation> down_rotation_;
 };
 
 // Files of a model directory that travel with its weights (config, tokenizer,

@@ -84,6 +84,23 @@ std::unique_ptr<CheckpointDir> CheckpointDir::open(const fs::path& dir) {
     NIBBLE_CHECK(holder && holder->contains(name), "{}: the index puts tensor '{}' in {}, which does not hold it",
                  index_path.string(), name, file.get<std::string>());
   }
+
+  // What the forward must do besides the weights (written by nibble quantize).
+  if (const fs::path info = dir / "nibble.json"; fs::exists(info)) {
+    const json j = read_json_file(info);
+    if (j.contains("online_rotation")) {
+      const json& r = j["online_rotation"];
+      NIBBLE_CHECK(r.is_object() && r.contains("down_proj") && r["down_proj"].contains("size") &&
+                       r["down_proj"].contains("seed"),
+                   "{}: 'online_rotation' should be {{\"down_proj\": {{\"size\": N, \"seed\": S}}}}, found {}",
+                   info.string(), r.dump());
+      const int64_t n = r["down_proj"]["size"].get<int64_t>();
+      NIBBLE_CHECK(n == cp->config_.intermediate_size,
+                   "{}: online_rotation.down_proj.size is {} but the config's intermediate_size is {}", info.string(),
+                   n, cp->config_.intermediate_size);
+      cp->down_rotation_ = OnlineRotation{n, r["down_proj"]["seed"].get<uint64_t>()};
+    }
+  }
   return cp;
 }
 

@@ -7,6 +7,7 @@
 #include "backend/cpu/kernels.h"
 #include "nibble/arch.h"
 #include "nibble/error.h"
+#include "nibble/hadamard.h"
 #include "nibble/model.h"
 
 namespace nibble {
@@ -153,6 +154,11 @@ DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {
   L.gate = linear(p + "mlp.gate_proj");
   L.up = linear(p + "mlp.up_proj");
   L.down = linear(p + "mlp.down_proj");
+  if (const auto r = src.down_proj_rotation()) {
+    NIBBLE_CHECK(r->size == L.down.in_features(), "{}: the online rotation has size {} but down_proj reads {} inputs",
+                 src.describe(), r->size, L.down.in_features());
+    L.down_rotation = std::make_shared<const quant::HadamardRotation>(r->size, r->seed);
+  }
   return L;
 }
 
@@ -248,6 +254,7 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
   L.gate.forward(xn.data(), n, g.data());  // [n, F]
   L.up.forward(xn.data(), n, u.data());    // [n, F]
   for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(gate) * up
+  if (L.down_rotation) L.down_rotation->apply(g.data(), n);  // rotate+...: down_proj's weights read rotated inputs
   if (L.bf16_activations) round_bf16(g.data(), n * F);
   if (tap) (*tap)(LinearInput::Down, g.data(), n, F);
   L.down.forward(g.data(), n, tmp.data());  // [n, D]

@@ -1,5 +1,6 @@
 #include "quant/calibrate.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 
@@ -26,10 +27,24 @@ constexpr const char* kHiddenFile = "hidden.safetensors";
 constexpr const char* kStateFile = "state.json";
 
 ojson info_json(const QuantizeInfo& i) {
-  return {{"damp_used", i.damp_used}, {"damp_retries", i.damp_retries}, {"dead_columns", i.dead_columns}};
+  return {{"damp_used", i.damp_used},         {"damp_retries", i.damp_retries}, {"dead_columns", i.dead_columns},
+          {"rel_error", i.rel_error},         {"max_abs_error", i.max_abs_error}};
 }
 QuantizeInfo info_from(const ojson& j) {
-  return {j.at("damp_used").get<double>(), j.at("damp_retries").get<int>(), j.at("dead_columns").get<int64_t>()};
+  return {j.at("damp_used").get<double>(), j.at("damp_retries").get<int>(), j.at("dead_columns").get<int64_t>(),
+          j.at("rel_error").get<double>(), j.at("max_abs_error").get<double>()};
+}
+
+// ‖b − a‖_F / ‖a‖_F and max |b − a| (a, b F32 of one shape).
+std::pair<double, double> weight_error(const Tensor& a, const Tensor& b) {
+  double err2 = 0, ref2 = 0, max_abs = 0;
+  for (int64_t k = 0; k < a.numel(); ++k) {
+    const double d = static_cast<double>(b.data<float>()[k]) - a.data<float>()[k];
+    err2 += d * d;
+    ref2 += static_cast<double>(a.data<float>()[k]) * a.data<float>()[k];
+    max_abs = std::max(max_abs, std::abs(d));
+  }
+  return {ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2), max_abs};
 }
 
 // Test hook: stop the process (as a kill would) after this layer's state is saved.
@@ -40,9 +55,10 @@ int64_t abort_after_layer() {
 
 }  // namespace
 
-CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::string>& selected,
-                                 const Quantizer& quantizer, const FormatChoice& format, const QuantizeOptions& opt,
-                                 const fs::path& dir, std::vector<std::string>& warnings,
+CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSource& src,
+                                 const std::set<std::string>& selected, const Quantizer& quantizer,
+                                 const LayerTransform* transform, const FormatChoice& format,
+                                 const QuantizeOptions& opt, const fs::path& dir, std::vector<std::string>& warnings,
                                  std::vector<std::string>& notes)
     : format_(format) {
   const ModelConfig& c = src.config();
@@ -68,16 +84,18 @@ CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::s
 
   // ---- state: what a resumed run must agree on
   ojson weights = ojson::object();
-  for (const fs::path& f : src.weight_files()) weights[f.filename().string()] = fs::file_size(f);
+  for (const fs::path& f : checkpoint.weight_files()) weights[f.filename().string()] = fs::file_size(f);
   ojson sel = ojson::array();
   for (const auto& s : selected) sel.push_back(s);
-  const ojson fingerprint = {{"source", fs::absolute(src.dir()).lexically_normal().string()},
+  const ojson fingerprint = {{"source", fs::absolute(checkpoint.dir()).lexically_normal().string()},
                              {"weights", weights},
                              {"method", opt.method},
                              {"format", format.canonical_name()},
                              {"mse", opt.mse},
                              {"act_order", opt.act_order},
                              {"damp", opt.damp},
+                             {"alpha", opt.alpha},
+                             {"rotate_seed", opt.rotate_seed},
                              {"sequential", opt.sequential},
                              {"calibration_ids_sha256", calib.sha256},
                              {"quantized", sel}};
@@ -133,9 +151,10 @@ CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::s
     const std::string prefix = name.substr(0, name.size() - 7);  // drop ".weight"
     const auto specs = format.spec->parts(q.rows, q.cols, format.group_size);
     for (size_t p = 0; p < parts.size(); ++p) out.emplace_back(prefix + "." + specs[p].suffix, parts[p]);
-    infos[name] = info_json(info);
     Tensor back = Tensor::zeros(DType::F32, {q.rows, q.cols});
     dequantize(q, back.data_mut<float>());
+    std::tie(info.rel_error, info.max_abs_error) = weight_error(w, back);
+    infos[name] = info_json(info);
     return back;
   };
 
@@ -158,6 +177,25 @@ CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::s
     stream.apply(L, stats.empty() ? nullptr : &tap, /*advance=*/!opt.sequential);
     std::vector<std::pair<std::string, Tensor>> out;
     ojson infos = ojson::object();
+    std::map<std::string, std::string> meta;
+    if (transform) {
+      // Reshape the layer (what it computes stays the same), then keep every
+      // plain tensor the transform may have changed: the norm gains, the
+      // biases and the linears that stay unquantized.
+      const ojson chosen = transform->apply(
+          c, L, stats, [&](const char* slot) { return selected.count(prefix + slot + ".weight") > 0; });
+      meta["nibble.transform"] = chosen.dump();
+      out.emplace_back(prefix + "input_layernorm.weight", L.input_norm);
+      out.emplace_back(prefix + "post_attention_layernorm.weight", L.post_norm);
+      for (const LinearSlot& s : decoder_linears()) {
+        const LinearWeight& lw = L.*s.member;
+        if (lw.bias.defined() && lw.bias.numel() > 0) out.emplace_back(prefix + s.name + ".bias", lw.bias);
+        if (!selected.count(prefix + s.name + ".weight")) out.emplace_back(prefix + s.name + ".weight", lw.dense_weight());
+      }
+      ojson names = ojson::array();
+      for (const auto& [n, t] : out) names.push_back(n);
+      meta["nibble.replaced"] = names.dump();
+    }
     for (const LinearSlot& s : decoder_linears()) {
       const std::string name = prefix + s.name + ".weight";
       if (!selected.count(name)) continue;
@@ -172,7 +210,8 @@ CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::s
     }
     if (opt.sequential) stream.apply(L, nullptr, /*advance=*/true);
     // Checkpoint: the layer's parts, then the hidden states that follow it.
-    io::save_safetensors(dir / layer_file(i), out, {{"nibble.infos", infos.dump()}});
+    meta["nibble.infos"] = infos.dump();
+    io::save_safetensors(dir / layer_file(i), out, meta);
     std::vector<std::pair<std::string, Tensor>> hidden;
     for (size_t s = 0; s < stream.num_sequences(); ++s)
       hidden.emplace_back(fmt::format("h.{}", s),
@@ -209,8 +248,18 @@ CalibratedParts::CalibratedParts(const CheckpointDir& src, const std::set<std::s
       info_[name] = info_from(j);
       file_of_[name] = files_.size() - 1;
     }
+    const auto& md = files_.back().metadata();
+    if (auto it = md.find("nibble.replaced"); it != md.end())
+      for (const auto& n : ojson::parse(it->second)) replaced_[n.get<std::string>()] = files_.size() - 1;
+    if (auto it = md.find("nibble.transform"); it != md.end())
+      report_["transform"][p.stem().string()] = ojson::parse(it->second);
   }
   for (const auto& s : selected) NIBBLE_CHECK(info_.count(s), "calibration state has no result for {}", s);
+}
+
+Tensor CalibratedParts::replacement(const std::string& name) const {
+  auto it = replaced_.find(name);
+  return it == replaced_.end() ? Tensor() : files_.at(it->second).tensor(name);
 }
 
 std::vector<Tensor> CalibratedParts::parts(const std::string& name) const {

@@ -18,20 +18,29 @@
 #include "nibble/quantizer.h"
 #include "nibble/safetensors.h"
 #include "nibble/source.h"
+#include "nibble/transform.h"
 
 namespace nibble::quant {
 
 class CalibratedParts {
  public:
   // Runs (or, with options.resume and a matching state, continues) the
-  // calibration in `state_dir`. `selected`: the tensors to quantize.
-  CalibratedParts(const CheckpointDir& src, const std::set<std::string>& selected, const Quantizer& quantizer,
-                  const FormatChoice& format, const QuantizeOptions& options, const std::filesystem::path& state_dir,
+  // calibration in `state_dir`. `files`: the checkpoint on disk (identifies
+  // the run for resume); `model`: the tensors as the method sees them (the
+  // checkpoint itself, or a model transform's view of it). `selected`: the
+  // tensors to quantize. A layer transform, when given, reshapes each layer
+  // before its linears are quantized; the tensors it changes besides those
+  // (norm gains, biases, kept linears) become replacements.
+  CalibratedParts(const CheckpointDir& files, const ModelSource& model, const std::set<std::string>& selected,
+                  const Quantizer& quantizer, const LayerTransform* transform, const FormatChoice& format,
+                  const QuantizeOptions& options, const std::filesystem::path& state_dir,
                   std::vector<std::string>& warnings, std::vector<std::string>& notes);
 
   // The stored parts of a quantized matrix (mapped from the state files).
   std::vector<Tensor> parts(const std::string& name) const;
   const QuantizeInfo& info(const std::string& name) const { return info_.at(name); }
+  // A layer transform's version of a plain tensor (F32), or an undefined Tensor.
+  Tensor replacement(const std::string& name) const;
   // Calibration details for nibble.json.
   const nlohmann::ordered_json& report() const { return report_; }
   int64_t resumed_from_layer() const { return resumed_from_; }
@@ -40,6 +49,7 @@ class CalibratedParts {
   FormatChoice format_;
   std::map<std::string, QuantizeInfo> info_;
   std::map<std::string, size_t> file_of_;  // matrix name -> index in files_
+  std::map<std::string, size_t> replaced_;  // plain tensor name -> index in files_
   std::vector<io::SafetensorsFile> files_;
   nlohmann::ordered_json report_;
   int64_t resumed_from_ = -1;

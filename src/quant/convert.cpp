@@ -11,6 +11,8 @@
 #include "nibble/arch.h"
 #include "nibble/checkpoint_writer.h"
 #include "nibble/error.h"
+#include "nibble/hadamard.h"
+#include "nibble/transform.h"
 #include "nibble/quantizer.h"
 #include "nibble/source.h"
 #include "nibble/util.h"
@@ -57,14 +59,24 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   NIBBLE_CHECK(!src->is_packed(), "{}: already quantized by nibble; quantize the original checkpoint",
                model_dir.string());
   src->validate_against_config();
-  const ModelConfig& cfg = src->config();
   const FormatChoice format = find_format(opt.format, opt.group_size);
-  const quant::MethodSpec& method = quant::find_method(opt.method);
-  NIBBLE_CHECK(!method.needs_calibration || !opt.calib.files.empty(),
+  const quant::MethodChoice method = quant::parse_method(opt.method);
+  NIBBLE_CHECK(!method.needs_calibration() || !opt.calib.files.empty(),
                "method '{}' needs calibration data: pass --calib FILE (text or .npy token ids)", method.name);
-  NIBBLE_CHECK(method.name == "gptq" || !opt.act_order, "--act-order is a GPTQ option (method '{}' has no column order)",
-               method.name);
-  auto quantizer = method.make(quant::QuantizerConfig{format, opt.mse, opt.act_order, opt.damp});
+  NIBBLE_CHECK(method.quantizer->name == "gptq" || !opt.act_order,
+               "--act-order is a GPTQ option (method '{}' has no column order)", method.name);
+  auto quantizer = method.quantizer->make(quant::QuantizerConfig{format, opt.mse, opt.act_order, opt.damp});
+  // A transform: a view of the whole model (rotation), or a reshaping of each
+  // layer during calibration (AWQ, SmoothQuant).
+  const quant::TransformConfig tcfg{format, opt.alpha, opt.rotate_seed};
+  const quant::TransformSpec* transform = method.transform;
+  std::vector<std::string> view_notes;
+  std::unique_ptr<ModelSource> view =
+      transform && transform->wrap_source ? transform->wrap_source(*src, tcfg, view_notes) : nullptr;
+  std::unique_ptr<quant::LayerTransform> layer_transform =
+      transform && transform->make_layer ? transform->make_layer(tcfg) : nullptr;
+  const ModelSource& model = view ? *view : static_cast<const ModelSource&>(*src);
+  const ModelConfig& cfg = model.config();
   std::regex keep;
   if (!opt.keep_regex.empty()) {
     try {
@@ -82,13 +94,14 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   }
   QuantizeResult res;
   res.format = format.canonical_name();
-  if (!method.needs_calibration && !opt.calib.files.empty())
+  res.notes = view_notes;
+  if (!method.needs_calibration() && !opt.calib.files.empty())
     res.warnings.push_back(fmt::format("method '{}' uses no calibration data; --calib ignored", method.name));
   // A calibrated run keeps its state (finished layers) in the staging
   // directory: never throw that away without being asked to.
   const fs::path state_dir_name = ".calib";
   const fs::path old_state = io::OutputDir::staging_for(out_dir) / state_dir_name / "state.json";
-  const bool resumable = method.needs_calibration && fs::exists(old_state);
+  const bool resumable = method.needs_calibration() && fs::exists(old_state);
   NIBBLE_CHECK(!fs::exists(old_state) || opt.resume || opt.force,
                "{}: an interrupted calibrated run left its state in {}; pass --resume to continue it or --force to "
                "start over",
@@ -101,9 +114,9 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
 
   // Plan every output tensor first, so the writer can stream them.
   std::vector<io::OutputUnit> plan;
-  std::vector<std::string> names = src->names();
+  std::vector<std::string> names = model.names();
   for (const std::string& name : names) {
-    const TensorMeta m = src->meta(name);
+    const TensorMeta m = model.meta(name);
     TensorResult tr;
     tr.name = name;
     tr.params = static_cast<uint64_t>(shape_numel(m.shape));
@@ -118,7 +131,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       NIBBLE_CHECK(dtype_is_float(m.dtype), "tensor '{}': cannot quantize a {} tensor", name, dtype_name(m.dtype));
       // Scanned before anything is written, so a bad weight fails the run
       // with nothing half-written (or, when allowed, keeps just that tensor).
-      tr.quantized = check_finite(name, src->load(name).to_f32(), opt.allow_nonfinite, res.warnings);
+      tr.quantized = check_finite(name, model.load(name).to_f32(), opt.allow_nonfinite, res.warnings);
       if (!tr.quantized) tr.note = "non-finite values";
     }
     io::OutputUnit u;
@@ -140,19 +153,27 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
                                                  {kMetaGroupSize, std::to_string(format.group_size)},
                                                  {kMetaVersion, NIBBLE_VERSION}};
   std::unique_ptr<quant::CalibratedParts> calibrated;
-  if (method.needs_calibration) {
+  if (method.needs_calibration()) {
     std::set<std::string> selected;
     for (const TensorResult& t : res.tensors)
       if (t.quantized) selected.insert(t.name);
     try {
-      calibrated = std::make_unique<quant::CalibratedParts>(*src, selected, *quantizer, format, opt,
-                                                            out.staging() / state_dir_name, res.warnings, res.notes);
+      calibrated = std::make_unique<quant::CalibratedParts>(*src, model, selected, *quantizer, layer_transform.get(),
+                                                            format, opt, out.staging() / state_dir_name, res.warnings,
+                                                            res.notes);
     } catch (...) {
       // Keep finished layers for --resume; a run that finished none leaves nothing behind.
       out.keep_on_failure(fs::exists(out.staging() / state_dir_name / "layer-00000.safetensors"));
       throw;
     }
     res.resumed_from_layer = calibrated->resumed_from_layer();
+    // A layer transform's versions of plain tensors are stored in F32 (the
+    // folded scales are not representable in the source's bf16).
+    for (size_t i = 0; i < names.size(); ++i)
+      if (!res.tensors[i].quantized && calibrated->replacement(names[i]).defined()) {
+        plan[i].stored[0].dtype = DType::F32;
+        res.tensors[i].note += res.tensors[i].note.empty() ? "rescaled" : ", rescaled";
+      }
   }
 
   io::ShardedWriter writer(out.staging(), plan, opt.max_shard_bytes, metadata);
@@ -161,7 +182,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   for (size_t i = 0; i < names.size(); ++i) {
     TensorResult& tr = res.tensors[i];
     bar.set_note(tr.name);
-    const Tensor original = src->load(tr.name);
+    const Tensor original = model.load(tr.name);
     if (tr.quantized) {
       const Tensor w = original.to_f32();  // [out, in]
       const int64_t rows = w.size(0), cols = w.size(1);
@@ -172,27 +193,35 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
         tr.damp_used = info.damp_used;
         tr.damp_retries = info.damp_retries;
         tr.dead_columns = info.dead_columns;
+        // Against the matrix the quantizer was given (a layer transform's
+        // rescaled one): computed when it was quantized.
+        tr.rel_error = info.rel_error;
+        tr.max_abs_error = info.max_abs_error;
       } else {
         parts = format.spec->pack(quantizer->quantize(w, nullptr));
+        // Error of what was actually stored: dequantize from the packed parts.
+        const Tensor back = dequantize_parts(format, parts, rows, cols);
+        double err2 = 0, ref2 = 0, max_abs = 0;
+        for (int64_t k = 0; k < w.numel(); ++k) {
+          const double d = static_cast<double>(back.data<float>()[k]) - w.data<float>()[k];
+          err2 += d * d;
+          ref2 += static_cast<double>(w.data<float>()[k]) * w.data<float>()[k];
+          max_abs = std::max(max_abs, std::abs(d));
+        }
+        tr.rel_error = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+        tr.max_abs_error = max_abs;
       }
       for (size_t p = 0; p < parts.size(); ++p) writer.write(plan[i].stored[p].name, parts[p]);
-      // Error of what was actually stored: dequantize from the packed parts.
-      const Tensor back = dequantize_parts(format, parts, rows, cols);
-      double err2 = 0, ref2 = 0, max_abs = 0;
-      for (int64_t k = 0; k < w.numel(); ++k) {
-        const double d = static_cast<double>(back.data<float>()[k]) - w.data<float>()[k];
-        err2 += d * d;
-        ref2 += static_cast<double>(w.data<float>()[k]) * w.data<float>()[k];
-        max_abs = std::max(max_abs, std::abs(d));
-      }
-      tr.rel_error = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
-      tr.max_abs_error = max_abs;
       tr.bits_per_weight = bits_per_weight(format, rows, cols);
       for (const Tensor& p : parts) tr.bytes += p.nbytes();
       res.quantized_params += tr.params;
     } else {
-      writer.write(tr.name, original);
-      tr.bytes = original.nbytes();
+      Tensor t = calibrated ? calibrated->replacement(tr.name) : Tensor();
+      if (!t.defined()) t = original;
+      const DType dt = plan[i].stored[0].dtype;
+      if (t.dtype() != dt) t = t.to(dt);  // a view's F32 values in the stored dtype
+      writer.write(tr.name, t);
+      tr.bytes = t.nbytes();
     }
     res.total_params += tr.params;
     res.total_bytes += tr.bytes;
@@ -201,6 +230,16 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   bar.finish();
   writer.finish();
   copy_carried(model_dir, out.staging());
+  if (cfg.tie_word_embeddings != src->config().tie_word_embeddings) {
+    // A model transform untied the head (rotation folds the final norm into
+    // it): the copied config.json must say so.
+    const fs::path cfg_path = out.staging() / "config.json";
+    std::ifstream cf(cfg_path);
+    ojson cj = ojson::parse(cf);
+    cf.close();
+    cj["tie_word_embeddings"] = cfg.tie_word_embeddings;
+    write_file_atomic(cfg_path, cj.dump(2) + "\n");
+  }
   const bool was_calibrated = calibrated != nullptr;
   const ojson calibration_report = calibrated ? calibrated->report() : ojson();
   calibrated.reset();  // unmaps the state files
@@ -217,11 +256,16 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   report["nibble_version"] = NIBBLE_VERSION;
   report["created"] = utc_now_iso8601();
   report["command"] = opt.command_line;
-  report["method"] = opt.method;
+  report["method"] = method.name;
   report["format"] = res.format;
   report["group_size"] = format.group_size;
   report["options"] = {{"keep", opt.keep_regex}, {"allow_nonfinite", opt.allow_nonfinite}, {"mse", opt.mse}};
-  if (method.name == "gptq") {
+  if (!opt.activations.empty()) report["activations"] = opt.activations;
+  if (transform && transform->wrap_source) report["options"]["rotate_seed"] = opt.rotate_seed;
+  if (const auto r = model.down_proj_rotation())
+    report["online_rotation"] = {{"down_proj", {{"size", r->size}, {"seed", r->seed}}}};
+  if (transform && transform->name == std::string_view("smoothquant")) report["options"]["alpha"] = opt.alpha;
+  if (method.quantizer->name == "gptq") {
     report["options"]["act_order"] = opt.act_order;
     report["options"]["damp"] = opt.damp;
     report["options"]["block_size"] = 128;
@@ -281,11 +325,20 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
     const DType dt = dtype_is_float(m.dtype) ? opt.dtype : m.dtype;
     plan.push_back({name, {{name, dt, m.shape}}, ""});
   }
+  std::optional<quant::HadamardRotation> down_rotation;
+  if (const auto r = src->down_proj_rotation()) down_rotation.emplace(r->size, r->seed);
   io::ShardedWriter writer(out.staging(), plan, 4ull << 30, {{"format", "pt"}});
   Progress bar("dequantize", static_cast<int64_t>(plan.size()), opt.progress, "tensors");
   for (const io::OutputUnit& u : plan) {
     bar.set_note(u.logical_name);
-    const Tensor t = src->load(u.logical_name);
+    Tensor t = src->load(u.logical_name);
+    if (down_rotation && u.logical_name.size() > 21 &&
+        u.logical_name.compare(u.logical_name.size() - 21, 21, ".mlp.down_proj.weight") == 0) {
+      // The checkpoint's forward rotates down_proj's input (z·Q); a plain
+      // checkpoint cannot, so fold it back: W·Qᵀ reads z directly.
+      t = t.to_f32();
+      down_rotation->apply_transpose(t.data_mut<float>(), t.size(0));
+    }
     writer.write(u.logical_name, t.dtype() == u.stored[0].dtype ? t : t.to(u.stored[0].dtype));
     bar.advance();
   }

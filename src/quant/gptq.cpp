@@ -33,7 +33,9 @@ namespace {
 std::atomic<uint64_t> g_stats_ids{1};
 }
 
-MatrixStats::MatrixStats(int64_t d) : dim(d), id(g_stats_ids++), H(static_cast<size_t>(d * d), 0.0) {}
+MatrixStats::MatrixStats(int64_t d)
+    : dim(d), id(g_stats_ids++), H(static_cast<size_t>(d * d), 0.0), abs_sum(static_cast<size_t>(d), 0.0),
+      abs_max(static_cast<size_t>(d), 0.0f) {}
 
 void MatrixStats::add(const float* x, int64_t n, int64_t ld) {
   if (ld == 0) ld = dim;
@@ -43,7 +45,12 @@ void MatrixStats::add(const float* x, int64_t n, int64_t ld) {
   for (int64_t r0 = 0; r0 < n; r0 += kChunk) {
     const int64_t m = std::min(kChunk, n - r0);
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < dim; ++j) buf[i * dim + j] = x[(r0 + i) * ld + j];
+      for (int64_t j = 0; j < dim; ++j) {
+        const float v = x[(r0 + i) * ld + j];
+        buf[i * dim + j] = v;
+        abs_sum[j] += std::abs(v);
+        abs_max[j] = std::max(abs_max[j], std::abs(v));
+      }
     // H(upper) += Aᵀ A, A = buf [m, dim]
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, static_cast<int>(dim), static_cast<int>(m), 1.0, buf.data(),
                 static_cast<int>(dim), 1.0, H.data(), static_cast<int>(dim));
@@ -59,6 +66,18 @@ void MatrixStats::finalize() {
   for (int64_t i = 0; i < dim; ++i)
     for (int64_t j = i + 1; j < dim; ++j) H[j * dim + i] = H[i * dim + j];
   finalized_ = true;
+}
+
+void MatrixStats::scale_inputs(const std::vector<double>& f) {
+  NIBBLE_CHECK(static_cast<int64_t>(f.size()) == dim, "MatrixStats::scale_inputs: {} factors for {} inputs", f.size(),
+               dim);
+  finalize();
+  for (int64_t i = 0; i < dim; ++i) {
+    for (int64_t j = 0; j < dim; ++j) H[i * dim + j] *= f[i] * f[j];
+    abs_sum[i] *= std::abs(f[i]);
+    abs_max[i] = static_cast<float>(abs_max[i] * std::abs(f[i]));
+  }
+  id = g_stats_ids++;
 }
 
 // ---- grids -------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include "nibble/convert.h"
 #include "nibble/format.h"
 #include "nibble/quantizer.h"
+#include "nibble/transform.h"
 #include "nibble/util.h"
 
 namespace nibble::cli {
@@ -20,8 +21,7 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   auto opt = std::make_shared<QuantizeOptions>();
   auto calib_files_ptr = std::make_shared<std::vector<std::string>>();
   std::vector<std::string>& calib_files = *calib_files_ptr;
-  std::vector<std::string> methods;
-  for (const auto* m : quant::method_registry()) methods.emplace_back(m->name);
+  const std::vector<std::string> methods = quant::method_names();
   std::vector<std::string> formats;  // family names and canonical names ("int4_asym", "int4_g64_asym", ...)
   for (const auto* f : format_registry()) formats.emplace_back(f->family);
   for (const std::string& n : format_names())
@@ -29,7 +29,11 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
 
   cmd->add_option("--model", *model, "Hugging Face model directory (config.json + safetensors)")->required();
   cmd->add_option("--out", *out, "Output directory for the packed checkpoint")->required();
-  cmd->add_option("--method", opt->method, "Quantization method")->check(CLI::IsMember(methods))->capture_default_str();
+  cmd->add_option("--method", opt->method,
+                  "Quantization method: a quantizer (rtn, gptq), optionally after a transform (awq, smoothquant, "
+                  "rotate), e.g. awq+gptq; a transform alone means transform+rtn")
+      ->check(CLI::IsMember(methods))
+      ->capture_default_str();
   // Checked against the registry's names; the list itself is in the footer.
   const CLI::Validator known_format(
       [formats](std::string& name) -> std::string {
@@ -53,7 +57,15 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   cmd->add_flag("--act-order", opt->act_order, "GPTQ: sweep columns in decreasing diag(H) order (static groups)");
   cmd->add_option("--damp", opt->damp, "GPTQ: damping, lambda = damp * mean(diag H)")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  auto* g_cal = "Calibration (gptq)";
+  cmd->add_option("--alpha", opt->alpha, "SmoothQuant: migration strength alpha in [0, 1]")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--rotate-seed", opt->rotate_seed, "rotate: seed of the Hadamard rotations' random signs")
+      ->capture_default_str();
+  cmd->add_option("--activations", opt->activations,
+                  "Activation quantizer the checkpoint's linears run with (simulated W8A8: int8_tensor, int8_token, "
+                  "fp8_e4m3_tensor); recorded in nibble.json and applied by run/eval/ppl");
+  auto* g_cal = "Calibration (gptq, awq, smoothquant)";
   cmd->add_option("--calib", calib_files, "Calibration data: UTF-8 text (tokenized with the model's tokenizer) or "
                                           ".npy token ids; several files are concatenated")
       ->group(g_cal)->check(CLI::ExistingFile);
@@ -72,6 +84,10 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       "  nibble quantize --method rtn --model ../shared/models/stories260K --out out/stories-rtn --group 64\n"
       "  nibble quantize --method gptq --mse --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
       "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 128 --calib-len 512\n"
+      "  nibble quantize --method awq+gptq --model ../shared/models/qwen3-26M-linux --out out/qwen3-awq-gptq \\\n"
+      "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 64 --calib-len 512\n"
+      "  nibble quantize --method smoothquant --format int8_channel_sym --activations int8_token \\\n"
+      "      --model ../shared/models/qwen3-26M-linux --out out/qwen3-w8a8 --calib ../shared/data/corpora/linux-calib.txt\n"
       "\nA calibrated run checkpoints every finished layer in .OUT.nibble-partial/; if it is killed, run the same\n"
       "command with --resume to continue at the next layer.\n"
       "\nFormats (every one works with --method rtn and gptq; --mse searches the range of per-group and\n"
@@ -96,7 +112,7 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
     }
     std::printf("wrote %s\n", r.out_dir.c_str());
     std::printf("  %zu of %zu tensors quantized to %s (%s): %.2f M params at %.3f bits/weight\n", nq,
-                r.tensors.size(), r.format.c_str(), opt->method.c_str(), r.quantized_params / 1e6,
+                r.tensors.size(), r.format.c_str(), quant::parse_method(opt->method).name.c_str(), r.quantized_params / 1e6,
                 r.quantized_bits_per_weight);
     std::printf("  checkpoint: %s for %.2f M params, %.3f bits/weight overall\n", human_bytes(r.total_bytes).c_str(),
                 r.total_params / 1e6, r.checkpoint_bits_per_weight);

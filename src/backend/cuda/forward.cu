@@ -257,6 +257,10 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible");
   NIBBLE_CHECK(max_tokens > 0, "GpuModel: the KV cache needs at least one position");
   src.validate_against_config();
+  NIBBLE_CHECK(!src.down_proj_rotation(),
+               "--device cuda: {} rotates down_proj's input online (--method rotate+...), which the GPU forward does "
+               "not do yet; run it on the CPU",
+               src.describe());
   std::unique_ptr<GpuModel> model(new GpuModel());
   Impl& m = *model->impl_;
   m.c = src.config();
