@@ -54,6 +54,10 @@ class ModelSource : public TensorSource {
   virtual void validate_against_config() const;
   // The tokenizer.json that goes with the weights, or an empty path.
   virtual std::filesystem::path tokenizer_json() const { return {}; }
+  // The activation quantizer the weights were made for (act_quant.h; e.g.
+  // "int8_token" for a SmoothQuant W8A8 checkpoint), or empty: the forward
+  // then simulates it at every linear input.
+  virtual std::string activation_quant() const { return {}; }
 };
 
 // Names of the quantization metadata keys in a packed file's __metadata__.
@@ -90,6 +94,8 @@ class CheckpointDir final : public ModelSource {
 
   void validate_against_config() const override;
   std::filesystem::path tokenizer_json() const override;
+  // nibble.json's "activations" (validated against the registry when opened).
+  std::string activation_quant() const override { return activations_; }
 
  private:
   struct Entry {
@@ -106,6 +112,7 @@ class CheckpointDir final : public ModelSource {
   std::map<std::string, Entry> entries_;
   std::vector<std::string> order_;
   bool packed_ = false;
+  std::string activations_;
 };
 
 // Files of a model directory that travel with its weights (config, tokenizer,

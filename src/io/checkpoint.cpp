@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nibble/act_quant.h"
 #include "nibble/arch.h"
 #include "nibble/error.h"
 #include "nibble/source.h"
@@ -75,6 +76,22 @@ std::unique_ptr<CheckpointDir> CheckpointDir::open(const fs::path& dir) {
   }
 
   cp->index_files();
+
+  // A packed checkpoint made for quantized activations (W8A8) says which
+  // quantizer in nibble.json's "activations"; the forward simulates it.
+  if (const fs::path report = dir / "nibble.json"; fs::exists(report)) {
+    const json j = read_json_file(report);
+    if (j.is_object() && j.contains("activations") && !j["activations"].is_null()) {
+      NIBBLE_CHECK(j["activations"].is_string(), "{}: \"activations\" should be the name of an activation quantizer "
+                   "({}), found {}", report.string(), act_quant_names(), j["activations"].dump());
+      cp->activations_ = j["activations"].get<std::string>();
+      bool known = cp->activations_ == "none";
+      for (const ActQuantSpec& a : act_quants()) known = known || a.name == cp->activations_;
+      NIBBLE_CHECK(known, "{}: \"activations\" is '{}', which is not an activation quantizer (known: none, {})",
+                   report.string(), cp->activations_, act_quant_names());
+      if (cp->activations_ == "none") cp->activations_.clear();
+    }
+  }
 
   // The index and the files must agree.
   for (auto& [name, file] : weight_map.items()) {
@@ -183,7 +200,8 @@ std::vector<fs::path> CheckpointDir::weight_files() const {
 
 std::string CheckpointDir::describe() const {
   const std::string files = files_.size() == 1 ? "1 file" : fmt::format("{} shards", files_.size());
-  const std::string packed = packed_ ? ", packed by nibble" : "";
+  const std::string packed = std::string(packed_ ? ", packed by nibble" : "") +
+                             (activations_.empty() ? "" : ", activations " + activations_);
   if (!has_config_) return fmt::format("{} ({}{})", dir_.string(), files, packed);
   return fmt::format("{} ({}, {} layers, {}{})", dir_.string(), config_.model_type, config_.num_layers, files, packed);
 }
