@@ -3,6 +3,9 @@
 // stay packed on the device; everything else is held as bf16 and runs through
 // cuBLAS. Inputs of linears are bf16; their outputs, the residual stream,
 // norms, RoPE, attention and the KV cache are fp32.
+// Not yet: simulated activation quantizers (ModelSource::activation_quant(),
+// which this forward does not apply) and quantized KV caches; nibble run
+// refuses both on --device cuda.
 #pragma once
 
 #include <cstdint>

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "nibble/act_quant.h"
+#include "nibble/kv_quant.h"
 #include "nibble/source.h"
 
 namespace nibble::eval {
@@ -47,6 +49,16 @@ struct ReferenceCorpus {
   Tensor logprobs;  // F32 [positions, vocab] (owned, or mapped from the cache)
 };
 
+// How a candidate runs in the forward (the reference and its noise floor
+// always run exactly: f32 activations and an f32 KV cache).
+struct CandidateOptions {
+  // Set: replaces the activation quantizer the candidate's source declares
+  // (nullptr: exact activations). Unset: the source's.
+  std::optional<const ActQuantSpec*> act_quant;
+  // A quantized KV cache, read as a token-by-token decode would (kv_quant.h).
+  const KvQuantSpec* kv_quant = nullptr;
+};
+
 struct Reference {
   std::vector<ReferenceCorpus> corpora;
   // KL between the reference and a second honest computation of it (bf16
@@ -56,7 +68,9 @@ struct Reference {
 };
 
 // Runs the reference over the corpora (or loads it from `cache_dir` when the
-// cache there was made from the same model, corpora and options).
+// cache there was made from the same model, corpora and options). It runs
+// exactly even when its source declares an activation quantizer (a note says
+// so).
 Reference build_reference(const ModelSource& reference, const std::vector<Corpus>& corpora, const KlOptions& o,
                           const std::filesystem::path& cache_dir, std::vector<std::string>& notes);
 
@@ -79,7 +93,7 @@ struct KlSummary {
 // scored position, corpora in order (the pooled sample the quantiles come
 // from; moved out, not copied), for histograms and CDFs.
 std::vector<KlSummary> score_candidate(const ModelSource& candidate, const Reference& ref, const std::vector<Corpus>& corpora,
-                                       const KlOptions& o, bool bf16_activations = false,
+                                       const KlOptions& o, const CandidateOptions& co = {},
                                        std::vector<double>* per_position_kl = nullptr);
 
 // The order statistics of a sample (copied and sorted): quantile q by linear

@@ -27,8 +27,10 @@ class LayerStream {
 
   // Runs every sequence through layer L (each from position 0 with its own
   // attention cache). advance = false leaves the hidden states as they were,
-  // so a tap can observe a layer's inputs without moving the stream.
-  void apply(const DecoderLayer& L, const InputTap* tap, bool advance);
+  // so a tap can observe a layer's inputs without moving the stream. With
+  // `kv`, attention reads a quantized cache as a token-by-token decode of
+  // each sequence would (kv_quant.h).
+  void apply(const DecoderLayer& L, const InputTap* tap, bool advance, const KvQuantSpec* kv = nullptr);
 
   // Loads, applies and drops every decoder layer in turn (optionally with a
   // progress bar).

@@ -9,7 +9,9 @@
 #include <memory>
 #include <vector>
 
+#include "nibble/act_quant.h"
 #include "nibble/format.h"
+#include "nibble/kv_quant.h"
 #include "nibble/model_config.h"
 #include "nibble/source.h"
 #include "nibble/tensor.h"
@@ -41,19 +43,26 @@ class LinearWeight {
   int64_t out_ = 0, in_ = 0;
 };
 
-// Keys and values of every layer for the positions seen so far (f32).
+// Keys and values of every layer for the positions seen so far (f32). With a
+// KV-cache scheme (kv_quant.h), each layer also holds the dequantized rows
+// that a quantized cache would store by now; attention reads those.
 class KVCache {
  public:
-  KVCache(const ModelConfig& c, int64_t max_tokens);
+  KVCache(const ModelConfig& c, int64_t max_tokens, const KvQuantSpec* kv = nullptr);
   int64_t size() const { return len_; }
   int64_t capacity() const { return max_; }
-  void clear() { len_ = 0; }
+  void clear();
   float* keys(int64_t layer, int64_t pos) { return k_[layer].data() + pos * row_; }    // [kv_heads, head_dim]
   float* values(int64_t layer, int64_t pos) { return v_[layer].data() + pos * row_; }  // [kv_heads, head_dim]
+  // The quantized side of layer `layer`, or nullptr for an exact cache.
+  KvCacheRows* quantized_rows(int64_t layer) { return q_.empty() ? nullptr : &q_[layer]; }
+  const KvQuantSpec* kv_quant() const { return kv_; }
   void advance(int64_t n) { len_ += n; }
 
  private:
   std::vector<std::vector<float>> k_, v_;
+  const KvQuantSpec* kv_ = nullptr;
+  std::vector<KvCacheRows> q_;  // one per layer when kv_ is set
   int64_t row_, max_, len_ = 0;
 };
 
@@ -72,8 +81,13 @@ struct DecoderLayer {
   bool bf16_activations = false;
   // Applied to down_proj's input first (the source's down_proj_rotation()).
   std::shared_ptr<const quant::HadamardRotation> down_rotation;
+  // Fake-quantize every linear's input (simulated W8A8; nullptr: exact). The
+  // same four inputs bf16_activations rounds; the embedding and the head are
+  // never quantized.
+  const ActQuantSpec* act_quant = nullptr;
 
-  // Loads layer i of `src`. With `dense`, packed linears are dequantized to
+  // Loads layer i of `src`, with the activation quantizer the source declares
+  // (ModelSource::activation_quant()). With `dense`, packed linears are dequantized to
   // f32 (for calibration, which needs plain weights to quantize).
   static DecoderLayer load(const ModelSource& src, int64_t i, bool dense = false);
 };
@@ -99,19 +113,27 @@ std::vector<float> rope_inv_freq(const ModelConfig& c);
 // Runs n tokens (positions p0 .. p0+n-1 of one sequence) through one decoder
 // layer: x[n, hidden] is updated in place. keys/values are this layer's cache
 // rows ([positions, kv_heads*head_dim]); the new rows are written at p0.. and
-// attention reads rows 0 .. p0+n-1 (or the sliding window).
+// attention reads rows 0 .. p0+n-1 (or the sliding window). With `kv_rows`
+// (a quantized cache: kv_quant.h), the query at position p reads row j from
+// kv_rows when j < boundary(p + 1), as a token-by-token decode would; kv_rows
+// must have seen this cache's rows 0 .. p0-1 and nothing else.
 void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const std::vector<float>& inv_freq, float* x,
-                           int64_t n, int64_t p0, float* keys, float* values, const InputTap* tap = nullptr);
+                           int64_t n, int64_t p0, float* keys, float* values, const InputTap* tap = nullptr,
+                           KvCacheRows* kv_rows = nullptr);
 
 // x[n, dim] -> out = x / sqrt(mean(x²) + eps) * w (fp32, as HF); out may be x.
 void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* out);
 
 class Model {
  public:
-  // Loads every weight of `src` (plain or packed) for the CPU forward.
+  // Loads every weight of `src` (plain or packed) for the CPU forward, with
+  // the activation quantizer the source declares.
   static std::unique_ptr<Model> load(const ModelSource& src);
 
   const ModelConfig& config() const { return config_; }
+  // Replaces the activation quantizer of every layer (nullptr: exact).
+  void set_act_quant(const ActQuantSpec* a);
+  const ActQuantSpec* act_quant() const { return layers_.empty() ? nullptr : layers_[0].act_quant; }
   // Runs `tokens` at positions cache.size() .. cache.size()+n-1 and appends
   // them to the cache. Returns logits F32 [n, vocab] (all rows) or [1, vocab]
   // (the last row only).

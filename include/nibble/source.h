@@ -64,6 +64,10 @@ class ModelSource : public TensorSource {
   virtual std::filesystem::path tokenizer_json() const { return {}; }
   // The rotation the forward applies to down_proj's input, if any.
   virtual std::optional<OnlineRotation> down_proj_rotation() const { return std::nullopt; }
+  // The activation quantizer the weights were made for (act_quant.h; e.g.
+  // "int8_token" for a SmoothQuant W8A8 checkpoint), or empty: the forward
+  // then simulates it at every linear input.
+  virtual std::string activation_quant() const { return {}; }
 };
 
 // Names of the quantization metadata keys in a packed file's __metadata__.
@@ -102,6 +106,8 @@ class CheckpointDir final : public ModelSource {
   std::filesystem::path tokenizer_json() const override;
   // From nibble.json's "online_rotation" (packed checkpoints of rotate+...).
   std::optional<OnlineRotation> down_proj_rotation() const override { return down_rotation_; }
+  // nibble.json's "activations" (validated against the registry when opened).
+  std::string activation_quant() const override { return activations_; }
 
  private:
   struct Entry {
@@ -119,6 +125,7 @@ class CheckpointDir final : public ModelSource {
   std::vector<std::string> order_;
   bool packed_ = false;
   std::optional<OnlineRotation> down_rotation_;
+  std::string activations_;
 };
 
 // Files of a model directory that travel with its weights (config, tokenizer,

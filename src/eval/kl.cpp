@@ -48,11 +48,26 @@ struct Positions {
 // (windows × ctx × hidden f32) while each layer's weights are read once per pass.
 constexpr size_t kWindowsPerPass = 32;
 
+// How one run computes: the candidate's options, or the reference's exact
+// forward (optionally with bf16 activations: the noise floor).
+struct RunSetup {
+  bool bf16_activations = false;
+  CandidateOptions cand;
+};
+
+RunSetup exact(bool bf16_activations) {
+  RunSetup r;
+  r.bf16_activations = bf16_activations;
+  r.cand.act_quant = nullptr;
+  return r;
+}
+
 // Runs `src` over the windows one decoder layer at a time (only one layer's
 // weights in memory; LayerStream gives the same logits as Model::forward) and
 // calls fn(k, logits [ctx, vocab]) for every window k.
-void for_each_window(const ModelSource& src, const std::vector<std::vector<int32_t>>& ws, bool bf16_activations,
+void for_each_window(const ModelSource& src, const std::vector<std::vector<int32_t>>& ws, const RunSetup& setup,
                      Progress& bar, const std::function<void(size_t, const float*)>& fn) {
+  const bool bf16_activations = setup.bf16_activations;
   const ModelConfig& c = src.config();
   for (size_t b0 = 0; b0 < ws.size(); b0 += kWindowsPerPass) {
     const size_t nb = std::min(kWindowsPerPass, ws.size() - b0);
@@ -61,7 +76,8 @@ void for_each_window(const ModelSource& src, const std::vector<std::vector<int32
     for (int64_t i = 0; i < c.num_layers; ++i) {
       DecoderLayer L = DecoderLayer::load(src, i);
       L.bf16_activations = bf16_activations;
-      stream.apply(L, nullptr, true);
+      if (setup.cand.act_quant) L.act_quant = *setup.cand.act_quant;
+      stream.apply(L, nullptr, true, setup.cand.kv_quant);
     }
     const LinearWeight head = stream.load_head(src);
     std::vector<float> logits;
@@ -77,11 +93,11 @@ void for_each_window(const ModelSource& src, const std::vector<std::vector<int32
   }
 }
 
-void run(const ModelSource& src, bool bf16_activations, const std::vector<std::vector<int32_t>>& ws, int64_t ctx,
+void run(const ModelSource& src, const RunSetup& setup, const std::vector<std::vector<int32_t>>& ws, int64_t ctx,
          const ReferenceCorpus* ref, ReferenceCorpus* out, Positions* pos, Progress& bar) {
   const int64_t V = src.config().vocab_size, per = scored_per_window(ctx);
   std::vector<double> lp(static_cast<size_t>(V));
-  for_each_window(src, ws, bf16_activations, bar, [&](size_t k, const float* logits) {
+  for_each_window(src, ws, setup, bar, [&](size_t k, const float* logits) {
     for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
       const float* l = logits + j * V;
       log_softmax(l, V, lp.data());
@@ -165,6 +181,8 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
   }
 
   src.validate_against_config();
+  if (const std::string a = src.activation_quant(); !a.empty())
+    notes.push_back(fmt::format("the reference declares activations '{}'; the reference runs with exact activations", a));
   const int64_t V = src.config().vocab_size, per = scored_per_window(o.ctx);
   std::vector<std::vector<std::vector<int32_t>>> ws;
   int64_t total = 0;
@@ -185,7 +203,7 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
       rc.target.resize(n);
       rc.top1.resize(n);
       rc.nll.resize(n);
-      run(src, false, ws[i], o.ctx, nullptr, &rc, nullptr, bar);
+      run(src, exact(false), ws[i], o.ctx, nullptr, &rc, nullptr, bar);
       ref.corpora.push_back(std::move(rc));
     }
     bar.finish();
@@ -197,7 +215,7 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
     int64_t count = 0;
     for (size_t i = 0; i < corpora.size(); ++i) {
       Positions p;
-      run(src, true, ws[i], o.ctx, &ref.corpora[i], nullptr, &p, bar);
+      run(src, exact(true), ws[i], o.ctx, &ref.corpora[i], nullptr, &p, bar);
       ref.noise_floor.push_back(mean_of(p.kl));
       for (double k : p.kl) sum += k;
       count += static_cast<int64_t>(p.kl.size());
@@ -229,7 +247,7 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
 }
 
 std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference& ref, const std::vector<Corpus>& corpora,
-                                       const KlOptions& o, bool bf16_activations,
+                                       const KlOptions& o, const CandidateOptions& co,
                                        std::vector<double>* per_position_kl) {
   cand.validate_against_config();
   NIBBLE_CHECK(!ref.corpora.empty() && cand.config().vocab_size == ref.corpora[0].vocab,
@@ -298,7 +316,7 @@ std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference&
     NIBBLE_CHECK(rc.chunks == static_cast<int64_t>(ws[i].size()), "eval: reference and corpus '{}' disagree",
                  corpora[i].name);
     Positions p;
-    run(cand, bf16_activations, ws[i], o.ctx, &rc, nullptr, &p, bar);
+    run(cand, RunSetup{false, co}, ws[i], o.ctx, &rc, nullptr, &p, bar);
     std::vector<Chunk> chunks(static_cast<size_t>(rc.chunks));
     double agree = 0, nll_r = 0, nll_c = 0;
     for (size_t k = 0; k < p.kl.size(); ++k) {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nibble/act_quant.h"
 #include "nibble/arch.h"
 #include "nibble/error.h"
 #include "nibble/source.h"
@@ -76,6 +77,36 @@ std::unique_ptr<CheckpointDir> CheckpointDir::open(const fs::path& dir) {
 
   cp->index_files();
 
+  // What the forward must do besides the weights, from nibble.json (written
+  // by nibble quantize): the activation quantizer a W8A8 checkpoint was made
+  // for ("activations"), and an online rotation ("online_rotation").
+  if (const fs::path report = dir / "nibble.json"; fs::exists(report)) {
+    const json j = read_json_file(report);
+    if (j.is_object() && j.contains("activations") && !j["activations"].is_null()) {
+      NIBBLE_CHECK(j["activations"].is_string(), "{}: \"activations\" should be the name of an activation quantizer "
+                   "({}), found {}", report.string(), act_quant_names(), j["activations"].dump());
+      cp->activations_ = j["activations"].get<std::string>();
+      bool known = cp->activations_ == "none";
+      for (const ActQuantSpec& a : act_quants()) known = known || a.name == cp->activations_;
+      NIBBLE_CHECK(known, "{}: \"activations\" is '{}', which is not an activation quantizer (known: none, {})",
+                   report.string(), cp->activations_, act_quant_names());
+      if (cp->activations_ == "none") cp->activations_.clear();
+    }
+    // down_proj's input rotated online (checkpoints of --method rotate+...).
+    if (j.is_object() && j.contains("online_rotation")) {
+      const json& r = j["online_rotation"];
+      NIBBLE_CHECK(r.is_object() && r.contains("down_proj") && r["down_proj"].contains("size") &&
+                       r["down_proj"].contains("seed"),
+                   "{}: 'online_rotation' should be {{\"down_proj\": {{\"size\": N, \"seed\": S}}}}, found {}",
+                   report.string(), r.dump());
+      const int64_t n = r["down_proj"]["size"].get<int64_t>();
+      NIBBLE_CHECK(n == cp->config_.intermediate_size,
+                   "{}: online_rotation.down_proj.size is {} but the config's intermediate_size is {}",
+                   report.string(), n, cp->config_.intermediate_size);
+      cp->down_rotation_ = OnlineRotation{n, r["down_proj"]["seed"].get<uint64_t>()};
+    }
+  }
+
   // The index and the files must agree.
   for (auto& [name, file] : weight_map.items()) {
     const io::SafetensorsFile* holder = nullptr;
@@ -85,22 +116,6 @@ std::unique_ptr<CheckpointDir> CheckpointDir::open(const fs::path& dir) {
                  index_path.string(), name, file.get<std::string>());
   }
 
-  // What the forward must do besides the weights (written by nibble quantize).
-  if (const fs::path info = dir / "nibble.json"; fs::exists(info)) {
-    const json j = read_json_file(info);
-    if (j.contains("online_rotation")) {
-      const json& r = j["online_rotation"];
-      NIBBLE_CHECK(r.is_object() && r.contains("down_proj") && r["down_proj"].contains("size") &&
-                       r["down_proj"].contains("seed"),
-                   "{}: 'online_rotation' should be {{\"down_proj\": {{\"size\": N, \"seed\": S}}}}, found {}",
-                   info.string(), r.dump());
-      const int64_t n = r["down_proj"]["size"].get<int64_t>();
-      NIBBLE_CHECK(n == cp->config_.intermediate_size,
-                   "{}: online_rotation.down_proj.size is {} but the config's intermediate_size is {}", info.string(),
-                   n, cp->config_.intermediate_size);
-      cp->down_rotation_ = OnlineRotation{n, r["down_proj"]["seed"].get<uint64_t>()};
-    }
-  }
   return cp;
 }
 
@@ -200,7 +215,8 @@ std::vector<fs::path> CheckpointDir::weight_files() const {
 
 std::string CheckpointDir::describe() const {
   const std::string files = files_.size() == 1 ? "1 file" : fmt::format("{} shards", files_.size());
-  const std::string packed = packed_ ? ", packed by nibble" : "";
+  const std::string packed = std::string(packed_ ? ", packed by nibble" : "") +
+                             (activations_.empty() ? "" : ", activations " + activations_);
   if (!has_config_) return fmt::format("{} ({}{})", dir_.string(), files, packed);
   return fmt::format("{} ({}, {} layers, {}{})", dir_.string(), config_.model_type, config_.num_layers, files, packed);
 }

@@ -24,6 +24,7 @@ class OverlaySource final : public ModelSource {
   std::vector<Tensor> parts(const std::string& n) const override { return from(n).parts(n); }
   const ModelConfig& config() const override { return base_->config(); }
   std::filesystem::path tokenizer_json() const override { return base_->tokenizer_json(); }
+  std::string activation_quant() const override { return base_->activation_quant(); }
 
  private:
   const ModelSource& from(const std::string& n) const {

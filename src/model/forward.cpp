@@ -47,10 +47,16 @@ void LinearWeight::forward(const float* x, int64_t M, float* y) const {
   }
 }
 
-KVCache::KVCache(const ModelConfig& c, int64_t max_tokens)
-    : k_(c.num_layers), v_(c.num_layers), row_(c.num_kv_heads * c.head_dim), max_(max_tokens) {
+KVCache::KVCache(const ModelConfig& c, int64_t max_tokens, const KvQuantSpec* kv)
+    : k_(c.num_layers), v_(c.num_layers), kv_(kv), row_(c.num_kv_heads * c.head_dim), max_(max_tokens) {
   for (auto& t : k_) t.assign(static_cast<size_t>(max_ * row_), 0.0f);
   for (auto& t : v_) t.assign(static_cast<size_t>(max_ * row_), 0.0f);
+  if (kv_) q_.assign(static_cast<size_t>(c.num_layers), KvCacheRows(*kv_));
+}
+
+void KVCache::clear() {
+  len_ = 0;
+  for (auto& q : q_) q.clear();
 }
 
 // x[n, dim] <- x / sqrt(mean(x^2) + eps) * w, in fp32 as HF does.
@@ -68,6 +74,13 @@ namespace {
 
 void round_bf16(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
+}
+
+// A linear's input x[n, dim] as the simulated engine hands it over: fake
+// quantized (W8A8) and/or rounded to bf16.
+void linear_input(const DecoderLayer& L, float* x, int64_t n, int64_t dim) {
+  if (L.act_quant) L.act_quant->apply(x, n, dim);
+  if (L.bf16_activations) round_bf16(x, n * dim);
 }
 
 // HF rotate_half RoPE on one head vector: pairs (i, i + d/2).
@@ -159,7 +172,12 @@ DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {
                  src.describe(), r->size, L.down.in_features());
     L.down_rotation = std::make_shared<const quant::HadamardRotation>(r->size, r->seed);
   }
+  if (const std::string a = src.activation_quant(); !a.empty()) L.act_quant = find_act_quant(a);
   return L;
+}
+
+void Model::set_act_quant(const ActQuantSpec* a) {
+  for (DecoderLayer& L : layers_) L.act_quant = a;
 }
 
 std::unique_ptr<Model> Model::load(const ModelSource& src) {
@@ -177,7 +195,8 @@ std::unique_ptr<Model> Model::load(const ModelSource& src) {
 }
 
 void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const std::vector<float>& inv_freq, float* x,
-                           int64_t n, int64_t p0, float* keys, float* values, const InputTap* tap) {
+                           int64_t n, int64_t p0, float* keys, float* values, const InputTap* tap,
+                           KvCacheRows* kv_rows) {
   const int64_t D = c.hidden_size, hd = c.head_dim, H = c.num_heads, KV = c.num_kv_heads, F = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   std::vector<float> xn(n * D), q(n * H * hd), k(n * KV * hd), v(n * KV * hd), att(n * H * hd), tmp(n * D),
@@ -193,9 +212,13 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
     }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t window = L.window, row = KV * hd;
+  const KvLayout layout{KV, hd};
+  NIBBLE_CHECK(!kv_rows || kv_rows->quantized() == kv_rows->spec().boundary(p0),
+               "kv {}: the quantized rows ({}) do not belong to a cache of {} positions (cleared one, not the other?)",
+               kv_rows ? kv_rows->spec().name : "", kv_rows ? kv_rows->quantized() : 0, p0);
 
   rms_norm(x, n, D, L.input_norm.data<float>(), eps, xn.data());
-  if (L.bf16_activations) round_bf16(xn.data(), n * D);
+  linear_input(L, xn.data(), n, D);
   if (tap) (*tap)(LinearInput::QKV, xn.data(), n, D);
   L.q.forward(xn.data(), n, q.data());  // [n, H*hd]
   L.k.forward(xn.data(), n, k.data());  // [n, KV*hd]
@@ -210,6 +233,8 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
     std::copy_n(k.data() + i * row, row, keys + (p0 + i) * row);
     std::copy_n(v.data() + i * row, row, values + (p0 + i) * row);
   }
+  // A quantized cache: the rows it now stores quantized, up to boundary(p0 + n).
+  if (kv_rows) kv_rows->update(keys, values, p0 + n, layout);
   // Causal attention of each new position over the cache (GQA: H/KV query heads per kv head).
   // Threads only pay off on real work: a parallel region costs microseconds
   // (and far more on a loaded machine), a decode step of a tiny model less.
@@ -222,10 +247,12 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
       for (int64_t h = 0; h < H; ++h) {
         // Keys t0 .. T-1: all earlier positions, or (sliding window W) those with pos - t < W.
         const int64_t kvh = h / (H / KV), T = p0 + i + 1, t0 = window > 0 ? std::max<int64_t>(0, T - window) : 0;
+        // Rows below tq come quantized: the boundary of a cache holding T positions.
+        const int64_t tq = kv_rows ? kv_rows->spec().boundary(T) : 0;
         const float* qi = q.data() + (i * H + h) * hd;
         float mx = -INFINITY;
         for (int64_t t = t0; t < T; ++t) {
-          const float* kt = keys + t * row + kvh * hd;
+          const float* kt = (t < tq ? kv_rows->keys(t, layout) : keys + t * row) + kvh * hd;
           float s = 0.0f;
 #pragma omp simd reduction(+ : s)
           for (int64_t d = 0; d < hd; ++d) s += qi[d] * kt[d];
@@ -238,24 +265,24 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
         std::fill_n(out, hd, 0.0f);
         for (int64_t t = t0; t < T; ++t) {
           const float w = scores[t] / sum;
-          const float* vt = values + t * row + kvh * hd;
+          const float* vt = (t < tq ? kv_rows->values(t, layout) : values + t * row) + kvh * hd;
           for (int64_t d = 0; d < hd; ++d) out[d] += w * vt[d];
         }
       }
     }
   }
-  if (L.bf16_activations) round_bf16(att.data(), n * H * hd);
+  linear_input(L, att.data(), n, H * hd);
   if (tap) (*tap)(LinearInput::O, att.data(), n, H * hd);
   L.o.forward(att.data(), n, tmp.data());  // [n, D]
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
   rms_norm(x, n, D, L.post_norm.data<float>(), eps, xn.data());
-  if (L.bf16_activations) round_bf16(xn.data(), n * D);
+  linear_input(L, xn.data(), n, D);
   if (tap) (*tap)(LinearInput::GateUp, xn.data(), n, D);
   L.gate.forward(xn.data(), n, g.data());  // [n, F]
   L.up.forward(xn.data(), n, u.data());    // [n, F]
   for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(gate) * up
   if (L.down_rotation) L.down_rotation->apply(g.data(), n);  // rotate+...: down_proj's weights read rotated inputs
-  if (L.bf16_activations) round_bf16(g.data(), n * F);
+  linear_input(L, g.data(), n, F);
   if (tap) (*tap)(LinearInput::Down, g.data(), n, F);
   L.down.forward(g.data(), n, tmp.data());  // [n, D]
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
@@ -274,7 +301,8 @@ Tensor Model::forward(const std::vector<int32_t>& tokens, KVCache& cache, bool a
     std::copy_n(embed_.data<float>() + tokens[i] * D, D, x.data() + i * D);  // [n, D]
   }
   for (int64_t l = 0; l < c.num_layers; ++l)
-    decoder_layer_forward(c, layers_[l], inv_freq_, x.data(), n, p0, cache.keys(l, 0), cache.values(l, 0));
+    decoder_layer_forward(c, layers_[l], inv_freq_, x.data(), n, p0, cache.keys(l, 0), cache.values(l, 0), nullptr,
+                          cache.quantized_rows(l));
   cache.advance(n);
 
   const int64_t rows = all_logits ? n : 1;

@@ -1,6 +1,7 @@
 #include "nibble/layerwise.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "nibble/error.h"
 #include "nibble/util.h"
@@ -41,7 +42,7 @@ uint64_t LayerStream::hidden_bytes() const {
   return b;
 }
 
-void LayerStream::apply(const DecoderLayer& L, const InputTap* tap, bool advance) {
+void LayerStream::apply(const DecoderLayer& L, const InputTap* tap, bool advance, const KvQuantSpec* kv) {
   const int64_t row = config_.num_kv_heads * config_.head_dim;
   std::vector<float> keys, values, scratch;
   for (size_t s = 0; s < hidden_.size(); ++s) {
@@ -53,7 +54,9 @@ void LayerStream::apply(const DecoderLayer& L, const InputTap* tap, bool advance
       scratch = hidden_[s];
       x = scratch.data();
     }
-    decoder_layer_forward(config_, L, inv_freq_, x, T, 0, keys.data(), values.data(), tap);
+    std::optional<KvCacheRows> rows;  // this sequence's quantized cache rows
+    if (kv) rows.emplace(*kv);
+    decoder_layer_forward(config_, L, inv_freq_, x, T, 0, keys.data(), values.data(), tap, rows ? &*rows : nullptr);
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nibble/act_quant.h"
 #include "nibble/arch.h"
 #include "nibble/checkpoint_writer.h"
 #include "nibble/error.h"
@@ -76,6 +77,12 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   std::unique_ptr<quant::LayerTransform> layer_transform =
       transform && transform->make_layer ? transform->make_layer(tcfg) : nullptr;
   const ModelSource& model = view ? *view : static_cast<const ModelSource&>(*src);
+  // The activation quantizer the checkpoint declares: SmoothQuant exists for
+  // W8A8, so it defaults to per-token INT8; "none" declares none.
+  std::string activations = opt.activations;
+  if (activations.empty() && transform && transform->name == std::string_view("smoothquant")) activations = "int8_token";
+  if (activations == "none") activations.clear();
+  if (!activations.empty()) find_act_quant(activations);  // an unknown name fails here, listing the known ones
   const ModelConfig& cfg = model.config();
   std::regex keep;
   if (!opt.keep_regex.empty()) {
@@ -260,7 +267,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   report["format"] = res.format;
   report["group_size"] = format.group_size;
   report["options"] = {{"keep", opt.keep_regex}, {"allow_nonfinite", opt.allow_nonfinite}, {"mse", opt.mse}};
-  if (!opt.activations.empty()) report["activations"] = opt.activations;
+  if (!activations.empty()) report["activations"] = activations;
   if (transform && transform->wrap_source) report["options"]["rotate_seed"] = opt.rotate_seed;
   if (const auto r = model.down_proj_rotation())
     report["online_rotation"] = {{"down_proj", {{"size", r->size}, {"seed", r->seed}}}};

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +12,8 @@
 #include "nibble/arch.h"
 #include "nibble/error.h"
 #include "nibble/kl.h"
+#include "nibble/kv_quant.h"
+#include "nibble/act_quant.h"
 #include "nibble/match_rows.h"
 #include "nibble/report.h"
 #include "nibble/calibration.h"
@@ -23,6 +26,7 @@ namespace {
 struct EvalCli {
   std::string reference, cache, json, html;
   std::vector<std::string> candidates, corpora;
+  std::vector<std::string> kv = {"none"}, act_quant;  // every candidate runs once per (kv, act_quant) pair
   bool noise_floor_only = false, match_rows = false;
   eval::KlOptions opt;
 };
@@ -81,6 +85,28 @@ nlohmann::ordered_json summary_json(const eval::KlSummary& r) {
           {"within_3x_noise_floor", r.kl.mean <= 3 * r.noise_floor}};
 }
 
+// One way of running a candidate: its KV cache and activation settings.
+struct RunVariant {
+  std::string kv = "none";
+  std::optional<std::string> act_quant;  // unset: the candidate's own
+  eval::CandidateOptions options() const {
+    eval::CandidateOptions o;
+    o.kv_quant = find_kv_quant(kv);
+    if (act_quant) o.act_quant = find_act_quant(*act_quant);
+    return o;
+  }
+  // " [kv int4, act int8_token]" after the candidate's spec; "" for the plain run.
+  std::string label() const {
+    std::vector<std::string> parts;
+    if (kv != "none") parts.push_back("kv " + kv);
+    if (act_quant) parts.push_back("act " + *act_quant);
+    if (parts.empty()) return "";
+    std::string s = " [" + parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) s += ", " + parts[i];
+    return s + "]";
+  }
+};
+
 }  // namespace
 
 void register_eval(CLI::App& app, const GlobalOptions& global) {
@@ -103,6 +129,15 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--json", o->json, "Also write the summaries as JSON");
   cmd->add_option("--html", o->html,
                   "Also write a self-contained HTML report: tables, KL histograms and CDFs per candidate");
+  cmd->add_option("--kv", o->kv,
+                  "KV-cache quantization of the candidates (repeatable or comma-separated: each candidate is scored "
+                  "once per setting): none, " + kv_quant_names() + ". The reference stays exact")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--act-quant", o->act_quant,
+                  "Simulated activation quantization of the candidates (repeatable or comma-separated), replacing "
+                  "what a checkpoint declares: none, " + act_quant_names() + ". The reference stays exact")
+      ->delimiter(',');
   cmd->add_flag("--match-rows", o->match_rows,
                 "Check every candidate tensor against the reference row by row; report layout differences and undo "
                 "row permutations before scoring");
@@ -110,10 +145,23 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       "Example:\n  nibble eval --reference ../shared/models/qwen3-26M-linux --candidate out/qwen3-rtn \\\n"
       "      --candidate out/qwen3-gptq --corpus linux=../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 40\n\n"
       "Scores positions ctx/2 .. ctx-2 of each window (llama.cpp's protocol). The noise floor is the KL between\n"
-      "the reference and itself computed with bf16 activations; candidates within 3x of it are marked.");
+      "the reference and itself computed with bf16 activations; candidates within 3x of it are marked.\n"
+      "--kv int4 scores each candidate with a quantized KV cache (each query reads the cache as a\n"
+      "token-by-token decode would); --act-quant int8_token with simulated W8A8 activations.");
   cmd->callback([o, &global] {
     NIBBLE_CHECK(o->noise_floor_only || !o->candidates.empty(), "eval: give at least one --candidate (or --noise-floor)");
     o->opt.progress = !global.quiet;
+    // Every (kv, act_quant) pair, names checked before any work.
+    std::vector<RunVariant> variants;
+    NIBBLE_CHECK(!o->kv.empty(), "eval: --kv needs a setting (none, {})", kv_quant_names());
+    for (const auto& kv : o->kv) {
+      find_kv_quant(kv);
+      if (o->act_quant.empty()) variants.push_back({kv, std::nullopt});
+      for (const auto& a : o->act_quant) {
+        find_act_quant(a);
+        variants.push_back({kv, a});
+      }
+    }
     auto ref = open_model_source(o->reference);
     std::unique_ptr<Tokenizer> tok;
     if (const auto tj = ref->tokenizer_json(); !tj.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tj));
@@ -182,22 +230,35 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
         cj["match_rows"] = mj;
         cand = eval::undo_permutations(std::move(cand), matches);
       }
-      eval::ReportCandidate rc;
-      rc.name = spec;
-      rc.source = cand->describe();
-      rc.bits_per_weight = cj["bits_per_weight"].get<double>();
-      // The per-position KL only when a page will plot it (8 bytes per scored position).
-      rc.rows = eval::score_candidate(*cand, reference, corpora, o->opt, false, o->html.empty() ? nullptr : &rc.kl);
-      for (const auto& r : rc.rows) {
-        std::vector<std::string> cells = {spec};
-        for (auto& c : eval::detail_cells(r)) cells.push_back(std::move(c));
-        std::printf("%s\n", eval::markdown_row(cells).c_str());
-        std::fflush(stdout);
-        cj["corpora"][r.corpus] = summary_json(r);
-        if (r.corpus == "all" || rc.rows.size() == 1) cj["overall"] = summary_json(r);
+      for (const RunVariant& variant : variants) {
+        const std::string name = spec + variant.label();
+        const std::string act = variant.act_quant ? *variant.act_quant : cand->activation_quant();
+        nlohmann::ordered_json vj = {{"name", name},
+                                     {"source", cj["source"]},
+                                     {"kv_cache", variant.kv},
+                                     {"activations", act.empty() ? "none" : act},
+                                     {"bits_per_weight", cj["bits_per_weight"]},
+                                     {"overall", nullptr},
+                                     {"corpora", nlohmann::ordered_json::object()}};
+        if (cj.contains("match_rows")) vj["match_rows"] = cj["match_rows"];
+        eval::ReportCandidate rc;
+        rc.name = name;
+        rc.source = cand->describe();
+        rc.bits_per_weight = cj["bits_per_weight"].get<double>();
+        // The per-position KL only when a page will plot it (8 bytes per scored position).
+        rc.rows = eval::score_candidate(*cand, reference, corpora, o->opt, variant.options(),
+                                        o->html.empty() ? nullptr : &rc.kl);
+        for (const auto& r : rc.rows) {
+          std::vector<std::string> cells = {name};
+          for (auto& c : eval::detail_cells(r)) cells.push_back(std::move(c));
+          std::printf("%s\n", eval::markdown_row(cells).c_str());
+          std::fflush(stdout);
+          vj["corpora"][r.corpus] = summary_json(r);
+          if (r.corpus == "all" || rc.rows.size() == 1) vj["overall"] = summary_json(r);
+        }
+        report["candidates"].push_back(vj);
+        summary.candidates.push_back(std::move(rc));
       }
-      report["candidates"].push_back(cj);
-      summary.candidates.push_back(std::move(rc));
     }
     // The comparison table: one row per candidate, pooled over the corpora.
     if (!summary.candidates.empty()) std::printf("\n%s", eval::comparison_markdown(summary).c_str());

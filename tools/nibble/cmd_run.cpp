@@ -25,7 +25,11 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // A model on the CPU or the GPU behind one "run these tokens" call.
 class Runner {
  public:
-  Runner(const std::string& path, const std::string& device) : dir_(CheckpointDir::open(path)) {
+  // kv: a KV-cache scheme name ("none": exact); act_quant: an activation
+  // quantizer replacing the checkpoint's ("" keeps the checkpoint's).
+  Runner(const std::string& path, const std::string& device, const std::string& kv, const std::string& act_quant)
+      : dir_(CheckpointDir::open(path)), kv_(find_kv_quant(kv)) {
+    const ActQuantSpec* act = act_quant.empty() ? nullptr : find_act_quant(act_quant);
     NIBBLE_CHECK(std::filesystem::exists(dir_->dir() / "tokenizer.json"), "{}: no tokenizer.json", path);
     tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file(dir_->dir() / "tokenizer.json"));
     NIBBLE_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, found '{}'", device);
@@ -33,7 +37,19 @@ class Runner {
     NIBBLE_CHECK(device == "cpu", "--device cuda: this build has no CUDA backend (build with NIBBLE_CUDA=on)");
 #endif
     cuda_ = device == "cuda";
-    if (!cuda_) cpu_ = Model::load(*dir_);
+    if (cuda_) {
+      NIBBLE_CHECK(!kv_, "--kv {}: KV-cache quantization is not supported on --device cuda yet (use --device cpu)",
+                   kv);
+      const std::string declared = dir_->activation_quant();
+      NIBBLE_CHECK(act_quant.empty() ? declared.empty() : act == nullptr,
+                   "{}: simulated activation quantization is not supported on --device cuda yet (use --device cpu{})",
+                   act_quant.empty() ? fmt::format("{} declares activations '{}'", path, declared)
+                                     : "--act-quant " + act_quant,
+                   act_quant.empty() ? ", or --act-quant none to run it with bf16 activations" : "");
+    } else {
+      cpu_ = Model::load(*dir_);
+      if (!act_quant.empty()) cpu_->set_act_quant(act);
+    }
   }
   const ModelConfig& config() const { return dir_->config(); }
   const Tokenizer& tok() const { return *tok_; }
@@ -44,7 +60,7 @@ class Runner {
       gpu_ = cuda::GpuModel::load(*dir_, positions);
 #endif
     } else {
-      cache_ = std::make_unique<KVCache>(config(), positions);
+      cache_ = std::make_unique<KVCache>(config(), positions, kv_);
     }
   }
   Tensor last_logits(const std::vector<int32_t>& ids) {
@@ -56,6 +72,7 @@ class Runner {
 
  private:
   std::unique_ptr<CheckpointDir> dir_;
+  const KvQuantSpec* kv_ = nullptr;
   std::unique_ptr<Tokenizer> tok_;
   bool cuda_ = false;
   std::unique_ptr<Model> cpu_;
@@ -70,7 +87,7 @@ class Runner {
 void register_run(CLI::App& app, const GlobalOptions& global) {
   auto* cmd = app.add_subcommand("run", "Generate text with a checkpoint (plain or packed) on the CPU or a GPU");
   struct Opts {
-    std::string model, prompt, device = "cpu";
+    std::string model, prompt, device = "cpu", kv = "none", act_quant;
     int n = 128;
     SamplerConfig sampler;
     bool truncate = false;
@@ -87,10 +104,15 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--device", o->device,
                   "cpu, or cuda (CUDA builds: int4 linears through the W4A16 kernels, the rest through cuBLAS)")
       ->capture_default_str();
+  cmd->add_option("--kv", o->kv, "KV-cache quantization (CPU): none, " + kv_quant_names())->capture_default_str();
+  cmd->add_option("--act-quant", o->act_quant,
+                  "Simulated activation quantization at every linear input (CPU), replacing what the checkpoint "
+                  "declares: none, " + act_quant_names());
   cmd->footer("Examples:\n  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100\n"
+              "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --kv int4\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --device cuda");
   cmd->callback([o, &global] {
-    Runner m(o->model, o->device);
+    Runner m(o->model, o->device, o->kv, o->act_quant);
     const ModelConfig& c = m.config();
     std::vector<int32_t> ids = m.tok().encode(o->prompt, true);
     NIBBLE_CHECK(!ids.empty(), "the prompt encodes to no tokens; give some text");
