@@ -395,8 +395,14 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   const size_t att_smem = attention_smem(c.head_dim, max_tokens);
   NIBBLE_CHECK(att_smem <= 200u << 10, "GpuModel: a KV cache of {} positions is more than the attention kernel's "
                "shared memory holds", max_tokens);
-  NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(att_smem)));
+  // The attribute is per kernel, not per model: never lower it below what a
+  // model loaded earlier (still alive, maybe) needs.
+  static size_t att_smem_allowed = 0;
+  if (att_smem > att_smem_allowed) {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(att_smem)));
+    att_smem_allowed = att_smem;
+  }
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
   NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
