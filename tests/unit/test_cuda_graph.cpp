@@ -55,7 +55,8 @@ RowDiff compare_decode(const ModelSource& src, const cuda::GpuOptions& ref_opts,
   auto cand = cuda::GpuModel::load(src, total, cand_opts);
   EXPECT_EQ(ref->decode_graph(), ref_opts.decode_graph);
   EXPECT_EQ(cand->decode_graph(), cand_opts.decode_graph);
-  EXPECT_EQ(ref->decode_weight_bytes(), cand->decode_weight_bytes());
+  if (ref_opts.fuse_linears == cand_opts.fuse_linears)  // fusing can change the row tiles' padding
+    EXPECT_EQ(ref->decode_weight_bytes(), cand->decode_weight_bytes());
   RowDiff d;
   Tensor lr = ref->forward(prompt, false), lc = cand->forward(prompt, false);
   for (int step = 0; step < steps; ++step) {
@@ -66,7 +67,7 @@ RowDiff compare_decode(const ModelSource& src, const cuda::GpuOptions& ref_opts,
       lc = cand->forward({next}, false);
     }
   }
-  EXPECT_EQ(ref->size(), total);
+  EXPECT_EQ(ref->size(), total - 1);  // the last step's token is not run
   ref->reset();
   cand->reset();
   std::vector<int32_t> ids = {prompt[0]};
