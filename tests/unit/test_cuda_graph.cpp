@@ -55,8 +55,9 @@ RowDiff compare_decode(const ModelSource& src, const cuda::GpuOptions& ref_opts,
   auto cand = cuda::GpuModel::load(src, total, cand_opts);
   EXPECT_EQ(ref->decode_graph(), ref_opts.decode_graph);
   EXPECT_EQ(cand->decode_graph(), cand_opts.decode_graph);
-  if (ref_opts.fuse_linears == cand_opts.fuse_linears)  // fusing can change the row tiles' padding
+  if (ref_opts.fuse_linears == cand_opts.fuse_linears) {  // fusing can change the row tiles' padding
     EXPECT_EQ(ref->decode_weight_bytes(), cand->decode_weight_bytes());
+  }
   RowDiff d;
   Tensor lr = ref->forward(prompt, false), lc = cand->forward(prompt, false);
   for (int step = 0; step < steps; ++step) {
