@@ -2,6 +2,7 @@
 // NIBBLE_HAVE_CUDA (configure with NIBBLE_CUDA=auto|on and nvcc on PATH).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -20,6 +21,12 @@ bool device_available();
 // expands them, and the result comes back as F32 [rows, cols]. Bit-identical
 // to the CPU reference (product and sum rounded separately, no FMA).
 Tensor dequantize_int4_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+
+// The device's memory read bandwidth in GB/s, measured now: a streaming read
+// kernel over `bytes` (far more than the L2 holds), four reads back to back
+// per timed pass, median of `passes` passes. The roofline of a memory-bound
+// kernel is bytes / this.
+double read_bandwidth_gbs(size_t bytes = size_t{1} << 30, int passes = 10);
 
 // Device memory owned by one object (cudaFree on destruction).
 struct DeviceBuffer {

@@ -8,6 +8,7 @@
 // refuses both on --device cuda.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -18,11 +19,20 @@
 
 namespace nibble::cuda {
 
+struct GpuOptions {
+  // Decode (one token per forward) replays one CUDA graph captured at load
+  // time; off, the same kernels are launched one by one (same results).
+  bool decode_graph = true;
+  // q|k|v and gate|up each as one linear (rows concatenated at load, same
+  // values) when they share a format.
+  bool fuse_linears = true;
+};
+
 class GpuModel {
  public:
   // Loads every weight of `src` onto the GPU with a KV cache of `max_tokens`
   // positions.
-  static std::unique_ptr<GpuModel> load(const ModelSource& src, int64_t max_tokens);
+  static std::unique_ptr<GpuModel> load(const ModelSource& src, int64_t max_tokens, const GpuOptions& opts = {});
   ~GpuModel();
 
   const ModelConfig& config() const;
@@ -31,6 +41,13 @@ class GpuModel {
   // Runs `tokens` at positions size() .. size()+n-1 and appends them to the
   // cache. Returns logits F32 [n, vocab] (all rows) or [1, vocab] (the last).
   Tensor forward(const std::vector<int32_t>& tokens, bool all_logits = true);
+
+  bool decode_graph() const;  // decode replays a captured graph
+  // Bytes of weights one decode step reads: every linear as stored on the
+  // device (packed codes + group parameters, or bf16), biases, norms, the head
+  // and one embedding row. The KV cache read grows with the position and is
+  // not counted.
+  size_t decode_weight_bytes() const;
 
  private:
   GpuModel();

@@ -2,6 +2,8 @@
 // StreamDecoder.
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <optional>
 
 #include "io/tokenizer_impl.h"
 #include "nibble/error.h"
@@ -377,12 +379,27 @@ namespace nibble {
 StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(tokenizer), skip_special_tokens_(skip_special_tokens) {}
 
+namespace {
+
+// A byte-fallback piece, <0xNN>. The ByteFallback decoder decodes a run of
+// them together and turns every byte of an invalid run into U+FFFD, so a
+// later byte piece can rewrite text the run already decoded to ("I" from
+// <0x49> becomes U+FFFD once <0xD4> follows it): the run's text is final only
+// once a token of another kind ends it.
+bool is_byte_piece(const Tokenizer& tok, int32_t id) {
+  const std::optional<std::string> s = tok.id_to_token(id);
+  return s && s->size() == 6 && s->compare(0, 3, "<0x") == 0 && (*s)[5] == '>' &&
+         std::isxdigit(static_cast<unsigned char>((*s)[3])) && std::isxdigit(static_cast<unsigned char>((*s)[4]));
+}
+
+}  // namespace
+
 std::string StreamDecoder::step(int32_t id) {
   ids_.push_back(id);
   std::string text = tokenizer_.decode(ids_, skip_special_tokens_);
   const std::string_view fffd = io::tok::kReplacementChar;
   const bool incomplete = text.size() >= fffd.size() && text.compare(text.size() - fffd.size(), fffd.size(), fffd) == 0;
-  if (text.size() <= context_text_.size() || incomplete) return {};
+  if (text.size() <= context_text_.size() || incomplete || is_byte_piece(tokenizer_, id)) return {};
   NIBBLE_CHECK(text.compare(0, context_text_.size(), context_text_) == 0,
                "StreamDecoder: decoding id {} changed text already emitted ({} became {})", id,
                io::tok::json(context_text_).dump(), io::tok::json(text.substr(0, context_text_.size())).dump());

@@ -1,7 +1,9 @@
 #include "nibble/synth.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <fstream>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +16,47 @@
 
 namespace nibble {
 namespace fs = std::filesystem;
+namespace {
+
+constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;  // splitmix64's increment
+
+uint64_t mix64(uint64_t z) {  // splitmix64's output function
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// bf16 of x, round to nearest even (x is finite here: no NaN handling needed).
+inline uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// p[0, n) ~ N(0, sigma²) as bf16. Counter-based: the pair of elements (2j, 2j+1)
+// comes from the 64-bit hash mix64(key + (j+1)·γ) (the j-th output of a
+// splitmix64 stream seeded with key) through Box–Muller, so every value depends
+// only on (key, j): the tensor fills in parallel blocks, and the bytes do not
+// depend on the thread count.
+void fill_normal_bf16(uint16_t* p, int64_t n, uint64_t key, float sigma) {
+  constexpr int64_t kBlock = int64_t{1} << 16;  // elements per parallel task (even)
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  constexpr float kTwoPi = 6.28318530717958647692f, k2m24 = 1.0f / 16777216.0f;
+#pragma omp parallel for schedule(dynamic, 4) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i1 = std::min(n, (b + 1) * kBlock);
+    for (int64_t i = b * kBlock; i < i1; i += 2) {
+      const uint64_t r = mix64(key + (static_cast<uint64_t>(i / 2) + 1) * kGamma);
+      const float u1 = (static_cast<float>(r >> 40) + 0.5f) * k2m24;  // (0, 1): the log is finite
+      const float u2 = static_cast<float>(r & 0xFFFFFFu) * k2m24;
+      const float radius = sigma * std::sqrt(-2.0f * std::log(u1)), theta = kTwoPi * u2;
+      p[i] = to_bf16(radius * std::cos(theta));
+      if (i + 1 < i1) p[i + 1] = to_bf16(radius * std::sin(theta));
+    }
+  }
+}
+
+}  // namespace
 
 int64_t synthesize_model(const fs::path& out_dir, const SynthOptions& o) {
   find_arch(o.model_type);
@@ -68,11 +111,12 @@ int64_t synthesize_model(const fs::path& out_dir, const SynthOptions& o) {
     uint16_t* p = w.data_mut<uint16_t>();
     const int64_t n = w.numel();
     const bool gain = t.shape.size() == 1 && t.name.find("norm") != std::string::npos;
-    // One generator per tensor (seeded from the seed and the tensor's index),
-    // so a tensor's values do not depend on the others' sizes.
-    std::mt19937_64 rng(o.seed * 1000003ull + k);
-    std::normal_distribution<float> d(0.0f, o.init_std);
-    for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(gain ? 1.0f : d(rng));
+    // One stream per tensor (keyed by the seed and the tensor's index), so a
+    // tensor's values do not depend on the others' sizes.
+    if (gain)
+      std::fill(p, p + n, f32_to_bf16(1.0f));
+    else
+      fill_normal_bf16(p, n, mix64(o.seed * kGamma + k), o.init_std);
     writer.write(t.name, w);
     bar.advance();
   }

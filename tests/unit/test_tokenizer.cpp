@@ -127,13 +127,19 @@ TEST(TokenizerStories260K, DecodeToken) {
   EXPECT_EQ(t.decode_token(*t.token_to_id("\xE2\x96\x81Once")), " Once");  // ▁ is a space; no strip per token
   EXPECT_EQ(t.decode_token(*t.token_to_id("<0xE6>")), "\xE6");           // a raw byte, not U+FFFD
   EXPECT_EQ(t.decode_token(1), "<s>");
-  // Streaming 日本 (byte fallback, 3 bytes per character) emits whole characters only.
+  // Streaming 日本 (byte fallback, 3 bytes per character): a run of byte pieces
+  // comes out whole once a token of another kind ends it (a later invalid byte
+  // would turn the whole run into U+FFFDs), here at finish().
   const std::vector<int32_t> ids = t.encode("\xE6\x97\xA5\xE6\x9C\xAC", false);
   StreamDecoder s(t);
   std::vector<std::string> pieces;
   for (int32_t id : ids) pieces.push_back(s.step(id));
-  EXPECT_EQ(pieces, (std::vector<std::string>{"", "", "", "\xE6\x97\xA5", "", "", "\xE6\x9C\xAC"}));
-  EXPECT_EQ(s.finish(), "");
+  EXPECT_EQ(pieces, std::vector<std::string>(ids.size(), ""));
+  EXPECT_EQ(s.finish(), "\xE6\x97\xA5\xE6\x9C\xAC");
+  StreamDecoder s2(t);
+  std::string out;
+  for (int32_t id : t.encode("\xE6\x97\xA5\xE6\x9C\xAC ok", false)) out += s2.step(id);
+  EXPECT_EQ(out.rfind("\xE6\x97\xA5\xE6\x9C\xAC", 0), 0u) << out;  // the run, once "ok" follows
 }
 
 // ---- qwen3-26M-linux: byte-level BPE with Qwen2's regex --------------------------
@@ -264,6 +270,21 @@ TEST(TokenizerStream, WholeCharactersOnly) {
   for (int32_t id : ids) all += s.step(id);
   EXPECT_EQ(all, "");
   EXPECT_EQ(s.finish(), qwen3().decode(ids));
+}
+
+// Byte-fallback pieces decode as a run, and an invalid run becomes one U+FFFD
+// per byte: "I" (<0x49>) turns into U+FFFD once <0xD4> follows. The stream
+// holds a run back until a token of another kind ends it, so what it emits is
+// what decode() gives for the whole sequence. (Greedy ids of a random
+// synthesized model; they used to stop `nibble run` with an error.)
+TEST(TokenizerStream, ByteFallbackRunsAreEmittedWhenComplete) {
+  const std::vector<int32_t> ids = {294, 12, 430, 344, 334, 290, 76, 215, 209, 198, 262, 361, 415};
+  ASSERT_EQ(stories().id_to_token(76), "<0x49>");
+  StreamDecoder s(stories(), true);
+  std::string all;
+  for (int32_t id : ids) all += s.step(id);
+  all += s.finish();
+  EXPECT_EQ(all, stories().decode(ids, true));
 }
 
 // ---- Bad input ----------------------------------------------------------------------

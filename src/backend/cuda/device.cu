@@ -1,4 +1,6 @@
-// Device memory (DeviceBuffer) and the host-to-device copies every CUDA file uses.
+// Device memory (DeviceBuffer), the host-to-device copies every CUDA file uses,
+// and the read-bandwidth measurement (the roofline of memory-bound kernels).
+#include <algorithm>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -10,6 +12,51 @@ namespace nibble::cuda {
 bool device_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+namespace {
+
+// Reads p[0, n) once (16-byte streaming loads); the xor keeps the loads alive.
+__global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* out) {
+  unsigned acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[0] = acc;  // practically never taken
+}
+
+}  // namespace
+
+double read_bandwidth_gbs(size_t bytes, int passes) {
+  NIBBLE_CHECK(bytes >= 16 && passes > 0, "read_bandwidth_gbs: nothing to measure");
+  bytes = bytes / 16 * 16;
+  int dev = 0, sms = 0;
+  NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
+  NIBBLE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  DeviceBuffer buf(bytes), sink(64);
+  NIBBLE_CUDA_CHECK(cudaMemset(buf.get(), 0x5A, bytes));
+  cudaEvent_t a = nullptr, b = nullptr;
+  NIBBLE_CUDA_CHECK(cudaEventCreate(&a));
+  NIBBLE_CUDA_CHECK(cudaEventCreate(&b));
+  constexpr int kReads = 4;
+  std::vector<float> ms;
+  for (int i = -2; i < passes; ++i) {  // two warm-up passes
+    NIBBLE_CUDA_CHECK(cudaEventRecord(a));
+    for (int r = 0; r < kReads; ++r)  // back to back, so the launch latency is a small part of the time
+      read_kernel<<<sms * 8, 512>>>(static_cast<const uint4*>(buf.get()), static_cast<int64_t>(bytes / 16),
+                                    static_cast<unsigned*>(sink.get()));
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    NIBBLE_CUDA_CHECK(cudaEventRecord(b));
+    NIBBLE_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    NIBBLE_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (i >= 0) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return static_cast<double>(bytes) * kReads / (ms[ms.size() / 2] * 1e-3) / 1e9;
 }
 
 void DeviceBuffer::Free::operator()(void* p) const { cudaFree(p); }

@@ -6,17 +6,24 @@
 // second computation, does the same). Linear outputs (fp32 accumulation), the
 // residual stream, RMSNorm, q/k norms, RoPE, softmax and the KV cache are fp32.
 //
-// Kernels are plain and one per op (embedding, RMSNorm, q/k norm + RoPE + cache
-// write, attention, residual add, SiLU·up, bias). Attention is one block per
-// (query, head) over the cached keys, fine for the fixtures and for decode.
-// Prefill of long prompts wants a flash-style kernel; CUDA graphs for decode
-// are future work (docs/CUDA.md).
+// Per layer: residual add + RMSNorm, q|k|v (one linear: rows concatenated at
+// load), q/k norm + RoPE + cache write, attention, o, residual add + RMSNorm,
+// gate|up (one linear), SiLU·up, down; the kernels are in forward_kernels.cuh.
+// Attention is one block per (query, head) over the cached keys, fine for the
+// fixtures and for decode; prefill of long prompts wants a flash-style kernel.
+//
+// Decode (one token) is one CUDA graph: the step is captured once at load
+// time over a scratch set of its own, with the token id and the position read
+// from a small device buffer; each step copies those two ints in and replays
+// the graph (docs/CUDA.md, "Decode through a CUDA graph").
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/forward_kernels.cuh"
 #include "nibble/arch.h"
 #include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
@@ -26,16 +33,46 @@
 namespace nibble::cuda {
 namespace {
 
-using bf16 = __nv_bfloat16;
-
 int64_t pad8(int64_t v) { return (v + 7) / 8 * 8; }  // leading dimensions: the W4A16 kernels read 16-byte rows
+unsigned blocks_of(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 // A linear on the device: packed (a registered kernel) or dense bf16 (cuBLAS).
 struct GpuLinear {
   int64_t out = 0, in = 0;
   DeviceLinear packed;
   DeviceBuffer dense, bias;  // bias: f32 [out], empty when none
+  size_t bytes() const { return (packed.kernel ? packed.weight_bytes() : dense.bytes()) + bias.bytes(); }
 };
+
+const LinearKernel* kernel_of(const TensorMeta& meta) {
+  return meta.format ? find_linear_kernel(meta.format->spec->family, meta.format->group_size) : nullptr;
+}
+
+// Tensors of one dtype and the same trailing dims, stacked along dim 0.
+Tensor concat_rows(const std::vector<Tensor>& ts) {
+  Shape shape = ts[0].shape();
+  shape[0] = 0;
+  for (const Tensor& t : ts) shape[0] += t.shape()[0];
+  Tensor out = Tensor::empty(ts[0].dtype(), shape);
+  auto* dst = static_cast<uint8_t*>(out.raw_mut());
+  for (const Tensor& t : ts) {
+    const Tensor c = t.contiguous();
+    std::memcpy(dst, c.raw(), c.nbytes());
+    dst += c.nbytes();
+  }
+  return out;
+}
+
+bool same_layout(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].dtype() != b[i].dtype() || a[i].shape().size() != b[i].shape().size() || a[i].shape().empty())
+      return false;
+    for (size_t d = 1; d < a[i].shape().size(); ++d)
+      if (a[i].shape()[d] != b[i].shape()[d]) return false;
+  }
+  return true;
+}
 
 GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix) {
   const std::string wname = prefix + ".weight";
@@ -44,13 +81,77 @@ GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix) {
   GpuLinear l;
   l.out = meta.shape[0];
   l.in = meta.shape[1];
-  const LinearKernel* k = meta.format ? find_linear_kernel(meta.format->spec->family, meta.format->group_size) : nullptr;
-  if (k != nullptr)
+  if (const LinearKernel* k = kernel_of(meta))
     l.packed = k->upload(src.parts(wname), l.out, l.in, meta.format->group_size);
   else
     l.dense = upload_bf16(src.load(wname));  // any other format: dequantized once (the registry's fallback)
   if (src.contains(prefix + ".bias")) l.bias = upload(src.load(prefix + ".bias").to_f32());
   return l;
+}
+
+// Linears that read the same input (q, k, v; gate, up) as one linear whose rows
+// are theirs concatenated in order: one launch instead of several, and the
+// same values (each row keeps its own codes and group parameters, or its own
+// bf16 weights). When the linears are not all packed for the same kernel and
+// group size, or all dense, they stay separate (a mixed-format checkpoint).
+std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<std::string>& prefixes) {
+  std::vector<TensorMeta> metas;
+  for (const std::string& p : prefixes) {
+    metas.push_back(src.meta(p + ".weight"));
+    NIBBLE_CHECK(metas.back().shape.size() == 2, "{}.weight: expected a matrix, found shape {}", p,
+                 shape_str(metas.back().shape));
+  }
+  const LinearKernel* k0 = kernel_of(metas[0]);
+  bool fuse = prefixes.size() > 1;
+  for (const TensorMeta& m : metas)
+    fuse = fuse && m.shape[1] == metas[0].shape[1] && kernel_of(m) == k0 &&
+           (k0 == nullptr || m.format->group_size == metas[0].format->group_size);
+  std::vector<std::vector<Tensor>> parts;
+  if (fuse && k0 != nullptr)
+    for (size_t i = 0; i < prefixes.size() && fuse; ++i) {
+      parts.push_back(src.parts(prefixes[i] + ".weight"));
+      for (const Tensor& t : parts.back()) fuse = fuse && !t.shape().empty() && t.shape()[0] == metas[i].shape[0];
+      fuse = fuse && same_layout(parts[0], parts.back());
+    }
+  std::vector<GpuLinear> out;
+  if (!fuse) {
+    for (const std::string& p : prefixes) out.push_back(load_linear_gpu(src, p));
+    return out;
+  }
+  GpuLinear l;
+  l.in = metas[0].shape[1];
+  for (const TensorMeta& m : metas) l.out += m.shape[0];
+  if (k0 != nullptr) {
+    std::vector<Tensor> fused;
+    for (size_t j = 0; j < parts[0].size(); ++j) {
+      std::vector<Tensor> column;
+      for (const auto& p : parts) column.push_back(p[j]);
+      fused.push_back(concat_rows(column));
+    }
+    l.packed = k0->upload(fused, l.out, l.in, metas[0].format->group_size);
+  } else {
+    std::vector<Tensor> ws;
+    for (const std::string& p : prefixes) ws.push_back(src.load(p + ".weight").to_f32());
+    l.dense = upload_bf16(concat_rows(ws));
+  }
+  bool any_bias = false;
+  for (const std::string& p : prefixes) any_bias = any_bias || src.contains(p + ".bias");
+  if (any_bias) {
+    Tensor b = Tensor::zeros(DType::F32, {l.out});
+    int64_t row = 0;
+    for (size_t i = 0; i < prefixes.size(); ++i) {
+      if (src.contains(prefixes[i] + ".bias")) {
+        const Tensor bi = src.load(prefixes[i] + ".bias").to_f32().contiguous();
+        NIBBLE_CHECK(bi.numel() == metas[i].shape[0], "{}.bias: expected {} values, found {}", prefixes[i],
+                     metas[i].shape[0], bi.numel());
+        std::memcpy(b.data_mut<float>() + row, bi.data<float>(), bi.nbytes());
+      }
+      row += metas[i].shape[0];
+    }
+    l.bias = upload(b);
+  }
+  out.push_back(std::move(l));
+  return out;
 }
 
 GpuLinear dense_linear(const Tensor& w) {
@@ -61,189 +162,176 @@ GpuLinear dense_linear(const Tensor& w) {
   return l;
 }
 
-__global__ void bias_add_kernel(float* y, const float* bias, int64_t n, int64_t N) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n * N) y[i] += bias[i % N];
-}
-
-unsigned blocks_of(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
-
-// y[M, out] (f32, dense rows) = x[M, in] (bf16, leading dimension ldx) · Wᵀ + bias.
-void linear_forward(const GpuLinear& l, const bf16* x, int64_t M, int64_t ldx, float* y) {
-  if (l.packed.kernel != nullptr)
-    l.packed.kernel->gemm(l.packed, x, M, ldx, y, l.out, Act::BF16, true, nullptr, false);
-  else
-    gemm_bf16_cublas(l.dense.get(), l.out, l.in, x, M, ldx, y, l.out, nullptr, true);
-  if (l.bias.bytes() > 0) {
-    bias_add_kernel<<<blocks_of(M * l.out, 256), 256>>>(y, static_cast<const float*>(l.bias.get()), M, l.out);
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
+// y[M, Σ out] (f32, leading dimension ldy) = x[M, in] (bf16, leading dimension
+// ldx) · [W0; W1; ...]ᵀ + bias: each linear writes its own columns.
+void linears_forward(const GpuLinear* ls, size_t count, const bf16* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
+                     cudaStream_t s) {
+  for (size_t i = 0; i < count; ++i) {
+    const GpuLinear& l = ls[i];
+    // Programmatic dependent launch: the W4A16 kernel streams its weights in
+    // before it waits for the kernel that writes x (and only then writes y).
+    if (l.packed.kernel != nullptr)
+      l.packed.kernel->gemm(l.packed, x, M, ldx, y, ldy, Act::BF16, true, s, true);
+    else
+      gemm_bf16_cublas(l.dense.get(), l.out, l.in, x, M, ldx, y, ldy, s, true);
+    if (l.bias.bytes() > 0) {
+      bias_add_kernel<<<blocks_of(M * l.out, 256), 256, 0, s>>>(y, ldy, static_cast<const float*>(l.bias.get()), M,
+                                                                l.out);
+      NIBBLE_CUDA_CHECK(cudaGetLastError());
+    }
+    y += l.out;
   }
 }
-
-// ---- kernels -------------------------------------------------------------------
-
-__device__ float block_sum(float v, float* scratch) {  // blockDim.x a multiple of 32, at most 1024
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) s += scratch[w];
-  return s;
-}
-__device__ float block_max(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float m = -INFINITY;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) m = fmaxf(m, scratch[w]);
-  return m;
-}
-
-__global__ void embed_kernel(const int32_t* tokens, const float* embed, float* x, int64_t D) {
-  const int64_t i = blockIdx.x;
-  const float* row = embed + static_cast<int64_t>(tokens[i]) * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) x[i * D + d] = row[d];
-}
-
-// out[i] = bf16(x[i] / sqrt(mean(x[i]²) + eps) * w), one block per row.
-__global__ void rmsnorm_kernel(const float* x, int64_t D, const float* w, float eps, bf16* out, int64_t ldo) {
-  __shared__ float scratch[32];
-  const int64_t i = blockIdx.x;
-  const float* xr = x + i * D;
-  float ss = 0.0f;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) ss += xr[d] * xr[d];
-  ss = block_sum(ss, scratch);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[i * ldo + d] = __float2bfloat16_rn(xr[d] * inv * w[d]);
-}
-
-// One warp per (token, head): optional per-head RMSNorm (qwen3), RoPE
-// (rotate_half), then q to qf (f32) and k, v into the cache rows at p0 + i.
-__global__ void qkv_rope_kernel(const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v, int64_t ldv,
-                                const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int64_t H,
-                                int64_t KV, int64_t hd, int64_t p0, float* qf, float* kc, float* vc) {
-  extern __shared__ float buf[];  // [hd]
-  const int64_t i = blockIdx.x / (H + KV), hh = blockIdx.x % (H + KV);
-  const int lane = threadIdx.x;
-  const bool is_q = hh < H;
-  const int64_t kvh = hh - H;
-  const float* src = is_q ? q + i * ldq + hh * hd : k + i * ldk + kvh * hd;
-  const float* nw = is_q ? q_norm : k_norm;
-  for (int64_t d = lane; d < hd; d += 32) buf[d] = src[d];
-  __syncwarp();
-  if (nw != nullptr) {
-    float ss = 0.0f;
-    for (int64_t d = lane; d < hd; d += 32) ss += buf[d] * buf[d];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
-    __syncwarp();
-    for (int64_t d = lane; d < hd; d += 32) buf[d] = buf[d] * inv * nw[d];
-    __syncwarp();
-  }
-  const int64_t half = hd / 2, row = KV * hd;
-  float* dst = is_q ? qf + (i * H + hh) * hd : kc + (p0 + i) * row + kvh * hd;
-  const float pos = static_cast<float>(p0 + i);
-  for (int64_t d = lane; d < half; d += 32) {
-    const float angle = pos * inv_freq[d];
-    const float c = cosf(angle), s = sinf(angle), a = buf[d], b = buf[d + half];
-    dst[d] = a * c - b * s;
-    dst[d + half] = b * c + a * s;
-  }
-  if (!is_q)
-    for (int64_t d = lane; d < hd; d += 32) vc[(p0 + i) * row + kvh * hd + d] = v[i * ldv + kvh * hd + d];
-}
-
-// One block per (query i, head h): softmax(q·K / sqrt(hd)) · V over the cached
-// positions t0 .. p0+i (t0 > 0 under a sliding window).
-__global__ void attention_kernel(const float* qf, const float* kc, const float* vc, bf16* out, int64_t ldo, int64_t H,
-                                 int64_t KV, int64_t hd, int64_t p0, int64_t window, float scale) {
-  extern __shared__ float sm[];  // q [hd], then scores [T - t0]
-  __shared__ float scratch[32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, kvh = h / (H / KV), row = KV * hd;
-  const int64_t T = p0 + i + 1, t0 = (window > 0 && T > window) ? T - window : 0;
-  float* qs = sm;
-  float* sc = sm + hd;
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qf[(i * H + h) * hd + d];
-  __syncthreads();
-  float mx = -INFINITY;
-  for (int64_t t = t0 + threadIdx.x; t < T; t += blockDim.x) {
-    const float* kt = kc + t * row + kvh * hd;
-    float s = 0.0f;
-    for (int64_t d = 0; d < hd; ++d) s += qs[d] * kt[d];
-    sc[t - t0] = s * scale;
-    mx = fmaxf(mx, s * scale);
-  }
-  mx = block_max(mx, scratch);
-  float sum = 0.0f;
-  for (int64_t t = t0 + threadIdx.x; t < T; t += blockDim.x) sum += (sc[t - t0] = expf(sc[t - t0] - mx));
-  sum = block_sum(sum, scratch);  // its barriers also publish sc
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.0f;
-    for (int64_t t = t0; t < T; ++t) o += sc[t - t0] * vc[t * row + kvh * hd + d];
-    out[i * ldo + h * hd + d] = __float2bfloat16_rn(o / sum);
-  }
-}
-
-__global__ void add_residual_kernel(float* x, const float* y, int64_t n) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j < n) x[j] += y[j];
-}
-
-// h = bf16(SiLU(g) · u), the down projection's input.
-__global__ void silu_mul_kernel(const float* g, const float* u, bf16* h, int64_t ldh, int64_t n, int64_t F) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= n * F) return;
-  const float a = g[j];
-  h[(j / F) * ldh + j % F] = __float2bfloat16_rn(a / (1.0f + expf(-a)) * u[j]);
+void linears_forward(const std::vector<GpuLinear>& ls, const bf16* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
+                     cudaStream_t s) {
+  linears_forward(ls.data(), ls.size(), x, M, ldx, y, ldy, s);
 }
 
 struct GpuLayer {
   DeviceBuffer input_norm, post_norm, q_norm, k_norm;  // f32 (q/k norms: qwen3 only)
-  GpuLinear q, k, v, o, gate, up, down;
+  std::vector<GpuLinear> qkv, gate_up;                 // one fused linear each, or the separate ones
+  GpuLinear o, down;
   int64_t window = 0;
 };
 
-// Device scratch that grows to the largest n seen.
+// Device scratch for `rows` tokens. tokens holds the ids, then (decode) the
+// position of the first token.
 struct Scratch {
   int64_t rows = 0;
-  DeviceBuffer tokens, x, xn, q, k, v, qf, att, tmp, g, u, h, logits;
+  DeviceBuffer tokens, x, xn, qkv, qf, att, tmp, gu, h, logits;
 };
 
 }  // namespace
 
 struct GpuModel::Impl {
   ModelConfig c;
+  GpuOptions opts;
   int64_t max_tokens = 0, len = 0;
   int64_t ldD = 0, ldQ = 0, ldF = 0;  // bf16 linear inputs: rows padded to 16 bytes
   DeviceBuffer embed, final_norm, inv_freq;
   GpuLinear head;
   std::vector<GpuLayer> layers;
   std::vector<DeviceBuffer> kcache, vcache;  // per layer, f32 [max_tokens, KV*hd]
-  Scratch s;
+  Scratch s;    // prefill, grows to the largest n seen
+  Scratch dec;  // decode: one token, never reallocated (the graph holds its pointers)
+  cudaStream_t stream = nullptr;
+  int32_t* host_step = nullptr;  // pinned {token, position}, the decode step's input
+  cudaGraphExec_t decode_graph = nullptr;
 
-  void ensure_rows(int64_t n) {
-    if (n <= s.rows) return;
-    const int64_t H = c.num_heads, hd = c.head_dim;
-    s = Scratch{};
-    s.rows = n;
-    s.tokens = DeviceBuffer(n * 4);
-    s.x = DeviceBuffer(n * c.hidden_size * 4);
-    const int64_t KV = c.num_kv_heads, D = c.hidden_size, F = c.intermediate_size;
-    s.xn = DeviceBuffer(n * ldD * 2);
-    s.q = DeviceBuffer(n * H * hd * 4);
-    s.k = DeviceBuffer(n * KV * hd * 4);
-    s.v = DeviceBuffer(n * KV * hd * 4);
-    s.qf = DeviceBuffer(n * H * hd * 4);
-    s.att = DeviceBuffer(n * ldQ * 2);
-    s.tmp = DeviceBuffer(n * D * 4);
-    s.g = DeviceBuffer(n * F * 4);
-    s.u = DeviceBuffer(n * F * 4);
-    s.h = DeviceBuffer(n * ldF * 2);
-    s.logits = DeviceBuffer(n * c.vocab_size * 4);
+  ~Impl() {
+    if (decode_graph != nullptr) cudaGraphExecDestroy(decode_graph);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (host_step != nullptr) cudaFreeHost(host_step);
+  }
+
+  Scratch make_scratch(int64_t n) const {
+    const int64_t H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim, D = c.hidden_size, F = c.intermediate_size;
+    Scratch t;
+    t.rows = n;
+    t.tokens = DeviceBuffer((n + 1) * 4);
+    t.x = DeviceBuffer(n * D * 4);
+    t.xn = DeviceBuffer(n * ldD * 2);
+    t.qkv = DeviceBuffer(n * (H + 2 * KV) * hd * 4);
+    t.qf = DeviceBuffer(n * H * hd * 4);
+    t.att = DeviceBuffer(n * ldQ * 2);
+    t.tmp = DeviceBuffer(n * D * 4);
+    t.gu = DeviceBuffer(n * 2 * F * 4);
+    t.h = DeviceBuffer(n * ldF * 2);
+    t.logits = DeviceBuffer(n * c.vocab_size * 4);
+    return t;
+  }
+
+  // Enqueues the forward of n tokens (ids already in sc.tokens) at positions
+  // p0 .. p0+n-1 on the stream; p0_dev, when set, is read instead of p0 by
+  // every kernel (decode). Logits of all rows or the last go to sc.logits.
+  void enqueue(Scratch& sc, int64_t n, int64_t p0, const int32_t* p0_dev, bool all_logits, size_t att_smem) {
+    const int64_t D = c.hidden_size, H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim, F = c.intermediate_size;
+    const int64_t QKV = (H + 2 * KV) * hd;
+    auto* x = static_cast<float*>(sc.x.get());
+    auto* xn = static_cast<bf16*>(sc.xn.get());
+    auto* qkv = static_cast<float*>(sc.qkv.get());
+    auto* qf = static_cast<float*>(sc.qf.get());
+    auto* att = static_cast<bf16*>(sc.att.get());
+    auto* tmp = static_cast<float*>(sc.tmp.get());
+    auto* gu = static_cast<float*>(sc.gu.get());
+    auto* h = static_cast<bf16*>(sc.h.get());
+    const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    auto f32p = [](const DeviceBuffer& b) { return b.bytes() ? static_cast<const float*>(b.get()) : nullptr; };
+    const unsigned rows_n = static_cast<unsigned>(n);
+
+    embed_kernel<<<rows_n, 256, 0, stream>>>(static_cast<const int32_t*>(sc.tokens.get()),
+                                             static_cast<const float*>(embed.get()), x, D);
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const GpuLayer& L = layers[l];
+      // x += the previous layer's MLP output (none before layer 0), then the input norm.
+      add_rmsnorm_kernel<<<rows_n, 256, 0, stream>>>(x, l == 0 ? nullptr : tmp, D, f32p(L.input_norm), eps, xn, ldD);
+      linears_forward(L.qkv, xn, n, ldD, qkv, QKV, stream);
+      auto* kc = static_cast<float*>(kcache[l].get());
+      auto* vc = static_cast<float*>(vcache[l].get());
+      qkv_rope_kernel<<<static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream>>>(
+          qkv, qkv + H * hd, qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H, KV,
+          hd, p0, p0_dev, qf, kc, vc);
+      NIBBLE_CUDA_CHECK(cudaGetLastError());
+      attention_kernel<<<dim3(rows_n, static_cast<unsigned>(H)), kAttentionThreads, att_smem, stream>>>(
+          qf, kc, vc, att, ldQ, H, KV, hd, p0, p0_dev, L.window, scale);
+      NIBBLE_CUDA_CHECK(cudaGetLastError());
+      linears_forward(&L.o, 1, att, n, ldQ, tmp, D, stream);
+      add_rmsnorm_kernel<<<rows_n, 256, 0, stream>>>(x, tmp, D, f32p(L.post_norm), eps, xn, ldD);
+      linears_forward(L.gate_up, xn, n, ldD, gu, 2 * F, stream);
+      silu_mul_kernel<<<blocks_of(n * F, 256), 256, 0, stream>>>(gu, gu + F, 2 * F, h, ldF, n, F);
+      NIBBLE_CUDA_CHECK(cudaGetLastError());
+      linears_forward(&L.down, 1, h, n, ldF, tmp, D, stream);
+    }
+    // The last MLP output joins only the rows whose logits are wanted (the
+    // other rows of x are not read again).
+    const int64_t rows = all_logits ? n : 1, r0 = n - rows;
+    add_rmsnorm_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(x + r0 * D, tmp + r0 * D, D, f32p(final_norm),
+                                                                        eps, xn, ldD);
+    linears_forward(&head, 1, xn, rows, ldD, static_cast<float*>(sc.logits.get()), c.vocab_size, stream);
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // The decode step over `dec`: token and position from dec.tokens[0], [1].
+  void enqueue_decode() {
+    enqueue(dec, 1, 0, static_cast<const int32_t*>(dec.tokens.get()) + 1, false,
+            attention_smem(c.head_dim, max_tokens));
+  }
+
+  // Runs the decode step once outside a graph (module loading, the cuBLAS
+  // handle and workspace, kernel attributes: nothing of the kind may happen
+  // during capture), then captures it. The warm-up writes cache row 0, which
+  // is harmless: every row is written by its own step before any step reads it.
+  void capture_decode_graph() {
+    host_step[0] = 0;
+    host_step[1] = 0;
+    NIBBLE_CUDA_CHECK(cudaMemcpyAsync(dec.tokens.get(), host_step, 8, cudaMemcpyHostToDevice, stream));
+    enqueue_decode();
+    NIBBLE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph = nullptr;
+    NIBBLE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_decode();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);  // leave the stream usable
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      throw;
+    }
+    NIBBLE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    const cudaError_t err = cudaGraphInstantiate(&decode_graph, graph, 0);
+    cudaGraphDestroy(graph);
+    NIBBLE_CUDA_CHECK(err);
+  }
+
+  size_t decode_weight_bytes() const {
+    size_t b = final_norm.bytes() + head.bytes() + static_cast<size_t>(c.hidden_size) * 4;  // + one embedding row
+    for (const GpuLayer& L : layers) {
+      b += L.input_norm.bytes() + L.post_norm.bytes() + L.q_norm.bytes() + L.k_norm.bytes() + L.o.bytes() +
+           L.down.bytes();
+      for (const GpuLinear& l : L.qkv) b += l.bytes();
+      for (const GpuLinear& l : L.gate_up) b += l.bytes();
+    }
+    return b;
   }
 };
 
@@ -252,8 +340,10 @@ GpuModel::~GpuModel() = default;
 const ModelConfig& GpuModel::config() const { return impl_->c; }
 int64_t GpuModel::size() const { return impl_->len; }
 void GpuModel::reset() { impl_->len = 0; }
+bool GpuModel::decode_graph() const { return impl_->decode_graph != nullptr; }
+size_t GpuModel::decode_weight_bytes() const { return impl_->decode_weight_bytes(); }
 
-std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens) {
+std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens, const GpuOptions& opts) {
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible");
   NIBBLE_CHECK(max_tokens > 0, "GpuModel: the KV cache needs at least one position");
   src.validate_against_config();
@@ -264,8 +354,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   std::unique_ptr<GpuModel> model(new GpuModel());
   Impl& m = *model->impl_;
   m.c = src.config();
+  m.opts = opts;
   const ModelConfig& c = m.c;
   NIBBLE_CHECK(c.head_dim % 2 == 0 && c.num_heads % c.num_kv_heads == 0, "GpuModel: unsupported head layout");
+  NIBBLE_CHECK(max_tokens < (int64_t{1} << 31), "GpuModel: {} positions do not fit the decode step's int32 position",
+               max_tokens);
   m.max_tokens = max_tokens;
   m.ldD = pad8(c.hidden_size);
   m.ldQ = pad8(c.num_heads * c.head_dim);
@@ -285,13 +378,16 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
       L.q_norm = upload(src.load(p + "self_attn.q_norm.weight").to_f32());
       L.k_norm = upload(src.load(p + "self_attn.k_norm.weight").to_f32());
     }
-    L.q = load_linear_gpu(src, p + "self_attn.q_proj");
-    L.k = load_linear_gpu(src, p + "self_attn.k_proj");
-    L.v = load_linear_gpu(src, p + "self_attn.v_proj");
-    L.o = load_linear_gpu(src, p + "self_attn.o_proj");
-    L.gate = load_linear_gpu(src, p + "mlp.gate_proj");
-    L.up = load_linear_gpu(src, p + "mlp.up_proj");
-    L.down = load_linear_gpu(src, p + "mlp.down_proj");
+    const std::string a = p + "self_attn.", f = p + "mlp.";
+    if (opts.fuse_linears) {
+      L.qkv = load_linears(src, {a + "q_proj", a + "k_proj", a + "v_proj"});
+      L.gate_up = load_linears(src, {f + "gate_proj", f + "up_proj"});
+    } else {
+      for (const char* n : {"q_proj", "k_proj", "v_proj"}) L.qkv.push_back(load_linear_gpu(src, a + n));
+      for (const char* n : {"gate_proj", "up_proj"}) L.gate_up.push_back(load_linear_gpu(src, f + n));
+    }
+    L.o = load_linear_gpu(src, a + "o_proj");
+    L.down = load_linear_gpu(src, f + "down_proj");
     m.layers.push_back(std::move(L));
     const size_t cache_bytes = static_cast<size_t>(max_tokens * c.num_kv_heads * c.head_dim) * 4;
     m.kcache.emplace_back(cache_bytes);
@@ -299,79 +395,58 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   }
   const std::vector<float> inv = rope_inv_freq(c);
   m.inv_freq = upload(inv.data(), inv.size() * 4);
-  // Attention keeps q and the scores of one query in shared memory.
-  const size_t att_smem = static_cast<size_t>(c.head_dim + max_tokens) * 4;
+  // Attention keeps q, its partial outputs and the scores of one query in shared memory.
+  const size_t att_smem = attention_smem(c.head_dim, max_tokens);
   NIBBLE_CHECK(att_smem <= 200u << 10, "GpuModel: a KV cache of {} positions is more than the attention kernel's "
                "shared memory holds", max_tokens);
-  NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(att_smem)));
-  NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());
+  // The attribute is per kernel, not per model: never lower it below what a
+  // model loaded earlier (still alive, maybe) needs.
+  static size_t att_smem_allowed = 0;
+  if (att_smem > att_smem_allowed) {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(att_smem)));
+    att_smem_allowed = att_smem;
+  }
+  NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
+  NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
+  m.dec = m.make_scratch(1);
+  if (opts.decode_graph) m.capture_decode_graph();
   return model;
 }
 
 Tensor GpuModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
   Impl& m = *impl_;
   const ModelConfig& c = m.c;
-  const int64_t n = static_cast<int64_t>(tokens.size()), p0 = m.len;
-  const int64_t D = c.hidden_size, H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim, F = c.intermediate_size,
-                V = c.vocab_size;
+  const int64_t n = static_cast<int64_t>(tokens.size()), p0 = m.len, V = c.vocab_size;
   NIBBLE_CHECK(n > 0, "forward: no tokens");
   NIBBLE_CHECK(p0 + n <= m.max_tokens, "forward: {} + {} tokens exceed the cache of {} positions", p0, n,
                m.max_tokens);
   for (int32_t t : tokens)
     NIBBLE_CHECK(t >= 0 && t < V, "forward: token id {} is outside the vocabulary (size {})", t, V);
-  m.ensure_rows(n);
-  Scratch& s = m.s;
-  NIBBLE_CUDA_CHECK(cudaMemcpy(s.tokens.get(), tokens.data(), n * 4, cudaMemcpyHostToDevice));
-  auto* x = static_cast<float*>(s.x.get());
-  auto* xn = static_cast<bf16*>(s.xn.get());
-  auto* q = static_cast<float*>(s.q.get());
-  auto* k = static_cast<float*>(s.k.get());
-  auto* v = static_cast<float*>(s.v.get());
-  auto* att = static_cast<bf16*>(s.att.get());
-  auto* tmp = static_cast<float*>(s.tmp.get());
-  auto* g = static_cast<float*>(s.g.get());
-  auto* u = static_cast<float*>(s.u.get());
-  auto* h = static_cast<bf16*>(s.h.get());
-  const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  auto f32p = [](const DeviceBuffer& b) { return b.bytes() ? static_cast<const float*>(b.get()) : nullptr; };
-
-  embed_kernel<<<static_cast<unsigned>(n), 256>>>(static_cast<const int32_t*>(s.tokens.get()),
-                                                 static_cast<const float*>(m.embed.get()), x, D);
-  NIBBLE_CUDA_CHECK(cudaGetLastError());
-  for (size_t l = 0; l < m.layers.size(); ++l) {
-    const GpuLayer& L = m.layers[l];
-    rmsnorm_kernel<<<static_cast<unsigned>(n), 256>>>(x, D, f32p(L.input_norm), eps, xn, m.ldD);
-    linear_forward(L.q, xn, n, m.ldD, q);
-    linear_forward(L.k, xn, n, m.ldD, k);
-    linear_forward(L.v, xn, n, m.ldD, v);
-    auto* kc = static_cast<float*>(m.kcache[l].get());
-    auto* vc = static_cast<float*>(m.vcache[l].get());
-    qkv_rope_kernel<<<static_cast<unsigned>(n * (H + KV)), 32, hd * 4>>>(
-        q, H * hd, k, KV * hd, v, KV * hd, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(m.inv_freq), H, KV, hd, p0,
-        static_cast<float*>(s.qf.get()), kc, vc);
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
-    attention_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(H)), 128,
-                       static_cast<size_t>(hd + p0 + n) * 4>>>(static_cast<const float*>(s.qf.get()), kc, vc, att,
-                                                               m.ldQ, H, KV, hd, p0, L.window, scale);
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
-    linear_forward(L.o, att, n, m.ldQ, tmp);
-    add_residual_kernel<<<blocks_of(n * D, 256), 256>>>(x, tmp, n * D);
-    rmsnorm_kernel<<<static_cast<unsigned>(n), 256>>>(x, D, f32p(L.post_norm), eps, xn, m.ldD);
-    linear_forward(L.gate, xn, n, m.ldD, g);
-    linear_forward(L.up, xn, n, m.ldD, u);
-    silu_mul_kernel<<<blocks_of(n * F, 256), 256>>>(g, u, h, m.ldF, n, F);
-    linear_forward(L.down, h, n, m.ldF, tmp);
-    add_residual_kernel<<<blocks_of(n * D, 256), 256>>>(x, tmp, n * D);
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
+  Scratch* sc = &m.dec;
+  if (n == 1) {
+    // Decode: the same kernels whether replayed from the graph or launched
+    // here, all reading the token and the position from dec.tokens.
+    m.host_step[0] = tokens[0];
+    m.host_step[1] = static_cast<int32_t>(p0);
+    NIBBLE_CUDA_CHECK(cudaMemcpyAsync(m.dec.tokens.get(), m.host_step, 8, cudaMemcpyHostToDevice, m.stream));
+    if (m.decode_graph != nullptr)
+      NIBBLE_CUDA_CHECK(cudaGraphLaunch(m.decode_graph, m.stream));
+    else
+      m.enqueue_decode();
+  } else {
+    if (n > m.s.rows) m.s = m.make_scratch(n);
+    sc = &m.s;
+    NIBBLE_CUDA_CHECK(cudaMemcpyAsync(sc->tokens.get(), tokens.data(), n * 4, cudaMemcpyHostToDevice, m.stream));
+    m.enqueue(*sc, n, p0, nullptr, all_logits, attention_smem(c.head_dim, p0 + n));
   }
   m.len += n;
   const int64_t rows = all_logits ? n : 1;
-  rmsnorm_kernel<<<static_cast<unsigned>(rows), 256>>>(x + (n - rows) * D, D, f32p(m.final_norm), eps, xn, m.ldD);
-  linear_forward(m.head, xn, rows, m.ldD, static_cast<float*>(s.logits.get()));
-  NIBBLE_CUDA_CHECK(cudaGetLastError());
-  Tensor logits = Tensor::zeros(DType::F32, {rows, V});
-  NIBBLE_CUDA_CHECK(cudaMemcpy(logits.raw_mut(), s.logits.get(), logits.nbytes(), cudaMemcpyDeviceToHost));
+  Tensor logits = Tensor::empty(DType::F32, {rows, V});
+  NIBBLE_CUDA_CHECK(cudaMemcpyAsync(logits.raw_mut(), sc->logits.get(), logits.nbytes(), cudaMemcpyDeviceToHost,
+                                    m.stream));
+  NIBBLE_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return logits;
 }
 

@@ -675,13 +675,28 @@ DeviceBuffer dequantize_to_bf16_device(const std::vector<Tensor>& parts, int64_t
 
 void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
                       int64_t ldy, void* stream, bool f32_out) {
-  static cublasHandle_t handle = [] {
-    cublasHandle_t h = nullptr;
-    NIBBLE_CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasCreate failed");
-    return h;
+  // One handle and one workspace for the process (never freed). The workspace
+  // is ours, not cuBLAS's pool: a call captured into a CUDA graph (the GPU
+  // forward's decode step) then gets the same workspace, and so the same
+  // algorithm, as the same call launched directly. 32 MiB is what the cuBLAS
+  // documentation recommends for Hopper.
+  constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  struct Cublas {
+    cublasHandle_t handle = nullptr;
+    void* workspace = nullptr;
+  };
+  static const Cublas lib = [] {
+    Cublas c;
+    NIBBLE_CHECK(cublasCreate(&c.handle) == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasCreate failed");
+    NIBBLE_CUDA_CHECK(cudaMalloc(&c.workspace, kWorkspaceBytes));
+    return c;
   }();
+  cublasHandle_t handle = lib.handle;
+  // cublasSetStream resets the workspace to the library's pool: set ours after it.
   NIBBLE_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(stream)) == CUBLAS_STATUS_SUCCESS,
                "cuBLAS: cublasSetStream failed");
+  NIBBLE_CHECK(cublasSetWorkspace(handle, lib.workspace, kWorkspaceBytes) == CUBLAS_STATUS_SUCCESS,
+               "cuBLAS: cublasSetWorkspace failed");
   const float alpha = 1.0f, beta = 0.0f;
   // Column-major view: Yᵀ[rows, M] = W[rows, cols] (row-major = colmajor Wᵀ) · Xᵀ[cols, M].
   const cublasStatus_t st = cublasGemmEx(

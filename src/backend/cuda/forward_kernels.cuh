@@ -1,0 +1,183 @@
+// The element-wise, norm and attention kernels of the GPU forward
+// (src/backend/cuda/forward.cu; included there only).
+//
+// Kernels that depend on the position take it twice: `p0` from the host, and
+// `p0_dev`, a device int that overrides it when set. Prefill passes the host
+// value; decode always reads the device int, so that the one decode step can
+// be captured once as a CUDA graph and replayed at every position with only
+// that int (and the token id) copied in before each replay.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace nibble::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ inline int64_t position_of(int64_t p0, const int32_t* p0_dev) { return p0_dev ? *p0_dev : p0; }
+
+__device__ float block_sum(float v, float* scratch) {  // blockDim.x a multiple of 32, at most 1024
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) s += scratch[w];
+  return s;
+}
+__device__ float block_max(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float m = -INFINITY;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) m = fmaxf(m, scratch[w]);
+  return m;
+}
+
+__global__ void embed_kernel(const int32_t* tokens, const float* embed, float* x, int64_t D) {
+  const int64_t i = blockIdx.x;
+  const float* row = embed + static_cast<int64_t>(tokens[i]) * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) x[i * D + d] = row[d];
+}
+
+// One block per row: first x[i] += y[i] when y is set (the residual add of the
+// previous sublayer, fused here to save a launch; each thread re-reads only
+// the elements it wrote), then out[i] = bf16(x[i] / sqrt(mean(x[i]²) + eps) * w).
+__global__ void add_rmsnorm_kernel(float* x, const float* y, int64_t D, const float* w, float eps, bf16* out,
+                                   int64_t ldo) {
+  __shared__ float scratch[32];
+  const int64_t i = blockIdx.x;
+  float* xr = x + i * D;
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = xr[d];
+    if (y != nullptr) xr[d] = v = v + y[i * D + d];
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[i * ldo + d] = __float2bfloat16_rn(xr[d] * inv * w[d]);
+}
+
+// y[i, j] += bias[j] for a [n, N] block with leading dimension ldy.
+__global__ void bias_add_kernel(float* y, int64_t ldy, const float* bias, int64_t n, int64_t N) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j < n * N) y[(j / N) * ldy + j % N] += bias[j % N];
+}
+
+// One warp per (token, head): optional per-head RMSNorm (qwen3), RoPE
+// (rotate_half), then q to qf (f32) and k, v into the cache rows at p0 + i.
+__global__ void qkv_rope_kernel(const float* q, const float* k, const float* v, int64_t ld, const float* q_norm,
+                                const float* k_norm, float eps, const float* inv_freq, int64_t H, int64_t KV,
+                                int64_t hd, int64_t p0_host, const int32_t* p0_dev, float* qf, float* kc, float* vc) {
+  extern __shared__ float buf[];  // [hd]
+  const int64_t p0 = position_of(p0_host, p0_dev);
+  const int64_t i = blockIdx.x / (H + KV), hh = blockIdx.x % (H + KV);
+  const int lane = threadIdx.x;
+  const bool is_q = hh < H;
+  const int64_t kvh = hh - H;
+  const float* src = is_q ? q + i * ld + hh * hd : k + i * ld + kvh * hd;
+  const float* nw = is_q ? q_norm : k_norm;
+  for (int64_t d = lane; d < hd; d += 32) buf[d] = src[d];
+  __syncwarp();
+  if (nw != nullptr) {
+    float ss = 0.0f;
+    for (int64_t d = lane; d < hd; d += 32) ss += buf[d] * buf[d];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
+    __syncwarp();
+    for (int64_t d = lane; d < hd; d += 32) buf[d] = buf[d] * inv * nw[d];
+    __syncwarp();
+  }
+  const int64_t half = hd / 2, row = KV * hd;
+  float* dst = is_q ? qf + (i * H + hh) * hd : kc + (p0 + i) * row + kvh * hd;
+  const float pos = static_cast<float>(p0 + i);
+  for (int64_t d = lane; d < half; d += 32) {
+    const float angle = pos * inv_freq[d];
+    const float c = cosf(angle), s = sinf(angle), a = buf[d], b = buf[d + half];
+    dst[d] = a * c - b * s;
+    dst[d + half] = b * c + a * s;
+  }
+  if (!is_q)
+    for (int64_t d = lane; d < hd; d += 32) vc[(p0 + i) * row + kvh * hd + d] = v[i * ld + kvh * hd + d];
+}
+
+constexpr int kAttentionThreads = 512;
+
+// Dynamic shared memory of attention_kernel for `positions` keys at most.
+inline size_t attention_smem(int64_t hd, int64_t positions) {
+  return static_cast<size_t>(hd + (hd > kAttentionThreads ? hd : kAttentionThreads) + positions) * 4;
+}
+
+// One block (kAttentionThreads) per (query i, head h): softmax(q·K / sqrt(hd))
+// · V over the cached positions t0 .. p0+i (t0 > 0 under a sliding window).
+// The length comes from the position at run time: the grid does not depend on
+// it, so a captured decode step serves every position (the shared memory is
+// sized for the whole cache then).
+// - Scores: one warp per key, lanes across hd (coalesced), shuffle sum.
+// - Output: G = blockDim / hd groups of hd threads each sum every G-th key;
+//   the G partial sums are then added in group order.
+__global__ void __launch_bounds__(kAttentionThreads)
+    attention_kernel(const float* qf, const float* kc, const float* vc, bf16* out, int64_t ldo, int64_t H, int64_t KV,
+                     int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale) {
+  extern __shared__ float sm[];  // q [hd], partial outputs [max(hd, blockDim)], scores [T - t0]
+  __shared__ float scratch[32];
+  const int64_t p0 = position_of(p0_host, p0_dev);
+  const int64_t i = blockIdx.x, h = blockIdx.y, kvh = h / (H / KV), row = KV * hd;
+  const int64_t T = p0 + i + 1, t0 = (window > 0 && T > window) ? T - window : 0;
+  const int64_t nthreads = blockDim.x;
+  float* qs = sm;
+  float* part = sm + hd;
+  float* sc = part + (hd > nthreads ? hd : nthreads);
+  for (int64_t d = threadIdx.x; d < hd; d += nthreads) qs[d] = qf[(i * H + h) * hd + d];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = static_cast<int>(nthreads >> 5);
+  float mx = -INFINITY;
+  for (int64_t t = t0 + warp; t < T; t += warps) {
+    const float* kt = kc + t * row + kvh * hd;
+    float s = 0.0f;
+    for (int64_t d = lane; d < hd; d += 32) s += qs[d] * kt[d];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s *= scale;
+    if (lane == 0) sc[t - t0] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = block_max(mx, scratch);  // its barriers also publish sc
+  float sum = 0.0f;
+  for (int64_t t = t0 + threadIdx.x; t < T; t += nthreads) sum += (sc[t - t0] = expf(sc[t - t0] - mx));
+  sum = block_sum(sum, scratch);  // its barriers also publish sc
+  const int64_t G = hd < nthreads ? nthreads / hd : 1;
+  for (int64_t j = threadIdx.x; j < G * hd; j += nthreads) {
+    const int64_t g = j / hd, d = j % hd;
+    float o = 0.0f;
+    for (int64_t t = t0 + g; t < T; t += G) o += sc[t - t0] * vc[t * row + kvh * hd + d];
+    part[j] = o;
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < hd; d += nthreads) {
+    float o = 0.0f;
+    for (int64_t g = 0; g < G; ++g) o += part[g * hd + d];
+    out[i * ldo + h * hd + d] = __float2bfloat16_rn(o / sum);
+  }
+}
+
+// h = bf16(SiLU(g) · u), the down projection's input; g and u rows have
+// leading dimension ld (they are the two halves of one gate|up output).
+__global__ void silu_mul_kernel(const float* g, const float* u, int64_t ld, bf16* h, int64_t ldh, int64_t n,
+                                int64_t F) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= n * F) return;
+  const int64_t r = j / F, c = j % F;
+  const float a = g[r * ld + c];
+  h[r * ldh + c] = __float2bfloat16_rn(a / (1.0f + expf(-a)) * u[r * ld + c]);
+}
+
+}  // namespace
+}  // namespace nibble::cuda

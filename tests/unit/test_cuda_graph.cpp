@@ -1,0 +1,144 @@
+// The GPU forward's decode step replayed from a CUDA graph against the same
+// step launched kernel by kernel, and fused q|k|v, gate|up linears against
+// separate ones. Compiled whenever the build has CUDA; skipped without a GPU.
+#include <gtest/gtest.h>
+
+#ifdef NIBBLE_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "nibble/convert.h"
+#include "nibble/cuda.h"
+#include "nibble/cuda_model.h"
+#include "nibble/source.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+struct RowDiff {
+  double worst = 0;  // max over rows of max|Δ| / max|logit|
+  int exact = 0, rows = 0;
+};
+
+void accumulate(const Tensor& a, const Tensor& b, RowDiff& d, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  const int64_t V = a.shape()[1];
+  for (int64_t r = 0; r < a.shape()[0]; ++r) {
+    const float* x = a.data<float>() + r * V;
+    const float* y = b.data<float>() + r * V;
+    double scale = 0, diff = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      ASSERT_TRUE(std::isfinite(x[j]) && std::isfinite(y[j])) << what << " row " << r;
+      scale = std::max(scale, std::fabs(static_cast<double>(x[j])));
+      diff = std::max(diff, std::fabs(static_cast<double>(x[j]) - y[j]));
+    }
+    d.worst = std::max(d.worst, diff / scale);
+    d.exact += diff == 0;
+    ++d.rows;
+  }
+}
+
+int32_t argmax(const Tensor& logits) {
+  const float* p = logits.data<float>();
+  return static_cast<int32_t>(std::max_element(p, p + logits.numel()) - p);
+}
+
+// Prefill `prompt`, then `steps` greedy decode steps (the reference's argmax
+// fed to both), then reset and a sequence whose first token already goes
+// through the decode step (position 0). Returns the row differences.
+RowDiff compare_decode(const ModelSource& src, const cuda::GpuOptions& ref_opts, const cuda::GpuOptions& cand_opts,
+                       const std::vector<int32_t>& prompt, int steps) {
+  const int64_t total = static_cast<int64_t>(prompt.size()) + steps;
+  auto ref = cuda::GpuModel::load(src, total, ref_opts);
+  auto cand = cuda::GpuModel::load(src, total, cand_opts);
+  EXPECT_EQ(ref->decode_graph(), ref_opts.decode_graph);
+  EXPECT_EQ(cand->decode_graph(), cand_opts.decode_graph);
+  if (ref_opts.fuse_linears == cand_opts.fuse_linears) {  // fusing can change the row tiles' padding
+    EXPECT_EQ(ref->decode_weight_bytes(), cand->decode_weight_bytes());
+  }
+  RowDiff d;
+  Tensor lr = ref->forward(prompt, false), lc = cand->forward(prompt, false);
+  for (int step = 0; step < steps; ++step) {
+    accumulate(lr, lc, d, "decode step " + std::to_string(step));
+    const int32_t next = argmax(lr);
+    if (step + 1 < steps) {
+      lr = ref->forward({next}, false);
+      lc = cand->forward({next}, false);
+    }
+  }
+  EXPECT_EQ(ref->size(), total - 1);  // the last step's token is not run
+  ref->reset();
+  cand->reset();
+  std::vector<int32_t> ids = {prompt[0]};
+  for (int step = 0; step < 5; ++step) {
+    lr = ref->forward({ids.back()}, true);
+    lc = cand->forward({ids.back()}, true);
+    accumulate(lr, lc, d, "after reset, step " + std::to_string(step));
+    ids.push_back(argmax(lr));
+  }
+  return d;
+}
+
+std::vector<int32_t> some_ids(int n, int32_t vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % (vocab - 3) + 3);
+  ids[0] = 1;
+  return ids;
+}
+
+// Graph replay against kernel-by-kernel launches: the same kernels in the same
+// order on the same data, so the logits should be bit-identical; 1e-6 of the
+// row's largest |logit| leaves room only for a library (cuBLAS) that picks a
+// different algorithm under capture. Fused against separate linears: the
+// W4A16 kernel splits K over a number of warps that depends on the row count,
+// and cuBLAS may pick another algorithm, so fp32 sums are ordered differently;
+// 1 % of the largest |logit| is far above that and far below a wrong row order.
+void check_decode_graph(const std::filesystem::path& dir, int32_t vocab) {
+  auto src = CheckpointDir::open(dir);
+  cuda::GpuOptions eager, graph, unfused;
+  eager.decode_graph = false;
+  unfused.decode_graph = false;
+  unfused.fuse_linears = false;
+  const auto g = compare_decode(*src, eager, graph, some_ids(8, vocab), 40);
+  EXPECT_LE(g.worst, 1e-6) << dir;
+  const auto f = compare_decode(*src, unfused, eager, some_ids(8, vocab), 40);
+  EXPECT_LE(f.worst, 1e-2) << dir;
+  std::printf("[decode graph] %s: graph vs eager worst %.3g (%d/%d rows bit-identical); fused vs separate worst %.3g\n",
+              dir.filename().c_str(), g.worst, g.exact, g.rows, f.worst);
+}
+
+TEST(Cuda, DecodeGraphMatchesEagerOnStories) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = test::model_dir("stories260K");
+  check_decode_graph(dir, 512);  // f32: every linear through cuBLAS (also inside the graph)
+  test::TempDir tmp("nibble-gpu-graph");
+  QuantizeOptions q;
+  q.group_size = 64;
+  quantize_model(dir, tmp.path() / "rtn", q);
+  check_decode_graph(tmp.path() / "rtn", 512);  // int4 g64: W4A16 with PDL in the graph; tied head on cuBLAS
+}
+
+TEST(Cuda, DecodeGraphMatchesEagerOnQwen3) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = test::model_dir("qwen3-26M-linux");
+  check_decode_graph(dir, 2000);  // bf16, q/k norms
+  test::TempDir tmp("nibble-gpu-graph");
+  QuantizeOptions q;
+  quantize_model(dir, tmp.path() / "rtn", q);
+  check_decode_graph(tmp.path() / "rtn", 2000);  // int4 g128
+}
+
+// The read-bandwidth measurement behind nibble run's roofline line.
+TEST(Cuda, ReadBandwidthIsPlausible) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const double gbs = cuda::read_bandwidth_gbs(size_t{256} << 20, 3);
+  EXPECT_GT(gbs, 50.0);
+  EXPECT_LT(gbs, 20000.0);
+  std::printf("[read bandwidth] %.0f GB/s (256 MiB)\n", gbs);
+}
+
+}  // namespace
+}  // namespace nibble
+#endif
