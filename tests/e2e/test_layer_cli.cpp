@@ -228,6 +228,58 @@ TEST(Layer, Int4GptqBeatsRtnOnOutputError) {
                 rep[tag]["output_rel_err_heldout"].get<double>());
 }
 
+// AWQ's scales and the Hadamard rotation on one matrix: inputs with a few
+// large channels, weights with a few large columns (where rounding a whole
+// group to the largest weight's step hurts). --out holds the effective weight
+// for the original inputs, so the reported error must be recomputable from it.
+TEST(Layer, TransformsMapBackAndNeverLoseToRtnOnTheirObjective) {
+  TempDir tmp;
+  constexpr int64_t kRows = 32, kCols = 256, kTokens = 384;
+  std::mt19937 rng(99);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> w(kRows * kCols), x(kTokens * kCols);
+  for (int64_t i = 0; i < kRows * kCols; ++i) w[i] = 0.05f * n01(rng) * (i % kCols % 37 == 0 ? 10.0f : 1.0f);
+  for (int64_t i = 0; i < kTokens * kCols; ++i) x[i] = n01(rng) * (i % kCols % 29 == 0 ? 8.0f : 1.0f);
+  save(tmp / "W.npy", w, {kRows, kCols});
+  save(tmp / "X.npy", x, {kTokens, kCols});
+  const std::string in = "--weight '" + (tmp / "W.npy").string() + "' --inputs '" + (tmp / "X.npy").string() + "' ";
+  std::map<std::string, nlohmann::json> rep;
+  for (const char* m : {"rtn", "awq", "awq+gptq", "rotate", "rotate+gptq", "gptq"}) {
+    SCOPED_TRACE(m);
+    const auto r = layer(tmp, in + "--method " + m, m);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    rep[m] = read_json(tmp / (std::string("R") + m + ".json"));
+    // ‖X(Q − W)ᵀ‖ / ‖X Wᵀ‖ from the written weights, in double.
+    const Tensor q = io::read_npy(tmp / (std::string("Q") + m + ".npy"));
+    double num = 0, den = 0;
+    for (int64_t t = 0; t < kTokens; ++t)
+      for (int64_t o = 0; o < kRows; ++o) {
+        double y = 0, d = 0;
+        for (int64_t j = 0; j < kCols; ++j) {
+          y += static_cast<double>(x[t * kCols + j]) * w[o * kCols + j];
+          d += static_cast<double>(x[t * kCols + j]) * (q.data<float>()[o * kCols + j] - w[o * kCols + j]);
+        }
+        num += d * d;
+        den += y * y;
+      }
+    EXPECT_NEAR(std::sqrt(num / den), rep[m]["output_rel_err_calib"].get<double>(), 1e-6);
+  }
+  EXPECT_EQ(rep["awq"]["method"], "awq+rtn");
+  EXPECT_GT(rep["awq"]["transform"]["alpha"].get<double>(), 0.0);
+  // α = 0 is plain rounding, and AWQ's objective is this very output error.
+  EXPECT_LE(rep["awq"]["output_rel_err_calib"].get<double>(), rep["rtn"]["output_rel_err_calib"].get<double>());
+  // The rotation spreads the large columns over every group.
+  EXPECT_LT(rep["rotate"]["output_rel_err_calib"].get<double>(), rep["rtn"]["output_rel_err_calib"].get<double>());
+  EXPECT_LT(rep["rotate+gptq"]["output_rel_err_calib"].get<double>(),
+            rep["rotate"]["output_rel_err_calib"].get<double>());
+  for (const char* m : {"rtn", "awq", "awq+gptq", "rotate", "rotate+gptq", "gptq"})
+    std::printf("[ measured ] %-12s output rel. error %.5f\n", m, rep[m]["output_rel_err_calib"].get<double>());
+  // SmoothQuant needs quantized activations to mean anything: refused.
+  const auto r = layer(tmp, in + "--method smoothquant", "sq");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("nibble eval"), std::string::npos) << r.err;
+}
+
 // --- Bad input -------------------------------------------------------------------
 
 void expect_clean_failure(const TempDir& tmp, const test::CommandResult& r, const std::vector<std::string>& needles) {

@@ -19,7 +19,9 @@
 #include "commands.h"
 #include "nibble/error.h"
 #include "nibble/gptq.h"
+#include "nibble/hadamard.h"
 #include "nibble/npy.h"
+#include "nibble/transform.h"
 #include "nibble/util.h"
 
 namespace nibble::cli {
@@ -33,6 +35,7 @@ struct LayerOptions {
   bool mse = false, act_order = false;
   double damp = 0.01;
   int group = 128;
+  uint64_t rotate_seed = 0;
 };
 
 // A 2-D float32 matrix from a .npy file (any numeric dtype, converted), every
@@ -115,8 +118,13 @@ std::string fmt_db(double v) {
 
 void run_layer(const LayerOptions& o, const GlobalOptions& global) {
   const auto t_start = Clock::now();
-  const bool is_gptq = o.method == "gptq";
-  NIBBLE_CHECK(is_gptq || !o.act_order, "--act-order applies to --method gptq only");
+  const quant::MethodChoice method = quant::parse_method(o.method);
+  NIBBLE_CHECK(!method.transform || method.transform->name != std::string_view("smoothquant"),
+               "--method {}: SmoothQuant moves error into the activations, which one matrix with exact inputs does not "
+               "measure; use nibble quantize --method smoothquant and nibble eval",
+               o.method);
+  const bool is_gptq = method.quantizer->name == std::string_view("gptq");
+  NIBBLE_CHECK(is_gptq || !o.act_order, "--act-order applies to GPTQ (--method gptq or TRANSFORM+gptq) only");
   // Fail before the work, not after it, when an output cannot be placed.
   for (const auto& [flag, path] : {std::pair{"--out", &o.out}, std::pair{"--report", &o.report}}) {
     const std::filesystem::path dir = std::filesystem::path(*path).parent_path();
@@ -143,28 +151,57 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
   const double t_read = seconds_since(t_start);
 
   auto t = Clock::now();
+  // A transform first (AWQ's scales, a Hadamard rotation): the quantizer sees
+  // the transformed matrix and inputs; the result is mapped back, so --out and
+  // the errors are about the effective weight of the original inputs.
+  Tensor wq = w.to_f32(), xq = x.to_f32();  // [out, in], [tokens, in]
+  std::vector<double> awq_scales;
+  std::optional<quant::HadamardRotation> rotation;
+  nlohmann::ordered_json transform_report;
+  if (method.transform && method.transform->name == std::string_view("awq")) {
+    quant::MatrixStats st(cols);
+    st.add(x.data<float>(), x.size(0));
+    st.finalize();
+    const quant::AwqSearch a = quant::awq_search({&wq}, st, *grid);
+    awq_scales = a.scales;
+    transform_report = {{"name", "awq"}, {"alpha", a.alpha}, {"error", a.error}, {"error_unscaled", a.error_unscaled}};
+    quant::scale_columns(wq, awq_scales);
+    std::vector<double> inv(awq_scales.size());
+    for (size_t j = 0; j < inv.size(); ++j) inv[j] = 1.0 / awq_scales[j];
+    quant::scale_columns(xq, inv);
+  } else if (method.transform && method.transform->name == std::string_view("rotate")) {
+    rotation.emplace(cols, o.rotate_seed);  // an unsupported width is an error naming it
+    rotation->apply(wq.data_mut<float>(), rows);
+    rotation->apply(xq.data_mut<float>(), xq.size(0));
+    transform_report = {{"name", "rotate"}, {"seed", o.rotate_seed}, {"hadamard_factor", rotation->factor()}};
+  }
   quant::GptqResult r;
   double t_stats = 0;
   if (is_gptq) {
     quant::MatrixStats stats(cols);  // H = XᵀX [in, in], fp64
-    stats.add(x.data<float>(), x.size(0));
+    stats.add(xq.data<float>(), xq.size(0));
     stats.finalize();
     t_stats = seconds_since(t);
     t = Clock::now();
     quant::GptqOptions go;
     go.damp = o.damp;
     go.act_order = o.act_order;
-    r = quant::gptq(w.data<float>(), rows, cols, stats, *grid, go);
+    r = quant::gptq(wq.data<float>(), rows, cols, stats, *grid, go);
   } else {
     // RTN needs no Hessian. Its dead-column count is GPTQ's (inputs with
     // H_ii = Σ x² = 0, i.e. never nonzero in calibration), for comparison;
     // RTN leaves those weights as they are.
-    r = quant::rtn(w.data<float>(), rows, cols, *grid);
+    r = quant::rtn(wq.data<float>(), rows, cols, *grid);
     std::vector<bool> live(static_cast<size_t>(cols), false);
-    const float* xv = x.data<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) live[i % cols] = live[i % cols] || xv[i] != 0.0f;
+    const float* xv = xq.data<float>();
+    for (int64_t i = 0; i < xq.numel(); ++i) live[i % cols] = live[i % cols] || xv[i] != 0.0f;
     r.dead_columns = std::count(live.begin(), live.end(), false);
   }
+  if (!awq_scales.empty())
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        r.dequant[i * cols + j] = static_cast<float>(r.dequant[i * cols + j] / awq_scales[j]);
+  if (rotation) rotation->apply_transpose(r.dequant.data(), rows);
   NIBBLE_CHECK(r.dequant.size() == static_cast<size_t>(rows * cols), "{}: result has {} values for a {} matrix",
                o.method, r.dequant.size(), shape_str(w.shape()));
   const double t_quant = seconds_since(t);
@@ -190,7 +227,8 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
   ojson j;
   j["nibble_version"] = NIBBLE_VERSION;
   j["command_line"] = global.command_line;
-  j["method"] = o.method;
+  j["method"] = method.name;
+  if (!transform_report.is_null()) j["transform"] = transform_report;
   j["grid"] = o.grid;
   j["grid_format"] = grid->format() ? ojson(grid->format()->canonical_name(grid->group_size())) : ojson(nullptr);
   j["group_size"] = grid->group_size();
@@ -250,7 +288,13 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
       ->required();
   cmd->add_option("--inputs", o->inputs, "Calibration inputs X [tokens, in], .npy (the Hessian is XᵀX)")->required();
   cmd->add_option("--heldout", o->heldout, "Held-out inputs [tokens, in], .npy: output error measured on them too");
-  cmd->add_option("--method", o->method, "rtn or gptq")->required()->check(CLI::IsMember({"rtn", "gptq"}));
+  cmd->add_option("--method", o->method,
+                  "rtn or gptq, optionally after a transform: awq, awq+gptq, rotate, rotate+gptq (AWQ's scales or a "
+                  "Hadamard rotation of the inputs; --out holds the effective weights for the original inputs)")
+      ->required()
+      ->check(CLI::IsMember(quant::method_names()));
+  cmd->add_option("--rotate-seed", o->rotate_seed, "rotate: seed of the Hadamard rotation's random signs")
+      ->capture_default_str();
   cmd->add_option("--grid,--format", o->grid,
                   "A format from the registry (a family name such as int4_asym with --group, or a canonical name "
                   "such as int4_g64_asym, fp8_e4m3_channel, nvfp4; list below), or uniform:step=S (symmetric, no "
@@ -277,7 +321,8 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
       "--grid int4_g128_asym --out Q.npy --report R.json\n"
       "\nFormats:\n" + format_list_text());
   cmd->callback([&global, o, damp] {
-    NIBBLE_CHECK(o->method == "gptq" || damp->count() == 0, "--damp applies to --method gptq only");
+    NIBBLE_CHECK(quant::parse_method(o->method).quantizer->name == std::string_view("gptq") || damp->count() == 0,
+                 "--damp applies to GPTQ (--method gptq or TRANSFORM+gptq) only");
     run_layer(*o, global);
   });
 }
