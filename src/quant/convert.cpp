@@ -94,10 +94,13 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   }
 
   // Which tensors to quantize: the linears of the decoder layers, and the head
-  // when it is a tensor of its own. A tied head stays tied (and unquantized).
+  // when it is a tensor of its own. A tied head stays tied (and unquantized);
+  // one that a model transform untied (rotation) stays unquantized too, so the
+  // transform is compared with plain rounding on the same tensors.
   std::map<std::string, std::string> role;  // name -> note for kept tensors / "" for quantize
+  const bool source_tied = src->config().tie_word_embeddings;
   for (const ExpectedTensor& t : expected_tensors(cfg)) {
-    if (t.role == TensorRole::Linear || t.role == TensorRole::Head) role[t.name] = "";
+    if (t.role == TensorRole::Linear || (t.role == TensorRole::Head && !source_tied)) role[t.name] = "";
   }
   QuantizeResult res;
   res.format = format.canonical_name();
@@ -129,7 +132,9 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     tr.params = static_cast<uint64_t>(shape_numel(m.shape));
     auto it = role.find(name);
     if (it == role.end()) {
-      tr.note = name == "lm_head.weight" && cfg.tie_word_embeddings ? "tied head" : "not a linear";
+      tr.note = name == "lm_head.weight" && source_tied
+                    ? (cfg.tie_word_embeddings ? "tied head" : "head tied in the source (untied by the transform)")
+                    : "not a linear";
     } else if (!opt.keep_regex.empty() && std::regex_search(name, keep)) {
       tr.note = "--keep";
     } else {
