@@ -265,7 +265,7 @@ struct GpuModel::Impl {
     for (size_t l = 0; l < layers.size(); ++l) {
       const GpuLayer& L = layers[l];
       // x += the previous layer's MLP output (none before layer 0), then the input norm.
-      add_rmsnorm_kernel<<<rows_n, 256, 0, stream>>>(x, l == 0 ? nullptr : tmp, D, f32p(L.input_norm), eps, xn, ldD);
+      add_rmsnorm_kernel<<<rows_n, kNormThreads, 0, stream>>>(x, l == 0 ? nullptr : tmp, D, f32p(L.input_norm), eps, xn, ldD);
       linears_forward(L.qkv, xn, n, ldD, qkv, QKV, stream);
       auto* kc = static_cast<float*>(kcache[l].get());
       auto* vc = static_cast<float*>(vcache[l].get());
@@ -277,7 +277,7 @@ struct GpuModel::Impl {
           qf, kc, vc, att, ldQ, H, KV, hd, p0, p0_dev, L.window, scale);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
       linears_forward(&L.o, 1, att, n, ldQ, tmp, D, stream);
-      add_rmsnorm_kernel<<<rows_n, 256, 0, stream>>>(x, tmp, D, f32p(L.post_norm), eps, xn, ldD);
+      add_rmsnorm_kernel<<<rows_n, kNormThreads, 0, stream>>>(x, tmp, D, f32p(L.post_norm), eps, xn, ldD);
       linears_forward(L.gate_up, xn, n, ldD, gu, 2 * F, stream);
       silu_mul_kernel<<<blocks_of(n * F, 256), 256, 0, stream>>>(gu, gu + F, 2 * F, h, ldF, n, F);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
@@ -286,7 +286,7 @@ struct GpuModel::Impl {
     // The last MLP output joins only the rows whose logits are wanted (the
     // other rows of x are not read again).
     const int64_t rows = all_logits ? n : 1, r0 = n - rows;
-    add_rmsnorm_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(x + r0 * D, tmp + r0 * D, D, f32p(final_norm),
+    add_rmsnorm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(x + r0 * D, tmp + r0 * D, D, f32p(final_norm),
                                                                         eps, xn, ldD);
     linears_forward(&head, 1, xn, rows, ldD, static_cast<float*>(sc.logits.get()), c.vocab_size, stream);
     NIBBLE_CUDA_CHECK(cudaGetLastError());

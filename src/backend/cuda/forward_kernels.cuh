@@ -50,8 +50,14 @@ __global__ void embed_kernel(const int32_t* tokens, const float* embed, float* x
 // One block per row: first x[i] += y[i] when y is set (the residual add of the
 // previous sublayer, fused here to save a launch; each thread re-reads only
 // the elements it wrote), then out[i] = bf16(x[i] / sqrt(mean(x[i]²) + eps) * w).
-__global__ void add_rmsnorm_kernel(float* x, const float* y, int64_t D, const float* w, float eps, bf16* out,
-                                   int64_t ldo) {
+// One block of 1024 threads per row: a decode step has one row, and its
+// norm should not be one SM walking 4096 floats 256 at a time.
+constexpr int kNormThreads = 1024;
+// __restrict__ lets the loads of later elements start before the store of
+// x[d] (without it each iteration waited for the previous one's memory
+// round trip: 14.7 µs per call at D = 4096 with 256 threads, measured).
+__global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D,
+                                   const float* __restrict__ w, float eps, bf16* __restrict__ out, int64_t ldo) {
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x;
   float* xr = x + i * D;
