@@ -14,26 +14,9 @@
 # GPTQ_FORMATS (space-separated formats also run with GPTQ, default none).
 set -euo pipefail
 which=${1:?usage: formats_table.sh stories|qwen3}
-here=$(cd "$(dirname "$0")/.." && pwd)
-shared=${NIBBLE_SHARED:-$here/../shared}
-nibble=${NIBBLE:-$here/build/bin/nibble}
-work=${WORK:-$(mktemp -d /tmp/nibble-formats-table.XXXXXX)}
-mkdir -p "$work"
-corp=$shared/data/corpora
-case $which in
-  stories)
-    model=$shared/models/stories260K
-    head -c 96207 "$corp/tinystories-valid-sample.txt" > "$work/calib.txt"   # SOURCES.md split
-    tail -c +96208 "$corp/tinystories-valid-sample.txt" > "$work/eval.txt"
-    calib="--calib $work/calib.txt --calib-samples 128 --calib-len 512"
-    corpus="tinystories=$work/eval.txt"; ctx=256; chunks=40 ;;
-  qwen3)
-    model=$shared/models/qwen3-26M-linux
-    cp "$corp/linux-calib.txt" "$work/calib.txt"
-    calib="--calib $work/calib.txt --calib-samples 64 --calib-len 512"
-    corpus="linux=$corp/linux-eval.txt"; ctx=512; chunks=40 ;;
-  *) echo "unknown fixture $which" >&2; exit 2 ;;
-esac
+tag=formats-table
+# shellcheck source=scripts/fixture_setup.sh
+source "$(dirname "$0")/fixture_setup.sh"
 # Every canonical name, from the registry itself (`nibble inspect --formats`).
 formats=${FORMATS:-$("$nibble" inspect --formats | awk 'NR > 1 {print $1}')}
 cands=()

@@ -12,28 +12,9 @@
 # Environment: NIBBLE (the binary), NIBBLE_SHARED, WORK (scratch dir).
 set -euo pipefail
 which=${1:?usage: methods_table.sh stories|qwen3}
-here=$(cd "$(dirname "$0")/.." && pwd)
-shared=${NIBBLE_SHARED:-$here/../shared}
-nibble=${NIBBLE:-$here/build/bin/nibble}
-work=${WORK:-$(mktemp -d /tmp/nibble-methods-table.XXXXXX)}
-mkdir -p "$work"
-corp=$shared/data/corpora
-case $which in
-  stories)
-    model=$shared/models/stories260K
-    head -c 96207 "$corp/tinystories-valid-sample.txt" > "$work/calib.txt"   # SOURCES.md split
-    tail -c +96208 "$corp/tinystories-valid-sample.txt" > "$work/eval.txt"
-    calib="--calib $work/calib.txt --calib-samples 128 --calib-len 512"
-    int4=int4_g64_asym
-    corpus="tinystories=$work/eval.txt"; ctx=256; chunks=40 ;;
-  qwen3)
-    model=$shared/models/qwen3-26M-linux
-    cp "$corp/linux-calib.txt" "$work/calib.txt"
-    calib="--calib $work/calib.txt --calib-samples 64 --calib-len 512"
-    int4=int4_g128_asym
-    corpus="linux=$corp/linux-eval.txt"; ctx=512; chunks=40 ;;
-  *) echo "unknown fixture $which" >&2; exit 2 ;;
-esac
+tag=methods-table
+# shellcheck source=scripts/fixture_setup.sh
+source "$(dirname "$0")/fixture_setup.sh"
 cands=()
 q() {  # q NAME METHOD FORMAT [extra quantize args...]
   local name=$1 method=$2 format=$3
