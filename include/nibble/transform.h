@@ -89,6 +89,10 @@ void scale_norm_gain(Tensor& gain, const std::vector<double>& factor);
 void scale_columns(Tensor& w, const std::vector<double>& factor);
 // diag(factor) · w: row i scaled by factor[i] (and the bias, when given).
 void scale_rows(Tensor& w, Tensor* bias, const std::vector<double>& factor);
+// The same on a layer's dense linear: its inputs scaled (columns), or its
+// outputs (rows and bias).
+void scale_linear_columns(LinearWeight& lw, const std::vector<double>& factor);
+void scale_linear_rows(LinearWeight& lw, const std::vector<double>& factor);
 
 // AWQ's objective for one scaling s of the inputs shared by `weights`
 // (each [rows, dim] F32): Σ over the matrices of ‖X (Ŵ − W)ᵀ‖² = tr(Δ H Δᵀ),

@@ -73,10 +73,9 @@ AwqSearch awq_search(const std::vector<const Tensor*>& weights, const MatrixStat
   const std::vector<float> H = hessian_f32(stats);
   std::vector<double> a(static_cast<size_t>(dim));
   for (int64_t j = 0; j < dim; ++j) a[j] = stats.abs_sum[j] / static_cast<double>(stats.tokens);
-  AwqSearch best;
-  best.error = INFINITY;
-  for (int k = 0; k < kGrid; ++k) {
-    const double alpha = fixed_alpha >= 0 ? fixed_alpha : static_cast<double>(k) / kGrid;
+  // s = a^α, centred (geometric mean of the extremes = 1) so the scaled
+  // weights stay in the range the format was fitted for.
+  auto scales_for = [&](double alpha) {
     std::vector<double> s(static_cast<size_t>(dim));
     double mx = 0, mn = INFINITY;
     for (int64_t j = 0; j < dim; ++j) {
@@ -84,37 +83,34 @@ AwqSearch awq_search(const std::vector<const Tensor*>& weights, const MatrixStat
       mx = std::max(mx, s[j]);
       mn = std::min(mn, s[j]);
     }
-    // Centre the scales (geometric mean of the extremes = 1) so the scaled
-    // weights stay in the range the format was fitted for.
     const double norm = std::sqrt(mx * mn);
     for (double& v : s) v /= norm;
+    return s;
+  };
+  AwqSearch best;
+  if (fixed_alpha >= 0) {
+    best.alpha = fixed_alpha;
+    best.scales = scales_for(fixed_alpha);
+    best.error = scaled_error(weights, H, dim, best.scales, grid);
+    best.error_unscaled = scaled_error(weights, H, dim, std::vector<double>(static_cast<size_t>(dim), 1.0), grid);
+    return best;
+  }
+  best.error = INFINITY;
+  for (int k = 0; k < kGrid; ++k) {
+    const double alpha = static_cast<double>(k) / kGrid;
+    std::vector<double> s = scales_for(alpha);  // α = 0: every scale is 1
     const double err = scaled_error(weights, H, dim, s, grid);
     if (k == 0) best.error_unscaled = err;
-    if (err < best.error || fixed_alpha >= 0) {  // strict: a tie keeps the smaller α
+    if (err < best.error) {  // strict: a tie keeps the smaller α
       best.error = err;
       best.alpha = alpha;
-      best.scales = s;
-    }
-    if (fixed_alpha >= 0) {
-      const std::vector<double> ones(static_cast<size_t>(dim), 1.0);
-      best.error_unscaled = scaled_error(weights, H, dim, ones, grid);
-      break;
+      best.scales = std::move(s);
     }
   }
   return best;
 }
 
 namespace {
-
-// The weight (dense f32) of a layer's linear, replaced through a function.
-template <typename F>
-void edit(LinearWeight& lw, F&& f) {
-  Tensor w = lw.dense_weight();
-  Tensor b = lw.bias;
-  f(w, b);
-  lw = LinearWeight::dense(w);
-  lw.bias = b;
-}
 
 std::vector<double> inverse(const std::vector<double>& s) {
   std::vector<double> r(s.size());
@@ -163,12 +159,12 @@ class AwqTransform final : public LayerTransform {
         continue;
       }
       const std::vector<double> inv = inverse(r.scales);
-      for (const auto& [name, m] : g.linears) edit(L.*m, [&](Tensor& w, Tensor&) { scale_columns(w, r.scales); });
+      for (const auto& [name, m] : g.linears) scale_linear_columns(L.*m, r.scales);
       switch (g.input) {  // where the inputs' 1/s is folded
         case LinearInput::QKV: scale_norm_gain(L.input_norm, inv); break;
         case LinearInput::GateUp: scale_norm_gain(L.post_norm, inv); break;
-        case LinearInput::O: edit(L.v, [&](Tensor& w, Tensor& b) { scale_rows(w, &b, inv); }); break;
-        case LinearInput::Down: edit(L.up, [&](Tensor& w, Tensor& b) { scale_rows(w, &b, inv); }); break;
+        case LinearInput::O: scale_linear_rows(L.v, inv); break;
+        case LinearInput::Down: scale_linear_rows(L.up, inv); break;
       }
       st->second.scale_inputs(inv);
     }

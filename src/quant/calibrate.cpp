@@ -35,7 +35,15 @@ QuantizeInfo info_from(const ojson& j) {
           j.at("rel_error").get<double>(), j.at("max_abs_error").get<double>()};
 }
 
-// ‖b − a‖_F / ‖a‖_F and max |b − a| (a, b F32 of one shape).
+
+// Test hook: stop the process (as a kill would) after this layer's state is saved.
+int64_t abort_after_layer() {
+  const char* e = std::getenv("NIBBLE_TEST_ABORT_AFTER_LAYER");
+  return e ? std::atoll(e) : -1;
+}
+
+}  // namespace
+
 std::pair<double, double> weight_error(const Tensor& a, const Tensor& b) {
   double err2 = 0, ref2 = 0, max_abs = 0;
   for (int64_t k = 0; k < a.numel(); ++k) {
@@ -46,14 +54,6 @@ std::pair<double, double> weight_error(const Tensor& a, const Tensor& b) {
   }
   return {ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2), max_abs};
 }
-
-// Test hook: stop the process (as a kill would) after this layer's state is saved.
-int64_t abort_after_layer() {
-  const char* e = std::getenv("NIBBLE_TEST_ABORT_AFTER_LAYER");
-  return e ? std::atoll(e) : -1;
-}
-
-}  // namespace
 
 CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSource& src,
                                  const std::set<std::string>& selected, const Quantizer& quantizer,

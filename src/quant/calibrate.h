@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,10 @@
 #include "nibble/transform.h"
 
 namespace nibble::quant {
+
+// How far a stored weight b is from the matrix a it was made from (F32, one
+// shape): ‖b − a‖_F / ‖a‖_F (‖b‖_F when a is zero) and max |b − a|.
+std::pair<double, double> weight_error(const Tensor& a, const Tensor& b);
 
 class CalibratedParts {
  public:

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -212,16 +213,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       } else {
         parts = format.spec->pack(quantizer->quantize(w, nullptr));
         // Error of what was actually stored: dequantize from the packed parts.
-        const Tensor back = dequantize_parts(format, parts, rows, cols);
-        double err2 = 0, ref2 = 0, max_abs = 0;
-        for (int64_t k = 0; k < w.numel(); ++k) {
-          const double d = static_cast<double>(back.data<float>()[k]) - w.data<float>()[k];
-          err2 += d * d;
-          ref2 += static_cast<double>(w.data<float>()[k]) * w.data<float>()[k];
-          max_abs = std::max(max_abs, std::abs(d));
-        }
-        tr.rel_error = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
-        tr.max_abs_error = max_abs;
+        std::tie(tr.rel_error, tr.max_abs_error) = quant::weight_error(w, dequantize_parts(format, parts, rows, cols));
       }
       for (size_t p = 0; p < parts.size(); ++p) writer.write(plan[i].stored[p].name, parts[p]);
       tr.bits_per_weight = bits_per_weight(format, rows, cols);

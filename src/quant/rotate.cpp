@@ -52,14 +52,11 @@ Tensor rotate_columns(const Tensor& w, const HadamardRotation& q) {
   return out;
 }
 
+// w · diag(gain): an RMSNorm gain moved into the linear that reads it.
 Tensor scale_cols(const Tensor& w, const Tensor& gain) {
-  Tensor t = w.to_f32();
   const Tensor g = gain.to_f32();
-  const int64_t rows = t.size(0), cols = t.size(1);
-  NIBBLE_CHECK(g.numel() == cols, "rotate: a norm gain of {} for a matrix {}", g.numel(), shape_str(t.shape()));
-  float* p = t.data_mut<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) p[r * cols + c] *= g.data<float>()[c];
+  Tensor t = w;
+  scale_columns(t, std::vector<double>(g.data<float>(), g.data<float>() + g.numel()));
   return t;
 }
 

@@ -38,15 +38,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-template <typename F>
-void edit(LinearWeight& lw, F&& f) {
-  Tensor w = lw.dense_weight();
-  Tensor b = lw.bias;
-  f(w);
-  lw = LinearWeight::dense(w);
-  lw.bias = b;
-}
-
 class SmoothQuantTransform final : public LayerTransform {
  public:
   explicit SmoothQuantTransform(const TransformConfig& c) : config_(c) {}
@@ -79,7 +70,7 @@ class SmoothQuantTransform final : public LayerTransform {
         smax = std::max(smax, s[j]);
         smin = std::min(smin, s[j]);
       }
-      for (auto m : g.linears) edit(L.*m, [&](Tensor& w) { scale_columns(w, s); });
+      for (auto m : g.linears) scale_linear_columns(L.*m, s);
       scale_norm_gain(L.*g.norm, inv);
       st->second.scale_inputs(inv);
       report[g.name] = {{"alpha", config_.alpha}, {"scale_min", smin}, {"scale_max", smax}};

@@ -89,4 +89,21 @@ void scale_rows(Tensor& w, Tensor* bias, const std::vector<double>& f) {
   }
 }
 
+// LinearWeight holds its dense weight by value: take it, rescale, put it back.
+void scale_linear_columns(LinearWeight& lw, const std::vector<double>& f) {
+  Tensor w = lw.dense_weight();
+  const Tensor b = lw.bias;
+  scale_columns(w, f);
+  lw = LinearWeight::dense(w);
+  lw.bias = b;
+}
+
+void scale_linear_rows(LinearWeight& lw, const std::vector<double>& f) {
+  Tensor w = lw.dense_weight();
+  Tensor b = lw.bias;
+  scale_rows(w, &b, f);
+  lw = LinearWeight::dense(w);
+  lw.bias = b;
+}
+
 }  // namespace nibble::quant

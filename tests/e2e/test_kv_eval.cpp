@@ -18,6 +18,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Eval options for a test: `chunks` windows of `ctx`, no progress bar, no bootstrap.
+eval::KlOptions quiet_options(const Tokenizer& tok, int64_t ctx, int64_t chunks) {
+  eval::KlOptions o;
+  o.ctx = ctx;
+  o.chunks = chunks;
+  o.bos = leading_bos(tok);
+  o.progress = false;
+  o.bootstrap = 0;
+  return o;
+}
+
 // qwen3-26M-linux against itself: every setting costs something, int8 less
 // than int4, and none of it much. ctx 384: the scored positions 192..382 all
 // read the first one to seven 32-position blocks quantized (boundary(193) = 32).
@@ -27,12 +38,7 @@ TEST(KvEval, Qwen3AgainstItselfOrdersTheSettings) {
   const Tokenizer tok = Tokenizer::from_file(m / "tokenizer.json");
   const std::string text = test::read_file(test::shared_dir() / "data/corpora/linux-eval.txt").substr(0, 40000);
   const eval::Corpus corpus{"linux", tok.encode(text, true), "x"};
-  eval::KlOptions o;
-  o.ctx = 384;
-  o.chunks = 2;
-  o.bos = leading_bos(tok);
-  o.progress = false;
-  o.bootstrap = 0;
+  const eval::KlOptions o = quiet_options(tok, 384, 2);
   std::vector<std::string> notes;
   const eval::Reference ref = eval::build_reference(*src, {corpus}, o, "", notes);
   auto kl = [&](const char* kv, const char* act) {
@@ -88,12 +94,7 @@ TEST(KvEval, CheckpointActivationsComeFromNibbleJson) {
   const Tokenizer tok = Tokenizer::from_file(src / "tokenizer.json");
   const std::string text = test::read_file(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt").substr(96207, 20000);
   const eval::Corpus corpus{"ts", tok.encode(text, true), "x"};
-  eval::KlOptions o;
-  o.ctx = 64;
-  o.chunks = 3;
-  o.bos = leading_bos(tok);
-  o.progress = false;
-  o.bootstrap = 0;
+  const eval::KlOptions o = quiet_options(tok, 64, 3);
   std::vector<std::string> notes;
   const eval::Reference ref = eval::build_reference(*plain, {corpus}, o, "", notes);
   EXPECT_GT(eval::score_candidate(*w8a8, ref, {corpus}, o)[0].kl.mean, 0.0);
