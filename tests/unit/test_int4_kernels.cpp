@@ -132,8 +132,13 @@ std::vector<float> random_x(int64_t M, int64_t K) {
 // padding shows up far above it for small K, and the integer test below checks
 // single elements at every K. abs = 1e-30 only absorbs underflow noise (no value
 // here is near the subnormals).
+// The AVX2 GEMV (M = 1) computes with x rounded to 24-bit fixed point per
+// group, |Δx_i| ≤ max_{j in i's group} |x_j| · 2^-23 (int4_isa.h, QActivations), which
+// moves the code term by at most A = Σ_i |code_i·s|·max_group|x|·2^-23; the min term
+// uses the exact Σx. Its tolerance is the one above plus A (plus γ·A for the rounding
+// of that term itself).
 // Per output: the tolerance above, abs + 2·γ·T with T from the decoded parts.
-std::vector<double> tolerances(const Packed& w, int64_t M, const std::vector<float>& x) {
+std::vector<double> tolerances(const Packed& w, int64_t M, const std::vector<float>& x, bool act24 = false) {
   std::vector<double> cs(static_cast<size_t>(w.N * w.K)), mn(cs.size());  // |code·s|, |m| per weight
   for (int64_t n = 0; n < w.N; ++n)
     for (int64_t i = 0; i < w.K; ++i) {
@@ -145,11 +150,21 @@ std::vector<double> tolerances(const Packed& w, int64_t M, const std::vector<flo
   std::vector<double> tol(static_cast<size_t>(M * w.N));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < w.N; ++n) {
-      double t = 0;
+      double t = 0, act = 0;
       for (int64_t i = 0; i < w.K; ++i)
         t += std::abs(static_cast<double>(x[static_cast<size_t>(m * w.K + i)])) *
              (cs[static_cast<size_t>(n * w.K + i)] + mn[static_cast<size_t>(n * w.K + i)]);
-      tol[static_cast<size_t>(m * w.N + n)] = 1e-30 + rel * t;
+      if (act24)
+        for (int64_t g = 0; g < w.groups(); ++g) {
+          const int64_t i0 = g * w.G, i1 = std::min<int64_t>(w.K, i0 + w.G);
+          double amax = 0, c = 0;
+          for (int64_t i = i0; i < i1; ++i) {
+            amax = std::max(amax, std::abs(static_cast<double>(x[static_cast<size_t>(m * w.K + i)])));
+            c += cs[static_cast<size_t>(n * w.K + i)];
+          }
+          act += c * amax * 0x1p-23;
+        }
+      tol[static_cast<size_t>(m * w.N + n)] = 1e-30 + rel * t + (1.0 + rel) * act;
     }
   return tol;
 }
@@ -157,9 +172,10 @@ std::vector<double> tolerances(const Packed& w, int64_t M, const std::vector<flo
 // Every supported ISA against the reference on one problem.
 void expect_close(const Packed& w, int64_t M, const std::vector<float>& x) {
   const auto ref = run_ref(x, M, w);
-  const auto tol = tolerances(w, M, x);
+  const auto tol32 = tolerances(w, M, x), tol24 = tolerances(w, M, x, /*act24=*/true);
   for (Isa isa : isas_to_test()) {
     const auto got = run(isa, x, M, w);
+    const auto& tol = isa == Isa::Avx2 && M == 1 ? tol24 : tol32;
     for (size_t i = 0; i < ref.size(); ++i)
       ASSERT_LE(std::abs(static_cast<double>(got[i]) - ref[i]), tol[i])
           << cpu::isa_name(isa) << " M=" << M << " N=" << w.N << " K=" << w.K << " G=" << w.G << " at m="
@@ -215,6 +231,39 @@ TEST(Int4Kernel, BitExactOnIntegerValuedData) {
             ASSERT_EQ(got[i], ref[i]) << cpu::isa_name(isa) << " M=" << M << " K=" << K << " G=" << G << " i=" << i;
         }
       }
+    }
+  }
+}
+
+// The AVX2 GEMV's fixed-point step d_g = 2^e follows each group's largest |x|:
+// groups of tiny (down to subnormal) and huge values, and a group whose values span
+// 2^40, must stay within the derived bound; an all-zero group contributes only m·0.
+TEST(Int4Kernel, GemvHandlesExtremeActivationScales) {
+  for (int G : {32, 128}) {
+    const int64_t K = 4 * 128 + 40;
+    const Packed w = random_packed(11, K, G);
+    std::vector<float> x = random_x(1, K);
+    for (int64_t i = 0; i < K; ++i) {
+      const int64_t g = i / G;
+      if (g % 4 == 0) x[i] *= 1e-39f;               // subnormal
+      if (g % 4 == 1) x[i] *= 1e30f;                // huge
+      if (g % 4 == 2) x[i] = (i % 7 == 0) ? 0.0f : x[i] * std::ldexp(1.0f, static_cast<int>(i % 41) - 20);
+    }
+    for (int64_t i = 3 * G; i < std::min<int64_t>(K, 4 * G); ++i) x[i] = 0.0f;  // an all-zero group
+    expect_close(w, 1, x);
+  }
+}
+
+TEST(Int4Kernel, GemvRejectsNonFiniteActivations) {
+  const Packed w = random_packed(3, 300, 64);
+  for (float bad : {std::nanf(""), INFINITY}) {
+    std::vector<float> x = random_x(1, 300);
+    x[150] = bad;
+    std::vector<float> y(3);
+    if (cpu::isa_supported(Isa::Avx2)) {
+      EXPECT_THROW(cpu::gemm_int4_asym_isa(Isa::Avx2, x.data(), 1, w.qweight.data(), w.scales.data(), w.mins.data(),
+                                           3, 300, 64, y.data()),
+                   Error);
     }
   }
 }

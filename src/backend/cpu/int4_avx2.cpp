@@ -48,76 +48,6 @@ inline Codes split_chunk(const uint8_t* b) {
           _mm256_srli_epi32(v1, 4)};
 }
 
-// Adds one chunk's Σ code·x into four accumulators (one per code vector).
-inline void chunk_dot(const uint8_t* b, const float* xc, __m256& a0, __m256& a1, __m256& a2, __m256& a3) {
-  const Codes k = split_chunk(b);
-  a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.lo0), _mm256_load_ps(xc), a0);
-  a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.lo1), _mm256_load_ps(xc + 8), a1);
-  a2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.hi0), _mm256_load_ps(xc + 16), a2);
-  a3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.hi1), _mm256_load_ps(xc + 24), a3);
-}
-
-// bf16 -> fp32 for 8 values: the bf16 bits are the top half of the fp32.
-inline __m256 bf16x8(const uint16_t* h) {
-  return _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))), 16));
-}
-
-// M = 1. Per group, Σ_i x_i·(code_i·s + m) = s·Σ_i code_i·x_i + m·Σ_i x_i: the inner
-// loop is one int->float convert and one FMA per 8 weights (codes 0..15 are exact
-// in fp32), the group's scale is applied once to the vector partial sums, and the
-// min term is a short dot product of the row's mins with the per-group Σx prepared
-// once per call. The scales of the row are converted to fp32 up front so that a
-// group's scale is a broadcast load.
-void gemv(const Problem& p, const float* xp, const float* xsum, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
-          bool accumulate, float* y) {
-  const int64_t cpg = p.group_size / kChunk;       // chunks per group
-  const int64_t full = p.row_bytes / kChunkBytes;  // chunks that need no padded copy
-  const int64_t g0 = c0 / cpg, g1 = (c1 + cpg - 1) / cpg, ng = g1 - g0;
-  alignas(32) float sf[kMaxBlockChunks + 8];
-  alignas(16) uint8_t tmp[kChunkBytes];
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* q = p.qweight + n * p.row_bytes;
-    const uint16_t* sc = p.scales + n * p.groups + g0;
-    const uint16_t* mn = p.mins + n * p.groups + g0;
-    const float* xs = xsum + g0;
-    // Σ_g m_g·Σx_g, and the scales as fp32.
-    __m256 tot = _mm256_setzero_ps();
-    int64_t g = 0;
-    for (; g + 8 <= ng; g += 8) {
-      tot = _mm256_fmadd_ps(bf16x8(mn + g), _mm256_loadu_ps(xs + g), tot);
-      _mm256_store_ps(sf + g, bf16x8(sc + g));
-    }
-    float min_part = 0.0f;
-    for (; g < ng; ++g) {
-      min_part += bf16(mn[g]) * xs[g];
-      sf[g] = bf16(sc[g]);
-    }
-    // Σ code·x over group g0 + g, as a vector of partial sums.
-    auto group_dot = [&](int64_t gi) {
-      const int64_t cb = (g0 + gi) * cpg, ce = min64(cb + cpg, c1), cf = min64(ce, full);
-      _mm_prefetch(reinterpret_cast<const char*>(q + cb * kChunkBytes) + kPrefetchBytes, _MM_HINT_T0);
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      int64_t c = cb;
-      for (; c < cf; ++c) chunk_dot(q + c * kChunkBytes, xp + c * kChunk, a0, a1, a2, a3);
-      if (c < ce) chunk_dot(chunk_bytes(q, c, p.row_bytes, tmp), xp + c * kChunk, a0, a1, a2, a3);
-      return _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    };
-    // Two groups per step, each into its own running total: for G = 32 a group is
-    // a single chunk, and one total would chain every group's FMA.
-    __m256 tot1 = _mm256_setzero_ps();
-    for (g = 0; g + 2 <= ng; g += 2) {
-      const __m256 d0 = group_dot(g), d1 = group_dot(g + 1);
-      tot = _mm256_fmadd_ps(d0, _mm256_broadcast_ss(sf + g), tot);
-      tot1 = _mm256_fmadd_ps(d1, _mm256_broadcast_ss(sf + g + 1), tot1);
-    }
-    if (g < ng) tot = _mm256_fmadd_ps(group_dot(g), _mm256_broadcast_ss(sf + g), tot);
-    tot = _mm256_add_ps(tot, tot1);
-    const float r = hsum(tot) + min_part;
-    y[n] = accumulate ? y[n] + r : r;
-  }
-}
-
 // One chunk decoded exactly as FORMAT.md says, w = fl(code·s + m) (code·s is
 // exact, so one FMA rounds like the two operations), as four vectors in xp order.
 struct Weights {
@@ -129,7 +59,8 @@ inline Weights decode_chunk(const uint8_t* b, __m256 s, __m256 m) {
           _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.hi0), s, m), _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.hi1), s, m)};
 }
 
-// 2 ≤ MT ≤ 4 activation rows at once: each chunk of a weight row is decoded once
+// 1 ≤ MT ≤ 4 activation rows at once (MT = 1 only for the last row of an odd M:
+// M = 1 is the integer GEMV's, int4_avx2_i24.cpp): each chunk of a weight row is decoded once
 // (exactly) and used for MT rows of x, so the decode (14 vector ops per 32 weights)
 // is shared by 4·MT FMAs. Accumulators: 4 per row for MT = 2 (enough independent
 // FMA chains), 2 per row for MT = 3, 4 (register budget: 8 + 4 weights + s, m, mask
@@ -175,10 +106,6 @@ void rows_mt(const Problem& p, const float* x, int64_t xs, int64_t c0, int64_t c
 
 void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
                bool accumulate, float* y) {
-  if (a.M == 1) {
-    gemv(p, a.xp, a.xsum, c0, c1, n0, n1, accumulate, y);
-    return;
-  }
   // Tiles of 4 activation rows; the rows' weights (a task's worth) stay in L1 across tiles.
   for (int64_t m0 = 0; m0 < a.M; m0 += kMaxTileRows) {
     const float* x = a.xp + m0 * a.xp_stride;
@@ -187,7 +114,7 @@ void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, i
       case 4: rows_mt<4>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
       case 3: rows_mt<3>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
       case 2: rows_mt<2>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
-      default: gemv(p, x, a.xsum + m0 * p.groups, c0, c1, n0, n1, accumulate, ym); break;
+      default: rows_mt<1>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
     }
   }
 }

@@ -7,15 +7,19 @@
 //    AVX-512 (int4_avx512.cpp), else AVX2 (int4_avx2.cpp), else the scalar
 //    reference (gemm.cpp). The ISA files are compiled with their own -m flags;
 //    this file and everything else stays baseline x86-64.
-//  * Activations are prepared once per call (int4_isa.h): each row of x is
-//    permuted chunk by chunk (32 inputs = 16 qweight bytes) to the order the
-//    kernels split nibbles in (low nibbles = even inputs, high = odd), zero padded
-//    to whole chunks, and Σx per group is computed for the M = 1 AVX2 kernel. This
-//    is O(M·K); the kernels then never shuffle x.
-//  * M = 1 (decode, memory bound): one pass over the weights per row.
-//      AVX2:    per group Σ_i x_i (code_i·s + m) = s·Σ_i code_i·x_i + m·Σ_i x_i, so the
-//               inner loop per 8 weights is zero-extend, mask/shift, int->float and
-//               one FMA; s is applied once per group to vector partial sums.
+//  * Activations are prepared once per call (int4_isa.h).
+//  * M = 1 (decode, memory bound): one pass over the weights.
+//      AVX2:    integer dot products (int4_avx2_i24.cpp). x is held per group in
+//               24-bit fixed point, x_i = d_g·(65536·a_i + 256·b_i + c_i) with d_g a
+//               power of two and a, b, c signed bytes, and per group
+//               Σ_i x_i (code_i·s + m) = s·d_g·Σ_i code_i·(65536·a_i + 256·b_i + c_i) + m·Σ_i x_i,
+//               where vpmaddubsw does 32 code·byte products per instruction. The
+//               only error it adds is x's rounding, |Δx_i| ≤ max|x over the group|·2^-23:
+//               the size of one fp32 rounding of the group's largest term, so the
+//               packed forward still equals the dequantized one within 1e-4 on the
+//               fixtures (tests/golden). A 16-bit split (two bytes, 2/3 of the work)
+//               was tried: 1.0e-2 off on stories260K's logits, whose activations
+//               have outliers that set d_g for their whole group.
 //      AVX-512: vpermps is a 16-entry table lookup, i.e. one group's decode table
 //               fl(c·s + m), so weights are decoded exactly and dotted with x: a lookup
 //               and an FMA per 16 weights.
@@ -38,19 +42,21 @@
 //    prefill is future work.
 //  * Threads: OpenMP over tasks of 32 rows of W (dynamic schedule), each task
 //    streaming its rows' weights; small problems run on one thread.
-//  * Numerics: fp32 throughout, fp32 accumulation. Results differ from the
-//    reference only by the order of fp32 additions (and, in the AVX2 M = 1 path,
-//    by rounding s·Σcode·x and m·Σx separately); tests/unit/test_int4_kernels.cpp
-//    derives the bound.
-//  * Speed (bench/bench_int4_gemv.cpp): fp32 math makes these kernels compute
-//    bound, not memory bound. AVX2 needs ~3.5 vector ops per 8 weights (zero-extend,
-//    mask or shift, convert, FMA); a Zen 3 core retires ~4 per cycle, so ~7 weights
-//    per cycle, ~23 GB/s of g128 weight bytes on 2 cores at 3.1 GHz. Integer dot
-//    products (llama.cpp's q4_K × q8_K) go faster by quantizing x to int8, which
-//    the "packed logits = dequantized logits within 1e-4" contract rules out.
+//  * Numerics: fp32 accumulation. Results differ from the reference by the order
+//    of fp32 additions, and in the AVX2 M = 1 path by x's fixed-point rounding
+//    (above) and by rounding s·Σcode·x and m·Σx separately;
+//    tests/unit/test_int4_kernels.cpp derives the bounds.
+//  * Speed (bench/bench_int4_gemv.cpp): the fp32 tile kernels are compute bound:
+//    AVX2 needs ~3.5 vector ops per 8 weights (zero-extend, mask or shift, convert,
+//    FMA) shared by the tile's rows. The integer GEMV needs per 64 weights one
+//    load, three nibble ops and six vpmaddubsw (two per cycle on Zen 3), i.e. ~3
+//    cycles where the fp32 GEMV needed ~8; measured 1.4–1.5× faster on the 2-core
+//    VM. (Integer tiles for M ≥ 2 were slower than the fp32 tiles, which decode
+//    once for 4 rows: the integer path's cost is per row.)
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 
@@ -91,8 +97,8 @@ bool cpu_has(Isa isa) {
   return false;
 }
 
-// Permutes rows of x into the kernels' layout and computes Σx per group (int4_isa.h).
-void prepare_activations(const float* x, int64_t M, const int4::Problem& p, float* xp, float* xsum) {
+// Permutes rows of x into the kernels' layout (int4_isa.h).
+void prepare_activations(const float* x, int64_t M, const int4::Problem& p, float* xp) {
   const int64_t stride = p.chunks * kChunk + int4::kRowPad;
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * p.K;
@@ -103,20 +109,15 @@ void prepare_activations(const float* x, int64_t M, const int4::Problem& p, floa
         o[c * kChunk + i] = e < p.K ? xm[e] : 0.0f;
         o[c * kChunk + kChunk / 2 + i] = e + 1 < p.K ? xm[e + 1] : 0.0f;
       }
-    for (int64_t g = 0; g < p.groups; ++g) {
-      float s = 0.0f;
-      const int64_t i1 = std::min<int64_t>(p.K, (g + 1) * p.group_size);
-      for (int64_t i = g * p.group_size; i < i1; ++i) s += xm[i];
-      xsum[m * p.groups + g] = s;
-    }
   }
 }
 
 // The int4 kernels over all rows of W: one pass over the weights for any M.
-void gemm_kernels(int4::RowsFn rows, const int4::Problem& p, const int4::Activations& a, float* y) {
-  // K block in chunks; a multiple of 4 chunks = 128 inputs, so group aligned for every G.
-  const int64_t kb = a.M == 1 ? int4::kMaxBlockChunks : 1024 / kChunk;
-  const int64_t work = a.M * p.N * p.K;
+template <typename Rows, typename Acts>
+void gemm_kernels(Rows rows, const int4::Problem& p, const Acts& a, int64_t M, float* y) {
+  // K block in chunks; a multiple of 4 chunks = 128 inputs, so group (and pair) aligned for every G.
+  const int64_t kb = M == 1 ? int4::kMaxBlockChunks : 1024 / kChunk;
+  const int64_t work = M * p.N * p.K;
   const int threads = work >= (int64_t{1} << 17) ? omp_get_max_threads() : 1;
   const int64_t blocks = (p.N + kRowsPerTask - 1) / kRowsPerTask;
   // Dynamic, not static: the cores of a shared VM do not run at the same speed (a
@@ -169,11 +170,22 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
   }
   const int4::Problem p{qweight, scales, mins, N, K, group_size, (K + 1) / 2,
                         (K + group_size - 1) / group_size, (K + kChunk - 1) / kChunk};
+  if (isa == Isa::Avx2 && M == 1) {
+    // The integer GEMV (int4_avx2_i24.cpp) on x in 24-bit fixed point per group.
+    AlignedFloats q(((p.chunks + 1) / 2 * int4::kPairQBytes + 3) / 4), d(p.groups + 1), xsum(p.groups);
+    const int4::QActivations a{reinterpret_cast<const int8_t*>(q.p), d.p, xsum.p};
+    int4::prepare_avx2_i24(x, p, a);
+    for (int64_t g = 0; g < p.groups; ++g)
+      NIBBLE_CHECK(std::isfinite(d.p[g]), "int4_asym GEMM: the activations are not finite in inputs {}..{}",
+                   g * group_size, std::min<int64_t>(K, (g + 1) * group_size) - 1);
+    gemm_kernels(int4::rows_avx2_i24, p, a, 1, y);
+    return;
+  }
   const int64_t stride = p.chunks * kChunk + int4::kRowPad;
-  AlignedFloats xp(M * stride), xsum(M * p.groups);
-  prepare_activations(x, M, p, xp.p, xsum.p);
-  const int4::Activations a{xp.p, xsum.p, M, stride};
-  gemm_kernels(isa == Isa::Avx512 ? int4::rows_avx512 : int4::rows_avx2, p, a, y);
+  AlignedFloats xp(M * stride);
+  prepare_activations(x, M, p, xp.p);
+  const int4::Activations a{xp.p, M, stride};
+  gemm_kernels(isa == Isa::Avx512 ? int4::rows_avx512 : int4::rows_avx2, p, a, M, y);
 }
 
 void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,

@@ -39,7 +39,6 @@ struct Problem {
 // with zeros for inputs ≥ K (so padding codes contribute 0).
 struct Activations {
   const float* xp;    // [M, xp_stride], 64-byte aligned rows of chunks * 32 floats
-  const float* xsum;  // [M, groups]: Σ of x over each group, fp32 in input order
   int64_t M;
   int64_t xp_stride;  // floats between rows of xp (chunks * 32 + kRowPad)
 };
@@ -60,6 +59,34 @@ constexpr int64_t kRowPad = 16;
 // per 64 bytes.)
 constexpr int64_t kPrefetchBytes = 2048;
 
+// The integer kernel (int4_avx2_i16.cpp) walks a row in pairs of chunks: 64
+// inputs = 32 qweight bytes, one AVX2 load.
+constexpr int64_t kPairBytes = 2 * kChunkBytes;
+constexpr int64_t kPairQBytes = 192;  // activation bytes per pair (see QActivations)
+
+// Activations for the integer kernel: each row of x in 24-bit fixed point per
+// group, split into three signed bytes. For group g, d_g = 2^e is the smallest
+// power of two with max_i |x_i| / d_g ≤ kQMax = 8355711, and
+//   x24_i = round_to_nearest_even(x_i / d_g) ∈ [-kQMax, kQMax],
+//   c_i = x24_i − 256·t_i with t_i = (x24_i + 128) >> 8   (c_i ∈ [-128, 127]),
+//   b_i = t_i − 256·a_i  with a_i = (t_i + 128) >> 8     (b_i ∈ [-128, 127], a_i ∈ [-127, 127]),
+// so x24_i = 65536·a_i + 256·b_i + c_i exactly and |x_i − d_g·x24_i| ≤ d_g/2 ≤
+// max|x| · 2^-23 (d_g ≤ max|x| / 2^22): the rounding of one fp32 operation on the
+// group's largest value. A power of two keeps x_i / d_g exact: activations that are
+// already on a coarser grid (the tests' integer cases) are not rounded at all.
+// Per pair pr (chunks 2pr, 2pr+1) a row holds 192 bytes:
+//   [  0,  32) a of the low nibbles: chunk 2pr inputs 0,2,..,30, then chunk 2pr+1's
+//   [ 32,  64) a of the high nibbles: inputs 1,3,..,31 of each
+//   [ 64, 128) b, [128, 192) c, in the same two blocks
+// (zeros past K, so padding codes contribute 0).
+constexpr int32_t kQMax = 8355711;  // 127·65536 + 127·256 + 127
+// One activation row (the integer kernel is the M = 1 GEMV).
+struct QActivations {
+  const int8_t* q;    // pairs * 192 bytes, 32-byte aligned
+  const float* d;     // d_g per group, then a zero (groups + 1 floats)
+  const float* xsum;  // Σ of x over each group, fp32
+};
+
 // For M > 1 the kernels take activation rows in tiles of up to this many.
 constexpr int64_t kMaxTileRows = 4;
 
@@ -70,6 +97,12 @@ using RowsFn = void (*)(const Problem& p, const Activations& a, int64_t c0, int6
                        bool accumulate, float* y);
 void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
                bool accumulate, float* y);
+// Fills QActivations from one row x[K] (the buffers are the caller's; d_g is left
+// non-finite for a group whose activations are not finite).
+void prepare_avx2_i24(const float* x, const Problem& p, const QActivations& a);
+// The M = 1 GEMV over QActivations (c0 even, as the driver's K blocks are).
+void rows_avx2_i24(const Problem& p, const QActivations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
+                   bool accumulate, float* y);
 void rows_avx512(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
                  bool accumulate, float* y);
 
