@@ -26,6 +26,7 @@
 // noted and skipped. --fixtures=off skips this part, --fixtures=only runs just it.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <emmintrin.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -149,6 +150,43 @@ void set_counters(benchmark::State& st, int64_t bytes) {
                                            benchmark::Counter::kIsRate);
 }
 
+// Σ of every float in [p, p + n) (n a multiple of 32 floats here, or not: a scalar
+// tail), eight independent SSE2 accumulators so the adds are not the limit: the
+// machine's read bandwidth for the same bytes an int4 GEMV reads.
+float read_all(const void* data, int64_t bytes) {
+  const float* p = static_cast<const float*>(data);
+  const int64_t n = bytes / 4;
+  __m128 a[8];
+  for (auto& v : a) v = _mm_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 8; ++k) a[k] = _mm_add_ps(a[k], _mm_loadu_ps(p + i + 4 * k));
+  float out[4];
+  _mm_storeu_ps(out, _mm_add_ps(_mm_add_ps(_mm_add_ps(a[0], a[1]), _mm_add_ps(a[2], a[3])),
+                                _mm_add_ps(_mm_add_ps(a[4], a[5]), _mm_add_ps(a[6], a[7]))));
+  float r = out[0] + out[1] + out[2] + out[3];
+  for (; i < n; ++i) r += p[i];
+  return r;
+}
+
+// Reads one int4 matrix's three parts on every thread's share of it (the
+// threads split each part into contiguous slices, as the GEMV splits rows).
+float read_matrix(const Int4Matrix& m) {
+  float total = 0.0f;
+#pragma omp parallel reduction(+ : total)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    auto slice = [&](const void* base, int64_t bytes) {
+      const int64_t b0 = bytes * t / nt / 64 * 64, b1 = t + 1 == nt ? bytes : bytes * (t + 1) / nt / 64 * 64;
+      return read_all(static_cast<const char*>(base) + b0, b1 - b0);
+    };
+    total += slice(m.qweight.data(), static_cast<int64_t>(m.qweight.size()));
+    total += slice(m.scales.data(), static_cast<int64_t>(m.scales.size() * 2));
+    total += slice(m.mins.data(), static_cast<int64_t>(m.mins.size() * 2));
+  }
+  return total;
+}
+
 // x: kMaxM rows of activations. M = 1 (decode), 16 (small batch) and 64 (a prefill-sized tile).
 constexpr int64_t kMaxM = 64;
 void register_shape(size_t index, const Shape& s, const Weights& w, const std::vector<float>& xs) {
@@ -167,6 +205,16 @@ void register_shape(size_t index, const Shape& s, const Weights& w, const std::v
       tail += std::to_string(M);
       tail += "/";
       tail += res;
+      if (M == 1)
+        register_case("read" + tail, {s.name(), "read (no compute)", res, M, s.int4_bytes(), index},
+                      [&s, &w, cold](benchmark::State& st) {
+                        size_t i = 0;
+                        for (auto _ : st) {
+                          const float r = read_matrix(w.int4[cold ? i++ % w.int4.size() : 0]);
+                          benchmark::DoNotOptimize(r);
+                        }
+                        set_counters(st, s.int4_bytes());
+                      });
       register_case("f32_openblas" + tail, {s.name(), "f32 OpenBLAS", res, M, s.f32_bytes(), index},
                     [&s, &w, x, M, cold](benchmark::State& st) {
                       std::vector<float> y(static_cast<size_t>(M * s.N));
@@ -217,9 +265,10 @@ double median(std::vector<double> v) {
 
 void print_summary(const CollectingReporter& rep) {
   std::printf("\n== int4 g128 vs OpenBLAS f32, same run: median and best of the repetitions; GB/s and the\n"
-              "   ratio int4/f32 (time) from the medians ==\n");
-  std::printf("%-11s %-4s %-5s %-17s %11s %11s %8s %8s %9s %9s\n", "shape NxK", "M", "res", "kernel", "median us",
-              "best us", "GB/s med", "GB/s bst", "int4/f32", "(best)");
+              "   ratio int4/f32 (time) from the medians; 'read' streams the int4 matrix's bytes and\n"
+              "   computes nothing (the memory roofline), 'of read' = int4 GB/s / read GB/s (medians) ==\n");
+  std::printf("%-11s %-4s %-5s %-17s %11s %11s %8s %8s %9s %9s %8s\n", "shape NxK", "M", "res", "kernel",
+              "median us", "best us", "GB/s med", "GB/s bst", "int4/f32", "(best)", "of read");
   // Group by (shape, M, residency); the f32 row of the group is the reference for its ratios.
   std::map<std::tuple<size_t, int64_t, std::string>, std::vector<std::string>> groups;
   for (const auto& [name, c] : g_cases) {
@@ -228,23 +277,29 @@ void print_summary(const CollectingReporter& rep) {
   }
   for (auto& [key, names] : groups) {
     auto is_f32 = [](const std::string& n) { return n.rfind("f32", 0) == 0; };
+    auto is_read = [](const std::string& n) { return n.rfind("read", 0) == 0; };
+    auto rank = [&](const std::string& n) { return is_read(n) ? 0 : is_f32(n) ? 1 : 2; };
     std::sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
-      return std::make_pair(!is_f32(a), a) < std::make_pair(!is_f32(b), b);
+      return std::make_pair(rank(a), a) < std::make_pair(rank(b), b);
     });
-    double f32_med = 0, f32_best = 0;
+    double f32_med = 0, f32_best = 0, read_gbs = 0;
     for (const auto& name : names) {
       const Case& c = g_cases.at(name);
       const auto& t = rep.seconds.at(name);
       const double med = median(t), best = *std::min_element(t.begin(), t.end());
+      const double gb = static_cast<double>(c.bytes) * 1e-9;
       if (is_f32(name)) f32_med = med, f32_best = best;
-      char r_med[32] = "", r_best[32] = "";
-      if (!is_f32(name) && f32_med > 0) {
+      if (is_read(name)) read_gbs = gb / med;
+      char r_med[32] = "", r_best[32] = "", r_read[32] = "";
+      if (!is_f32(name) && !is_read(name) && f32_med > 0) {
         std::snprintf(r_med, sizeof r_med, "%.3f", med / f32_med);
         std::snprintf(r_best, sizeof r_best, "%.3f", best / f32_best);
       }
-      const double gb = static_cast<double>(c.bytes) * 1e-9;
-      std::printf("%-11s %-4" PRId64 " %-5s %-17s %11.1f %11.1f %8.1f %8.1f %9s %9s\n", c.shape.c_str(), c.M,
-                  c.residency.c_str(), c.kernel.c_str(), med * 1e6, best * 1e6, gb / med, gb / best, r_med, r_best);
+      if (!is_f32(name) && !is_read(name) && read_gbs > 0)
+        std::snprintf(r_read, sizeof r_read, "%.0f%%", 100.0 * gb / med / read_gbs);
+      std::printf("%-11s %-4" PRId64 " %-5s %-17s %11.1f %11.1f %8.1f %8.1f %9s %9s %8s\n", c.shape.c_str(), c.M,
+                  c.residency.c_str(), c.kernel.c_str(), med * 1e6, best * 1e6, gb / med, gb / best, r_med, r_best,
+                  r_read);
     }
   }
 }

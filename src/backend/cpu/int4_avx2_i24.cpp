@@ -164,7 +164,10 @@ void gemv(const Problem& p, const QActivations& a, int64_t p0, int64_t p1, int64
       for (; gi + 2 <= ng; gi += 2) {
         const int64_t pb = (g0 + gi) * PPG;
         if (pb + 2 * PPG > full || pb + 2 * PPG > p1) break;
+        // One prefetch per 64-byte line: two groups are one line (G = 64) or two (G = 128).
         _mm_prefetch(reinterpret_cast<const char*>(w + pb * kPairBytes) + kPrefetchBytes, _MM_HINT_T0);
+        if constexpr (PPG == 2)
+          _mm_prefetch(reinterpret_cast<const char*>(w + pb * kPairBytes) + kPrefetchBytes + 64, _MM_HINT_T0);
         const Sums s0 = group_sums<PPG>(w + pb * kPairBytes, a.q + pb * kPairQBytes);
         t0 = _mm256_fmadd_ps(combine(s0), _mm256_broadcast_ss(sd + gi), t0);
         const Sums s1 = group_sums<PPG>(w + (pb + PPG) * kPairBytes, a.q + (pb + PPG) * kPairQBytes);
