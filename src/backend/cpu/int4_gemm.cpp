@@ -71,17 +71,27 @@ using int4::kChunk;
 
 constexpr int64_t kRowsPerTask = 32;
 
-// 64-byte aligned float buffer (vector loads of prepared x and scratch never split a cache line).
-struct AlignedFloats {
-  explicit AlignedFloats(int64_t n)
-      : p(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64)))) {
-    NIBBLE_CHECK(p != nullptr, "out of memory allocating {} floats for the int4 kernel", n);
+// Per-thread 64-byte aligned scratch for prepared activations, kept between calls
+// and grown when needed: a decode step makes hundreds of small GEMV calls, and a
+// fresh allocation (and its first-touch page faults) per call cost more than the
+// GEMV itself on small models. Slot k is one buffer; a call uses slots 0..2.
+float* scratch(int slot, int64_t floats) {
+  struct Buf {
+    float* p = nullptr;
+    int64_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf bufs[3];
+  Buf& b = bufs[slot];
+  if (b.n < floats) {
+    std::free(b.p);
+    const int64_t n = std::max<int64_t>(floats, 2 * b.n);
+    b.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n * 4 + 63) / 64 * 64)));
+    b.n = b.p ? n : 0;
+    NIBBLE_CHECK(b.p != nullptr, "out of memory allocating {} floats for the int4 kernel", n);
   }
-  ~AlignedFloats() { std::free(p); }
-  AlignedFloats(const AlignedFloats&) = delete;
-  AlignedFloats& operator=(const AlignedFloats&) = delete;
-  float* p;
-};
+  return b.p;
+}
 
 bool cpu_has(Isa isa) {
   switch (isa) {
@@ -172,19 +182,21 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
                         (K + group_size - 1) / group_size, (K + kChunk - 1) / kChunk};
   if (isa == Isa::Avx2 && M == 1) {
     // The integer GEMV (int4_avx2_i24.cpp) on x in 24-bit fixed point per group.
-    AlignedFloats q(((p.chunks + 1) / 2 * int4::kPairQBytes + 3) / 4), d(p.groups + 1), xsum(p.groups);
-    const int4::QActivations a{reinterpret_cast<const int8_t*>(q.p), d.p, xsum.p};
+    float* q = scratch(0, ((p.chunks + 1) / 2 * int4::kPairQBytes + 3) / 4);
+    float* d = scratch(1, p.groups + 1);
+    float* xsum = scratch(2, p.groups);
+    const int4::QActivations a{reinterpret_cast<const int8_t*>(q), d, xsum};
     int4::prepare_avx2_i24(x, p, a);
     for (int64_t g = 0; g < p.groups; ++g)
-      NIBBLE_CHECK(std::isfinite(d.p[g]), "int4_asym GEMM: the activations are not finite in inputs {}..{}",
+      NIBBLE_CHECK(std::isfinite(d[g]), "int4_asym GEMM: the activations are not finite in inputs {}..{}",
                    g * group_size, std::min<int64_t>(K, (g + 1) * group_size) - 1);
     gemm_kernels(int4::rows_avx2_i24, p, a, 1, y);
     return;
   }
   const int64_t stride = p.chunks * kChunk + int4::kRowPad;
-  AlignedFloats xp(M * stride);
-  prepare_activations(x, M, p, xp.p);
-  const int4::Activations a{xp.p, M, stride};
+  float* xp = scratch(0, M * stride);
+  prepare_activations(x, M, p, xp);
+  const int4::Activations a{xp, M, stride};
   gemm_kernels(isa == Isa::Avx512 ? int4::rows_avx512 : int4::rows_avx2, p, a, M, y);
 }
 
