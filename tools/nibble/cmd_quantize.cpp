@@ -89,6 +89,8 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       "  nibble quantize --method rtn --model ../shared/models/stories260K --out out/stories-rtn --group 64\n"
       "  nibble quantize --method gptq --mse --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
       "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 128 --calib-len 512\n"
+      "  nibble quantize --method gptq --device cuda --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
+      "      --calib ../shared/data/corpora/linux-calib.txt   (the solve on the GPU; int4_asym)\n"
       "  nibble quantize --method awq+gptq --model ../shared/models/qwen3-26M-linux --out out/qwen3-awq-gptq \\\n"
       "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 64 --calib-len 512\n"
       "  nibble quantize --method smoothquant --format int8_channel_sym --activations int8_token \\\n"
