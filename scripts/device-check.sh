@@ -2,24 +2,26 @@
 # Checks that need a GPU machine with torch + transformers (the lent H200):
 #   gpu:           the CUDA kernel tests (CI compiles them but has no GPU) and the
 #                  W4A16 stack benchmark next to torch's int4 kernel and cuBLAS bf16;
+#   gptq:          GPTQ's solve on the GPU: the Cuda.Gptq* tests and bench_gptq_cuda (GPU vs CPU solve);
 #   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate.
 # Usage on this machine: scripts/device-check.sh --bundle [--models]
 #          (builds build-cuda/ for sm_90a and assembles devrun/: binaries, the shared
 #           libraries a bare CUDA image may lack, and with --models the two fixtures;
 #           then packs it as devrun.tar.xz, the path to carry)
-#        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [transformers]
+#        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [gptq] [transformers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${NIBBLE_SHARED:-../shared}
 
 if [ "${1:-}" = "--bundle" ]; then
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DNIBBLE_CUDA=on >/dev/null
-  cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 >/dev/null
+  cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda >/dev/null
   rm -rf devrun && mkdir -p devrun/bin devrun/lib devrun/models
-  cp build-cuda/bin/nibble build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 devrun/bin/
-  # Shared libraries outside glibc/libstdc++/CUDA that the binaries need.
-  ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 | awk '/=> \//{print $3}' | sort -u |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart' |
+  cp build-cuda/bin/nibble build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda devrun/bin/
+  # Shared libraries outside glibc/libstdc++/CUDA that the binaries need (the GPU machine has the CUDA 13
+  # toolkit's libraries: cuBLAS(Lt), cuSOLVER and its cuSPARSE / nvJitLink).
+  ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda | awk '/=> \//{print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libcusolver|libcusparse|libnvJitLink' |
     while read -r l; do cp -L "$l" devrun/lib/; done
   if [ "${2:-}" = "--models" ]; then
     for m in stories260K qwen3-26M-linux; do
@@ -46,6 +48,10 @@ for what in "${@:-gpu}"; do
       devrun/bin/nibble_tests --gtest_filter='Cuda*' 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
       devrun/bin/bench_w4a16 2>&1 | tee "$OUT/bench_w4a16.txt"
       python3 bench/torch_int4_stack.py 2>&1 | tee "$OUT/torch_int4_stack.txt"
+      ;;
+    gptq)
+      devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Gptq*' 2>&1 | tee "$OUT/cuda_gptq_tests.txt" | tail -40
+      devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
       ;;
     transformers)
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" |

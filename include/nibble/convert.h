@@ -27,6 +27,7 @@ struct QuantizeOptions {
   bool mse = false;        // MSE range search per group (RTN and GPTQ)
   bool act_order = false;  // GPTQ: decreasing diag(H) order, static groups
   double damp = 0.01;      // GPTQ: λ = damp · mean(diag H)
+  std::string device = "cpu";  // GPTQ: "cpu", or "cuda" (int4_asym; the solve on the GPU)
   double alpha = 0.5;      // SmoothQuant: migration strength
   uint64_t rotate_seed = 0;  // rotation: seed of the random signs
   // Activation quantizer the checkpoint's linears run with (simulated W8A8,

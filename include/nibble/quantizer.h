@@ -22,6 +22,9 @@ struct QuantizerConfig {
   bool mse = false;        // range search per group (33 shrink factors, |err|^2.4)
   bool act_order = false;  // GPTQ: decreasing diag(H) order, static groups
   double damp = 0.01;      // GPTQ: λ = damp · mean(diag H)
+  // Where the method runs: "cpu", or "cuda" (GPTQ on int4_asym only; needs a
+  // CUDA build and a visible device, checked when the quantizer is made).
+  std::string device = "cpu";
 };
 
 // What a method reports about one matrix besides its codes.

@@ -67,7 +67,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
                "method '{}' needs calibration data: pass --calib FILE (text or .npy token ids)", method.name);
   NIBBLE_CHECK(method.quantizer->name == "gptq" || !opt.act_order,
                "--act-order is a GPTQ option (method '{}' has no column order)", method.name);
-  auto quantizer = method.quantizer->make(quant::QuantizerConfig{format, opt.mse, opt.act_order, opt.damp});
+  auto quantizer = method.quantizer->make(quant::QuantizerConfig{format, opt.mse, opt.act_order, opt.damp, opt.device});
   // A transform: a view of the whole model (rotation), or a reshaping of each
   // layer during calibration (AWQ, SmoothQuant).
   const quant::TransformConfig tcfg{format, opt.alpha, opt.rotate_seed};
@@ -273,6 +273,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     report["options"]["act_order"] = opt.act_order;
     report["options"]["damp"] = opt.damp;
     report["options"]["block_size"] = 128;
+    report["options"]["device"] = opt.device;
   }
   if (was_calibrated) report["calibration"] = calibration_report;
   ojson files = ojson::object();

@@ -24,6 +24,9 @@
 #include "nibble/error.h"
 #include "nibble/quantizer.h"
 #include "nibble/util.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda_gptq.h"
+#endif
 
 namespace nibble::quant {
 
@@ -447,7 +450,17 @@ class GptqQuantizer final : public Quantizer {
   mutable PreparedHessian prepared_;
 };
 
-std::unique_ptr<Quantizer> make_gptq(const QuantizerConfig& c) { return std::make_unique<GptqQuantizer>(c); }
+// The device is checked here, when the quantizer is made: a run that cannot
+// use the GPU fails before any calibration work.
+std::unique_ptr<Quantizer> make_gptq(const QuantizerConfig& c) {
+  NIBBLE_CHECK(c.device == "cpu" || c.device == "cuda", "gptq: --device must be cpu or cuda, found '{}'", c.device);
+  if (c.device == "cpu") return std::make_unique<GptqQuantizer>(c);
+#ifdef NIBBLE_HAVE_CUDA
+  return cuda::make_gptq_quantizer(c);
+#else
+  NIBBLE_FAIL("--device cuda: this build has no CUDA backend (build with NIBBLE_CUDA=on)");
+#endif
+}
 
 }  // namespace
 

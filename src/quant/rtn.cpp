@@ -48,7 +48,11 @@ class RtnQuantizer final : public Quantizer {
   QuantizerConfig config_;
 };
 
-std::unique_ptr<Quantizer> make_rtn(const QuantizerConfig& c) { return std::make_unique<RtnQuantizer>(c); }
+std::unique_ptr<Quantizer> make_rtn(const QuantizerConfig& c) {
+  NIBBLE_CHECK(c.device == "cpu", "--device {}: only the gptq method has a GPU backend; rtn runs on the CPU (use --device "
+               "cpu, or --method gptq)", c.device);
+  return std::make_unique<RtnQuantizer>(c);
+}
 
 }  // namespace
 

@@ -14,6 +14,9 @@
 #include "nibble/source.h"
 #include "nibble/util.h"
 #include "test_util.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda.h"
+#endif
 
 namespace nibble {
 namespace {
@@ -290,6 +293,29 @@ TEST(QuantizeBadInput, MiscUsageErrors) {
   const Cli g = quantize_cli(test::model_dir("stories260K"), tmp / "out", "--group 48");
   EXPECT_NE(g.code, 0);
   EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+// --device cuda fails at once (one line, nothing written) where it cannot run:
+// rtn has no GPU backend anywhere; gptq needs a CUDA build and a visible GPU.
+TEST(QuantizeBadInput, DeviceCudaFailsBeforeAnyWork) {
+  TempDir tmp;
+  const fs::path model = test::model_dir("stories260K");
+  expect_clean_failure(quantize_cli(model, tmp / "out", "--device cuda"), {"--device cuda", "only the gptq method"},
+                       tmp / "out");
+  const Cli bad = quantize_cli(model, tmp / "out", "--device tpu");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+#ifdef NIBBLE_HAVE_CUDA
+  if (cuda::device_available()) GTEST_SKIP() << "a CUDA device is present: gptq --device cuda would run";
+  const char* why = "no CUDA device";
+#else
+  const char* why = "no CUDA backend";
+#endif
+  // --calib names any existing file: the device check comes before it is read.
+  const auto r = test::run_command(test::nibble_bin() + " quantize --method gptq --device cuda --model '" +
+                                   model.string() + "' --out '" + (tmp / "out").string() + "' --calib '" +
+                                   (model / "config.json").string() + "'");
+  expect_clean_failure({r.exit_code, r.err}, {"--device cuda", why}, tmp / "out");
 }
 
 TEST(Inspect, SummaryAndTensorValues) {

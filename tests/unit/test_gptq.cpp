@@ -11,6 +11,10 @@
 #include "nibble/error.h"
 #include "nibble/gptq.h"
 #include "nibble/quantizer.h"
+#include "test_util.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda.h"
+#endif
 
 namespace nibble::quant {
 namespace {
@@ -238,6 +242,27 @@ TEST(Gptq, BadInputsFailClearly) {
   EXPECT_THROW(parse_grid("uniform:step=-1", 128, false), Error);
   EXPECT_THROW(parse_grid("int3_nonsense", 128, false), Error);
   EXPECT_NO_THROW(parse_grid("int4_g64_asym", 128, false));
+}
+
+// QuantizerConfig::device: "cuda" fails when the quantizer is made (before any
+// calibration work) unless the build has CUDA and a device is visible; only
+// gptq has a GPU backend. Where a GPU is present, test_cuda_gptq.cpp takes over.
+TEST(GptqDevice, CudaFailsClearlyWithoutBackendOrDevice) {
+  const FormatChoice f = find_format("int4_asym", 128);
+  const QuantizerConfig bad{f, false, false, 0.01, "tpu"};
+  EXPECT_NE(test::error_of([&] { find_method("gptq").make(bad); }).find("cpu or cuda"), std::string::npos);
+  const QuantizerConfig rtn_cuda{f, false, false, 0.01, "cuda"};
+  EXPECT_NE(test::error_of([&] { find_method("rtn").make(rtn_cuda); }).find("only the gptq method"), std::string::npos);
+  const QuantizerConfig cuda{f, false, false, 0.01, "cuda"};
+#ifdef NIBBLE_HAVE_CUDA
+  if (cuda::device_available()) GTEST_SKIP() << "a CUDA device is present (Cuda.Gptq* cover it)";
+  const char* expect = "no CUDA device";
+#else
+  const char* expect = "no CUDA backend";
+#endif
+  const std::string e = test::error_of([&] { find_method("gptq").make(cuda); });
+  EXPECT_NE(e.find(expect), std::string::npos) << e;
+  EXPECT_NO_THROW(find_method("gptq").make(QuantizerConfig{f, false, false, 0.01, "cpu"}));
 }
 
 }  // namespace

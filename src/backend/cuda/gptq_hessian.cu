@@ -1,0 +1,403 @@
+// GPTQ's input statistics on the GPU: H = Σ xᵀx (cuBLAS SYRK/GEMM, summed in
+// fp64 across chunks) and the prepared Hessian, U = the upper Cholesky factor
+// of (H + λI)⁻¹ in the sweep order (cuSOLVER Dpotrf + Xtrtri, fp64). The CPU
+// counterparts are MatrixStats::add and prepare_hessian in src/quant/gptq.cpp;
+// every host-side decision (dead columns, λ, the order, the retries) is taken
+// by the same code path on the same fp64 numbers.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+
+#include "backend/cuda/gptq_common.h"
+#include "nibble/cuda_gptq.h"
+
+namespace nibble::cuda {
+
+cublasHandle_t gptq_cublas() {
+  static const cublasHandle_t h = [] {
+    cublasHandle_t c = nullptr;
+    NIBBLE_CUBLAS_CHECK(cublasCreate(&c));
+    return c;
+  }();
+  return h;
+}
+
+cusolverDnHandle_t gptq_cusolver() {
+  static const cusolverDnHandle_t h = [] {
+    cusolverDnHandle_t c = nullptr;
+    NIBBLE_CUSOLVER_CHECK(cusolverDnCreate(&c));
+    return c;
+  }();
+  return h;
+}
+
+const char* hessian_precision_name(HessianPrecision p) {
+  switch (p) {
+    case HessianPrecision::F64: return "f64";
+    case HessianPrecision::F32: return "f32";
+    case HessianPrecision::BF16: return "bf16";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+// Rows converted to fp64 / bf16 at a time (the conversion buffer: rows × dim).
+constexpr int64_t kConvertRows = 1024;
+
+// Per input channel, in row order as MatrixStats::add does: Σ|x| (fp64, so the
+// same sums bit for bit) and max|x|. One thread per channel: coalesced rows.
+__global__ void abs_stats_kernel(const float* __restrict__ x, int64_t n, int64_t dim, int64_t ld,
+                                 double* __restrict__ abs_sum, float* __restrict__ abs_max) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= dim) return;
+  double s = abs_sum[j];
+  float m = abs_max[j];
+  for (int64_t t = 0; t < n; ++t) {
+    const float v = fabsf(x[t * ld + j]);
+    s = __dadd_rn(s, static_cast<double>(v));
+    m = fmaxf(m, v);
+  }
+  abs_sum[j] = s;
+  abs_max[j] = m;
+}
+
+// out [n, dim] (packed) = x [n, dim] (stride ld) as fp64 or bf16 (round to nearest even).
+template <typename T>
+__global__ void convert_rows_kernel(const float* __restrict__ x, int64_t n, int64_t dim, int64_t ld, T* __restrict__ out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n * dim) return;
+  const float v = x[(i / dim) * ld + i % dim];
+  if constexpr (std::is_same_v<T, double>)
+    out[i] = static_cast<double>(v);
+  else
+    out[i] = __float2bfloat16_rn(v);
+}
+
+// H += P (f32 partial sums), every element: SYRK leaves P's other triangle zero.
+__global__ void flush_kernel(const float* __restrict__ P, double* __restrict__ H, int64_t nn) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < nn) H[i] = __dadd_rn(H[i], static_cast<double>(P[i]));
+}
+
+// Row-major H: the cuBLAS column-major "upper" triangle is the row-major lower
+// one (b <= a). Copies it onto the row-major upper one.
+__global__ void symmetrize_kernel(double* __restrict__ H, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n * n) return;
+  const int64_t a = i / n, b = i % n;
+  if (b > a) H[i] = H[b * n + a];
+}
+
+__global__ void diag_kernel(const double* __restrict__ H, int64_t n, double* __restrict__ d) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) d[i] = H[i * n + i];
+}
+
+// A = J P (H + λI) Pᵀ J (prepare_hessian's matrix): permuted to the sweep
+// order, then index-reversed; diag is H's diagonal with dead inputs set to 1.
+__global__ void build_reversed_kernel(const double* __restrict__ H, const double* __restrict__ diag,
+                                      const int64_t* __restrict__ perm, double lambda, int64_t n,
+                                      double* __restrict__ A) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n * n) return;
+  const int64_t ia = perm[n - 1 - i / n], ib = perm[n - 1 - i % n];
+  A[i] = ia == ib ? __dadd_rn(diag[ia], lambda) : H[ia * n + ib];
+}
+
+// U = J L⁻¹ J as f32 (row-major upper, zeros below), L⁻¹ the row-major lower
+// triangle of A after Dpotrf + Xtrtri; its diagonal apart for the checks.
+__global__ void extract_u_kernel(const double* __restrict__ A, int64_t n, float* __restrict__ U,
+                                 float* __restrict__ udiag) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= n * n) return;
+  const int64_t i = k / n, j = k % n;
+  const float v = j >= i ? static_cast<float>(A[(n - 1 - i) * n + (n - 1 - j)]) : 0.0f;
+  U[k] = v;
+  if (i == j) udiag[i] = v;
+}
+
+template <typename T>
+std::vector<T> download(const void* d, size_t count) {
+  std::vector<T> h(count);
+  if (count) NIBBLE_CUDA_CHECK(cudaMemcpy(h.data(), d, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+}  // namespace
+
+// ---- H = Σ xᵀx -----------------------------------------------------------------
+
+struct GpuHessian::State {
+  int64_t dim = 0, tokens = 0, pending = 0;  // pending: tokens in P not yet added into H
+  HessianPrecision precision = HessianPrecision::F64;
+  DeviceBuffer H, P, abs_sum, abs_max, convert, upload;  // H fp64 [dim, dim]; P f32 [dim, dim]
+  bool symmetric = true;
+
+  void flush() {
+    if (pending == 0) return;
+    const int64_t nn = dim * dim;
+    flush_kernel<<<grid_for(nn, kThreads), kThreads>>>(static_cast<const float*>(P.get()),
+                                                       static_cast<double*>(H.get()), nn);
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    pending = 0;
+  }
+};
+
+GpuHessian::GpuHessian(int64_t dim, HessianPrecision precision) : s_(std::make_unique<State>()) {
+  NIBBLE_CHECK(dim > 0, "GpuHessian: the dimension must be positive, found {}", dim);
+  s_->dim = dim;
+  s_->precision = precision;
+  const size_t nn = static_cast<size_t>(dim * dim);
+  s_->H = DeviceBuffer(nn * sizeof(double));
+  NIBBLE_CUDA_CHECK(cudaMemset(s_->H.get(), 0, s_->H.bytes()));
+  if (precision != HessianPrecision::F64) {
+    s_->P = DeviceBuffer(nn * sizeof(float));
+    NIBBLE_CUDA_CHECK(cudaMemset(s_->P.get(), 0, s_->P.bytes()));
+  }
+  if (precision != HessianPrecision::F32)
+    s_->convert = DeviceBuffer(static_cast<size_t>(kConvertRows * dim) * sizeof(double));
+  s_->abs_sum = DeviceBuffer(static_cast<size_t>(dim) * sizeof(double));
+  s_->abs_max = DeviceBuffer(static_cast<size_t>(dim) * sizeof(float));
+  NIBBLE_CUDA_CHECK(cudaMemset(s_->abs_sum.get(), 0, s_->abs_sum.bytes()));
+  NIBBLE_CUDA_CHECK(cudaMemset(s_->abs_max.get(), 0, s_->abs_max.bytes()));
+}
+
+GpuHessian::~GpuHessian() = default;
+GpuHessian::GpuHessian(GpuHessian&&) noexcept = default;
+GpuHessian& GpuHessian::operator=(GpuHessian&&) noexcept = default;
+
+int64_t GpuHessian::dim() const { return s_->dim; }
+int64_t GpuHessian::tokens() const { return s_->tokens; }
+HessianPrecision GpuHessian::precision() const { return s_->precision; }
+
+void GpuHessian::add(const float* x, int64_t n, int64_t ld) {
+  State& s = *s_;
+  if (ld == 0) ld = s.dim;
+  NIBBLE_CHECK(ld >= s.dim, "GpuHessian::add: row stride {} < dim {}", ld, s.dim);
+  // Host rows go up in chunks (packed to stride dim), each then added as device rows.
+  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(n, 1), kHessianFlushTokens);
+  if (s.upload.bytes() < static_cast<size_t>(chunk * s.dim) * sizeof(float))
+    s.upload = DeviceBuffer(static_cast<size_t>(chunk * s.dim) * sizeof(float));
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t m = std::min(chunk, n - r0);
+    NIBBLE_CUDA_CHECK(cudaMemcpy2D(s.upload.get(), s.dim * sizeof(float), x + r0 * ld, ld * sizeof(float),
+                                   s.dim * sizeof(float), m, cudaMemcpyHostToDevice));
+    add_device(static_cast<const float*>(s.upload.get()), m, s.dim);
+  }
+}
+
+void GpuHessian::add_device(const float* x, int64_t n, int64_t ld) {
+  State& s = *s_;
+  if (ld == 0) ld = s.dim;
+  NIBBLE_CHECK(ld >= s.dim, "GpuHessian::add_device: row stride {} < dim {}", ld, s.dim);
+  if (n <= 0) return;
+  abs_stats_kernel<<<grid_for(s.dim, kThreads), kThreads>>>(x, n, s.dim, ld, static_cast<double*>(s.abs_sum.get()),
+                                                            static_cast<float*>(s.abs_max.get()));
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  cublasHandle_t h = gptq_cublas();
+  NIBBLE_CUBLAS_CHECK(cublasSetStream(h, nullptr));
+  const int dim = static_cast<int>(s.dim);
+  // cuBLAS is column-major: x [n, dim] row-major (stride ld) is A = xᵀ [dim, n]
+  // with lda = ld, and H = A·Aᵀ. SYRK fills the column-major upper triangle.
+  for (int64_t r0 = 0; r0 < n;) {
+    const float* xr = x + r0 * ld;
+    int64_t m = 0;
+    if (s.precision == HessianPrecision::F64) {
+      m = std::min(kConvertRows, n - r0);
+      convert_rows_kernel<double><<<grid_for(m * s.dim, kThreads), kThreads>>>(xr, m, s.dim, ld,
+                                                                              static_cast<double*>(s.convert.get()));
+      NIBBLE_CUDA_CHECK(cudaGetLastError());
+      const double one = 1.0;
+      NIBBLE_CUBLAS_CHECK(cublasDsyrk(h, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, dim, static_cast<int>(m), &one,
+                                      static_cast<const double*>(s.convert.get()), dim, &one,
+                                      static_cast<double*>(s.H.get()), dim));
+    } else if (s.precision == HessianPrecision::F32) {
+      m = std::min(kHessianFlushTokens - s.pending, n - r0);
+      const float one = 1.0f, beta = s.pending > 0 ? 1.0f : 0.0f;
+      NIBBLE_CUBLAS_CHECK(cublasSsyrk(h, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, dim, static_cast<int>(m), &one, xr,
+                                      static_cast<int>(ld), &beta, static_cast<float*>(s.P.get()), dim));
+    } else {
+      m = std::min({kHessianFlushTokens - s.pending, kConvertRows, n - r0});
+      convert_rows_kernel<__nv_bfloat16><<<grid_for(m * s.dim, kThreads), kThreads>>>(
+          xr, m, s.dim, ld, static_cast<__nv_bfloat16*>(s.convert.get()));
+      NIBBLE_CUDA_CHECK(cudaGetLastError());
+      const float one = 1.0f, beta = s.pending > 0 ? 1.0f : 0.0f;
+      // The full product (there is no bf16 SYRK); symmetrize() keeps one triangle.
+      NIBBLE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, dim, dim, static_cast<int>(m), &one,
+                                       s.convert.get(), CUDA_R_16BF, dim, s.convert.get(), CUDA_R_16BF, dim, &beta,
+                                       s.P.get(), CUDA_R_32F, dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    if (s.precision != HessianPrecision::F64) {
+      s.pending += m;
+      if (s.pending == kHessianFlushTokens) s.flush();
+    }
+    r0 += m;
+  }
+  s.tokens += n;
+  s.symmetric = false;
+}
+
+const double* GpuHessian::device_h() const {
+  State& s = *s_;
+  s.flush();
+  if (!s.symmetric) {
+    symmetrize_kernel<<<grid_for(s.dim * s.dim, kThreads), kThreads>>>(static_cast<double*>(s.H.get()), s.dim);
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    s.symmetric = true;
+  }
+  return static_cast<const double*>(s.H.get());
+}
+
+quant::MatrixStats GpuHessian::to_stats() const {
+  const double* H = device_h();
+  quant::MatrixStats st(s_->dim);
+  NIBBLE_CUDA_CHECK(cudaMemcpy(st.H.data(), H, st.H.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  st.abs_sum = download<double>(s_->abs_sum.get(), static_cast<size_t>(s_->dim));
+  st.abs_max = download<float>(s_->abs_max.get(), static_cast<size_t>(s_->dim));
+  st.tokens = s_->tokens;
+  return st;
+}
+
+// ---- the prepared Hessian ------------------------------------------------------
+
+quant::PreparedHessian GpuPreparedHessian::to_host() const {
+  quant::PreparedHessian p;
+  p.cols = cols;
+  p.act_order = act_order;
+  p.U = download<float>(U.get(), static_cast<size_t>(cols * cols));
+  p.perm = perm;
+  p.dead = dead;
+  p.dead_columns = dead_columns;
+  p.damp_used = damp_used;
+  p.lambda = lambda;
+  p.damp_retries = damp_retries;
+  return p;
+}
+
+GpuPreparedHessian upload(const quant::PreparedHessian& prepared, int64_t tokens) {
+  const int64_t n = prepared.cols;
+  NIBBLE_CHECK(prepared.U.size() == static_cast<size_t>(n * n) && prepared.perm.size() == static_cast<size_t>(n) &&
+                   prepared.dead.size() == static_cast<size_t>(n),
+               "upload: the prepared Hessian's arrays do not match its {} columns", n);
+  GpuPreparedHessian g;
+  g.cols = n;
+  g.act_order = prepared.act_order;
+  g.U = cuda::upload(prepared.U.data(), prepared.U.size() * sizeof(float));
+  g.perm = prepared.perm;
+  g.dead = prepared.dead;
+  g.dead_columns = prepared.dead_columns;
+  g.damp_used = prepared.damp_used;
+  g.lambda = prepared.lambda;
+  g.damp_retries = prepared.damp_retries;
+  g.tokens = tokens;
+  return g;
+}
+
+GpuPreparedHessian prepare_hessian(const quant::MatrixStats& stats, const quant::GptqOptions& opt) {
+  NIBBLE_CHECK(stats.H.size() == static_cast<size_t>(stats.dim * stats.dim),
+               "gptq (cuda): the statistics hold {} values for {} inputs", stats.H.size(), stats.dim);
+  const DeviceBuffer H = cuda::upload(stats.H.data(), stats.H.size() * sizeof(double));
+  return prepare_hessian_device(static_cast<const double*>(H.get()), stats.dim, stats.tokens, opt);
+}
+
+GpuPreparedHessian prepare_hessian(const GpuHessian& hessian, const quant::GptqOptions& opt) {
+  return prepare_hessian_device(hessian.device_h(), hessian.dim(), hessian.tokens(), opt);
+}
+
+GpuPreparedHessian prepare_hessian_device(const double* H, int64_t n, int64_t tokens, const quant::GptqOptions& opt) {
+  NIBBLE_CHECK(tokens > 0, "gptq: no calibration tokens were seen for this matrix");
+  NIBBLE_CHECK(opt.damp >= 0 && std::isfinite(opt.damp), "gptq: damping must be >= 0, found {}", opt.damp);
+  NIBBLE_CHECK(n > 0 && n < (int64_t{1} << 31), "gptq (cuda): {} inputs is out of range", n);
+  GpuPreparedHessian p;
+  p.cols = n;
+  p.act_order = opt.act_order;
+  p.tokens = tokens;
+
+  // The diagonal comes to the host; the decisions below are prepare_hessian's,
+  // statement for statement, so dead columns, the order and λ are identical.
+  DeviceBuffer d_diag(static_cast<size_t>(n) * sizeof(double));
+  diag_kernel<<<grid_for(n, kThreads), kThreads>>>(H, n, static_cast<double*>(d_diag.get()));
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  std::vector<double> diag = download<double>(d_diag.get(), static_cast<size_t>(n));
+  p.dead.assign(static_cast<size_t>(n), 0);
+  for (int64_t j = 0; j < n; ++j) {
+    if (diag[j] == 0.0) {
+      diag[j] = 1.0;
+      p.dead[j] = 1;
+      ++p.dead_columns;
+    }
+  }
+  p.perm.resize(static_cast<size_t>(n));
+  std::iota(p.perm.begin(), p.perm.end(), 0);
+  if (opt.act_order)
+    std::stable_sort(p.perm.begin(), p.perm.end(), [&](int64_t a, int64_t b) { return diag[a] > diag[b]; });
+  double mean_diag = 0;
+  for (double d : diag) mean_diag += d;
+  mean_diag /= static_cast<double>(n);
+  NIBBLE_CUDA_CHECK(cudaMemcpy(d_diag.get(), diag.data(), diag.size() * sizeof(double), cudaMemcpyHostToDevice));
+  const DeviceBuffer d_perm = cuda::upload(p.perm.data(), p.perm.size() * sizeof(int64_t));
+
+  DeviceBuffer A(static_cast<size_t>(n * n) * sizeof(double));
+  double* a = static_cast<double*>(A.get());
+  cusolverDnHandle_t sol = gptq_cusolver();
+  NIBBLE_CUSOLVER_CHECK(cusolverDnSetStream(sol, nullptr));
+  const int N = static_cast<int>(n);
+  // Workspaces: Dpotrf's, and Xtrtri's (device and host).
+  int lwork = 0;
+  NIBBLE_CUSOLVER_CHECK(cusolverDnDpotrf_bufferSize(sol, CUBLAS_FILL_MODE_UPPER, N, a, N, &lwork));
+  size_t tri_dev = 0, tri_host = 0;
+  NIBBLE_CUSOLVER_CHECK(cusolverDnXtrtri_bufferSize(sol, CUBLAS_FILL_MODE_UPPER, CUBLAS_DIAG_NON_UNIT, n, CUDA_R_64F,
+                                                    a, n, &tri_dev, &tri_host));
+  DeviceBuffer work(std::max(static_cast<size_t>(lwork) * sizeof(double), tri_dev)), info(sizeof(int));
+  std::vector<uint8_t> host_work(std::max<size_t>(tri_host, 1));
+
+  // The factorization as factor_reversed() does it: A is row-major and
+  // symmetric, so passing it as column-major with 'U' is the same problem.
+  auto factor = [&]() {
+    int h_info = 0;
+    NIBBLE_CUSOLVER_CHECK(cusolverDnDpotrf(sol, CUBLAS_FILL_MODE_UPPER, N, a, N, static_cast<double*>(work.get()),
+                                           lwork, static_cast<int*>(info.get())));
+    NIBBLE_CUDA_CHECK(cudaMemcpy(&h_info, info.get(), sizeof(int), cudaMemcpyDeviceToHost));
+    if (h_info != 0) return false;
+    NIBBLE_CUSOLVER_CHECK(cusolverDnXtrtri(sol, CUBLAS_FILL_MODE_UPPER, CUBLAS_DIAG_NON_UNIT, n, CUDA_R_64F, a, n,
+                                           work.get(), work.bytes(), host_work.data(), tri_host,
+                                           static_cast<int*>(info.get())));
+    NIBBLE_CUDA_CHECK(cudaMemcpy(&h_info, info.get(), sizeof(int), cudaMemcpyDeviceToHost));
+    return h_info == 0;
+  };
+
+  bool ok = false;
+  for (int attempt = 0; attempt <= opt.max_damp_retries && !ok; ++attempt) {
+    const double factor_used = opt.damp > 0 ? opt.damp * std::pow(10.0, attempt)
+                                            : (attempt == 0 ? 0.0 : 0.01 * std::pow(10.0, attempt - 1));
+    const double lambda = factor_used * mean_diag;
+    build_reversed_kernel<<<grid_for(n * n, kThreads), kThreads>>>(
+        H, static_cast<const double*>(d_diag.get()), static_cast<const int64_t*>(d_perm.get()), lambda, n, a);
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    ok = factor();
+    p.damp_used = factor_used;
+    p.lambda = lambda;
+    p.damp_retries = attempt;
+  }
+  NIBBLE_CHECK(ok,
+               "gptq: the Hessian ({} inputs, {} tokens) is not positive definite even with damping {} "
+               "(after {} retries from --damp {}); more calibration data or a larger --damp is needed",
+               n, tokens, p.damp_used, opt.max_damp_retries, opt.damp);
+  p.U = DeviceBuffer(static_cast<size_t>(n * n) * sizeof(float));
+  DeviceBuffer d_udiag(static_cast<size_t>(n) * sizeof(float));
+  extract_u_kernel<<<grid_for(n * n, kThreads), kThreads>>>(a, n, static_cast<float*>(p.U.get()),
+                                                            static_cast<float*>(d_udiag.get()));
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  const std::vector<float> udiag = download<float>(d_udiag.get(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    NIBBLE_CHECK(std::isfinite(udiag[i]) && udiag[i] > 0,
+                 "gptq: the inverse Hessian's factor is not finite at column {} (damping {})", i, p.damp_used);
+  return p;
+}
+
+}  // namespace nibble::cuda
