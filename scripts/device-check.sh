@@ -15,9 +15,10 @@ SHARED=${NIBBLE_SHARED:-../shared}
 
 if [ "${1:-}" = "--bundle" ]; then
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DNIBBLE_CUDA=on >/dev/null
-  cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda >/dev/null
+  cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda bench_int4_gemv >/dev/null
   rm -rf devrun && mkdir -p devrun/bin devrun/lib devrun/models
-  cp build-cuda/bin/nibble build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda devrun/bin/
+  cp build-cuda/bin/nibble build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda \
+     build-cuda/bin/bench_int4_gemv devrun/bin/
   # Shared libraries outside glibc/libstdc++/CUDA that the binaries need (the GPU machine has the CUDA 13
   # toolkit's libraries: cuBLAS(Lt), cuSOLVER and its cuSPARSE / nvJitLink).
   ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda | awk '/=> \//{print $3}' | sort -u |
