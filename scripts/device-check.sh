@@ -21,7 +21,7 @@ if [ "${1:-}" = "--bundle" ]; then
      build-cuda/bin/bench_int4_gemv devrun/bin/
   # Shared libraries outside glibc/libstdc++/CUDA that the binaries need (the GPU machine has the CUDA 13
   # toolkit's libraries: cuBLAS(Lt), cuSOLVER and its cuSPARSE / nvJitLink).
-  ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda | awk '/=> \//{print $3}' | sort -u |
+  ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda build-cuda/bin/bench_int4_gemv | awk '/=> \//{print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libcusolver|libcusparse|libnvJitLink' |
     while read -r l; do cp -L "$l" devrun/lib/; done
   if [ "${2:-}" = "--models" ]; then
@@ -29,6 +29,8 @@ if [ "${1:-}" = "--bundle" ]; then
       mkdir -p "devrun/models/$m"
       find "$SHARED/models/$m" -maxdepth 1 -type f \( -name '*.json' -o -name '*.safetensors' \) \
         -exec cp {} "devrun/models/$m/" \;
+      # The goldens (a few MB) let the CPU golden tests run on the GPU machine's host CPU too.
+      [ -d "$SHARED/models/$m/golden" ] && cp -r "$SHARED/models/$m/golden" "devrun/models/$m/"
     done
   fi
   # The device tool carries at most 64 MiB: ship one compressed archive (carry devrun.tar.xz).

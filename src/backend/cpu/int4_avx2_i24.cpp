@@ -203,8 +203,8 @@ static inline void store_bytes16(__m256i lo, __m256i hi, int8_t* out) {
 
 // 16 scaled values of one chunk's inputs of one parity (even or odd), rounded to
 // nearest even (the MXCSR default), split into the a, b, c bytes (int4_isa.h) and
-// stored at out, out + 64, out + 128.
-static inline void quantize16(__m256 v0, __m256 v1, int8_t* out) {
+// stored at out, out + part, out + 2·part.
+static inline void quantize16(__m256 v0, __m256 v1, int8_t* out, int64_t part) {
   const __m256i r128 = _mm256_set1_epi32(128);
   __m256i x[2] = {_mm256_cvtps_epi32(v0), _mm256_cvtps_epi32(v1)};
   __m256i a[2], b[2], c[2];
@@ -215,16 +215,16 @@ static inline void quantize16(__m256 v0, __m256 v1, int8_t* out) {
     b[k] = _mm256_sub_epi32(t, _mm256_slli_epi32(a[k], 8));
   }
   store_bytes16(a[0], a[1], out);
-  store_bytes16(b[0], b[1], out + 64);
-  store_bytes16(c[0], c[1], out + 128);
+  store_bytes16(b[0], b[1], out + part);
+  store_bytes16(c[0], c[1], out + 2 * part);
 }
 
-void prepare_avx2_i24(const float* xm, const Problem& p, const QActivations& qa) {
+void prepare_avx2_i24(const float* xm, const Problem& p, const QActivations& qa, int unit) {
   int8_t* q = const_cast<int8_t*>(qa.q);
   float* d = const_cast<float*>(qa.d);
   float* xsum = const_cast<float*>(qa.xsum);
-  const int64_t pairs = (p.chunks + 1) / 2;
-  for (int64_t i = 0; i < pairs * kPairQBytes; ++i) q[i] = 0;
+  const int64_t units = (p.chunks + unit - 1) / unit, ubytes = unit * kChunkQBytes;
+  for (int64_t i = 0; i < units * ubytes; ++i) q[i] = 0;
   d[p.groups] = 0.0f;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   alignas(32) float buf[kChunk];
@@ -295,9 +295,9 @@ void prepare_avx2_i24(const float* xm, const Problem& p, const QActivations& qa)
         ev[h] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xD8));
         od[h] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xDD)), 0xD8));
       }
-      int8_t* out = q + (c / 2) * kPairQBytes + (c & 1) * 16;
-      quantize16(ev[0], ev[1], out);
-      quantize16(od[0], od[1], out + 32);
+      int8_t* out = q + (c / unit) * ubytes + (c % unit) * 16;
+      quantize16(ev[0], ev[1], out, 32 * unit);
+      quantize16(od[0], od[1], out + 16 * unit, 32 * unit);
     }
   }
 }

@@ -161,6 +161,11 @@ bool isa_supported(Isa isa) {
   return false;
 }
 
+bool gemv_is_integer(Isa isa) {
+  static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  return isa == Isa::Avx2 || (isa == Isa::Avx512 && vnni);
+}
+
 Isa best_isa() {
   if (isa_supported(Isa::Avx512)) return Isa::Avx512;
   if (isa_supported(Isa::Avx2)) return Isa::Avx2;
@@ -180,17 +185,19 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
   }
   const int4::Problem p{qweight, scales, mins, N, K, group_size, (K + 1) / 2,
                         (K + group_size - 1) / group_size, (K + kChunk - 1) / kChunk};
-  if (isa == Isa::Avx2 && M == 1) {
-    // The integer GEMV (int4_avx2_i24.cpp) on x in 24-bit fixed point per group.
-    float* q = scratch(0, ((p.chunks + 1) / 2 * int4::kPairQBytes + 3) / 4);
+  if (M == 1 && gemv_is_integer(isa)) {
+    // The integer GEMV (int4_avx2_i24.cpp, int4_avx512_i24.cpp) on x in 24-bit
+    // fixed point per group, in pairs (AVX2) or quads (AVX-512) of chunks.
+    const int unit = isa == Isa::Avx512 ? 4 : 2;
+    float* q = scratch(0, ((p.chunks + unit - 1) / unit * unit * int4::kChunkQBytes + 3) / 4);
     float* d = scratch(1, p.groups + 1);
     float* xsum = scratch(2, p.groups);
     const int4::QActivations a{reinterpret_cast<const int8_t*>(q), d, xsum};
-    int4::prepare_avx2_i24(x, p, a);
+    int4::prepare_avx2_i24(x, p, a, unit);
     for (int64_t g = 0; g < p.groups; ++g)
       NIBBLE_CHECK(std::isfinite(d[g]), "int4_asym GEMM: the activations are not finite in inputs {}..{}",
                    g * group_size, std::min<int64_t>(K, (g + 1) * group_size) - 1);
-    gemm_kernels(int4::rows_avx2_i24, p, a, 1, y);
+    gemm_kernels(isa == Isa::Avx512 ? int4::rows_avx512_i24 : int4::rows_avx2_i24, p, a, 1, y);
     return;
   }
   const int64_t stride = p.chunks * kChunk + int4::kRowPad;

@@ -62,9 +62,12 @@ constexpr int64_t kPrefetchBytes = 2048;
 // The integer kernel (int4_avx2_i16.cpp) walks a row in pairs of chunks: 64
 // inputs = 32 qweight bytes, one AVX2 load.
 constexpr int64_t kPairBytes = 2 * kChunkBytes;
-constexpr int64_t kPairQBytes = 192;  // activation bytes per pair (see QActivations)
+constexpr int64_t kChunkQBytes = 96;                  // activation bytes per chunk (see QActivations)
+constexpr int64_t kPairQBytes = 2 * kChunkQBytes;     // per pair of chunks (AVX2)
+constexpr int64_t kQuadBytes = 4 * kChunkBytes;       // 128 inputs = 64 qweight bytes, one AVX-512 load
+constexpr int64_t kQuadQBytes = 4 * kChunkQBytes;     // per quad of chunks (AVX-512)
 
-// Activations for the integer kernel: each row of x in 24-bit fixed point per
+// Activations for the integer kernels: each row of x in 24-bit fixed point per
 // group, split into three signed bytes. For group g, d_g = 2^e is the smallest
 // power of two with max_i |x_i| / d_g ≤ kQMax = 8355711, and
 //   x24_i = round_to_nearest_even(x_i / d_g) ∈ [-kQMax, kQMax],
@@ -74,15 +77,18 @@ constexpr int64_t kPairQBytes = 192;  // activation bytes per pair (see QActivat
 // max|x| · 2^-23 (d_g ≤ max|x| / 2^22): the rounding of one fp32 operation on the
 // group's largest value. A power of two keeps x_i / d_g exact: activations that are
 // already on a coarser grid (the tests' integer cases) are not rounded at all.
-// Per pair pr (chunks 2pr, 2pr+1) a row holds 192 bytes:
-//   [  0,  32) a of the low nibbles: chunk 2pr inputs 0,2,..,30, then chunk 2pr+1's
-//   [ 32,  64) a of the high nibbles: inputs 1,3,..,31 of each
-//   [ 64, 128) b, [128, 192) c, in the same two blocks
-// (zeros past K, so padding codes contribute 0).
+// The bytes follow the kernel's weight loads: a unit of U chunks (U = 2 for the
+// AVX2 kernel's 32-byte loads, 4 for AVX-512's 64 bytes) holds 96·U bytes,
+//   [0, 16U)      a of the low nibbles: chunk 0 of the unit inputs 0,2,..,30, then chunk 1's, ...
+//   [16U, 32U)    a of the high nibbles: inputs 1,3,..,31 of each chunk
+//   [32U, 64U)    b, [64U, 96U) c, in the same two blocks
+// (zeros past K, so padding codes contribute 0). So byte 16k + i of a weight load
+// (chunk k of the unit, its byte i: inputs 2i and 2i + 1) lines up with byte
+// 16k + i of each activation block.
 constexpr int32_t kQMax = 8355711;  // 127·65536 + 127·256 + 127
 // One activation row (the integer kernel is the M = 1 GEMV).
 struct QActivations {
-  const int8_t* q;    // pairs * 192 bytes, 32-byte aligned
+  const int8_t* q;    // units * 96·U bytes, 64-byte aligned
   const float* d;     // d_g per group, then a zero (groups + 1 floats)
   const float* xsum;  // Σ of x over each group, fp32
 };
@@ -99,10 +105,14 @@ void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, i
                bool accumulate, float* y);
 // Fills QActivations from one row x[K] (the buffers are the caller's; d_g is left
 // non-finite for a group whose activations are not finite).
-void prepare_avx2_i24(const float* x, const Problem& p, const QActivations& a);
+void prepare_avx2_i24(const float* x, const Problem& p, const QActivations& a, int unit);
 // The M = 1 GEMV over QActivations (c0 even, as the driver's K blocks are).
 void rows_avx2_i24(const Problem& p, const QActivations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
                    bool accumulate, float* y);
+// The M = 1 GEMV with AVX-512 VNNI (vpdpbusd) over QActivations in quads (U = 4;
+// c0 a multiple of 4 chunks, as the driver's K blocks are).
+void rows_avx512_i24(const Problem& p, const QActivations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
+                     bool accumulate, float* y);
 void rows_avx512(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
                  bool accumulate, float* y);
 

@@ -20,13 +20,15 @@ void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const
 
 // Which instruction set a CPU kernel uses. Scalar is the reference above;
 // Avx2 needs AVX2+FMA+F16C, Avx512 needs AVX-512 F/BW/VL/DQ (checked at run time).
-// Avx2's M = 1 GEMV uses integer dot products on x in 24-bit fixed point per group
-// (|Δx_i| ≤ max|x over i's group|·2^-23, int4_isa.h); everything else uses the
-// exact decoded weights and fp32 products.
+// The M = 1 GEMV of Avx2, and of Avx512 on CPUs with AVX-512 VNNI, uses integer
+// dot products on x in 24-bit fixed point per group (|Δx_i| ≤ max|x over i's
+// group|·2^-23, int4_isa.h); everything else uses the exact decoded weights and
+// fp32 products.
 enum class Isa { Scalar, Avx2, Avx512 };
 const char* isa_name(Isa isa);
 bool isa_supported(Isa isa);  // this CPU can run it (and this build has it)
 Isa best_isa();               // the fastest supported one; what gemm_int4_asym uses
+bool gemv_is_integer(Isa isa);  // its M = 1 path is the integer GEMV on this CPU
 
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ for an int4_asym matrix, same arguments and
 // meaning as gemm_int4_asym_ref: the fast path (src/backend/cpu/int4_gemm.cpp
