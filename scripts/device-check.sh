@@ -3,6 +3,7 @@
 #   gpu:           the CUDA kernel tests (CI compiles them but has no GPU) and the
 #                  W4A16 stack benchmark next to torch's int4 kernel and cuBLAS bf16;
 #   gptq:          GPTQ's solve on the GPU: the Cuda.Gptq* tests and bench_gptq_cuda (GPU vs CPU solve);
+#   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
 #   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate.
 # Usage on this machine: scripts/device-check.sh --bundle [--models]
 #          (builds build-cuda/ for sm_90a and assembles devrun/: binaries, the shared
@@ -15,10 +16,11 @@ SHARED=${NIBBLE_SHARED:-../shared}
 
 if [ "${1:-}" = "--bundle" ]; then
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DNIBBLE_CUDA=on >/dev/null
-  cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda bench_int4_gemv >/dev/null
+  cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda bench_attention bench_int4_gemv \
+    >/dev/null
   rm -rf devrun && mkdir -p devrun/bin devrun/lib devrun/models
   cp build-cuda/bin/nibble build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda \
-     build-cuda/bin/bench_int4_gemv devrun/bin/
+     build-cuda/bin/bench_attention build-cuda/bin/bench_int4_gemv devrun/bin/
   # Shared libraries outside glibc/libstdc++/CUDA that the binaries need (the GPU machine has the CUDA 13
   # toolkit's libraries: cuBLAS(Lt), cuSOLVER and its cuSPARSE / nvJitLink).
   ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda build-cuda/bin/bench_int4_gemv | awk '/=> \//{print $3}' | sort -u |
@@ -39,7 +41,7 @@ if [ "${1:-}" = "--bundle" ]; then
   exit 0
 fi
 
-[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [transformers]" >&2; exit 2; }
+[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [gptq] [attention] [transformers]" >&2; exit 2; }
 OUT=$2
 shift 2
 [ -d devrun ] || tar -xJf devrun.tar.xz
@@ -55,6 +57,10 @@ for what in "${@:-gpu}"; do
     gptq)
       devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Gptq*' 2>&1 | tee "$OUT/cuda_gptq_tests.txt" | tail -40
       devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
+      ;;
+    attention)
+      devrun/bin/nibble_tests --gtest_filter='Cuda.FlashAttention*' 2>&1 | tee "$OUT/cuda_attention_tests.txt" | tail -25
+      devrun/bin/bench_attention 2>&1 | tee "$OUT/bench_attention.txt"
       ;;
     transformers)
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" |

@@ -26,6 +26,10 @@ struct GpuOptions {
   // q|k|v and gate|up each as one linear (rows concatenated at load, same
   // values) when they share a format.
   bool fuse_linears = true;
+  // Prefill (more than one token) runs the flash attention kernel where it
+  // supports the head dim (64, 128, 256); off, the row-wise kernel decode uses
+  // (same values up to fp32 summation order; include/nibble/cuda_attention.h).
+  bool flash_prefill = true;
 };
 
 class GpuModel {

@@ -9,8 +9,9 @@
 // Per layer: residual add + RMSNorm, q|k|v (one linear: rows concatenated at
 // load), q/k norm + RoPE + cache write, attention, o, residual add + RMSNorm,
 // gate|up (one linear), SiLU·up, down; the kernels are in forward_kernels.cuh.
-// Attention is one block per (query, head) over the cached keys, fine for the
-// fixtures and for decode; prefill of long prompts wants a flash-style kernel.
+// Attention: prefill (n > 1) runs the flash kernel (flash_attention.cu) for
+// head dims 64/128/256; decode, and prefill of other head dims, the kernel
+// with one block per (query, head) over the cached keys (forward_kernels.cuh).
 //
 // Decode (one token) is one CUDA graph: the step is captured once at load
 // time over a scratch set of its own, with the token id and the position read
@@ -26,6 +27,7 @@
 #include "backend/cuda/forward_kernels.cuh"
 #include "nibble/arch.h"
 #include "nibble/cuda.h"
+#include "nibble/cuda_attention.h"
 #include "nibble/cuda_model.h"
 #include "nibble/dtype.h"
 #include "nibble/model.h"
@@ -244,7 +246,9 @@ struct GpuModel::Impl {
   // Enqueues the forward of n tokens (ids already in sc.tokens) at positions
   // p0 .. p0+n-1 on the stream; p0_dev, when set, is read instead of p0 by
   // every kernel (decode). Logits of all rows or the last go to sc.logits.
-  void enqueue(Scratch& sc, int64_t n, int64_t p0, const int32_t* p0_dev, bool all_logits, size_t att_smem) {
+  // att_positions: the keys the row-wise attention kernel's shared memory is
+  // sized for (decode: the whole cache, so that one graph serves every step).
+  void enqueue(Scratch& sc, int64_t n, int64_t p0, const int32_t* p0_dev, bool all_logits, int64_t att_positions) {
     const int64_t D = c.hidden_size, H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim, F = c.intermediate_size;
     const int64_t QKV = (H + 2 * KV) * hd;
     auto* x = static_cast<float*>(sc.x.get());
@@ -273,9 +277,23 @@ struct GpuModel::Impl {
           qkv, qkv + H * hd, qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H, KV,
           hd, p0, p0_dev, qf, kc, vc);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
-      attention_kernel<<<dim3(rows_n, static_cast<unsigned>(H)), kAttentionThreads, att_smem, stream>>>(
-          qf, kc, vc, att, ldQ, H, KV, hd, p0, p0_dev, L.window, scale);
-      NIBBLE_CUDA_CHECK(cudaGetLastError());
+      AttentionArgs a;
+      a.q = qf;
+      a.k = kc;
+      a.v = vc;
+      a.out = att;
+      a.ldo = ldQ;
+      a.n = n;
+      a.p0 = p0;
+      a.heads = H;
+      a.kv_heads = KV;
+      a.head_dim = hd;
+      a.window = L.window;
+      a.scale = scale;
+      if (n > 1 && opts.flash_prefill && flash_attention_supported(hd))
+        flash_attention(a, stream);
+      else
+        rowwise_attention(a, p0_dev, att_positions, stream);
       linears_forward(&L.o, 1, att, n, ldQ, tmp, D, stream);
       add_rmsnorm_kernel<<<rows_n, kNormThreads, 0, stream>>>(x, tmp, D, f32p(L.post_norm), eps, xn, ldD);
       linears_forward(L.gate_up, xn, n, ldD, gu, 2 * F, stream);
@@ -294,8 +312,7 @@ struct GpuModel::Impl {
 
   // The decode step over `dec`: token and position from dec.tokens[0], [1].
   void enqueue_decode() {
-    enqueue(dec, 1, 0, static_cast<const int32_t*>(dec.tokens.get()) + 1, false,
-            attention_smem(c.head_dim, max_tokens));
+    enqueue(dec, 1, 0, static_cast<const int32_t*>(dec.tokens.get()) + 1, false, max_tokens);
   }
 
   // Runs the decode step once outside a graph (module loading, the cuBLAS
@@ -395,18 +412,12 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   }
   const std::vector<float> inv = rope_inv_freq(c);
   m.inv_freq = upload(inv.data(), inv.size() * 4);
-  // Attention keeps q, its partial outputs and the scores of one query in shared memory.
-  const size_t att_smem = attention_smem(c.head_dim, max_tokens);
-  NIBBLE_CHECK(att_smem <= 200u << 10, "GpuModel: a KV cache of {} positions is more than the attention kernel's "
-               "shared memory holds", max_tokens);
-  // The attribute is per kernel, not per model: never lower it below what a
-  // model loaded earlier (still alive, maybe) needs.
-  static size_t att_smem_allowed = 0;
-  if (att_smem > att_smem_allowed) {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(att_smem)));
-    att_smem_allowed = att_smem;
-  }
+  // The row-wise attention kernel (decode) keeps q, its partial outputs and the
+  // scores of one query in shared memory, sized for the whole cache. Prefill
+  // of head dims 64/128/256 runs the flash kernel, which has no such limit.
+  NIBBLE_CHECK(rowwise_attention_smem(c.head_dim, max_tokens) <= rowwise_attention_smem_limit(),
+               "GpuModel: a KV cache of {} positions is more than the decode attention kernel's shared memory holds",
+               max_tokens);
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
   NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
@@ -439,7 +450,7 @@ Tensor GpuModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
     if (n > m.s.rows) m.s = m.make_scratch(n);
     sc = &m.s;
     NIBBLE_CUDA_CHECK(cudaMemcpyAsync(sc->tokens.get(), tokens.data(), n * 4, cudaMemcpyHostToDevice, m.stream));
-    m.enqueue(*sc, n, p0, nullptr, all_logits, attention_smem(c.head_dim, p0 + n));
+    m.enqueue(*sc, n, p0, nullptr, all_logits, p0 + n);
   }
   m.len += n;
   const int64_t rows = all_logits ? n : 1;
@@ -448,6 +459,37 @@ Tensor GpuModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
                                     m.stream));
   NIBBLE_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return logits;
+}
+
+// The row-wise kernel's launcher (include/nibble/cuda_attention.h); it lives
+// here because the kernel is one of forward_kernels.cuh's.
+size_t rowwise_attention_smem(int64_t head_dim, int64_t max_positions) {
+  return attention_smem(head_dim, max_positions);
+}
+size_t rowwise_attention_smem_limit() { return 200u << 10; }
+
+void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream) {
+  NIBBLE_CHECK(a.n > 0 && a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
+               "rowwise_attention: bad shape (n {}, heads {}, kv_heads {})", a.n, a.heads, a.kv_heads);
+  NIBBLE_CHECK(p0_dev != nullptr || a.p0 + a.n <= max_positions,
+               "rowwise_attention: {} + {} positions exceed the {} it is sized for", a.p0, a.n, max_positions);
+  const size_t smem = attention_smem(a.head_dim, max_positions);
+  NIBBLE_CHECK(smem <= rowwise_attention_smem_limit(),
+               "rowwise_attention: {} positions need {} bytes of shared memory, more than the kernel's {}",
+               max_positions, smem, rowwise_attention_smem_limit());
+  // The attribute is per kernel, not per model: never lower it below what a
+  // model loaded earlier (still alive, maybe) needs. Raised outside graph
+  // capture: the decode step's warm-up launch asks for the largest size first.
+  static size_t smem_allowed = 0;
+  if (smem > smem_allowed) {
+    NIBBLE_CUDA_CHECK(
+        cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    smem_allowed = smem;
+  }
+  attention_kernel<<<dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads)), kAttentionThreads, smem,
+                     static_cast<cudaStream_t>(stream)>>>(a.q, a.k, a.v, static_cast<bf16*>(a.out), a.ldo, a.heads,
+                                                          a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace nibble::cuda

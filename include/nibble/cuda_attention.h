@@ -1,0 +1,47 @@
+// Causal attention of the GPU forward on device buffers (CUDA builds only):
+// the forward (src/backend/cuda/forward.cu) calls it, and so do the tests and
+// bench/bench_attention.cu. docs/CUDA.md, "Flash prefill attention", describes
+// the two kernels.
+//
+// Semantics (src/model/forward.cpp's attention): query i of n sits at position
+// p0 + i and attends to the cached keys t0 .. p0+i (t0 = 0, or p0+i+1-window
+// under a sliding window), head h to kv head h / (heads / kv_heads) (GQA),
+// out = softmax(q·Kᵀ · scale) · V.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace nibble::cuda {
+
+struct AttentionArgs {
+  const float* q = nullptr;  // f32 [n, heads, head_dim], contiguous (RoPE applied)
+  const float* k = nullptr;  // f32 [positions, kv_heads, head_dim], the key cache, rows 0 .. p0+n-1 filled
+  const float* v = nullptr;  // f32, same layout: the value cache
+  void* out = nullptr;       // bf16 [n, ldo]: head h at columns h*head_dim .. (h+1)*head_dim-1
+  int64_t ldo = 0;           // elements, even
+  int64_t n = 0, p0 = 0;     // queries at positions p0 .. p0+n-1
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t window = 0;  // > 0: sliding window (keys with position - t < window only)
+  float scale = 0.0f;  // usually 1/sqrt(head_dim)
+};
+
+// Flash-style prefill kernel: online softmax over key tiles of 64, fp32
+// throughout, shared memory independent of the length. Head dims 64, 128, 256.
+bool flash_attention_supported(int64_t head_dim);
+// Enqueues the flash kernel on `stream` (a cudaStream_t; nullptr: the legacy
+// stream). Throws nibble::Error for an unsupported head dim or bad arguments.
+void flash_attention(const AttentionArgs& a, void* stream);
+
+// The one-block-per-(query, head) kernel (decode, and prefill of head dims the
+// flash kernel lacks): keeps one query's scores in shared memory, sized for
+// `max_positions` keys (the grid does not depend on the length, so a captured
+// decode step serves every position). `p0_dev`, when set, is a device int read
+// instead of a.p0. Raising the kernel's shared-memory limit happens here, the
+// first time a size is needed: call it once outside graph capture with the
+// largest max_positions before capturing.
+size_t rowwise_attention_smem(int64_t head_dim, int64_t max_positions);
+size_t rowwise_attention_smem_limit();  // the most it may use (200 KiB)
+void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream);
+
+}  // namespace nibble::cuda

@@ -1,0 +1,314 @@
+// The GPU forward's attention kernels (include/nibble/cuda_attention.h)
+// against a float64 host reference of causal GQA attention, and GpuModel's
+// prefill of long prompts (flash kernel) against the CPU forward. Compiled
+// whenever the build has CUDA; skipped without a GPU.
+#include <gtest/gtest.h>
+
+#ifdef NIBBLE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "nibble/cuda.h"
+#include "nibble/cuda_attention.h"
+#include "nibble/cuda_model.h"
+#include "nibble/dtype.h"
+#include "nibble/model.h"
+#include "nibble/source.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+struct AttnCase {
+  int64_t n, p0, heads, kv_heads, head_dim, window;
+  float q_gain;     // queries scaled by this: > 1 makes a few keys dominate each row (a lost key shows)
+  int check_every;  // reference for every k-th query row only (and the last 64): long cases
+};
+
+struct AttnData {
+  std::vector<float> q, k, v;  // q [n, H, hd]; k, v [p0+n, KV, hd]
+};
+
+AttnData random_attention(const AttnCase& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  AttnData d;
+  const int64_t T = c.p0 + c.n;
+  d.q.resize(static_cast<size_t>(c.n * c.heads * c.head_dim));
+  d.k.resize(static_cast<size_t>(T * c.kv_heads * c.head_dim));
+  d.v.resize(d.k.size());
+  for (auto& x : d.q) x = c.q_gain * normal(rng);
+  for (auto& x : d.k) x = normal(rng);
+  for (auto& x : d.v) x = normal(rng);
+  return d;
+}
+
+// Runs `kernel` ("flash" or "rowwise") and returns the bf16 output as float
+// [n, ldo]. The cache has spare rows past p0+n filled with NaN and the output
+// starts as NaN (bf16 0xFFFF) with padding columns: the kernel must read no
+// key past the last query's position and write nothing outside its columns.
+std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const std::string& kernel, int64_t ldo) {
+  const int64_t T = c.p0 + c.n, row = c.kv_heads * c.head_dim, spare = 70;
+  std::vector<float> kp(static_cast<size_t>((T + spare) * row), std::nanf("")), vp(kp);
+  std::copy(d.k.begin(), d.k.end(), kp.begin());
+  std::copy(d.v.begin(), d.v.end(), vp.begin());
+  cuda::DeviceBuffer dq = cuda::upload(d.q.data(), d.q.size() * 4), dk = cuda::upload(kp.data(), kp.size() * 4),
+                     dv = cuda::upload(vp.data(), vp.size() * 4), dout(static_cast<size_t>(c.n * ldo) * 2);
+  EXPECT_EQ(cudaMemset(dout.get(), 0xFF, dout.bytes()), cudaSuccess);
+  cuda::AttentionArgs a;
+  a.q = static_cast<const float*>(dq.get());
+  a.k = static_cast<const float*>(dk.get());
+  a.v = static_cast<const float*>(dv.get());
+  a.out = dout.get();
+  a.ldo = ldo;
+  a.n = c.n;
+  a.p0 = c.p0;
+  a.heads = c.heads;
+  a.kv_heads = c.kv_heads;
+  a.head_dim = c.head_dim;
+  a.window = c.window;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (kernel == "flash")
+    cuda::flash_attention(a, nullptr);
+  else
+    cuda::rowwise_attention(a, nullptr, T, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> raw(static_cast<size_t>(c.n * ldo));
+  EXPECT_EQ(cudaMemcpy(raw.data(), dout.get(), raw.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<float> out(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) out[i] = raw[i] == 0xFFFF ? std::nanf("") : bf16_to_f32(raw[i]);
+  return out;
+}
+
+// Checks `got` against attention in float64 on the same fp32 inputs.
+//
+// Tolerance, per output element: 2^-8·|ref| (the output's rounding to bf16,
+// 8 significant bits, round to nearest) plus E·mag, the fp32 error of the
+// kernel, where mag = Σ p_t·|v_td| / Σ p_t (the same weighted sum with |v|)
+// and, with u = 2^-24 and T the row's key count, to first order:
+//   E = u · [ ln2·((hd + 2)·A + R) + 2·T + 8·(T/64 + 2) + 16 ]
+// - a score is an fp32 dot product of hd terms (plus the rounding of q·scale):
+//   |Δs| ≤ (hd + 2)·u·A, A = max_t Σ_d |q_d k_d|·scale·log2 e (log2 units),
+//   and the subtraction s − m adds u·R, R = max_t |s_t − m| (log2 units); a
+//   weight 2^(s−m) then moves by ln2·|Δ(s − m)| relative;
+// - each exponential (exp2f / expf, ≤ 2 ulp = 4u) and each rescale of the
+//   running sums by 2^(m_old − m_new) (an exponential and a multiply per key
+//   tile of 64, or the row-wise kernel's block reductions): 8u per tile;
+// - numerator and denominator sums over T keys: T·u each (worst-case order);
+// - the final division and the rest: 16u.
+// The bound is worst-case (linear in T and hd), so it never fails on a
+// correct kernel; a key lost or added moves a row by ~p_t·|v_t − o|, which the
+// q_gain > 1 cases make O(1) for the rows that key dominates.
+void check_attention(const AttnCase& c, const AttnData& d, const std::vector<float>& got, int64_t ldo,
+                     const std::string& what) {
+  const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim, row = KV * hd;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(static_cast<float>(hd))), log2e = 1.4426950408889634;
+  const double u = std::ldexp(1.0, -24);
+  int bad = 0;
+  double worst = 0;  // max |Δ| / tol
+  std::vector<double> s(static_cast<size_t>(c.p0 + c.n)), o(static_cast<size_t>(hd)), mag(o.size());
+  for (int64_t i = 0; i < c.n && bad < 8; ++i) {
+    // The long cases check every k-th row, the last tile's rows and the padding of all.
+    for (int64_t col = H * hd; col < ldo; ++col)
+      if (!std::isnan(got[i * ldo + col]) && bad++ < 8) ADD_FAILURE() << what << ": wrote padding column " << col;
+    if (c.check_every > 1 && i % c.check_every != 0 && i < c.n - 64) continue;
+    const int64_t pos = c.p0 + i, T = pos + 1, t0 = c.window > 0 ? std::max<int64_t>(0, T - c.window) : 0;
+    for (int64_t h = 0; h < H && bad < 8; ++h) {
+      const int64_t kvh = h / (H / KV);
+      const float* qi = &d.q[static_cast<size_t>((i * H + h) * hd)];
+      double mx = -INFINITY, A = 0;
+      for (int64_t t = t0; t < T; ++t) {
+        const float* kt = &d.k[static_cast<size_t>(t * row + kvh * hd)];
+        double dot = 0, abs_dot = 0;
+        for (int64_t e = 0; e < hd; ++e) {
+          dot += static_cast<double>(qi[e]) * kt[e];
+          abs_dot += std::fabs(static_cast<double>(qi[e]) * kt[e]);
+        }
+        s[t] = dot * scale;
+        mx = std::max(mx, s[t]);
+        A = std::max(A, abs_dot * scale * log2e);
+      }
+      double sum = 0, R = 0;
+      for (int64_t t = t0; t < T; ++t) {
+        R = std::max(R, (mx - s[t]) * log2e);
+        sum += (s[t] = std::exp(s[t] - mx));
+      }
+      std::fill(o.begin(), o.end(), 0.0);
+      std::fill(mag.begin(), mag.end(), 0.0);
+      for (int64_t t = t0; t < T; ++t) {
+        const float* vt = &d.v[static_cast<size_t>(t * row + kvh * hd)];
+        for (int64_t e = 0; e < hd; ++e) {
+          o[e] += s[t] * vt[e];
+          mag[e] += s[t] * std::fabs(static_cast<double>(vt[e]));
+        }
+      }
+      const double keys = static_cast<double>(T - t0);
+      const double E = u * (std::log(2.0) * ((hd + 2) * A + R) + 2 * keys + 8 * (keys / 64 + 2) + 16);
+      for (int64_t e = 0; e < hd; ++e) {
+        const double ref = o[e] / sum, tol = std::ldexp(std::fabs(ref), -8) + 1.01 * E * mag[e] / sum;
+        const double v = got[i * ldo + h * hd + e];
+        worst = std::max(worst, std::fabs(v - ref) / tol);
+        if (!(std::fabs(v - ref) <= tol) && bad++ < 8)
+          ADD_FAILURE() << what << ": out[" << i << ", h" << h << ", " << e << "] = " << v << ", ref " << ref
+                        << ", tol " << tol;
+      }
+    }
+  }
+  std::printf("[attention] %s: worst |Δ|/tol %.3f\n", what.c_str(), worst);
+}
+
+std::string describe(const AttnCase& c) {
+  return "n=" + std::to_string(c.n) + " p0=" + std::to_string(c.p0) + " H=" + std::to_string(c.heads) +
+         " KV=" + std::to_string(c.kv_heads) + " hd=" + std::to_string(c.head_dim) +
+         (c.window ? " window=" + std::to_string(c.window) : "") + " gain=" + std::to_string(c.q_gain);
+}
+
+// Shapes: one query; exact tiles; ragged lengths (not multiples of 64) at
+// p0 = 0 and p0 > 0 (chunked prefill, a cache longer than the prompt); MHA
+// and GQA ratios 2, 3, 4, 8; head dims 64, 128, 256; a sliding window; peaked
+// softmax (gain 4). Both kernels against the same reference and bound.
+TEST(Cuda, FlashAttentionMatchesReference) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<AttnCase> cases = {
+      {1, 0, 4, 2, 64, 0, 1.0f, 1},        {1, 130, 8, 2, 128, 0, 1.0f, 1},    {64, 0, 4, 4, 64, 0, 1.0f, 1},
+      {100, 0, 8, 2, 64, 0, 4.0f, 1},      {129, 37, 6, 3, 128, 0, 1.0f, 1},   {77, 300, 32, 8, 128, 0, 4.0f, 1},
+      {200, 5, 4, 1, 256, 0, 1.0f, 1},     {191, 0, 8, 8, 128, 0, 4.0f, 1},    {150, 20, 6, 3, 128, 50, 1.0f, 1},
+      {130, 100, 4, 2, 64, 64, 4.0f, 1},   {65, 63, 2, 1, 64, 0, 1.0f, 1},
+  };
+  uint32_t seed = 100;
+  for (const AttnCase& c : cases) {
+    const AttnData d = random_attention(c, seed++);
+    const int64_t ldo = c.heads * c.head_dim + 6;  // padded rows, as the forward's ldQ can be
+    for (const char* kernel : {"flash", "rowwise"}) {
+      const auto got = run_attention(c, d, kernel, ldo);
+      check_attention(c, d, got, ldo, std::string(kernel) + " " + describe(c));
+    }
+  }
+}
+
+// A long prefill from position 0: 3000 queries (47 tiles, the last ragged),
+// both plain and peaked scores. Every 7th row is checked, and the last 64.
+TEST(Cuda, FlashAttentionLongSequence) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  for (const AttnCase& c : {AttnCase{3000, 0, 4, 2, 128, 0, 1.0f, 7}, AttnCase{3000, 0, 4, 1, 64, 0, 4.0f, 7}}) {
+    const AttnData d = random_attention(c, 7);
+    const int64_t ldo = c.heads * c.head_dim;
+    check_attention(c, d, run_attention(c, d, "flash", ldo), ldo, "flash " + describe(c));
+  }
+}
+
+// A cache longer than the row-wise kernel's shared memory allows (one
+// query's 60000 scores): the flash kernel's shared memory does not depend on
+// the length. 100 queries after 59900 cached positions.
+TEST(Cuda, FlashAttentionBeyondRowwiseLimit) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const AttnCase c{100, 59900, 2, 1, 64, 0, 4.0f, 1};
+  ASSERT_GT(cuda::rowwise_attention_smem(c.head_dim, c.p0 + c.n), cuda::rowwise_attention_smem_limit());
+  const AttnData d = random_attention(c, 9);
+  const int64_t ldo = c.heads * c.head_dim;
+  check_attention(c, d, run_attention(c, d, "flash", ldo), ldo, "flash " + describe(c));
+}
+
+// Argument checks come before any CUDA call: this runs without a device too.
+TEST(Cuda, FlashAttentionRejectsUnsupportedHeadDim) {
+  EXPECT_TRUE(cuda::flash_attention_supported(128));
+  EXPECT_FALSE(cuda::flash_attention_supported(8));
+  cuda::AttentionArgs a;
+  a.n = 4;
+  a.heads = a.kv_heads = 1;
+  a.head_dim = 96;
+  a.ldo = 96;
+  EXPECT_NE(test::error_of([&] { cuda::flash_attention(a, nullptr); }).find("head_dim 96"), std::string::npos);
+}
+
+// Per row: max |Δlogit| and the row's max |logit| (the Cuda.GpuForward* measure).
+struct LogitDiff {
+  double worst = 0;  // max over rows of max|Δ| / max|logit|
+  int agree = 0, rows = 0;
+};
+void compare_logits(const Tensor& ref, const Tensor& got, double bound, LogitDiff& d, const std::string& what) {
+  ASSERT_EQ(ref.shape(), got.shape()) << what;
+  const int64_t V = ref.shape()[1];
+  for (int64_t r = 0; r < ref.shape()[0]; ++r) {
+    const float* x = ref.data<float>() + r * V;
+    const float* y = got.data<float>() + r * V;
+    double scale = 0, diff = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      ASSERT_TRUE(std::isfinite(y[j])) << what << " row " << r;
+      scale = std::max(scale, std::fabs(static_cast<double>(x[j])));
+      diff = std::max(diff, std::fabs(static_cast<double>(x[j]) - y[j]));
+    }
+    d.worst = std::max(d.worst, diff / scale);
+    EXPECT_LE(diff, bound * scale) << what << " row " << r;
+    d.agree += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
+    ++d.rows;
+  }
+}
+
+// GpuModel prefill of a 1000-token prompt (qwen3-26M: head_dim 64, the flash
+// kernel; max_position_embeddings 1024) against the CPU forward: every
+// position's logits in one prefill, then the same tokens as two chunks
+// (600 + 400: the second chunk's queries attend to a cache the first wrote),
+// then 8 greedy decode steps (the row-wise kernel over the flash-prefilled
+// cache). Bounds as Cuda.GpuForward*: bf16 linear inputs, so max |Δ| within
+// 3 % of the row's largest |logit| and top-1 at >= 97 % of rows. Flash
+// against row-wise prefill on the GPU: the same fp32 attention summed in
+// another order, then rounded to bf16 for o_proj; 1 % (as fused vs separate
+// linears in Cuda.DecodeGraph*) is far above that and far below a wrong key.
+TEST(Cuda, FlashAttentionGpuModelLongPromptMatchesCpu) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = test::model_dir("qwen3-26M-linux");
+  auto src = CheckpointDir::open(dir);
+  auto cpu = Model::load(*src);
+  const ModelConfig& c = cpu->config();
+  ASSERT_TRUE(cuda::flash_attention_supported(c.head_dim));
+  const int n = 1000, steps = 8;
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(c.vocab_size) - 1);
+  std::vector<int32_t> prompt(n);
+  for (auto& t : prompt) t = tok(rng);
+  prompt[0] = 1;
+  const std::vector<int32_t> first(prompt.begin(), prompt.begin() + 600), second(prompt.begin() + 600, prompt.end());
+
+  auto gpu = cuda::GpuModel::load(*src, n + steps);
+  cuda::GpuOptions rowwise_opts;
+  rowwise_opts.flash_prefill = false;
+  auto rowwise = cuda::GpuModel::load(*src, n + steps, rowwise_opts);
+  KVCache cache(c, n + steps);
+  const Tensor ref = cpu->forward(prompt, cache, true);
+  LogitDiff whole, chunked, vs_rowwise, decode;
+  const Tensor got = gpu->forward(prompt, true);
+  compare_logits(ref, got, 0.03, whole, "prefill 1000");
+  compare_logits(rowwise->forward(prompt, true), got, 0.01, vs_rowwise, "flash vs row-wise prefill");
+
+  gpu->reset();
+  cache = KVCache(c, n + steps);
+  compare_logits(cpu->forward(first, cache, true), gpu->forward(first, true), 0.03, chunked, "chunk 1 (600)");
+  Tensor lc = cpu->forward(second, cache, true), lg = gpu->forward(second, true);
+  compare_logits(lc, lg, 0.03, chunked, "chunk 2 (400 after 600)");
+  const int64_t V = c.vocab_size;
+  for (int step = 0; step < steps; ++step) {
+    const float* last = lc.data<float>() + (lc.shape()[0] - 1) * V;
+    const auto next = static_cast<int32_t>(std::max_element(last, last + V) - last);
+    lc = cpu->forward({next}, cache, false);
+    lg = gpu->forward({next}, false);
+    compare_logits(lc, lg, 0.03, decode, "decode step " + std::to_string(step));
+  }
+  EXPECT_GE(whole.agree, whole.rows * 97 / 100);
+  EXPECT_GE(chunked.agree, chunked.rows * 97 / 100);
+  EXPECT_GE(decode.agree, decode.rows * 3 / 4);
+  std::printf("[flash prefill] %s n=%d: vs CPU worst %.4f top-1 %d/%d; chunked 600+400 worst %.4f top-1 %d/%d; "
+              "decode after it worst %.4f top-1 %d/%d; flash vs row-wise worst %.2g top-1 %d/%d\n",
+              dir.filename().c_str(), n, whole.worst, whole.agree, whole.rows, chunked.worst, chunked.agree,
+              chunked.rows, decode.worst, decode.agree, decode.rows, vs_rowwise.worst, vs_rowwise.agree,
+              vs_rowwise.rows);
+}
+
+}  // namespace
+}  // namespace nibble
+#endif
