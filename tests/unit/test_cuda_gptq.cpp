@@ -211,8 +211,9 @@ void expect_close_to_cpu(const GptqResult& gpu, const GptqResult& cpu, const std
     for (int64_t c = 0; c < cpu.cols; ++c) {
       const size_t i = r * cpu.cols + c, k = r * gpr + c / g;
       if (gpu.codes[i] == cpu.codes[i] && gpu.params[k].scale == cpu.params[k].scale &&
-          gpu.params[k].min == cpu.params[k].min)
+          gpu.params[k].min == cpu.params[k].min) {
         ASSERT_EQ(gpu.dequant[i], cpu.dequant[i]) << r << "," << c;
+      }
     }
 }
 

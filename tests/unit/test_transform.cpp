@@ -282,7 +282,9 @@ TEST(Rotate, RotatedModelReproducesTheLogits) {
     const bool mlp_rotated = hadamard_supported(src->config().intermediate_size);
     EXPECT_EQ(rot->down_proj_rotation().has_value(), mlp_rotated) << dir;
     EXPECT_EQ(notes.size(), mlp_rotated ? 0u : 1u);
-    if (!mlp_rotated) EXPECT_NE(notes[0].find("172"), std::string::npos) << notes[0];
+    if (!mlp_rotated) {
+      EXPECT_NE(notes[0].find("172"), std::string::npos) << notes[0];
+    }
     EXPECT_FALSE(rot->config().tie_word_embeddings);
     rot->validate_against_config();
     const std::vector<float> a = logits_of(*src, 24), b = logits_of(*rot, 24);
