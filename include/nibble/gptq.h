@@ -115,6 +115,24 @@ struct PreparedHessian {
 // Throws an Error when the factorization still fails after the damping retries.
 PreparedHessian prepare_hessian(const MatrixStats& stats, const GptqOptions& options);
 
+// The decisions of prepare_hessian that depend only on diag(H) and the options,
+// shared by the CPU and GPU preparations so that both decide alike: dead inputs
+// (H_jj == 0, then treated as 1), the sweep order (natural, or decreasing diag(H),
+// stable), the mean diagonal that the damping is relative to, the damping factor
+// of each retry, and the error when every retry failed.
+struct HessianPlan {
+  std::vector<double> diag;  // diag(H) with the dead entries set to 1
+  std::vector<uint8_t> dead;
+  int64_t dead_columns = 0;
+  std::vector<int64_t> perm;  // sweep position -> column
+  double mean_diag = 0;
+};
+HessianPlan plan_hessian(std::vector<double> diag, bool act_order);
+// λ = damping_factor(options, attempt) · mean_diag on attempt 0, 1, ...
+double damping_factor(const GptqOptions& options, int attempt);
+[[noreturn]] void fail_not_positive_definite(int64_t inputs, int64_t tokens, double damp_used,
+                                             const GptqOptions& options);
+
 // GPTQ on w[rows, cols] (row-major f32) with the inputs' statistics.
 GptqResult gptq(const float* w, int64_t rows, int64_t cols, const MatrixStats& stats, const Grid& grid,
                 const GptqOptions& options);

@@ -232,6 +232,39 @@ bool factor_reversed(std::vector<double>& a, int64_t n) {
 
 }  // namespace
 
+HessianPlan plan_hessian(std::vector<double> diag, bool act_order) {
+  HessianPlan p;
+  const int64_t n = static_cast<int64_t>(diag.size());
+  // Dead inputs (H_jj == 0: never active in calibration) get H_jj = 1; the
+  // sweep zeroes their weights.
+  p.dead.assign(diag.size(), 0);
+  for (int64_t j = 0; j < n; ++j)
+    if (diag[j] == 0.0) {
+      diag[j] = 1.0;
+      p.dead[j] = 1;
+      ++p.dead_columns;
+    }
+  // Sweep order: natural, or decreasing diag(H) (stable, so ties keep index order).
+  p.perm.resize(diag.size());
+  std::iota(p.perm.begin(), p.perm.end(), 0);
+  if (act_order)
+    std::stable_sort(p.perm.begin(), p.perm.end(), [&](int64_t a, int64_t b) { return diag[a] > diag[b]; });
+  for (double d : diag) p.mean_diag += d;
+  p.mean_diag /= static_cast<double>(n);
+  p.diag = std::move(diag);
+  return p;
+}
+
+double damping_factor(const GptqOptions& opt, int attempt) {
+  return opt.damp > 0 ? opt.damp * std::pow(10.0, attempt) : (attempt == 0 ? 0.0 : 0.01 * std::pow(10.0, attempt - 1));
+}
+
+void fail_not_positive_definite(int64_t inputs, int64_t tokens, double damp_used, const GptqOptions& opt) {
+  NIBBLE_FAIL("gptq: the Hessian ({} inputs, {} tokens) is not positive definite even with damping {} "
+              "(after {} retries from --damp {}); more calibration data or a larger --damp is needed",
+              inputs, tokens, damp_used, opt.max_damp_retries, opt.damp);
+}
+
 PreparedHessian prepare_hessian(const MatrixStats& stats, const GptqOptions& opt) {
   NIBBLE_CHECK(stats.tokens > 0, "gptq: no calibration tokens were seen for this matrix");
   NIBBLE_CHECK(opt.damp >= 0 && std::isfinite(opt.damp), "gptq: damping must be >= 0, found {}", opt.damp);
@@ -240,33 +273,20 @@ PreparedHessian prepare_hessian(const MatrixStats& stats, const GptqOptions& opt
   PreparedHessian p;
   p.cols = n;
   p.act_order = opt.act_order;
-  // Dead inputs (H_jj == 0: never active in calibration) get H_jj = 1; the
-  // sweep zeroes their weights.
-  p.dead.assign(static_cast<size_t>(n), 0);
-  std::vector<double> diag(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) {
-    diag[j] = H[j * n + j];
-    if (diag[j] == 0.0) {
-      diag[j] = 1.0;
-      p.dead[j] = 1;
-      ++p.dead_columns;
-    }
-  }
-  // Sweep order: natural, or decreasing diag(H) (stable, so ties keep index order).
-  p.perm.resize(static_cast<size_t>(n));
-  std::iota(p.perm.begin(), p.perm.end(), 0);
-  if (opt.act_order)
-    std::stable_sort(p.perm.begin(), p.perm.end(), [&](int64_t a, int64_t b) { return diag[a] > diag[b]; });
-  double mean_diag = 0;
-  for (double d : diag) mean_diag += d;
-  mean_diag /= static_cast<double>(n);
+  std::vector<double> d0(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) d0[j] = H[j * n + j];
+  HessianPlan plan = plan_hessian(std::move(d0), opt.act_order);
+  const std::vector<double>& diag = plan.diag;
+  const double mean_diag = plan.mean_diag;
+  p.dead = std::move(plan.dead);
+  p.dead_columns = plan.dead_columns;
+  p.perm = std::move(plan.perm);
 
   // Raise the damping ×10 while the factorization fails.
   std::vector<double> A(static_cast<size_t>(n * n));
   bool ok = false;
   for (int attempt = 0; attempt <= opt.max_damp_retries && !ok; ++attempt) {
-    const double factor = opt.damp > 0 ? opt.damp * std::pow(10.0, attempt)
-                                       : (attempt == 0 ? 0.0 : 0.01 * std::pow(10.0, attempt - 1));
+    const double factor = damping_factor(opt, attempt);
     const double lambda = factor * mean_diag;
     // A = J P (H + λI) Pᵀ J: permuted to the sweep order, then index-reversed.
 #pragma omp parallel for schedule(static) if (n >= 512)
@@ -282,10 +302,7 @@ PreparedHessian prepare_hessian(const MatrixStats& stats, const GptqOptions& opt
     p.lambda = lambda;
     p.damp_retries = attempt;
   }
-  NIBBLE_CHECK(ok,
-               "gptq: the Hessian ({} inputs, {} tokens) is not positive definite even with damping {} "
-               "(after {} retries from --damp {}); more calibration data or a larger --damp is needed",
-               n, stats.tokens, p.damp_used, opt.max_damp_retries, opt.damp);
+  if (!ok) fail_not_positive_definite(n, stats.tokens, p.damp_used, opt);
   // U = J L⁻¹ J (row-major upper); L⁻¹ is the lower triangle of A.
   p.U.assign(static_cast<size_t>(n * n), 0.0f);
 #pragma omp parallel for schedule(static) if (n >= 512)

@@ -318,27 +318,17 @@ GpuPreparedHessian prepare_hessian_device(const double* H, int64_t n, int64_t to
   p.act_order = opt.act_order;
   p.tokens = tokens;
 
-  // The diagonal comes to the host; the decisions below are prepare_hessian's,
-  // statement for statement, so dead columns, the order and λ are identical.
+  // The diagonal comes to the host for prepare_hessian's own decisions
+  // (quant::plan_hessian), so dead columns, the order and λ are identical.
   DeviceBuffer d_diag(static_cast<size_t>(n) * sizeof(double));
   diag_kernel<<<grid_for(n, kThreads), kThreads>>>(H, n, static_cast<double*>(d_diag.get()));
   NIBBLE_CUDA_CHECK(cudaGetLastError());
-  std::vector<double> diag = download<double>(d_diag.get(), static_cast<size_t>(n));
-  p.dead.assign(static_cast<size_t>(n), 0);
-  for (int64_t j = 0; j < n; ++j) {
-    if (diag[j] == 0.0) {
-      diag[j] = 1.0;
-      p.dead[j] = 1;
-      ++p.dead_columns;
-    }
-  }
-  p.perm.resize(static_cast<size_t>(n));
-  std::iota(p.perm.begin(), p.perm.end(), 0);
-  if (opt.act_order)
-    std::stable_sort(p.perm.begin(), p.perm.end(), [&](int64_t a, int64_t b) { return diag[a] > diag[b]; });
-  double mean_diag = 0;
-  for (double d : diag) mean_diag += d;
-  mean_diag /= static_cast<double>(n);
+  quant::HessianPlan plan = quant::plan_hessian(download<double>(d_diag.get(), static_cast<size_t>(n)), opt.act_order);
+  const std::vector<double>& diag = plan.diag;
+  const double mean_diag = plan.mean_diag;
+  p.dead = std::move(plan.dead);
+  p.dead_columns = plan.dead_columns;
+  p.perm = std::move(plan.perm);
   NIBBLE_CUDA_CHECK(cudaMemcpy(d_diag.get(), diag.data(), diag.size() * sizeof(double), cudaMemcpyHostToDevice));
   const DeviceBuffer d_perm = cuda::upload(p.perm.data(), p.perm.size() * sizeof(int64_t));
 
@@ -373,8 +363,7 @@ GpuPreparedHessian prepare_hessian_device(const double* H, int64_t n, int64_t to
 
   bool ok = false;
   for (int attempt = 0; attempt <= opt.max_damp_retries && !ok; ++attempt) {
-    const double factor_used = opt.damp > 0 ? opt.damp * std::pow(10.0, attempt)
-                                            : (attempt == 0 ? 0.0 : 0.01 * std::pow(10.0, attempt - 1));
+    const double factor_used = quant::damping_factor(opt, attempt);
     const double lambda = factor_used * mean_diag;
     build_reversed_kernel<<<grid_for(n * n, kThreads), kThreads>>>(
         H, static_cast<const double*>(d_diag.get()), static_cast<const int64_t*>(d_perm.get()), lambda, n, a);
@@ -384,10 +373,7 @@ GpuPreparedHessian prepare_hessian_device(const double* H, int64_t n, int64_t to
     p.lambda = lambda;
     p.damp_retries = attempt;
   }
-  NIBBLE_CHECK(ok,
-               "gptq: the Hessian ({} inputs, {} tokens) is not positive definite even with damping {} "
-               "(after {} retries from --damp {}); more calibration data or a larger --damp is needed",
-               n, tokens, p.damp_used, opt.max_damp_retries, opt.damp);
+  if (!ok) quant::fail_not_positive_definite(n, tokens, p.damp_used, opt);
   p.U = DeviceBuffer(static_cast<size_t>(n * n) * sizeof(float));
   DeviceBuffer d_udiag(static_cast<size_t>(n) * sizeof(float));
   extract_u_kernel<<<grid_for(n * n, kThreads), kThreads>>>(a, n, static_cast<float*>(p.U.get()),
