@@ -1,4 +1,4 @@
-# Sourced by the yardstick table scripts (formats_table.sh, methods_table.sh):
+# Sourced by the yardstick table scripts (formats_table.sh, methods_table.sh, gptq_table.sh):
 # the fixture's model, calibration and evaluation split, the same for every
 # table. Needs $which (stories|qwen3) and $tag (for the scratch dir name);
 # sets here, shared, nibble, work, model, calib, int4, corpus, ctx, chunks.

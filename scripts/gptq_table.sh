@@ -7,24 +7,13 @@
 #   scripts/gptq_table.sh qwen3     # qwen3-26M-linux, linux-calib/-eval, groups 64/128
 set -euo pipefail
 which=${1:?usage: gptq_table.sh stories|qwen3}
-here=$(cd "$(dirname "$0")/.." && pwd)
-shared=${NIBBLE_SHARED:-$here/../shared}
-nibble=${NIBBLE:-$here/build/bin/nibble}
-work=${WORK:-$(mktemp -d /tmp/nibble-gptq-table.XXXXXX)}
-corp=$shared/data/corpora
+tag=gptq-table
+# shellcheck source=scripts/fixture_setup.sh
+source "$(dirname "$0")/fixture_setup.sh"
+eval_txt=${corpus#*=}   # the held-out half (fixture_setup.sh's split)
 case $which in
-  stories)
-    model=$shared/models/stories260K
-    head -c 96207 "$corp/tinystories-valid-sample.txt" > "$work/calib.txt"   # SOURCES.md split
-    tail -c +96208 "$corp/tinystories-valid-sample.txt" > "$work/eval.txt"
-    calib="--calib $work/calib.txt --calib-samples 128 --calib-len 512"
-    ctx=256; chunks=40; gsmall=32; gbig=64 ;;
-  qwen3)
-    model=$shared/models/qwen3-26M-linux
-    cp "$corp/linux-calib.txt" "$work/calib.txt"; cp "$corp/linux-eval.txt" "$work/eval.txt"
-    calib="--calib $work/calib.txt --calib-samples 64 --calib-len 512"
-    ctx=512; chunks=50; gsmall=64; gbig=128 ;;
-  *) echo "unknown fixture $which" >&2; exit 2 ;;
+  stories) gsmall=32; gbig=64 ;;
+  qwen3)   chunks=50; gsmall=64; gbig=128 ;;
 esac
 variants=(
   "rtn g$gbig|--method rtn --group $gbig"
@@ -36,7 +25,7 @@ variants=(
   "rtn g$gsmall|--method rtn --group $gsmall"
   "gptq+mse g$gsmall|--method gptq --mse --group $gsmall $calib"
 )
-ref_ppl=$("$nibble" ppl -q --model "$model" --text "$work/eval.txt" --ctx $ctx --chunks $chunks | awk '{print $2}')
+ref_ppl=$("$nibble" ppl -q --model "$model" --text "$eval_txt" --ctx $ctx --chunks $chunks | awk '{print $2}')
 layers=$(python3 -c "import json,sys; print(json.load(open('$model/config.json'))['num_hidden_layers'])")
 hdr="| variant |"; sep="|---|"
 for ((l = 0; l < layers; l++)); do hdr+=" L$l |"; sep+="---|"; done
@@ -47,9 +36,9 @@ for v in "${variants[@]}"; do
   out=$work/$(echo "$name" | tr ' +' '__')
   # shellcheck disable=SC2086
   "$nibble" quantize -q --model "$model" --out "$out" --force $args > /dev/null
-  "$nibble" probe -q --reference "$model" --candidate "$out" --corpus "$work/eval.txt" --ctx $ctx --chunks 8 \
+  "$nibble" probe -q --reference "$model" --candidate "$out" --corpus "$eval_txt" --ctx $ctx --chunks 8 \
     --json "$out.probe.json" > /dev/null
-  ppl=$("$nibble" ppl -q --model "$out" --text "$work/eval.txt" --ctx $ctx --chunks $chunks | awk '{print $2}')
+  ppl=$("$nibble" ppl -q --model "$out" --text "$eval_txt" --ctx $ctx --chunks $chunks | awk '{print $2}')
   python3 - "$out.probe.json" "$name" "$ppl" "$layers" <<'PY'
 import json, sys, math
 j = json.load(open(sys.argv[1])); name, ppl, layers = sys.argv[2], sys.argv[3], int(sys.argv[4])

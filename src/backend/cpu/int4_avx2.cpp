@@ -1,4 +1,4 @@
-// int4_asym GEMV/GEMM kernels for AVX2 + FMA (compiled with -mavx2 -mfma -mf16c;
+// int4_asym GEMM tiles (M ≥ 2) for AVX2 + FMA (compiled with -mavx2 -mfma -mf16c;
 // called only when the CPU has them). The design is in int4_gemm.cpp; the data
 // layout contract in int4_isa.h. Everything here is in an anonymous namespace or
 // is one of the entry points, and no standard-library inline function is used:

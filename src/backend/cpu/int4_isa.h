@@ -59,8 +59,8 @@ constexpr int64_t kRowPad = 16;
 // per 64 bytes.)
 constexpr int64_t kPrefetchBytes = 2048;
 
-// The integer kernel (int4_avx2_i16.cpp) walks a row in pairs of chunks: 64
-// inputs = 32 qweight bytes, one AVX2 load.
+// The integer GEMVs walk a row in pairs of chunks (AVX2, int4_avx2_i24.cpp: 64
+// inputs = 32 qweight bytes, one load) or quads (AVX-512, int4_avx512_i24.cpp).
 constexpr int64_t kPairBytes = 2 * kChunkBytes;
 constexpr int64_t kChunkQBytes = 96;                  // activation bytes per chunk (see QActivations)
 constexpr int64_t kPairQBytes = 2 * kChunkQBytes;     // per pair of chunks (AVX2)
@@ -99,8 +99,6 @@ constexpr int64_t kMaxTileRows = 4;
 // Computes rows [n0, n1) of y[M, N] over the inputs of chunks [c0, c1), where c0
 // is a multiple of G/32 and c1 is too or equals p.chunks:
 //   y[m, n] = (accumulate ? y[m, n] : 0) + Σ_{i in the chunks} x[m, i] · ŵ[n, i]
-using RowsFn = void (*)(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
-                       bool accumulate, float* y);
 void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
                bool accumulate, float* y);
 // Fills QActivations from one row x[K] (the buffers are the caller's; d_g is left
