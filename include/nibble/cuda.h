@@ -49,8 +49,10 @@ DeviceBuffer upload(const void* host, size_t bytes);
 DeviceBuffer upload(const Tensor& t);
 DeviceBuffer upload_bf16(const Tensor& t);
 
-// 16-bit activation types of the W4A16 kernels (fp32 accumulation inside).
-enum class Act { BF16, F16 };
+// Activation types of the W4A16 kernels (fp32 accumulation inside): bf16 and
+// fp16 for any M; F32 for single-token calls (M = 1) of kernels whose
+// `single_token_f32` says so (w4a16_mma with groups of 64 or 128).
+enum class Act { BF16, F16, F32 };
 
 // A linear layer's weight resident on the GPU in a kernel's own layout, made
 // once at load time from the FORMAT.md parts. docs/CUDA.md describes each layout.
@@ -59,6 +61,9 @@ struct DeviceLinear {
   int64_t rows = 0, cols = 0;  // W is [rows = out features, cols = in features]
   int group_size = 0;
   DeviceBuffer a, b;  // the kernel's buffers (w4a16: tiled codes, tiled scale/min pairs)
+  // The kernel's workspace (w4a16: the prepared activation of single-token
+  // calls), so one DeviceLinear serves one stream at a time.
+  DeviceBuffer scratch;
   size_t weight_bytes() const { return a.bytes() + b.bytes(); }
 };
 
@@ -78,6 +83,8 @@ struct LinearKernel {
   // before waiting for the previous kernel in the stream (Hopper).
   void (*gemm)(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
                bool f32_out, void* stream, bool pdl);
+  // Whether gemm takes Act::F32 when M = 1 for this uploaded weight.
+  bool (*single_token_f32)(const DeviceLinear& w);
 };
 const std::vector<const LinearKernel*>& linear_kernel_registry();
 // The kernel for a format, or nullptr when the reference path must be used.

@@ -19,6 +19,7 @@ struct AttentionArgs {
   const float* k = nullptr;  // f32 [positions, kv_heads, head_dim], the key cache, rows 0 .. p0+n-1 filled
   const float* v = nullptr;  // f32, same layout: the value cache
   void* out = nullptr;       // bf16 [n, ldo]: head h at columns h*head_dim .. (h+1)*head_dim-1
+  bool out_f32 = false;      // out is f32 instead (the row-wise kernel only)
   int64_t ldo = 0;           // elements, even
   int64_t n = 0, p0 = 0;     // queries at positions p0 .. p0+n-1
   int64_t heads = 0, kv_heads = 0, head_dim = 0;

@@ -176,6 +176,22 @@ TEST(Cuda, W4A16RegistryRows) {
   EXPECT_EQ(cuda::find_linear_kernel("no_such_format", 128), nullptr);
 }
 
+// f32 activations are a single-token feature: any other M is refused.
+TEST(Cuda, W4A16F32ActivationsOnlyForOneToken) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(19);
+  for (int g : {32, 128}) {
+    const auto parts = random_int4_parts(rng, 16, 256, g);
+    const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", g)->upload(parts, 16, 256, g);
+    EXPECT_EQ(dw.kernel->single_token_f32(dw), g == 128);
+    cuda::DeviceBuffer dx(2 * 256 * 4), dy(2 * 16 * 4);
+    ASSERT_EQ(cudaMemset(dx.get(), 0, dx.bytes()), cudaSuccess);
+    EXPECT_THROW(dw.kernel->gemm(dw, dx.get(), 2, 256, dy.get(), 16, cuda::Act::F32, true, nullptr, false), Error);
+    if (g == 32)
+      EXPECT_THROW(dw.kernel->gemm(dw, dx.get(), 1, 256, dy.get(), 16, cuda::Act::F32, true, nullptr, false), Error);
+  }
+}
+
 TEST(Cuda, W4A16LayoutOnDeviceMatchesHostReference) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(11);
@@ -223,6 +239,78 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
 TEST(Cuda, W4A16WithProgrammaticDependentLaunch) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 16}, true, 13);
+}
+
+// The single-token kernel (integer dot products on x held per group in 24-bit
+// fixed point, w4a16_gemv.cu) on activations that stress that representation:
+// an all-zero group, a group whose one outlier sets the step for values 10^7
+// smaller, subnormal bf16 values, huge values. Bound: the sweep's plus the
+// rounding of x to the group's step, 2^-22 of the group's largest |x| per
+// input (w4a16_gemv.cu), times Σ|w| over the group. A NaN input makes every
+// output NaN, as a float dot product would. f32 activations (single-token
+// calls only) take the same path without a 16-bit rounding first.
+TEST(Cuda, W4A16SingleTokenExtremeActivations) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  for (int g : {64, 128})
+    for (auto act : {cuda::Act::BF16, cuda::Act::F16, cuda::Act::F32}) {
+      const int64_t N = 40, K = 4160;
+      std::mt19937 rng(20 + g);
+      const auto parts = random_int4_parts(rng, N, K, g);
+      const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", g)->upload(parts, N, K, g);
+      const std::vector<float> w = weights_kernel(parts, N, K, g, act, true);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> xf(K);
+      const bool f16 = act == cuda::Act::F16, f32 = act == cuda::Act::F32;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t grp = k / g;
+        float v = normal(rng);
+        if (grp == 0) v = 0.0f;
+        else if (grp == 1) v = (k == g + 5) ? (f16 ? 6e4f : 3e4f) : v * 1e-3f;
+        else if (grp == 2) v = v * (f16 ? 1e-7f : 1e-39f);  // subnormal in each type
+        else if (grp == 3) v = v * (f16 ? 1e3f : 1e30f);
+        xf[k] = f32 ? v : from_16bit(to_16bit(v, act), act);
+      }
+      const size_t esize = f32 ? 4 : 2;
+      std::vector<uint8_t> x(K * esize);
+      auto set_x = [&](int64_t k, float v) {
+        if (f32) {
+          std::memcpy(&x[k * 4], &v, 4);
+        } else {
+          const uint16_t b = to_16bit(v, act);
+          std::memcpy(&x[k * 2], &b, 2);
+        }
+      };
+      for (int64_t k = 0; k < K; ++k) set_x(k, xf[k]);
+      cuda::DeviceBuffer dx(x.size()), dy(static_cast<size_t>(N) * 4);
+      auto run = [&](std::vector<float>& y) {
+        ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size(), cudaMemcpyHostToDevice), cudaSuccess);
+        dw.kernel->gemm(dw, dx.get(), 1, K, dy.get(), N, act, true, nullptr, false);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        y.resize(N);
+        ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), N * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      };
+      std::vector<float> y;
+      run(y);
+      for (int64_t n = 0; n < N; ++n) {
+        double r = 0, mag = 0, xerr = 0;
+        for (int64_t c0 = 0; c0 < K; c0 += g) {
+          double gmax = 0, wsum = 0;
+          for (int64_t k = c0; k < std::min(K, c0 + g); ++k) {
+            const double p = static_cast<double>(xf[k]) * w[n * K + k];
+            r += p;
+            mag += std::fabs(p);
+            gmax = std::max(gmax, std::fabs(static_cast<double>(xf[k])));
+            wsum += std::fabs(static_cast<double>(w[n * K + k]));
+          }
+          xerr += std::ldexp(gmax, -22) * wsum;
+        }
+        const double tol = 3e-5 * mag + xerr;
+        EXPECT_LE(std::fabs(y[n] - r), tol) << "g=" << g << " row " << n << " y=" << y[n] << " ref=" << r;
+      }
+      set_x(3 * g + 7, std::nanf(""));
+      run(y);
+      for (int64_t n = 0; n < N; ++n) EXPECT_TRUE(std::isnan(y[n])) << "g=" << g << " row " << n << " y=" << y[n];
+    }
 }
 
 // The reference path (dequantize to bf16 once, cuBLAS) computes the same thing.
@@ -308,6 +396,10 @@ void check_gpu_forward(const std::filesystem::path& dir, const std::vector<int32
     const auto next_g = static_cast<int32_t>(std::max_element(lg.data<float>(), lg.data<float>() + V) - lg.data<float>());
     greedy_cpu.push_back(next_c);
     greedy_gpu.push_back(next_g);
+    if (next_c != next_g)  // how close a call it was on each side
+      std::printf("[gpu forward] step %d: cpu picks %d (gpu's pick %d is %.5f below), gpu picks %d (cpu's pick %.5f below)\n",
+                  step, next_c, next_g, lc.data<float>()[next_c] - lc.data<float>()[next_g], next_g,
+                  lg.data<float>()[next_g] - lg.data<float>()[next_c]);
     if (step + 1 < decode_steps) {
       lc = cpu->forward({next_c}, cache, false);
       lg = gpu->forward({next_c}, false);

@@ -164,18 +164,21 @@ GpuLinear dense_linear(const Tensor& w) {
   return l;
 }
 
-// y[M, Σ out] (f32, leading dimension ldy) = x[M, in] (bf16, leading dimension
-// ldx) · [W0; W1; ...]ᵀ + bias: each linear writes its own columns.
-void linears_forward(const GpuLinear* ls, size_t count, const bf16* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
-                     cudaStream_t s) {
+// y[M, Σ out] (f32, leading dimension ldy) = x[M, in] (bf16, or f32 where
+// every linear takes it; leading dimension ldx) · [W0; W1; ...]ᵀ + bias: each
+// linear writes its own columns.
+void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, int64_t M, int64_t ldx, float* y,
+                     int64_t ldy, cudaStream_t s) {
   for (size_t i = 0; i < count; ++i) {
     const GpuLinear& l = ls[i];
     // Programmatic dependent launch: the W4A16 kernel streams its weights in
     // before it waits for the kernel that writes x (and only then writes y).
-    if (l.packed.kernel != nullptr)
-      l.packed.kernel->gemm(l.packed, x, M, ldx, y, ldy, Act::BF16, true, s, true);
-    else
+    if (l.packed.kernel != nullptr) {
+      l.packed.kernel->gemm(l.packed, x, M, ldx, y, ldy, act, true, s, true);
+    } else {
+      NIBBLE_CHECK(act == Act::BF16, "GpuModel: a bf16 (cuBLAS) linear was given f32 inputs");
       gemm_bf16_cublas(l.dense.get(), l.out, l.in, x, M, ldx, y, ldy, s, true);
+    }
     if (l.bias.bytes() > 0) {
       bias_add_kernel<<<blocks_of(M * l.out, 256), 256, 0, s>>>(y, ldy, static_cast<const float*>(l.bias.get()), M,
                                                                 l.out);
@@ -184,9 +187,15 @@ void linears_forward(const GpuLinear* ls, size_t count, const bf16* x, int64_t M
     y += l.out;
   }
 }
-void linears_forward(const std::vector<GpuLinear>& ls, const bf16* x, int64_t M, int64_t ldx, float* y, int64_t ldy,
-                     cudaStream_t s) {
-  linears_forward(ls.data(), ls.size(), x, M, ldx, y, ldy, s);
+void linears_forward(const std::vector<GpuLinear>& ls, const void* x, Act act, int64_t M, int64_t ldx, float* y,
+                     int64_t ldy, cudaStream_t s) {
+  linears_forward(ls.data(), ls.size(), x, act, M, ldx, y, ldy, s);
+}
+
+// Whether a linear takes f32 inputs for one token.
+bool takes_f32(const GpuLinear& l) {
+  return l.packed.kernel != nullptr && l.packed.kernel->single_token_f32 != nullptr &&
+         l.packed.kernel->single_token_f32(l.packed);
 }
 
 struct GpuLayer {
@@ -194,6 +203,7 @@ struct GpuLayer {
   std::vector<GpuLinear> qkv, gate_up;                 // one fused linear each, or the separate ones
   GpuLinear o, down;
   int64_t window = 0;
+  bool f32_qkv = false, f32_o = false, f32_gate_up = false, f32_down = false;  // decode inputs (GpuModel::Impl)
 };
 
 // Device scratch for `rows` tokens. tokens holds the ids, then (decode) the
@@ -209,7 +219,10 @@ struct GpuModel::Impl {
   ModelConfig c;
   GpuOptions opts;
   int64_t max_tokens = 0, len = 0;
-  int64_t ldD = 0, ldQ = 0, ldF = 0;  // bf16 linear inputs: rows padded to 16 bytes
+  int64_t ldD = 0, ldQ = 0, ldF = 0;  // linear inputs: rows padded to 8 elements
+  // Decode feeds a linear f32 inputs (the norm, attention or SiLU before it
+  // writes f32) where it takes them: no rounding of its input to bf16.
+  bool f32_head = false;
   DeviceBuffer embed, final_norm, inv_freq;
   GpuLinear head;
   std::vector<GpuLayer> layers;
@@ -232,13 +245,13 @@ struct GpuModel::Impl {
     t.rows = n;
     t.tokens = DeviceBuffer((n + 1) * 4);
     t.x = DeviceBuffer(n * D * 4);
-    t.xn = DeviceBuffer(n * ldD * 2);
+    t.xn = DeviceBuffer(n * ldD * 4);  // bf16, or f32 in decode
     t.qkv = DeviceBuffer(n * (H + 2 * KV) * hd * 4);
     t.qf = DeviceBuffer(n * H * hd * 4);
-    t.att = DeviceBuffer(n * ldQ * 2);
+    t.att = DeviceBuffer(n * ldQ * 4);
     t.tmp = DeviceBuffer(n * D * 4);
     t.gu = DeviceBuffer(n * 2 * F * 4);
-    t.h = DeviceBuffer(n * ldF * 2);
+    t.h = DeviceBuffer(n * ldF * 4);
     t.logits = DeviceBuffer(n * c.vocab_size * 4);
     return t;
   }
@@ -252,14 +265,24 @@ struct GpuModel::Impl {
     const int64_t D = c.hidden_size, H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim, F = c.intermediate_size;
     const int64_t QKV = (H + 2 * KV) * hd;
     auto* x = static_cast<float*>(sc.x.get());
-    auto* xn = static_cast<bf16*>(sc.xn.get());
+    const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    // The linears' inputs as the kernels write them: f32 (decode, where the
+    // linears take it) or bf16.
+    const bool one = n == 1;
+    auto act = [](bool f32) { return f32 ? Act::F32 : Act::BF16; };
+    auto norm = [&](unsigned rows, float* xr, const float* y, const float* w, void* out, bool f32) {
+      if (f32)
+        add_rmsnorm_kernel<<<rows, kNormThreads, 0, stream>>>(xr, y, D, w, eps, static_cast<float*>(out), ldD);
+      else
+        add_rmsnorm_kernel<<<rows, kNormThreads, 0, stream>>>(xr, y, D, w, eps, static_cast<bf16*>(out), ldD);
+    };
+    void* xn = sc.xn.get();
     auto* qkv = static_cast<float*>(sc.qkv.get());
     auto* qf = static_cast<float*>(sc.qf.get());
-    auto* att = static_cast<bf16*>(sc.att.get());
+    void* att = sc.att.get();
     auto* tmp = static_cast<float*>(sc.tmp.get());
     auto* gu = static_cast<float*>(sc.gu.get());
-    auto* h = static_cast<bf16*>(sc.h.get());
-    const float eps = static_cast<float>(c.rms_norm_eps), scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    void* h = sc.h.get();
     auto f32p = [](const DeviceBuffer& b) { return b.bytes() ? static_cast<const float*>(b.get()) : nullptr; };
     const unsigned rows_n = static_cast<unsigned>(n);
 
@@ -269,8 +292,8 @@ struct GpuModel::Impl {
     for (size_t l = 0; l < layers.size(); ++l) {
       const GpuLayer& L = layers[l];
       // x += the previous layer's MLP output (none before layer 0), then the input norm.
-      add_rmsnorm_kernel<<<rows_n, kNormThreads, 0, stream>>>(x, l == 0 ? nullptr : tmp, D, f32p(L.input_norm), eps, xn, ldD);
-      linears_forward(L.qkv, xn, n, ldD, qkv, QKV, stream);
+      norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, one && L.f32_qkv);
+      linears_forward(L.qkv, xn, act(one && L.f32_qkv), n, ldD, qkv, QKV, stream);
       auto* kc = static_cast<float*>(kcache[l].get());
       auto* vc = static_cast<float*>(vcache[l].get());
       qkv_rope_kernel<<<static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream>>>(
@@ -282,6 +305,7 @@ struct GpuModel::Impl {
       a.k = kc;
       a.v = vc;
       a.out = att;
+      a.out_f32 = one && L.f32_o;
       a.ldo = ldQ;
       a.n = n;
       a.p0 = p0;
@@ -294,19 +318,22 @@ struct GpuModel::Impl {
         flash_attention(a, stream);
       else
         rowwise_attention(a, p0_dev, att_positions, stream);
-      linears_forward(&L.o, 1, att, n, ldQ, tmp, D, stream);
-      add_rmsnorm_kernel<<<rows_n, kNormThreads, 0, stream>>>(x, tmp, D, f32p(L.post_norm), eps, xn, ldD);
-      linears_forward(L.gate_up, xn, n, ldD, gu, 2 * F, stream);
-      silu_mul_kernel<<<blocks_of(n * F, 256), 256, 0, stream>>>(gu, gu + F, 2 * F, h, ldF, n, F);
+      linears_forward(&L.o, 1, att, act(one && L.f32_o), n, ldQ, tmp, D, stream);
+      norm(rows_n, x, tmp, f32p(L.post_norm), xn, one && L.f32_gate_up);
+      linears_forward(L.gate_up, xn, act(one && L.f32_gate_up), n, ldD, gu, 2 * F, stream);
+      if (one && L.f32_down)
+        silu_mul_kernel<<<blocks_of(n * F, 256), 256, 0, stream>>>(gu, gu + F, 2 * F, static_cast<float*>(h), ldF, n, F);
+      else
+        silu_mul_kernel<<<blocks_of(n * F, 256), 256, 0, stream>>>(gu, gu + F, 2 * F, static_cast<bf16*>(h), ldF, n, F);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
-      linears_forward(&L.down, 1, h, n, ldF, tmp, D, stream);
+      linears_forward(&L.down, 1, h, act(one && L.f32_down), n, ldF, tmp, D, stream);
     }
     // The last MLP output joins only the rows whose logits are wanted (the
     // other rows of x are not read again).
     const int64_t rows = all_logits ? n : 1, r0 = n - rows;
-    add_rmsnorm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(x + r0 * D, tmp + r0 * D, D, f32p(final_norm),
-                                                                        eps, xn, ldD);
-    linears_forward(&head, 1, xn, rows, ldD, static_cast<float*>(sc.logits.get()), c.vocab_size, stream);
+    norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, one && f32_head);
+    linears_forward(&head, 1, xn, act(one && f32_head), rows, ldD, static_cast<float*>(sc.logits.get()), c.vocab_size,
+                    stream);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -410,6 +437,13 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     m.kcache.emplace_back(cache_bytes);
     m.vcache.emplace_back(cache_bytes);
   }
+  for (GpuLayer& L : m.layers) {
+    L.f32_qkv = std::all_of(L.qkv.begin(), L.qkv.end(), takes_f32);
+    L.f32_gate_up = std::all_of(L.gate_up.begin(), L.gate_up.end(), takes_f32);
+    L.f32_o = takes_f32(L.o);
+    L.f32_down = takes_f32(L.down);
+  }
+  m.f32_head = takes_f32(m.head);
   const std::vector<float> inv = rope_inv_freq(c);
   m.inv_freq = upload(inv.data(), inv.size() * 4);
   // The row-wise attention kernel (decode) keeps q, its partial outputs and the
@@ -482,13 +516,20 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
   // capture: the decode step's warm-up launch asks for the largest size first.
   static size_t smem_allowed = 0;
   if (smem > smem_allowed) {
-    NIBBLE_CUDA_CHECK(
-        cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
     smem_allowed = smem;
   }
-  attention_kernel<<<dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads)), kAttentionThreads, smem,
-                     static_cast<cudaStream_t>(stream)>>>(a.q, a.k, a.v, static_cast<bf16*>(a.out), a.ldo, a.heads,
-                                                          a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale);
+  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads));
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (a.out_f32)
+    attention_kernel<<<grid, kAttentionThreads, smem, st>>>(a.q, a.k, a.v, static_cast<float*>(a.out), a.ldo, a.heads,
+                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale);
+  else
+    attention_kernel<<<grid, kAttentionThreads, smem, st>>>(a.q, a.k, a.v, static_cast<bf16*>(a.out), a.ldo, a.heads,
+                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -41,6 +41,11 @@ __device__ float block_max(float v, float* scratch) {
   return m;
 }
 
+// The linears' inputs: bf16, or f32 for single-token steps whose linears all
+// take f32 (the integer W4A16 GEMV; GpuModel's decode).
+__device__ inline void store_act(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ inline void store_act(float* p, float v) { *p = v; }
+
 __global__ void embed_kernel(const int32_t* tokens, const float* embed, float* x, int64_t D) {
   const int64_t i = blockIdx.x;
   const float* row = embed + static_cast<int64_t>(tokens[i]) * D;
@@ -49,15 +54,17 @@ __global__ void embed_kernel(const int32_t* tokens, const float* embed, float* x
 
 // One block per row: first x[i] += y[i] when y is set (the residual add of the
 // previous sublayer, fused here to save a launch; each thread re-reads only
-// the elements it wrote), then out[i] = bf16(x[i] / sqrt(mean(x[i]²) + eps) * w).
+// the elements it wrote), then out[i] = x[i] / sqrt(mean(x[i]²) + eps) * w, as
+// OutT (bf16 or f32).
 // One block of 1024 threads per row: a decode step has one row, and its
 // norm should not be one SM walking 4096 floats 256 at a time.
 constexpr int kNormThreads = 1024;
 // __restrict__ lets the loads of later elements start before the store of
 // x[d] (without it each iteration waited for the previous one's memory
 // round trip: 14.7 µs per call at D = 4096 with 256 threads, measured).
+template <typename OutT>
 __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D,
-                                   const float* __restrict__ w, float eps, bf16* __restrict__ out, int64_t ldo) {
+                                   const float* __restrict__ w, float eps, OutT* __restrict__ out, int64_t ldo) {
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x;
   float* xr = x + i * D;
@@ -69,7 +76,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restric
   }
   ss = block_sum(ss, scratch);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[i * ldo + d] = __float2bfloat16_rn(xr[d] * inv * w[d]);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) store_act(out + i * ldo + d, xr[d] * inv * w[d]);
 }
 
 // y[i, j] += bias[j] for a [n, N] block with leading dimension ldy.
@@ -130,8 +137,9 @@ inline size_t attention_smem(int64_t hd, int64_t positions) {
 // - Scores: one warp per key, lanes across hd (coalesced), shuffle sum.
 // - Output: G = blockDim / hd groups of hd threads each sum every G-th key;
 //   the G partial sums are then added in group order.
+template <typename OutT>
 __global__ void __launch_bounds__(kAttentionThreads)
-    attention_kernel(const float* qf, const float* kc, const float* vc, bf16* out, int64_t ldo, int64_t H, int64_t KV,
+    attention_kernel(const float* qf, const float* kc, const float* vc, OutT* out, int64_t ldo, int64_t H, int64_t KV,
                      int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale) {
   extern __shared__ float sm[];  // q [hd], partial outputs [max(hd, blockDim)], scores [T - t0]
   __shared__ float scratch[32];
@@ -170,19 +178,20 @@ __global__ void __launch_bounds__(kAttentionThreads)
   for (int64_t d = threadIdx.x; d < hd; d += nthreads) {
     float o = 0.0f;
     for (int64_t g = 0; g < G; ++g) o += part[g * hd + d];
-    out[i * ldo + h * hd + d] = __float2bfloat16_rn(o / sum);
+    store_act(out + i * ldo + h * hd + d, o / sum);
   }
 }
 
-// h = bf16(SiLU(g) · u), the down projection's input; g and u rows have
+// h = SiLU(g) · u as OutT, the down projection's input; g and u rows have
 // leading dimension ld (they are the two halves of one gate|up output).
-__global__ void silu_mul_kernel(const float* g, const float* u, int64_t ld, bf16* h, int64_t ldh, int64_t n,
+template <typename OutT>
+__global__ void silu_mul_kernel(const float* g, const float* u, int64_t ld, OutT* h, int64_t ldh, int64_t n,
                                 int64_t F) {
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (j >= n * F) return;
   const int64_t r = j / F, c = j % F;
   const float a = g[r * ld + c];
-  h[r * ldh + c] = __float2bfloat16_rn(a / (1.0f + expf(-a)) * u[r * ld + c]);
+  store_act(h + r * ldh + c, a / (1.0f + expf(-a)) * u[r * ld + c]);
 }
 
 }  // namespace

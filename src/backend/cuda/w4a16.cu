@@ -32,6 +32,8 @@
 #include <cstring>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/w4a16_common.cuh"
+#include "backend/cuda/w4a16_gemv.h"
 #include "nibble/cuda.h"
 #include "nibble/dtype.h"
 
@@ -39,8 +41,7 @@ namespace nibble::cuda {
 
 namespace {
 
-constexpr int kTileRows = 16;  // output rows per mma tile
-constexpr int kChunk = 64;     // inputs per 16-byte lane load (4 mma k-steps of 16)
+using namespace w4a16;  // kTileRows (16 output rows per mma tile), kChunk (64 inputs per 16-byte lane load)
 
 // ---- the layout (docs/CUDA.md) ---------------------------------------------
 // Lane l of a warp: gid = l / 4, tig = l % 4. Within a chunk of 64 inputs the
@@ -122,31 +123,6 @@ __device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ inline void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ inline void grid_dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-__device__ inline void cp_async16(void* smem_dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ inline void cp_async8(void* smem_dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // (a & b) | c in one instruction (the compiler emits an and and an or).
 __device__ inline uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
@@ -200,17 +176,6 @@ __device__ inline void decode_chunk_raw(const uint4& q, uint32_t (&a)[4][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) a[s][j] = and_or(words[s] >> (4 * j), 0x000F000Fu, ActTraits<T>::kMagic);
 }
-
-__device__ inline float bf16_bits_to_float(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
-
-template <typename O>
-__device__ inline O to_out(float v);
-template <>
-__device__ inline float to_out<float>(float v) { return v; }
-template <>
-__device__ inline __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ inline __half to_out<__half>(float v) { return __float2half_rn(v); }
 
 // One warp computes R row tiles (16·R rows) × NT token tiles (8·NT tokens)
 // over an interleaved share of the input chunks; the warps of a block split K
@@ -475,7 +440,10 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
                 bool f32_out, void* stream, bool pdl);
 
-const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm};
+bool w4a16_single_token_f32(const DeviceLinear& w) { return w4a16_gemv_applies(w.group_size); }
+
+const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
+                          &w4a16_single_token_f32};
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   check_parts(parts, rows, cols, group_size);
@@ -487,6 +455,7 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
   out.group_size = group_size;
   out.a = DeviceBuffer(static_cast<size_t>(d.tiles * d.chunks * 32 * 16));
   out.b = DeviceBuffer(static_cast<size_t>(d.tiles * d.groups_padded * 8 * 8));
+  if (w4a16_gemv_applies(group_size)) out.scratch = DeviceBuffer(w4a16_gemv_scratch_bytes(cols));
   const DeviceBuffer qw = upload(parts[0]), sc = upload(parts[1]), mn = upload(parts[2]);
   const int64_t words = d.tiles * d.chunks * 32 * 4, entries = d.tiles * d.groups_padded * 8;
   relayout_codes_kernel<<<blocks_for(words, 256), 256>>>(static_cast<const uint8_t*>(qw.get()),
@@ -609,6 +578,10 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
   NIBBLE_CHECK(w.rows < (int64_t{1} << 31) && w.cols < (int64_t{1} << 31), "w4a16: matrix too large");
   if (M <= 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
+  if (M == 1 && w4a16_gemv_applies(w.group_size))  // decode: integer dot products (w4a16_gemv.cu)
+    return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_info().sms);
+  NIBBLE_CHECK(act != Act::F32, "w4a16: f32 activations need M = 1 and a group size of 64 or 128 (M {}, group {})", M,
+               w.group_size);
   if (act == Act::BF16)
     f32_out ? launch_t<__nv_bfloat16, float>(w, x, M, ldx, y, ldy, s, pdl)
             : launch_t<__nv_bfloat16, __nv_bfloat16>(w, x, M, ldx, y, ldy, s, pdl);

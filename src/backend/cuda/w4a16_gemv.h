@@ -1,0 +1,24 @@
+// The M = 1 W4A16 kernel with integer dot products (w4a16_gemv.cu), used by
+// the w4a16_mma registry row for single-token calls with group size 64 or 128.
+// Internal to the CUDA backend.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "nibble/cuda.h"
+
+namespace nibble::cuda {
+
+// Whether the integer GEMV serves this group size.
+bool w4a16_gemv_applies(int group_size);
+// Bytes of the per-linear scratch (the prepared activation) for an input width.
+size_t w4a16_gemv_scratch_bytes(int64_t cols);
+// y[1, rows] = x[1, cols] · Ŵᵀ; w.scratch holds the prepared activation, so a
+// DeviceLinear serves one stream at a time. `sms`: the device's SM count.
+void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32_out, cudaStream_t stream, bool pdl,
+                int sms);
+
+}  // namespace nibble::cuda
