@@ -83,8 +83,14 @@ struct LinearKernel {
   // before waiting for the previous kernel in the stream (Hopper).
   void (*gemm)(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
                bool f32_out, void* stream, bool pdl);
-  // Whether gemm takes Act::F32 when M = 1 for this uploaded weight.
+  // Whether gemm takes Act::F32 when M = 1 for this uploaded weight; where it
+  // does, gemv_prepared serves it too.
   bool (*single_token_f32)(const DeviceLinear& w);
+  // y[1, rows] (f32) = one token's activation already in the kernel's prepared
+  // form (src/backend/cuda/w4a16_prep.cuh, groups of w.group_size, `bytes`
+  // long) · Ŵᵀ. For the CUDA backend's fused producers (GpuModel's decode
+  // writes it from the RMSNorm and SiLU kernels).
+  void (*gemv_prepared)(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl);
 };
 const std::vector<const LinearKernel*>& linear_kernel_registry();
 // The kernel for a format, or nullptr when the reference path must be used.

@@ -20,6 +20,11 @@ struct AttentionArgs {
   const float* v = nullptr;  // f32, same layout: the value cache
   void* out = nullptr;       // bf16 [n, ldo]: head h at columns h*head_dim .. (h+1)*head_dim-1
   bool out_f32 = false;      // out is f32 instead (the row-wise kernel only)
+  // Row-wise kernel, one query, head_dim a multiple of 128: instead of `out`,
+  // write the output as the single-token W4A16 GEMV's prepared activation
+  // (src/backend/cuda/w4a16_prep.cuh) with this group size (64 or 128).
+  void* prepared = nullptr;
+  int prep_group = 0;
   int64_t ldo = 0;           // elements, even
   int64_t n = 0, p0 = 0;     // queries at positions p0 .. p0+n-1
   int64_t heads = 0, kv_heads = 0, head_dim = 0;

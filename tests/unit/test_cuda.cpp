@@ -187,8 +187,9 @@ TEST(Cuda, W4A16F32ActivationsOnlyForOneToken) {
     cuda::DeviceBuffer dx(2 * 256 * 4), dy(2 * 16 * 4);
     ASSERT_EQ(cudaMemset(dx.get(), 0, dx.bytes()), cudaSuccess);
     EXPECT_THROW(dw.kernel->gemm(dw, dx.get(), 2, 256, dy.get(), 16, cuda::Act::F32, true, nullptr, false), Error);
-    if (g == 32)
+    if (g == 32) {
       EXPECT_THROW(dw.kernel->gemm(dw, dx.get(), 1, 256, dy.get(), 16, cuda::Act::F32, true, nullptr, false), Error);
+    }
   }
 }
 

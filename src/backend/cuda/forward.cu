@@ -38,6 +38,24 @@ namespace {
 int64_t pad8(int64_t v) { return (v + 7) / 8 * 8; }  // leading dimensions: the W4A16 kernels read 16-byte rows
 unsigned blocks_of(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
+// Launches a kernel of forward_kernels.cuh with programmatic dependent launch
+// (each starts with pdl_prologue(): the next launch overlaps its run, and it
+// waits for the previous kernel before touching memory).
+template <typename... KArgs, typename... Args>
+void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+
 // A linear on the device: packed (a registered kernel) or dense bf16 (cuBLAS).
 struct GpuLinear {
   int64_t out = 0, in = 0;
@@ -180,7 +198,7 @@ void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, 
       gemm_bf16_cublas(l.dense.get(), l.out, l.in, x, M, ldx, y, ldy, s, true);
     }
     if (l.bias.bytes() > 0) {
-      bias_add_kernel<<<blocks_of(M * l.out, 256), 256, 0, s>>>(y, ldy, static_cast<const float*>(l.bias.get()), M,
+      pdl_launch(bias_add_kernel, blocks_of(M * l.out, 256), 256, 0, s, y, ldy, static_cast<const float*>(l.bias.get()), M,
                                                                 l.out);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
     }
@@ -198,12 +216,40 @@ bool takes_f32(const GpuLinear& l) {
          l.packed.kernel->single_token_f32(l.packed);
 }
 
+// The group size of the prepared single-token activation (w4a16_prep.cuh)
+// every linear in `ls` takes, or 0 where they do not all take the same one.
+int prepared_group(const GpuLinear* ls, size_t count) {
+  int g = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (!takes_f32(ls[i]) || ls[i].packed.kernel->gemv_prepared == nullptr) return 0;
+    if (g != 0 && ls[i].packed.group_size != g) return 0;
+    g = ls[i].packed.group_size;
+  }
+  return g;
+}
+
+// Decode: y[1, Σ out] = the prepared activation · [W0; W1; ...]ᵀ + bias.
+void linears_prepared(const GpuLinear* ls, size_t count, const DeviceBuffer& prepared, float* y, cudaStream_t s) {
+  for (size_t i = 0; i < count; ++i) {
+    const GpuLinear& l = ls[i];
+    l.packed.kernel->gemv_prepared(l.packed, prepared.get(), prepared.bytes(), y, s, true);
+    if (l.bias.bytes() > 0) {
+      pdl_launch(bias_add_kernel, blocks_of(l.out, 256), 256, 0, s, y, l.out, static_cast<const float*>(l.bias.get()), 1, l.out);
+      NIBBLE_CUDA_CHECK(cudaGetLastError());
+    }
+    y += l.out;
+  }
+}
+
 struct GpuLayer {
   DeviceBuffer input_norm, post_norm, q_norm, k_norm;  // f32 (q/k norms: qwen3 only)
   std::vector<GpuLinear> qkv, gate_up;                 // one fused linear each, or the separate ones
   GpuLinear o, down;
   int64_t window = 0;
   bool f32_qkv = false, f32_o = false, f32_gate_up = false, f32_down = false;  // decode inputs (GpuModel::Impl)
+  // Decode: the group size of the prepared activation the norm / SiLU kernel
+  // writes for these linears directly, 0 where they do not take one.
+  int prep_qkv = 0, prep_o = 0, prep_gate_up = 0, prep_down = 0;
 };
 
 // Device scratch for `rows` tokens. tokens holds the ids, then (decode) the
@@ -211,6 +257,7 @@ struct GpuLayer {
 struct Scratch {
   int64_t rows = 0;
   DeviceBuffer tokens, x, xn, qkv, qf, att, tmp, gu, h, logits;
+  DeviceBuffer xq, oq, hq;  // decode: prepared activations of width hidden, heads·head_dim, intermediate
 };
 
 }  // namespace
@@ -223,6 +270,7 @@ struct GpuModel::Impl {
   // Decode feeds a linear f32 inputs (the norm, attention or SiLU before it
   // writes f32) where it takes them: no rounding of its input to bf16.
   bool f32_head = false;
+  int prep_head = 0;
   DeviceBuffer embed, final_norm, inv_freq;
   GpuLinear head;
   std::vector<GpuLayer> layers;
@@ -253,6 +301,11 @@ struct GpuModel::Impl {
     t.gu = DeviceBuffer(n * 2 * F * 4);
     t.h = DeviceBuffer(n * ldF * 4);
     t.logits = DeviceBuffer(n * c.vocab_size * 4);
+    if (n == 1) {
+      t.xq = DeviceBuffer(w4a16::prep_bytes(D));
+      t.oq = DeviceBuffer(w4a16::prep_bytes(c.num_heads * c.head_dim));
+      t.hq = DeviceBuffer(w4a16::prep_bytes(F));
+    }
     return t;
   }
 
@@ -272,9 +325,9 @@ struct GpuModel::Impl {
     auto act = [](bool f32) { return f32 ? Act::F32 : Act::BF16; };
     auto norm = [&](unsigned rows, float* xr, const float* y, const float* w, void* out, bool f32) {
       if (f32)
-        add_rmsnorm_kernel<<<rows, kNormThreads, 0, stream>>>(xr, y, D, w, eps, static_cast<float*>(out), ldD);
+        pdl_launch(add_rmsnorm_kernel<float>, rows, kNormThreads, 0, stream, xr, y, D, w, eps, static_cast<float*>(out), ldD);
       else
-        add_rmsnorm_kernel<<<rows, kNormThreads, 0, stream>>>(xr, y, D, w, eps, static_cast<bf16*>(out), ldD);
+        pdl_launch(add_rmsnorm_kernel<bf16>, rows, kNormThreads, 0, stream, xr, y, D, w, eps, static_cast<bf16*>(out), ldD);
     };
     void* xn = sc.xn.get();
     auto* qkv = static_cast<float*>(sc.qkv.get());
@@ -286,17 +339,23 @@ struct GpuModel::Impl {
     auto f32p = [](const DeviceBuffer& b) { return b.bytes() ? static_cast<const float*>(b.get()) : nullptr; };
     const unsigned rows_n = static_cast<unsigned>(n);
 
-    embed_kernel<<<rows_n, 256, 0, stream>>>(static_cast<const int32_t*>(sc.tokens.get()),
+    pdl_launch(embed_kernel, rows_n, 256, 0, stream, static_cast<const int32_t*>(sc.tokens.get()),
                                              static_cast<const float*>(embed.get()), x, D);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
     for (size_t l = 0; l < layers.size(); ++l) {
       const GpuLayer& L = layers[l];
       // x += the previous layer's MLP output (none before layer 0), then the input norm.
-      norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, one && L.f32_qkv);
-      linears_forward(L.qkv, xn, act(one && L.f32_qkv), n, ldD, qkv, QKV, stream);
+      if (one && L.prep_qkv) {
+        pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, l == 0 ? nullptr : tmp, D, f32p(L.input_norm), eps,
+                                                                sc.xq.get(), L.prep_qkv);
+        linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream);
+      } else {
+        norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, one && L.f32_qkv);
+        linears_forward(L.qkv, xn, act(one && L.f32_qkv), n, ldD, qkv, QKV, stream);
+      }
       auto* kc = static_cast<float*>(kcache[l].get());
       auto* vc = static_cast<float*>(vcache[l].get());
-      qkv_rope_kernel<<<static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream>>>(
+      pdl_launch(qkv_rope_kernel, static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream, 
           qkv, qkv + H * hd, qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H, KV,
           hd, p0, p0_dev, qf, kc, vc);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
@@ -306,6 +365,10 @@ struct GpuModel::Impl {
       a.v = vc;
       a.out = att;
       a.out_f32 = one && L.f32_o;
+      if (one && L.prep_o) {
+        a.prepared = sc.oq.get();
+        a.prep_group = L.prep_o;
+      }
       a.ldo = ldQ;
       a.n = n;
       a.p0 = p0;
@@ -318,22 +381,43 @@ struct GpuModel::Impl {
         flash_attention(a, stream);
       else
         rowwise_attention(a, p0_dev, att_positions, stream);
-      linears_forward(&L.o, 1, att, act(one && L.f32_o), n, ldQ, tmp, D, stream);
-      norm(rows_n, x, tmp, f32p(L.post_norm), xn, one && L.f32_gate_up);
-      linears_forward(L.gate_up, xn, act(one && L.f32_gate_up), n, ldD, gu, 2 * F, stream);
-      if (one && L.f32_down)
-        silu_mul_kernel<<<blocks_of(n * F, 256), 256, 0, stream>>>(gu, gu + F, 2 * F, static_cast<float*>(h), ldF, n, F);
+      if (one && L.prep_o)
+        linears_prepared(&L.o, 1, sc.oq, tmp, stream);
       else
-        silu_mul_kernel<<<blocks_of(n * F, 256), 256, 0, stream>>>(gu, gu + F, 2 * F, static_cast<bf16*>(h), ldF, n, F);
-      NIBBLE_CUDA_CHECK(cudaGetLastError());
-      linears_forward(&L.down, 1, h, act(one && L.f32_down), n, ldF, tmp, D, stream);
+        linears_forward(&L.o, 1, att, act(one && L.f32_o), n, ldQ, tmp, D, stream);
+      if (one && L.prep_gate_up) {
+        pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(L.post_norm), eps, sc.xq.get(),
+                                                                L.prep_gate_up);
+        linears_prepared(L.gate_up.data(), L.gate_up.size(), sc.xq, gu, stream);
+      } else {
+        norm(rows_n, x, tmp, f32p(L.post_norm), xn, one && L.f32_gate_up);
+        linears_forward(L.gate_up, xn, act(one && L.f32_gate_up), n, ldD, gu, 2 * F, stream);
+      }
+      if (one && L.prep_down) {
+        pdl_launch(silu_mul_prep_kernel, blocks_of(w4a16::prep_warps(F) * 32, 256), 256, 0, stream, gu, gu + F, F, sc.hq.get(),
+                                                                                            L.prep_down);
+        NIBBLE_CUDA_CHECK(cudaGetLastError());
+        linears_prepared(&L.down, 1, sc.hq, tmp, stream);
+      } else {
+        if (one && L.f32_down)
+          pdl_launch(silu_mul_kernel<float>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F, static_cast<float*>(h), ldF, n, F);
+        else
+          pdl_launch(silu_mul_kernel<bf16>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F, static_cast<bf16*>(h), ldF, n, F);
+        NIBBLE_CUDA_CHECK(cudaGetLastError());
+        linears_forward(&L.down, 1, h, act(one && L.f32_down), n, ldF, tmp, D, stream);
+      }
     }
     // The last MLP output joins only the rows whose logits are wanted (the
     // other rows of x are not read again).
     const int64_t rows = all_logits ? n : 1, r0 = n - rows;
-    norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, one && f32_head);
-    linears_forward(&head, 1, xn, act(one && f32_head), rows, ldD, static_cast<float*>(sc.logits.get()), c.vocab_size,
-                    stream);
+    if (one && prep_head) {
+      pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(final_norm), eps, sc.xq.get(), prep_head);
+      linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream);
+    } else {
+      norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, one && f32_head);
+      linears_forward(&head, 1, xn, act(one && f32_head), rows, ldD, static_cast<float*>(sc.logits.get()),
+                      c.vocab_size, stream);
+    }
     NIBBLE_CUDA_CHECK(cudaGetLastError());
   }
 
@@ -442,8 +526,14 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     L.f32_gate_up = std::all_of(L.gate_up.begin(), L.gate_up.end(), takes_f32);
     L.f32_o = takes_f32(L.o);
     L.f32_down = takes_f32(L.down);
+    L.prep_qkv = prepared_group(L.qkv.data(), L.qkv.size());
+    L.prep_gate_up = prepared_group(L.gate_up.data(), L.gate_up.size());
+    L.prep_down = prepared_group(&L.down, 1);
+    // The attention kernel writes o's prepared input per head: whole prep warps of 128.
+    L.prep_o = c.head_dim % w4a16::kPrepInputs == 0 ? prepared_group(&L.o, 1) : 0;
   }
   m.f32_head = takes_f32(m.head);
+  m.prep_head = prepared_group(&m.head, 1);
   const std::vector<float> inv = rope_inv_freq(c);
   m.inv_freq = upload(inv.data(), inv.size() * 4);
   // The row-wise attention kernel (decode) keeps q, its partial outputs and the
@@ -505,6 +595,10 @@ size_t rowwise_attention_smem_limit() { return 200u << 10; }
 void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream) {
   NIBBLE_CHECK(a.n > 0 && a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
                "rowwise_attention: bad shape (n {}, heads {}, kv_heads {})", a.n, a.heads, a.kv_heads);
+  NIBBLE_CHECK(a.prepared == nullptr || (a.n == 1 && a.head_dim % w4a16::kPrepInputs == 0 &&
+                                         (a.prep_group == 64 || a.prep_group == 128)),
+               "rowwise_attention: a prepared output needs one query, head_dim a multiple of 128 and groups of 64 "
+               "or 128 (n {}, head_dim {}, group {})", a.n, a.head_dim, a.prep_group);
   NIBBLE_CHECK(p0_dev != nullptr || a.p0 + a.n <= max_positions,
                "rowwise_attention: {} + {} positions exceed the {} it is sized for", a.p0, a.n, max_positions);
   const size_t smem = attention_smem(a.head_dim, max_positions);
@@ -525,11 +619,11 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads));
   const auto st = static_cast<cudaStream_t>(stream);
   if (a.out_f32)
-    attention_kernel<<<grid, kAttentionThreads, smem, st>>>(a.q, a.k, a.v, static_cast<float*>(a.out), a.ldo, a.heads,
-                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale);
+    pdl_launch(attention_kernel<float>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<float*>(a.out), a.ldo, a.heads,
+                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group);
   else
-    attention_kernel<<<grid, kAttentionThreads, smem, st>>>(a.q, a.k, a.v, static_cast<bf16*>(a.out), a.ldo, a.heads,
-                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale);
+    pdl_launch(attention_kernel<bf16>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<bf16*>(a.out), a.ldo, a.heads,
+                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 

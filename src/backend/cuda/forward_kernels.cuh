@@ -10,6 +10,9 @@
 
 #include <cuda_bf16.h>
 
+#include "backend/cuda/w4a16_common.cuh"
+#include "backend/cuda/w4a16_prep.cuh"
+
 #include <cmath>
 #include <cstdint>
 
@@ -41,12 +44,23 @@ __device__ float block_max(float v, float* scratch) {
   return m;
 }
 
+// Every kernel here starts with this: launched with programmatic dependent
+// launch (GpuModel launches them all so), it lets the next kernel launch at
+// once and waits for the previous one to finish before touching memory, so
+// launch latency overlaps the previous kernel. Without the attribute both are
+// no-ops.
+__device__ inline void pdl_prologue() {
+  w4a16::grid_dependents_launch();
+  w4a16::grid_dependency_wait();
+}
+
 // The linears' inputs: bf16, or f32 for single-token steps whose linears all
 // take f32 (the integer W4A16 GEMV; GpuModel's decode).
 __device__ inline void store_act(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ inline void store_act(float* p, float v) { *p = v; }
 
 __global__ void embed_kernel(const int32_t* tokens, const float* embed, float* x, int64_t D) {
+  pdl_prologue();
   const int64_t i = blockIdx.x;
   const float* row = embed + static_cast<int64_t>(tokens[i]) * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) x[i * D + d] = row[d];
@@ -65,6 +79,7 @@ constexpr int kNormThreads = 1024;
 template <typename OutT>
 __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D,
                                    const float* __restrict__ w, float eps, OutT* __restrict__ out, int64_t ldo) {
+  pdl_prologue();
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x;
   float* xr = x + i * D;
@@ -79,8 +94,54 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restric
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) store_act(out + i * ldo + d, xr[d] * inv * w[d]);
 }
 
+// Decode (one row, one block): the same add and RMSNorm, the output written
+// only as the single-token W4A16 GEMV's prepared activation (w4a16_prep.cuh,
+// groups of `group`), which saves that GEMV's own prep kernel.
+__global__ void add_rmsnorm_prep_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D,
+                                        const float* __restrict__ w, float eps, void* __restrict__ prepared,
+                                        int group) {
+  pdl_prologue();
+  __shared__ float scratch[32];
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = x[d];
+    if (y != nullptr) x[d] = v = v + y[d];
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);  // its barriers also publish x
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  const int lane = threadIdx.x & 31;
+  for (int64_t pw = threadIdx.x >> 5; pw < w4a16::prep_warps(D); pw += blockDim.x >> 5) {
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t d = pw * w4a16::kPrepInputs + 4 * lane + i;
+      v[i] = d < D ? x[d] * inv * w[d] : 0.0f;
+    }
+    w4a16::prep_warp_store(v, static_cast<int>(pw), group, prepared, D);
+  }
+}
+
+// Decode: SiLU(g) · u of one row as the down projection's prepared activation.
+__global__ void silu_mul_prep_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t F,
+                                     void* __restrict__ prepared, int group) {
+  pdl_prologue();
+  const int64_t pw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (pw >= w4a16::prep_warps(F)) return;
+  const int lane = threadIdx.x & 31;
+  float v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t c = pw * w4a16::kPrepInputs + 4 * lane + i;
+    const float a = c < F ? g[c] : 0.0f;
+    v[i] = c < F ? a / (1.0f + expf(-a)) * u[c] : 0.0f;
+  }
+  w4a16::prep_warp_store(v, static_cast<int>(pw), group, prepared, F);
+}
+
 // y[i, j] += bias[j] for a [n, N] block with leading dimension ldy.
 __global__ void bias_add_kernel(float* y, int64_t ldy, const float* bias, int64_t n, int64_t N) {
+  pdl_prologue();
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (j < n * N) y[(j / N) * ldy + j % N] += bias[j % N];
 }
@@ -90,6 +151,7 @@ __global__ void bias_add_kernel(float* y, int64_t ldy, const float* bias, int64_
 __global__ void qkv_rope_kernel(const float* q, const float* k, const float* v, int64_t ld, const float* q_norm,
                                 const float* k_norm, float eps, const float* inv_freq, int64_t H, int64_t KV,
                                 int64_t hd, int64_t p0_host, const int32_t* p0_dev, float* qf, float* kc, float* vc) {
+  pdl_prologue();
   extern __shared__ float buf[];  // [hd]
   const int64_t p0 = position_of(p0_host, p0_dev);
   const int64_t i = blockIdx.x / (H + KV), hh = blockIdx.x % (H + KV);
@@ -140,7 +202,9 @@ inline size_t attention_smem(int64_t hd, int64_t positions) {
 template <typename OutT>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_kernel(const float* qf, const float* kc, const float* vc, OutT* out, int64_t ldo, int64_t H, int64_t KV,
-                     int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale) {
+                     int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
+                     void* prepared, int prep_group) {
+  pdl_prologue();
   extern __shared__ float sm[];  // q [hd], partial outputs [max(hd, blockDim)], scores [T - t0]
   __shared__ float scratch[32];
   const int64_t p0 = position_of(p0_host, p0_dev);
@@ -175,10 +239,28 @@ __global__ void __launch_bounds__(kAttentionThreads)
     part[j] = o;
   }
   __syncthreads();
+  if (prepared == nullptr) {
+    for (int64_t d = threadIdx.x; d < hd; d += nthreads) {
+      float o = 0.0f;
+      for (int64_t g = 0; g < G; ++g) o += part[g * hd + d];
+      store_act(out + i * ldo + h * hd + d, o / sum);
+    }
+    return;
+  }
+  // Decode with hd a multiple of 128: the head's output, inputs h·hd ..
+  // (h+1)·hd - 1 of the o projection, written as its prepared activation
+  // (w4a16_prep.cuh) instead; q's buffer holds the values.
   for (int64_t d = threadIdx.x; d < hd; d += nthreads) {
     float o = 0.0f;
     for (int64_t g = 0; g < G; ++g) o += part[g * hd + d];
-    store_act(out + i * ldo + h * hd + d, o / sum);
+    qs[d] = o / sum;
+  }
+  __syncthreads();
+  for (int64_t pw = warp; pw < hd / w4a16::kPrepInputs; pw += warps) {
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = qs[pw * w4a16::kPrepInputs + 4 * lane + j];
+    w4a16::prep_warp_store(v, static_cast<int>(h * (hd / w4a16::kPrepInputs) + pw), prep_group, prepared, H * hd);
   }
 }
 
@@ -187,6 +269,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
 template <typename OutT>
 __global__ void silu_mul_kernel(const float* g, const float* u, int64_t ld, OutT* h, int64_t ldh, int64_t n,
                                 int64_t F) {
+  pdl_prologue();
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (j >= n * F) return;
   const int64_t r = j / F, c = j % F;

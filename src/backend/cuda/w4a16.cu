@@ -441,9 +441,10 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
                 bool f32_out, void* stream, bool pdl);
 
 bool w4a16_single_token_f32(const DeviceLinear& w) { return w4a16_gemv_applies(w.group_size); }
+void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl);
 
 const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
-                          &w4a16_single_token_f32};
+                          &w4a16_single_token_f32, &w4a16_prepared};
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   check_parts(parts, rows, cols, group_size);
@@ -488,6 +489,12 @@ const DeviceInfo& device_info() {
   }();
   return info;
 }
+
+}  // namespace
+
+int device_sm_count() { return device_info().sms; }
+
+namespace {
 
 template <typename T, typename OutT, int NT, int R, int S>
 void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream, bool pdl,
@@ -565,6 +572,11 @@ void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void
   }
 }
 
+void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl) {
+  NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
+  w4a16_gemv_prepared(w, prepared, bytes, y, static_cast<cudaStream_t>(stream), pdl, device_sm_count());
+}
+
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
                 bool f32_out, void* stream, bool pdl) {
   NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
@@ -579,7 +591,7 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
   if (M <= 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   if (M == 1 && w4a16_gemv_applies(w.group_size))  // decode: integer dot products (w4a16_gemv.cu)
-    return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_info().sms);
+    return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_sm_count());
   NIBBLE_CHECK(act != Act::F32, "w4a16: f32 activations need M = 1 and a group size of 64 or 128 (M {}, group {})", M,
                w.group_size);
   if (act == Act::BF16)

@@ -26,6 +26,7 @@
 //    ring's first stages are in flight before the kernel waits for x.
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
+#include "backend/cuda/w4a16_prep.cuh"
 #include "backend/cuda/w4a16_gemv.h"
 
 #include <algorithm>
@@ -35,14 +36,6 @@ namespace nibble::cuda {
 namespace {
 
 using namespace w4a16;
-
-// The prepared activation for one chunk of 64 inputs: [plane a, b, c][tig] ×
-// 16 bytes; lane (gid = plane, tig) reads its B fragments of both k-steps in
-// one 16-byte load. Byte 4i + j of a tig's 16 bytes is input 16·tig + 4i +
-// kPerm[j] (the layout's k order: nibble pairs are inputs +0/+2 and +1/+3).
-constexpr int kChunkBytes = 3 * 4 * 16;
-
-__device__ inline uint32_t byte_at(int32_t v) { return static_cast<uint32_t>(v) & 0xFFu; }
 
 template <typename T>
 __device__ inline float load_act(const T* x, int k, int K) {
@@ -56,57 +49,19 @@ __device__ inline float load_act(const T* x, int k, int K) {
 }
 
 // One warp per 128 inputs (two chunks); lane l holds inputs 4l .. 4l + 3.
-// Groups of 64 reduce over half-warps, groups of 128 over the warp.
 template <typename T>
-__global__ void __launch_bounds__(256) prep_x_kernel(const T* __restrict__ x, int K, uint32_t* __restrict__ frags,
-                                                     float2* __restrict__ ginfo, int warps_total, int group) {
+__global__ void __launch_bounds__(256) prep_x_kernel(const T* __restrict__ x, int K, void* __restrict__ prepared,
+                                                     int group) {
   grid_dependents_launch();  // the GEMV may start streaming weights now
   const int lane = threadIdx.x & 31;
   const int w = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
-  if (w >= warps_total) return;
-  grid_dependency_wait();  // x is the previous kernel's output; frags may still be read by the previous GEMV
-  const int k0 = w * 128 + 4 * lane;
+  if (w >= prep_warps(K)) return;
+  grid_dependency_wait();  // x is the previous kernel's output; the previous GEMV may still read `prepared`
+  const int k0 = w * kPrepInputs + 4 * lane;
   float v[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = load_act(x, k0 + i, K);
-  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  const int span = group == 64 ? 16 : 32;  // lanes per group
-  for (int o = span / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  // A NaN or inf anywhere in the group (fmaxf drops NaNs, so ask each lane)
-  // gives d = NaN below: the group's sum is NaN, as a float dot product's
-  // would be NaN or inf.
-  const bool lane_finite = isfinite(v[0]) && isfinite(v[1]) && isfinite(v[2]) && isfinite(v[3]);
-  const unsigned group_lanes = span == 32 ? 0xFFFFFFFFu : (lane < 16 ? 0x0000FFFFu : 0xFFFF0000u);
-  const bool finite = (__ballot_sync(0xFFFFFFFFu, !lane_finite) & group_lanes) == 0;
-  // amax < 2^(E - 126) for biased exponent E, so with d = 2^(E - 148),
-  // |x / d| < 2^22. d stays a normal float (E - 21 >= 1).
-  const uint32_t E = __float_as_uint(amax) >> 23;
-  const int Ed = max(static_cast<int>(E) - 21, 1);
-  const float d = finite ? __uint_as_float(static_cast<uint32_t>(Ed) << 23) : __int_as_float(0x7FC00000);
-  const float inv = __uint_as_float(static_cast<uint32_t>(254 - Ed) << 23);
-  int32_t q[4], sum = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    q[i] = finite ? __float2int_rn(v[i] * inv) : 0;
-    sum += q[i];
-  }
-  for (int o = span / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-  // Balanced base-256 digits: v = 65536a + 256b + c, each in [-128, 127].
-  uint32_t plane[3] = {0, 0, 0};
-  constexpr int kPerm[4] = {0, 2, 1, 3};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int32_t val = q[kPerm[j]];
-    const int32_t c = (val << 24) >> 24, r = (val - c) >> 8;
-    const int32_t b = (r << 24) >> 24, a = (r - b) >> 8;
-    plane[0] |= byte_at(a) << (8 * j);
-    plane[1] |= byte_at(b) << (8 * j);
-    plane[2] |= byte_at(c) << (8 * j);
-  }
-  const int chunk = 2 * w + (lane >> 4), tig = (lane >> 2) & 3, word = lane & 3;
-#pragma unroll
-  for (int p = 0; p < 3; ++p) frags[((static_cast<int64_t>(chunk) * 3 + p) * 4 + tig) * 4 + word] = plane[p];
-  if ((lane & (span - 1)) == 0) ginfo[group == 64 ? 2 * w + (lane >> 4) : w] = make_float2(d, static_cast<float>(sum) * d);
+  prep_warp_store(v, w, group, prepared, K);
 }
 
 __device__ inline void mma_u8s8(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -155,14 +110,25 @@ __global__ void __launch_bounds__(512) w4a16_gemv_kernel(const uint4* __restrict
   const float c_min = tig == 0 ? 1.0f : 0.0f;  // the min term is added once per row
   const bool b_lane = gid < 3;
   float out_lo = 0.0f, out_hi = 0.0f;  // rows gid, gid + 8
+  // The activation of the warp's next group is loaded one group ahead.
+  uint4 xf_next[CPG];
+  float2 gi_next = make_float2(0.0f, 0.0f);
+  auto load_x = [&](int i) {
+    const int g = warp + i * nwarps;
+#pragma unroll
+    for (int u = 0; u < CPG; ++u)
+      xf_next[u] = b_lane ? __ldg(frags + (static_cast<int64_t>(g * CPG + u) * 3 + gid) * 4 + tig) : make_uint4(0, 0, 0, 0);
+    gi_next = __ldg(ginfo + g);
+  };
+  if (iters > 0) load_x(0);
   for (int i = 0; i < iters; ++i) {
     issue(i + S - 1);
     const int g = warp + i * nwarps, st = i & (S - 1);
     uint4 xf[CPG];
 #pragma unroll
-    for (int u = 0; u < CPG; ++u)
-      xf[u] = b_lane ? __ldg(frags + (static_cast<int64_t>(g * CPG + u) * 3 + gid) * 4 + tig) : make_uint4(0, 0, 0, 0);
-    const float2 gi = __ldg(ginfo + g);
+    for (int u = 0; u < CPG; ++u) xf[u] = xf_next[u];
+    const float2 gi = gi_next;
+    if (i + 1 < iters) load_x(i + 1);
     cp_async_wait<S - 1>();
     int32_t acc[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -205,83 +171,107 @@ __global__ void __launch_bounds__(512) w4a16_gemv_kernel(const uint4* __restrict
   }
 }
 
-constexpr int kStages = 4;
+// Ring stages per warp. Measured on the H200 (bench_w4a16, fused stack at
+// M = 1): 2 stages 1.33-1.35 ms, 4 stages 1.43-1.47 ms, 8 stages 1.87 ms; the
+// smaller ring leaves room for more resident warps. Triggering the next
+// kernel's launch before the main loop instead of after it was no faster.
+constexpr int kStages = 2;
 
-template <typename T, typename OutT, int CPG>
-void launch(const DeviceLinear& w, const T* x, OutT* y, cudaStream_t stream, bool pdl, int sms) {
+cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute a = {};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+
+template <typename OutT, int CPG>
+void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
   const int64_t groups = (chunks + CPG - 1) / CPG;
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
-  const int64_t prep_warps = (chunks + 1) / 2;
-  auto* frags = static_cast<uint32_t*>(w.scratch.get());
-  auto* ginfo = reinterpret_cast<float2*>(static_cast<unsigned char*>(w.scratch.get()) + prep_warps * 2 * kChunkBytes);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-
-  cudaLaunchConfig_t prep = {};
-  prep.gridDim = dim3(static_cast<unsigned>((prep_warps + 7) / 8));
-  prep.blockDim = dim3(256);
-  prep.stream = stream;
-  prep.attrs = attr;
-  prep.numAttrs = pdl ? 1 : 0;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&prep, prep_x_kernel<T>, x, static_cast<int>(w.cols), frags, ginfo,
-                                       static_cast<int>(prep_warps), w.group_size));
-
   // Warps per block: ~32 resident per SM over the whole grid, at most 16 and
   // at most one per group.
   const int64_t warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, std::min<int64_t>(16, groups));
   const size_t smem = static_cast<size_t>(warps) * (kStages * (CPG * 32 * 16 + 32 * 8) + kTileRows * 4);
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles));
   cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;  // always: the GEMV waits for its own prep kernel with griddepcontrol.wait
+  cfg.numAttrs = pdl ? 1 : 0;
   auto kernel = w4a16_gemv_kernel<OutT, CPG, kStages>;
   static const bool attr_set = [&] {
     NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
     return true;
   }();
   (void)attr_set;
+  const auto* frags = static_cast<const uint4*>(prepared);
+  const auto* ginfo =
+      reinterpret_cast<const float2*>(static_cast<const unsigned char*>(prepared) + prep_ginfo_offset(w.cols));
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
-                                       static_cast<const uint2*>(w.b.get()), reinterpret_cast<const uint4*>(frags),
-                                       static_cast<const float2*>(ginfo), y, static_cast<int>(w.rows),
+                                       static_cast<const uint2*>(w.b.get()), frags, ginfo, y, static_cast<int>(w.rows),
                                        static_cast<int>(chunks), static_cast<int>(groups),
                                        static_cast<int>(groups_padded)));
 }
 
-template <typename T>
-void launch_act(const DeviceLinear& w, const void* x, void* y, bool f32_out, cudaStream_t s, bool pdl, int sms) {
-  const T* xt = static_cast<const T*>(x);
-  if (w.group_size == 64)
-    f32_out ? launch<T, float, 1>(w, xt, static_cast<float*>(y), s, pdl, sms)
-            : launch<T, T, 1>(w, xt, static_cast<T*>(y), s, pdl, sms);
+void launch_gemv_out(const DeviceLinear& w, const void* prepared, void* y, bool f32_out, cudaStream_t s, bool pdl,
+                     int sms, Act out) {
+  // y is f32, or the activation type (fp32 for f32 activations).
+  if (f32_out || out == Act::F32)
+    w.group_size == 64 ? launch_gemv<float, 1>(w, prepared, static_cast<float*>(y), s, pdl, sms)
+                       : launch_gemv<float, 2>(w, prepared, static_cast<float*>(y), s, pdl, sms);
+  else if (out == Act::BF16)
+    w.group_size == 64 ? launch_gemv<__nv_bfloat16, 1>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms)
+                       : launch_gemv<__nv_bfloat16, 2>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms);
   else
-    f32_out ? launch<T, float, 2>(w, xt, static_cast<float*>(y), s, pdl, sms)
-            : launch<T, T, 2>(w, xt, static_cast<T*>(y), s, pdl, sms);
+    w.group_size == 64 ? launch_gemv<__half, 1>(w, prepared, static_cast<__half*>(y), s, pdl, sms)
+                       : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms);
+}
+
+template <typename T>
+void launch_prep(const T* x, int64_t cols, int group, void* prepared, cudaStream_t stream, bool pdl) {
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((prep_warps(cols) + 7) / 8));
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_x_kernel<T>, x, static_cast<int>(cols), prepared, group));
+}
+
+void check_prepared(const DeviceLinear& w, size_t bytes) {
+  NIBBLE_CHECK(w4a16_gemv_applies(w.group_size), "w4a16 gemv: group size {} has no single-token kernel", w.group_size);
+  NIBBLE_CHECK(bytes >= prep_bytes(w.cols), "w4a16 gemv: {} bytes of prepared activation, {} needed", bytes,
+               prep_bytes(w.cols));
 }
 
 }  // namespace
 
 bool w4a16_gemv_applies(int group_size) { return group_size == 64 || group_size == 128; }
 
-size_t w4a16_gemv_scratch_bytes(int64_t cols) {
-  const int64_t prep_warps = ((cols + kChunk - 1) / kChunk + 1) / 2;
-  return static_cast<size_t>(prep_warps) * (2 * kChunkBytes + 2 * sizeof(float2));
-}
+size_t w4a16_gemv_scratch_bytes(int64_t cols) { return prep_bytes(cols); }
 
 void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32_out, cudaStream_t stream, bool pdl,
                 int sms) {
-  NIBBLE_CHECK(w4a16_gemv_applies(w.group_size) && w.scratch.bytes() >= w4a16_gemv_scratch_bytes(w.cols),
-               "w4a16 gemv: no prepared-activation scratch for this weight (group size {})", w.group_size);
+  check_prepared(w, w.scratch.bytes());
+  // The prep kernel honours `pdl` towards the kernel before it; the GEMV
+  // always launches early after its own prep and waits for it.
   if (act == Act::BF16)
-    launch_act<__nv_bfloat16>(w, x, y, f32_out, stream, pdl, sms);
+    launch_prep(static_cast<const __nv_bfloat16*>(x), w.cols, w.group_size, w.scratch.get(), stream, pdl);
   else if (act == Act::F16)
-    launch_act<__half>(w, x, y, f32_out, stream, pdl, sms);
+    launch_prep(static_cast<const __half*>(x), w.cols, w.group_size, w.scratch.get(), stream, pdl);
   else
-    launch_act<float>(w, x, y, f32_out, stream, pdl, sms);
+    launch_prep(static_cast<const float*>(x), w.cols, w.group_size, w.scratch.get(), stream, pdl);
+  launch_gemv_out(w, w.scratch.get(), y, f32_out, stream, true, sms, act);
+}
+
+void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
+                         cudaStream_t stream, bool pdl, int sms) {
+  check_prepared(w, prepared_bytes);
+  launch_gemv_out(w, prepared, y, true, stream, pdl, sms, Act::F32);
 }
 
 }  // namespace nibble::cuda

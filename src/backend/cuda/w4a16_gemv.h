@@ -20,5 +20,12 @@ size_t w4a16_gemv_scratch_bytes(int64_t cols);
 // DeviceLinear serves one stream at a time. `sms`: the device's SM count.
 void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32_out, cudaStream_t stream, bool pdl,
                 int sms);
+// The same GEMV on an activation already prepared (w4a16_prep.cuh: written by
+// the kernel before, e.g. GpuModel's fused RMSNorm); y is f32. The prepared
+// buffer must be for w.cols inputs and w.group_size.
+void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
+                         cudaStream_t stream, bool pdl, int sms);
+// The device's SM count (cached).
+int device_sm_count();
 
 }  // namespace nibble::cuda
