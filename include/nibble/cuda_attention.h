@@ -25,6 +25,14 @@ struct AttentionArgs {
   // (src/backend/cuda/w4a16_prep.cuh) with this group size (64 or 128).
   void* prepared = nullptr;
   int prep_group = 0;
+  // Row-wise kernel, one query, head_dim <= 256: q, k and v of the new
+  // position come un-rotated in this qkv projection row ([q heads | k heads |
+  // v heads], f32) and the kernel first does the RoPE step itself: q/k RMS
+  // norms where set (qwen3), RoPE at p0, the k and v rows written into the
+  // caches k and v (which must then be writable). q is then unused.
+  const float* rope_qkv = nullptr;
+  const float *rope_q_norm = nullptr, *rope_k_norm = nullptr, *rope_inv_freq = nullptr;
+  float rope_eps = 0.0f;
   int64_t ldo = 0;           // elements, even
   int64_t n = 0, p0 = 0;     // queries at positions p0 .. p0+n-1
   int64_t heads = 0, kv_heads = 0, head_dim = 0;

@@ -355,11 +355,21 @@ struct GpuModel::Impl {
       }
       auto* kc = static_cast<float*>(kcache[l].get());
       auto* vc = static_cast<float*>(vcache[l].get());
-      pdl_launch(qkv_rope_kernel, static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream, 
-          qkv, qkv + H * hd, qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H, KV,
-          hd, p0, p0_dev, qf, kc, vc);
-      NIBBLE_CUDA_CHECK(cudaGetLastError());
+      // Decode: the attention kernel does the RoPE step itself (one launch less).
+      const bool fused_rope = one && hd <= kAttentionThreads / 2;
+      if (!fused_rope) {
+        pdl_launch(qkv_rope_kernel, static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream, qkv, qkv + H * hd,
+                   qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H, KV, hd, p0, p0_dev,
+                   qf, kc, vc);
+      }
       AttentionArgs a;
+      if (fused_rope) {
+        a.rope_qkv = qkv;
+        a.rope_q_norm = f32p(L.q_norm);
+        a.rope_k_norm = f32p(L.k_norm);
+        a.rope_inv_freq = f32p(inv_freq);
+        a.rope_eps = eps;
+      }
       a.q = qf;
       a.k = kc;
       a.v = vc;
@@ -526,14 +536,16 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     L.f32_gate_up = std::all_of(L.gate_up.begin(), L.gate_up.end(), takes_f32);
     L.f32_o = takes_f32(L.o);
     L.f32_down = takes_f32(L.down);
-    L.prep_qkv = prepared_group(L.qkv.data(), L.qkv.size());
-    L.prep_gate_up = prepared_group(L.gate_up.data(), L.gate_up.size());
+    // The fused RMSNorm writes qkv's, gate|up's and the head's prepared input.
+    const bool norm_ok = norm_prep_supported(c.hidden_size);
+    L.prep_qkv = norm_ok ? prepared_group(L.qkv.data(), L.qkv.size()) : 0;
+    L.prep_gate_up = norm_ok ? prepared_group(L.gate_up.data(), L.gate_up.size()) : 0;
     L.prep_down = prepared_group(&L.down, 1);
     // The attention kernel writes o's prepared input per head: whole prep warps of 128.
     L.prep_o = c.head_dim % w4a16::kPrepInputs == 0 ? prepared_group(&L.o, 1) : 0;
   }
   m.f32_head = takes_f32(m.head);
-  m.prep_head = prepared_group(&m.head, 1);
+  m.prep_head = norm_prep_supported(c.hidden_size) ? prepared_group(&m.head, 1) : 0;
   const std::vector<float> inv = rope_inv_freq(c);
   m.inv_freq = upload(inv.data(), inv.size() * 4);
   // The row-wise attention kernel (decode) keeps q, its partial outputs and the
@@ -616,14 +628,28 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
                                            static_cast<int>(smem)));
     smem_allowed = smem;
   }
+  NIBBLE_CHECK(a.rope_qkv == nullptr || (a.n == 1 && a.head_dim <= kAttentionThreads / 2),
+               "rowwise_attention: the fused RoPE step needs one query and head_dim <= {} (n {}, head_dim {})",
+               kAttentionThreads / 2, a.n, a.head_dim);
+  RopeIn rope;
+  if (a.rope_qkv != nullptr) {
+    rope.qkv = a.rope_qkv;
+    rope.q_norm = a.rope_q_norm;
+    rope.k_norm = a.rope_k_norm;
+    rope.inv_freq = a.rope_inv_freq;
+    rope.eps = a.rope_eps;
+    // AttentionArgs holds the caches read-only for every other use; this step writes row p0.
+    rope.kc = const_cast<float*>(a.k);
+    rope.vc = const_cast<float*>(a.v);
+  }
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads));
   const auto st = static_cast<cudaStream_t>(stream);
   if (a.out_f32)
     pdl_launch(attention_kernel<float>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<float*>(a.out), a.ldo, a.heads,
-                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group);
+                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
   else
     pdl_launch(attention_kernel<bf16>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<bf16*>(a.out), a.ldo, a.heads,
-                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group);
+                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -94,30 +94,46 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restric
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) store_act(out + i * ldo + d, xr[d] * inv * w[d]);
 }
 
-// Decode (one row, one block): the same add and RMSNorm, the output written
-// only as the single-token W4A16 GEMV's prepared activation (w4a16_prep.cuh,
-// groups of `group`), which saves that GEMV's own prep kernel.
-__global__ void add_rmsnorm_prep_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D,
-                                        const float* __restrict__ w, float eps, void* __restrict__ prepared,
-                                        int group) {
+// Decode (one row, one block of kNormThreads): the same add and RMSNorm, the
+// output written only as the single-token W4A16 GEMV's prepared activation
+// (w4a16_prep.cuh, groups of `group`), which saves that GEMV's prep kernel.
+// Thread t owns inputs 4t + 4·kNormThreads·j, all loaded at once (one memory
+// round trip), so warp w holds exactly prep warp w + 32j's 128 inputs.
+// Needs D % 4 == 0 and D <= kNormPrepMaxD (norm_prep_supported).
+constexpr int kNormPrepIters = 4;
+constexpr int64_t kNormPrepMaxD = int64_t{4} * kNormThreads * kNormPrepIters;
+inline bool norm_prep_supported(int64_t D) { return D % 4 == 0 && D <= kNormPrepMaxD; }
+__global__ void __launch_bounds__(kNormThreads)
+    add_rmsnorm_prep_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D, const float* __restrict__ w,
+                            float eps, void* __restrict__ prepared, int group) {
   pdl_prologue();
   __shared__ float scratch[32];
+  float4 xv[kNormPrepIters], wv[kNormPrepIters];
   float ss = 0.0f;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-    float v = x[d];
-    if (y != nullptr) x[d] = v = v + y[d];
-    ss += v * v;
-  }
-  ss = block_sum(ss, scratch);  // its barriers also publish x
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-  const int lane = threadIdx.x & 31;
-  for (int64_t pw = threadIdx.x >> 5; pw < w4a16::prep_warps(D); pw += blockDim.x >> 5) {
-    float v[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t d = pw * w4a16::kPrepInputs + 4 * lane + i;
-      v[i] = d < D ? x[d] * inv * w[d] : 0.0f;
+  for (int j = 0; j < kNormPrepIters; ++j) {
+    const int64_t d = 4 * (threadIdx.x + static_cast<int64_t>(j) * kNormThreads);
+    xv[j] = wv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (d < D) {
+      xv[j] = *reinterpret_cast<const float4*>(x + d);
+      wv[j] = *reinterpret_cast<const float4*>(w + d);
+      if (y != nullptr) {
+        const float4 yv = *reinterpret_cast<const float4*>(y + d);
+        xv[j] = make_float4(xv[j].x + yv.x, xv[j].y + yv.y, xv[j].z + yv.z, xv[j].w + yv.w);
+        *reinterpret_cast<float4*>(x + d) = xv[j];
+      }
     }
+    ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
+  }
+  ss = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int j = 0; j < kNormPrepIters; ++j) {
+    const int64_t pw = warp + static_cast<int64_t>(j) * (kNormThreads / 32);
+    if (pw >= w4a16::prep_warps(D)) break;  // warp-uniform
+    const float v[4] = {xv[j].x * inv * wv[j].x, xv[j].y * inv * wv[j].y, xv[j].z * inv * wv[j].z,
+                        xv[j].w * inv * wv[j].w};
     w4a16::prep_warp_store(v, static_cast<int>(pw), group, prepared, D);
   }
 }
@@ -148,18 +164,11 @@ __global__ void bias_add_kernel(float* y, int64_t ldy, const float* bias, int64_
 
 // One warp per (token, head): optional per-head RMSNorm (qwen3), RoPE
 // (rotate_half), then q to qf (f32) and k, v into the cache rows at p0 + i.
-__global__ void qkv_rope_kernel(const float* q, const float* k, const float* v, int64_t ld, const float* q_norm,
-                                const float* k_norm, float eps, const float* inv_freq, int64_t H, int64_t KV,
-                                int64_t hd, int64_t p0_host, const int32_t* p0_dev, float* qf, float* kc, float* vc) {
-  pdl_prologue();
-  extern __shared__ float buf[];  // [hd]
-  const int64_t p0 = position_of(p0_host, p0_dev);
-  const int64_t i = blockIdx.x / (H + KV), hh = blockIdx.x % (H + KV);
-  const int lane = threadIdx.x;
-  const bool is_q = hh < H;
-  const int64_t kvh = hh - H;
-  const float* src = is_q ? q + i * ld + hh * hd : k + i * ld + kvh * hd;
-  const float* nw = is_q ? q_norm : k_norm;
+// One warp: RMS-normalizes one head (when nw is set: qwen3's q/k norm),
+// applies RoPE at `pos` and writes it to dst. buf: hd floats of shared memory.
+__device__ inline void rope_head_warp(const float* src, const float* nw, float eps, const float* inv_freq, int64_t hd,
+                                      float pos, float* buf, float* dst) {
+  const int lane = threadIdx.x & 31;
   for (int64_t d = lane; d < hd; d += 32) buf[d] = src[d];
   __syncwarp();
   if (nw != nullptr) {
@@ -171,18 +180,46 @@ __global__ void qkv_rope_kernel(const float* q, const float* k, const float* v, 
     for (int64_t d = lane; d < hd; d += 32) buf[d] = buf[d] * inv * nw[d];
     __syncwarp();
   }
-  const int64_t half = hd / 2, row = KV * hd;
-  float* dst = is_q ? qf + (i * H + hh) * hd : kc + (p0 + i) * row + kvh * hd;
-  const float pos = static_cast<float>(p0 + i);
+  const int64_t half = hd / 2;
   for (int64_t d = lane; d < half; d += 32) {
     const float angle = pos * inv_freq[d];
     const float c = cosf(angle), s = sinf(angle), a = buf[d], b = buf[d + half];
     dst[d] = a * c - b * s;
     dst[d + half] = b * c + a * s;
   }
-  if (!is_q)
-    for (int64_t d = lane; d < hd; d += 32) vc[(p0 + i) * row + kvh * hd + d] = v[i * ld + kvh * hd + d];
+  __syncwarp();
 }
+
+// One warp per (token i, head): q heads to qf (f32), k heads into the key
+// cache row p0 + i (with the value row copied alongside).
+__global__ void qkv_rope_kernel(const float* q, const float* k, const float* v, int64_t ld, const float* q_norm,
+                                const float* k_norm, float eps, const float* inv_freq, int64_t H, int64_t KV,
+                                int64_t hd, int64_t p0_host, const int32_t* p0_dev, float* qf, float* kc, float* vc) {
+  pdl_prologue();
+  extern __shared__ float buf[];  // [hd]
+  const int64_t p0 = position_of(p0_host, p0_dev);
+  const int64_t i = blockIdx.x / (H + KV), hh = blockIdx.x % (H + KV);
+  const bool is_q = hh < H;
+  const int64_t kvh = hh - H, row = KV * hd;
+  const float pos = static_cast<float>(p0 + i);
+  if (is_q) {
+    rope_head_warp(q + i * ld + hh * hd, q_norm, eps, inv_freq, hd, pos, buf, qf + (i * H + hh) * hd);
+  } else {
+    rope_head_warp(k + i * ld + kvh * hd, k_norm, eps, inv_freq, hd, pos, buf, kc + (p0 + i) * row + kvh * hd);
+    for (int64_t d = threadIdx.x; d < hd; d += 32) vc[(p0 + i) * row + kvh * hd + d] = v[i * ld + kvh * hd + d];
+  }
+}
+
+// Decode: the attention kernel can do qkv_rope_kernel's work itself (one
+// launch less per layer). Every block of a kv head writes the same key and
+// value rows (identical values), then reads them back after a barrier.
+struct RopeIn {
+  const float* qkv = nullptr;  // the qkv projection's row (null: q comes from qf, the cache is filled)
+  int64_t ld = 0;
+  const float *q_norm = nullptr, *k_norm = nullptr, *inv_freq = nullptr;
+  float eps = 0.0f;
+  float *kc = nullptr, *vc = nullptr;  // the caches, written at row p0
+};
 
 constexpr int kAttentionThreads = 512;
 
@@ -203,7 +240,7 @@ template <typename OutT>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_kernel(const float* qf, const float* kc, const float* vc, OutT* out, int64_t ldo, int64_t H, int64_t KV,
                      int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
-                     void* prepared, int prep_group) {
+                     void* prepared, int prep_group, RopeIn rope) {
   pdl_prologue();
   extern __shared__ float sm[];  // q [hd], partial outputs [max(hd, blockDim)], scores [T - t0]
   __shared__ float scratch[32];
@@ -214,9 +251,18 @@ __global__ void __launch_bounds__(kAttentionThreads)
   float* qs = sm;
   float* part = sm + hd;
   float* sc = part + (hd > nthreads ? hd : nthreads);
-  for (int64_t d = threadIdx.x; d < hd; d += nthreads) qs[d] = qf[(i * H + h) * hd + d];
-  __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = static_cast<int>(nthreads >> 5);
+  if (rope.qkv != nullptr) {  // decode (i = 0): warp 0 ropes q, warp 1 k into the cache, warp 2 copies v
+    const float pos = static_cast<float>(p0);
+    const float* k = rope.qkv + H * hd + kvh * hd;
+    if (warp == 0) rope_head_warp(rope.qkv + h * hd, rope.q_norm, rope.eps, rope.inv_freq, hd, pos, part, qs);
+    if (warp == 1) rope_head_warp(k, rope.k_norm, rope.eps, rope.inv_freq, hd, pos, part + hd, rope.kc + p0 * row + kvh * hd);
+    if (warp == 2)
+      for (int64_t d = lane; d < hd; d += 32) rope.vc[p0 * row + kvh * hd + d] = k[KV * hd + d];
+  } else {
+    for (int64_t d = threadIdx.x; d < hd; d += nthreads) qs[d] = qf[(i * H + h) * hd + d];
+  }
+  __syncthreads();
   float mx = -INFINITY;
   for (int64_t t = t0 + warp; t < T; t += warps) {
     const float* kt = kc + t * row + kvh * hd;
