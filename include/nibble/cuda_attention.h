@@ -58,4 +58,16 @@ size_t rowwise_attention_smem(int64_t head_dim, int64_t max_positions);
 size_t rowwise_attention_smem_limit();  // the most it may use (200 KiB)
 void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream);
 
+// Decode attention split over the keys ("flash-decoding"): one query (n = 1)
+// at position p0 (or *p0_dev, as rowwise_attention reads it); the keys are
+// cut into `splits` equal ranges, each handled by one block with its own
+// online softmax, and a second kernel combines them. Neither the grid nor the
+// shared memory depends on the length, so a captured decode step serves every
+// position and the cache has no length cap. head_dim: a multiple of 32, at
+// most 256; splits 1..256. Writes out (bf16, or f32 with out_f32) or the
+// prepared activation (a.prepared, head_dim a multiple of 128). `scratch`:
+// split_attention_scratch_bytes(...) bytes of device memory.
+size_t split_attention_scratch_bytes(int64_t heads, int64_t head_dim, int splits);
+void split_attention(const AttentionArgs& a, const int32_t* p0_dev, int splits, void* scratch, void* stream);
+
 }  // namespace nibble::cuda

@@ -355,13 +355,16 @@ TEST(Cuda, CublasReferencePathAgrees) {
 // the KV cache. The GPU rounds the linears' inputs and outputs to bf16, so
 // logits agree to bf16 tolerance, not bit for bit: per row, max |Δ| within 3 %
 // of the row's largest |logit|; the argmax agrees at >= 97 % of positions.
-void check_gpu_forward(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, int decode_steps) {
+// cache_positions > 0: the GPU's KV cache holds that many positions (more than
+// the row-wise attention kernel can: decode then splits attention over the keys).
+void check_gpu_forward(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, int decode_steps,
+                       int64_t cache_positions = 0) {
   auto src = CheckpointDir::open(dir);
   auto cpu = Model::load(*src);
   const ModelConfig& c = cpu->config();
   const int64_t total = static_cast<int64_t>(prompt.size()) + decode_steps;
   KVCache cache(c, total);
-  auto gpu = cuda::GpuModel::load(*src, total);
+  auto gpu = cuda::GpuModel::load(*src, std::max(total, cache_positions));
   int agree = 0, rows = 0;
   double worst = 0;
   auto compare = [&](const Tensor& a, const Tensor& b, const std::string& what) {
@@ -443,6 +446,9 @@ TEST(Cuda, GpuForwardMatchesCpuOnQwen3) {
   QuantizeOptions q;
   quantize_model(dir, tmp.path() / "rtn", q);
   check_gpu_forward(tmp.path() / "rtn", prompt_ids(48, 2000, 4), 16);
+  // A KV cache of 70000 positions, beyond the row-wise decode kernel's shared
+  // memory: decode runs the split-over-keys attention (and its prepared output).
+  check_gpu_forward(tmp.path() / "rtn", prompt_ids(48, 2000, 5), 16, 70000);
 }
 
 }  // namespace

@@ -48,7 +48,8 @@ AttnData random_attention(const AttnCase& c, uint32_t seed) {
   return d;
 }
 
-// Runs `kernel` ("flash" or "rowwise") and returns the bf16 output as float
+// Runs `kernel` ("flash", "rowwise" or "split": split_attention, one query,
+// 7 key ranges) and returns the bf16 output as float
 // [n, ldo]. The cache has spare rows past p0+n filled with NaN and the output
 // starts as NaN (bf16 0xFFFF) with padding columns: the kernel must read no
 // key past the last query's position and write nothing outside its columns.
@@ -73,8 +74,11 @@ std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const std
   a.head_dim = c.head_dim;
   a.window = c.window;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  cuda::DeviceBuffer scratch(cuda::split_attention_scratch_bytes(c.heads, c.head_dim, 7));
   if (kernel == "flash")
     cuda::flash_attention(a, nullptr);
+  else if (kernel == "split")
+    cuda::split_attention(a, nullptr, 7, scratch.get(), nullptr);
   else
     cuda::rowwise_attention(a, nullptr, T, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -184,7 +188,8 @@ TEST(Cuda, FlashAttentionMatchesReference) {
   for (const AttnCase& c : cases) {
     const AttnData d = random_attention(c, seed++);
     const int64_t ldo = c.heads * c.head_dim + 6;  // padded rows, as the forward's ldQ can be
-    for (const char* kernel : {"flash", "rowwise"}) {
+    for (const char* kernel : {"flash", "rowwise", "split"}) {
+      if (std::string(kernel) == "split" && c.n != 1) continue;  // decode only
       const auto got = run_attention(c, d, kernel, ldo);
       check_attention(c, d, got, ldo, std::string(kernel) + " " + describe(c));
     }
@@ -212,6 +217,25 @@ TEST(Cuda, FlashAttentionBeyondRowwiseLimit) {
   const AttnData d = random_attention(c, 9);
   const int64_t ldo = c.heads * c.head_dim;
   check_attention(c, d, run_attention(c, d, "flash", ldo), ldo, "flash " + describe(c));
+}
+
+// Decode attention split over the keys: one query at the shapes above plus a
+// sliding window, a cache shorter than the number of ranges (empty ranges),
+// and a cache far beyond the row-wise kernel's limit (70000 positions).
+TEST(Cuda, SplitDecodeAttentionMatchesReference) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<AttnCase> cases = {
+      {1, 0, 4, 2, 64, 0, 1.0f, 1},      {1, 3, 8, 2, 128, 0, 4.0f, 1},    {1, 130, 8, 2, 128, 0, 1.0f, 1},
+      {1, 2999, 32, 8, 128, 0, 4.0f, 1}, {1, 4000, 6, 3, 128, 100, 1.0f, 1}, {1, 777, 4, 1, 256, 0, 4.0f, 1},
+      {1, 69999, 4, 2, 128, 0, 4.0f, 1},
+  };
+  ASSERT_GT(cuda::rowwise_attention_smem(128, 70000), cuda::rowwise_attention_smem_limit());
+  uint32_t seed = 300;
+  for (const AttnCase& c : cases) {
+    const AttnData d = random_attention(c, seed++);
+    const int64_t ldo = c.heads * c.head_dim;
+    check_attention(c, d, run_attention(c, d, "split", ldo), ldo, "split " + describe(c));
+  }
 }
 
 // Argument checks come before any CUDA call: this runs without a device too.

@@ -271,6 +271,10 @@ struct GpuModel::Impl {
   // writes f32) where it takes them: no rounding of its input to bf16.
   bool f32_head = false;
   int prep_head = 0;
+  // Decode attention split over the keys (split_attention) when the row-wise
+  // kernel's shared memory cannot hold the cache; 0: the row-wise kernel.
+  int attn_splits = 0;
+  DeviceBuffer attn_part;
   DeviceBuffer embed, final_norm, inv_freq;
   GpuLinear head;
   std::vector<GpuLayer> layers;
@@ -355,8 +359,9 @@ struct GpuModel::Impl {
       }
       auto* kc = static_cast<float*>(kcache[l].get());
       auto* vc = static_cast<float*>(vcache[l].get());
-      // Decode: the attention kernel does the RoPE step itself (one launch less).
-      const bool fused_rope = one && hd <= kAttentionThreads / 2;
+      // Decode: the row-wise attention kernel does the RoPE step itself (one launch less).
+      const bool split = one && attn_splits > 0;
+      const bool fused_rope = one && !split && hd <= kAttentionThreads / 2;
       if (!fused_rope) {
         pdl_launch(qkv_rope_kernel, static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream, qkv, qkv + H * hd,
                    qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H, KV, hd, p0, p0_dev,
@@ -389,6 +394,8 @@ struct GpuModel::Impl {
       a.scale = scale;
       if (n > 1 && opts.flash_prefill && flash_attention_supported(hd))
         flash_attention(a, stream);
+      else if (split)
+        split_attention(a, p0_dev, attn_splits, attn_part.get(), stream);
       else
         rowwise_attention(a, p0_dev, att_positions, stream);
       if (one && L.prep_o)
@@ -551,9 +558,16 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   // The row-wise attention kernel (decode) keeps q, its partial outputs and the
   // scores of one query in shared memory, sized for the whole cache. Prefill
   // of head dims 64/128/256 runs the flash kernel, which has no such limit.
-  NIBBLE_CHECK(rowwise_attention_smem(c.head_dim, max_tokens) <= rowwise_attention_smem_limit(),
-               "GpuModel: a KV cache of {} positions is more than the decode attention kernel's shared memory holds",
-               max_tokens);
+  // Longer caches: prefill through the flash kernel and decode through the
+  // split-over-keys kernel, neither of which has a length cap.
+  if (rowwise_attention_smem(c.head_dim, max_tokens) > rowwise_attention_smem_limit()) {
+    NIBBLE_CHECK(opts.flash_prefill && flash_attention_supported(c.head_dim) && c.head_dim % 32 == 0 &&
+                     c.head_dim <= 256,
+                 "GpuModel: a KV cache of {} positions is more than the row-wise attention kernel's shared memory "
+                 "holds, and head_dim {} has no flash prefill / split decode kernel", max_tokens, c.head_dim);
+    m.attn_splits = static_cast<int>(std::clamp<int64_t>((max_tokens + 1023) / 1024, 1, 256));
+    m.attn_part = DeviceBuffer(split_attention_scratch_bytes(c.num_heads, c.head_dim, m.attn_splits));
+  }
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
   NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
@@ -651,6 +665,38 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
     pdl_launch(attention_kernel<bf16>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<bf16*>(a.out), a.ldo, a.heads,
                                                            a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t split_attention_scratch_bytes(int64_t heads, int64_t head_dim, int splits) {
+  return static_cast<size_t>(heads * splits * (head_dim + 2)) * 4;
+}
+
+void split_attention(const AttentionArgs& a, const int32_t* p0_dev, int splits, void* scratch, void* stream) {
+  NIBBLE_CHECK(a.n == 1 && a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
+               "split_attention: one query and heads a multiple of kv_heads (n {}, heads {}, kv_heads {})", a.n,
+               a.heads, a.kv_heads);
+  NIBBLE_CHECK(a.head_dim % 32 == 0 && a.head_dim <= kSplitMaxHd, "split_attention: head_dim {} (a multiple of 32, "
+               "at most {})", a.head_dim, kSplitMaxHd);
+  NIBBLE_CHECK(splits >= 1 && splits <= kSplitMaxSplits, "split_attention: {} splits (1 .. {})", splits,
+               kSplitMaxSplits);
+  NIBBLE_CHECK(a.rope_qkv == nullptr, "split_attention: the RoPE step is the row-wise kernel's");
+  NIBBLE_CHECK(a.prepared == nullptr || (a.head_dim % w4a16::kPrepInputs == 0 &&
+                                         (a.prep_group == 64 || a.prep_group == 128)),
+               "split_attention: a prepared output needs head_dim a multiple of 128 and groups of 64 or 128");
+  const auto st = static_cast<cudaStream_t>(stream);
+  auto* part = static_cast<float*>(scratch);
+  const float qscale = a.scale * 1.4426950408889634f;  // log2(e): scores in log2 units for exp2
+  pdl_launch(split_attention_kernel, dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(splits)),
+             kSplitThreads, 0, st, a.q, a.k, a.v, a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, qscale,
+             part);
+  if (a.out_f32)
+    pdl_launch(split_combine_kernel<float>, static_cast<unsigned>(a.heads), kSplitThreads, 0, st,
+               static_cast<const float*>(part), a.head_dim, splits, static_cast<float*>(a.out), a.prepared,
+               a.prep_group, a.heads);
+  else
+    pdl_launch(split_combine_kernel<bf16>, static_cast<unsigned>(a.heads), kSplitThreads, 0, st,
+               static_cast<const float*>(part), a.head_dim, splits, static_cast<bf16*>(a.out), a.prepared,
+               a.prep_group, a.heads);
 }
 
 }  // namespace nibble::cuda

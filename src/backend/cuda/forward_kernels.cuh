@@ -310,6 +310,138 @@ __global__ void __launch_bounds__(kAttentionThreads)
   }
 }
 
+// Decode attention split over the keys (split_attention, include/nibble/
+// cuda_attention.h): block (h, s) takes the s-th of gridDim.y equal ranges of
+// the keys t0 .. p0 (the length read at run time, so a captured step serves
+// every position) and leaves its unnormalised output, max and sum (log2
+// units) in part[h][s] = [o (hd) | m | l]. Each warp scores 32 keys at once (a
+// lane per key, q from shared memory), rescales its running sums once per 32
+// keys and adds the 32 weighted value rows (a lane per dimension); the block's
+// warps then meet in shared memory. hd: a multiple of 32, at most 256.
+constexpr int kSplitThreads = 128;
+constexpr int kSplitMaxHd = 256;
+__global__ void __launch_bounds__(kSplitThreads)
+    split_attention_kernel(const float* __restrict__ qf, const float* __restrict__ kc, const float* __restrict__ vc,
+                           int64_t H, int64_t KV, int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window,
+                           float qscale, float* __restrict__ part) {
+  pdl_prologue();
+  __shared__ __align__(16) float qs[kSplitMaxHd];
+  __shared__ float wm[kSplitThreads / 32], wl[kSplitThreads / 32], wo[kSplitThreads / 32][kSplitMaxHd];
+  const int64_t h = blockIdx.x, S = gridDim.y, split = blockIdx.y, kvh = h / (H / KV), row = KV * hd;
+  const int64_t T = position_of(p0_host, p0_dev) + 1, t0 = (window > 0 && T > window) ? T - window : 0;
+  const int64_t per = (T - t0 + S - 1) / S, begin = t0 + split * per, end = begin + per < T ? begin + per : T;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nd = static_cast<int>(hd / 32);
+  for (int64_t d = threadIdx.x; d < hd; d += kSplitThreads) qs[d] = qf[h * hd + d] * qscale;
+  __syncthreads();
+  float m = -INFINITY, l = 0.0f, o[kSplitMaxHd / 32];
+#pragma unroll
+  for (int j = 0; j < kSplitMaxHd / 32; ++j) o[j] = 0.0f;
+  for (int64_t tb = begin + 32 * warp; tb < end; tb += 32 * (kSplitThreads / 32)) {
+    const int64_t t = tb + lane;
+    float sc = -INFINITY;
+    if (t < end) {
+      const float4* kt = reinterpret_cast<const float4*>(kc + t * row + kvh * hd);
+      const float4* q4 = reinterpret_cast<const float4*>(qs);
+      float acc = 0.0f;
+      for (int64_t d = 0; d < hd / 4; ++d) {
+        const float4 a = q4[d], b = kt[d];
+        acc = fmaf(a.x, b.x, acc);
+        acc = fmaf(a.y, b.y, acc);
+        acc = fmaf(a.z, b.z, acc);
+        acc = fmaf(a.w, b.w, acc);
+      }
+      sc = acc;
+    }
+    float mt = sc;
+    for (int off = 16; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
+    const float m_new = fmaxf(m, mt);  // finite: lane 0's key is in range
+    const float corr = exp2f(m - m_new), p = t < end ? exp2f(sc - m_new) : 0.0f;
+    float ps = p;
+    for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+    l = l * corr + ps;
+    m = m_new;
+#pragma unroll
+    for (int j = 0; j < kSplitMaxHd / 32; ++j) o[j] *= corr;
+    const int keys = end - tb < 32 ? static_cast<int>(end - tb) : 32;
+    for (int k = 0; k < keys; ++k) {
+      const float pk = __shfl_sync(0xffffffffu, p, k);
+      const float* vt = vc + (tb + k) * row + kvh * hd;
+#pragma unroll
+      for (int j = 0; j < kSplitMaxHd / 32; ++j)
+        if (j < nd) o[j] = fmaf(pk, vt[lane + 32 * j], o[j]);
+    }
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < kSplitMaxHd / 32; ++j)
+    if (j < nd) wo[warp][lane + 32 * j] = o[j];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < kSplitThreads / 32; ++w) M = fmaxf(M, wm[w]);
+  float* dst = part + (h * S + split) * (hd + 2);
+  for (int64_t d = threadIdx.x; d < hd; d += kSplitThreads) {
+    float acc = 0.0f;
+    if (M != -INFINITY)  // an empty range (short cache, many splits) leaves zeros
+      for (int w = 0; w < kSplitThreads / 32; ++w) acc = fmaf(exp2f(wm[w] - M), wo[w][d], acc);
+    dst[d] = acc;
+  }
+  if (threadIdx.x == 0) {
+    float L = 0.0f;
+    if (M != -INFINITY)
+      for (int w = 0; w < kSplitThreads / 32; ++w) L = fmaf(exp2f(wm[w] - M), wl[w], L);
+    dst[hd] = M;
+    dst[hd + 1] = L;
+  }
+}
+
+// One block per head: out = Σ_s 2^(m_s − M)·o_s / Σ_s 2^(m_s − M)·l_s, as
+// OutT, or (prepared set, hd a multiple of 128) as the o projection's
+// prepared activation. S ≤ kSplitMaxSplits.
+constexpr int kSplitMaxSplits = 256;
+template <typename OutT>
+__global__ void __launch_bounds__(kSplitThreads)
+    split_combine_kernel(const float* __restrict__ part, int64_t hd, int S, OutT* out, void* prepared, int prep_group,
+                         int64_t H) {
+  pdl_prologue();
+  __shared__ float w[kSplitMaxSplits];
+  __shared__ __align__(16) float vals[kSplitMaxHd];
+  __shared__ float red[2];
+  const int64_t h = blockIdx.x;
+  const float* ph = part + h * S * (hd + 2);
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, ph[s * (hd + 2) + hd]);
+    float L = 0.0f;
+    for (int s = 0; s < S; ++s) {
+      const float ms = ph[s * (hd + 2) + hd];
+      w[s] = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+      L = fmaf(w[s], ph[s * (hd + 2) + hd + 1], L);
+    }
+    red[0] = 1.0f / L;
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < hd; d += kSplitThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < S; ++s) acc = fmaf(w[s], ph[s * (hd + 2) + d], acc);
+    vals[d] = acc * red[0];
+  }
+  if (prepared == nullptr) {
+    for (int64_t d = threadIdx.x; d < hd; d += kSplitThreads) store_act(out + h * hd + d, vals[d]);
+    return;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t pw = warp; pw < hd / w4a16::kPrepInputs; pw += kSplitThreads / 32) {
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = vals[pw * w4a16::kPrepInputs + 4 * lane + j];
+    w4a16::prep_warp_store(v, static_cast<int>(h * (hd / w4a16::kPrepInputs) + pw), prep_group, prepared, H * hd);
+  }
+}
+
 // h = SiLU(g) · u as OutT, the down projection's input; g and u rows have
 // leading dimension ld (they are the two halves of one gate|up output).
 template <typename OutT>
