@@ -396,14 +396,17 @@ void check_gpu_forward(const std::filesystem::path& dir, const std::vector<int32
   for (int step = 0; step < decode_steps; ++step) {
     compare(lc, lg, "decode step " + std::to_string(step));
     const int64_t V = c.vocab_size;
-    const auto next_c = static_cast<int32_t>(std::max_element(lc.data<float>(), lc.data<float>() + V) - lc.data<float>());
-    const auto next_g = static_cast<int32_t>(std::max_element(lg.data<float>(), lg.data<float>() + V) - lg.data<float>());
+    const auto next_c =
+        static_cast<int32_t>(std::max_element(lc.data<float>(), lc.data<float>() + V) - lc.data<float>());
+    const auto next_g =
+        static_cast<int32_t>(std::max_element(lg.data<float>(), lg.data<float>() + V) - lg.data<float>());
     greedy_cpu.push_back(next_c);
     greedy_gpu.push_back(next_g);
     if (next_c != next_g)  // how close a call it was on each side
-      std::printf("[gpu forward] step %d: cpu picks %d (gpu's pick %d is %.5f below), gpu picks %d (cpu's pick %.5f below)\n",
-                  step, next_c, next_g, lc.data<float>()[next_c] - lc.data<float>()[next_g], next_g,
-                  lg.data<float>()[next_g] - lg.data<float>()[next_c]);
+      std::printf(
+          "[gpu forward] step %d: cpu picks %d (gpu's pick %d is %.5f below), gpu picks %d (cpu's pick %.5f below)\n",
+          step, next_c, next_g, lc.data<float>()[next_c] - lc.data<float>()[next_g], next_g,
+          lg.data<float>()[next_g] - lg.data<float>()[next_c]);
     if (step + 1 < decode_steps) {
       lc = cpu->forward({next_c}, cache, false);
       lg = gpu->forward({next_c}, false);

@@ -242,7 +242,8 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
     return true;
   }();
   (void)attribute_set;
-  NIBBLE_CHECK(!a.out_f32 && a.prepared == nullptr, "flash_attention: the output is bf16 (out_f32 and prepared are the row-wise kernel's)");
+  NIBBLE_CHECK(!a.out_f32 && a.prepared == nullptr,
+               "flash_attention: the output is bf16 (out_f32 and prepared are the row-wise kernel's)");
   const int64_t tiles = (a.n + kBr - 1) / kBr;
   const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(tiles));
   const float qscale = a.scale * 1.4426950408889634f;  // log2(e): scores in log2 units for exp2

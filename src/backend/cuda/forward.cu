@@ -198,8 +198,8 @@ void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, 
       gemm_bf16_cublas(l.dense.get(), l.out, l.in, x, M, ldx, y, ldy, s, true);
     }
     if (l.bias.bytes() > 0) {
-      pdl_launch(bias_add_kernel, blocks_of(M * l.out, 256), 256, 0, s, y, ldy, static_cast<const float*>(l.bias.get()), M,
-                                                                l.out);
+      pdl_launch(bias_add_kernel, blocks_of(M * l.out, 256), 256, 0, s, y, ldy, static_cast<const float*>(l.bias.get()),
+                 M, l.out);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
     }
     y += l.out;
@@ -234,7 +234,8 @@ void linears_prepared(const GpuLinear* ls, size_t count, const DeviceBuffer& pre
     const GpuLinear& l = ls[i];
     l.packed.kernel->gemv_prepared(l.packed, prepared.get(), prepared.bytes(), y, s, true);
     if (l.bias.bytes() > 0) {
-      pdl_launch(bias_add_kernel, blocks_of(l.out, 256), 256, 0, s, y, l.out, static_cast<const float*>(l.bias.get()), 1, l.out);
+      pdl_launch(bias_add_kernel, blocks_of(l.out, 256), 256, 0, s, y, l.out, static_cast<const float*>(l.bias.get()),
+                 1, l.out);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
     }
     y += l.out;
@@ -329,9 +330,11 @@ struct GpuModel::Impl {
     auto act = [](bool f32) { return f32 ? Act::F32 : Act::BF16; };
     auto norm = [&](unsigned rows, float* xr, const float* y, const float* w, void* out, bool f32) {
       if (f32)
-        pdl_launch(add_rmsnorm_kernel<float>, rows, kNormThreads, 0, stream, xr, y, D, w, eps, static_cast<float*>(out), ldD);
+        pdl_launch(add_rmsnorm_kernel<float>, rows, kNormThreads, 0, stream, xr, y, D, w, eps, static_cast<float*>(out),
+                   ldD);
       else
-        pdl_launch(add_rmsnorm_kernel<bf16>, rows, kNormThreads, 0, stream, xr, y, D, w, eps, static_cast<bf16*>(out), ldD);
+        pdl_launch(add_rmsnorm_kernel<bf16>, rows, kNormThreads, 0, stream, xr, y, D, w, eps, static_cast<bf16*>(out),
+                   ldD);
     };
     void* xn = sc.xn.get();
     auto* qkv = static_cast<float*>(sc.qkv.get());
@@ -350,8 +353,8 @@ struct GpuModel::Impl {
       const GpuLayer& L = layers[l];
       // x += the previous layer's MLP output (none before layer 0), then the input norm.
       if (one && L.prep_qkv) {
-        pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, l == 0 ? nullptr : tmp, D, f32p(L.input_norm), eps,
-                                                                sc.xq.get(), L.prep_qkv);
+        pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, l == 0 ? nullptr : tmp, D,
+                   f32p(L.input_norm), eps, sc.xq.get(), L.prep_qkv);
         linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream);
       } else {
         norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, one && L.f32_qkv);
@@ -411,15 +414,17 @@ struct GpuModel::Impl {
         linears_forward(L.gate_up, xn, act(one && L.f32_gate_up), n, ldD, gu, 2 * F, stream);
       }
       if (one && L.prep_down) {
-        pdl_launch(silu_mul_prep_kernel, blocks_of(w4a16::prep_warps(F) * 32, 256), 256, 0, stream, gu, gu + F, F, sc.hq.get(),
-                                                                                            L.prep_down);
+        pdl_launch(silu_mul_prep_kernel, blocks_of(w4a16::prep_warps(F) * 32, 256), 256, 0, stream, gu, gu + F, F,
+                   sc.hq.get(), L.prep_down);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
         linears_prepared(&L.down, 1, sc.hq, tmp, stream);
       } else {
         if (one && L.f32_down)
-          pdl_launch(silu_mul_kernel<float>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F, static_cast<float*>(h), ldF, n, F);
+          pdl_launch(silu_mul_kernel<float>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F,
+                     static_cast<float*>(h), ldF, n, F);
         else
-          pdl_launch(silu_mul_kernel<bf16>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F, static_cast<bf16*>(h), ldF, n, F);
+          pdl_launch(silu_mul_kernel<bf16>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F,
+                     static_cast<bf16*>(h), ldF, n, F);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
         linears_forward(&L.down, 1, h, act(one && L.f32_down), n, ldF, tmp, D, stream);
       }
@@ -428,7 +433,8 @@ struct GpuModel::Impl {
     // other rows of x are not read again).
     const int64_t rows = all_logits ? n : 1, r0 = n - rows;
     if (one && prep_head) {
-      pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(final_norm), eps, sc.xq.get(), prep_head);
+      pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(final_norm), eps, sc.xq.get(),
+                 prep_head);
       linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream);
     } else {
       norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, one && f32_head);
@@ -659,11 +665,11 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads));
   const auto st = static_cast<cudaStream_t>(stream);
   if (a.out_f32)
-    pdl_launch(attention_kernel<float>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<float*>(a.out), a.ldo, a.heads,
-                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
+    pdl_launch(attention_kernel<float>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<float*>(a.out),
+               a.ldo, a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
   else
-    pdl_launch(attention_kernel<bf16>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<bf16*>(a.out), a.ldo, a.heads,
-                                                           a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
+    pdl_launch(attention_kernel<bf16>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<bf16*>(a.out),
+               a.ldo, a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const float pos = static_cast<float>(p0);
     const float* k = rope.qkv + H * hd + kvh * hd;
     if (warp == 0) rope_head_warp(rope.qkv + h * hd, rope.q_norm, rope.eps, rope.inv_freq, hd, pos, part, qs);
-    if (warp == 1) rope_head_warp(k, rope.k_norm, rope.eps, rope.inv_freq, hd, pos, part + hd, rope.kc + p0 * row + kvh * hd);
+    if (warp == 1)
+      rope_head_warp(k, rope.k_norm, rope.eps, rope.inv_freq, hd, pos, part + hd, rope.kc + p0 * row + kvh * hd);
     if (warp == 2)
       for (int64_t d = lane; d < hd; d += 32) rope.vc[p0 * row + kvh * hd + d] = k[KV * hd + d];
   } else {

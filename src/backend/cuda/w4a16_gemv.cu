@@ -75,10 +75,10 @@ __device__ inline void mma_u8s8(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint3
 // One block per 16-row tile; its warps take interleaved groups. CPG chunks per
 // group (1: groups of 64, 2: groups of 128), S ring stages per warp.
 template <typename OutT, int CPG, int S>
-__global__ void __launch_bounds__(512) w4a16_gemv_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta,
-                                                         const uint4* __restrict__ frags,
-                                                         const float2* __restrict__ ginfo, OutT* __restrict__ y, int N,
-                                                         int chunks, int groups, int groups_padded) {
+__global__ void __launch_bounds__(512)
+    w4a16_gemv_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const uint4* __restrict__ frags,
+                      const float2* __restrict__ ginfo, OutT* __restrict__ y, int N, int chunks, int groups,
+                      int groups_padded) {
   static_assert((S & (S - 1)) == 0 && S >= 2, "ring stages: a power of two");
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -94,7 +94,8 @@ __global__ void __launch_bounds__(512) w4a16_gemv_kernel(const uint4* __restrict
     if (g < groups) {
 #pragma unroll
       for (int u = 0; u < CPG; ++u)
-        if (g * CPG + u < chunks) cp_async16(ring_q + (st * CPG + u) * 32 + lane, cp + static_cast<int64_t>(g * CPG + u) * 32);
+        if (g * CPG + u < chunks)
+          cp_async16(ring_q + (st * CPG + u) * 32 + lane, cp + static_cast<int64_t>(g * CPG + u) * 32);
       cp_async8(ring_m + st * 32 + lane, mp + static_cast<int64_t>(g) * 8);
     }
     cp_async_commit();
@@ -117,7 +118,8 @@ __global__ void __launch_bounds__(512) w4a16_gemv_kernel(const uint4* __restrict
     const int g = warp + i * nwarps;
 #pragma unroll
     for (int u = 0; u < CPG; ++u)
-      xf_next[u] = b_lane ? __ldg(frags + (static_cast<int64_t>(g * CPG + u) * 3 + gid) * 4 + tig) : make_uint4(0, 0, 0, 0);
+      xf_next[u] =
+          b_lane ? __ldg(frags + (static_cast<int64_t>(g * CPG + u) * 3 + gid) * 4 + tig) : make_uint4(0, 0, 0, 0);
     gi_next = __ldg(ginfo + g);
   };
   if (iters > 0) load_x(0);
@@ -191,7 +193,8 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
   // Warps per block: ~32 resident per SM over the whole grid, at most 16 and
   // at most one per group.
-  const int64_t warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, std::min<int64_t>(16, groups));
+  const int64_t warps =
+      std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, std::min<int64_t>(16, groups));
   const size_t smem = static_cast<size_t>(warps) * (kStages * (CPG * 32 * 16 + 32 * 8) + kTileRows * 4);
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
