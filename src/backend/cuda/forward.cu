@@ -43,9 +43,7 @@ unsigned blocks_of(int64_t n, int threads) { return static_cast<unsigned>((n + t
 // waits for the previous kernel before touching memory).
 template <typename... KArgs, typename... Args>
 void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[1] = {w4a16::pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;

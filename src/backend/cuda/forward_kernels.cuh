@@ -54,6 +54,20 @@ __device__ inline void pdl_prologue() {
   w4a16::grid_dependency_wait();
 }
 
+// Decode: one head's output (hd values in shared memory, hd a multiple of
+// 128), inputs h·hd .. (h+1)·hd - 1 of the o projection, written as its
+// prepared activation (w4a16_prep.cuh) by the block's warps.
+__device__ inline void prep_store_head(const float* vals, int64_t h, int64_t hd, int64_t H, int group,
+                                       void* prepared) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t pw = warp; pw < hd / w4a16::kPrepInputs; pw += blockDim.x >> 5) {
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = vals[pw * w4a16::kPrepInputs + 4 * lane + j];
+    w4a16::prep_warp_store(v, static_cast<int>(h * (hd / w4a16::kPrepInputs) + pw), group, prepared, H * hd);
+  }
+}
+
 // The linears' inputs: bf16, or f32 for single-token steps whose linears all
 // take f32 (the integer W4A16 GEMV; GpuModel's decode).
 __device__ inline void store_act(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
@@ -303,12 +317,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
     qs[d] = o / sum;
   }
   __syncthreads();
-  for (int64_t pw = warp; pw < hd / w4a16::kPrepInputs; pw += warps) {
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = qs[pw * w4a16::kPrepInputs + 4 * lane + j];
-    w4a16::prep_warp_store(v, static_cast<int>(h * (hd / w4a16::kPrepInputs) + pw), prep_group, prepared, H * hd);
-  }
+  prep_store_head(qs, h, hd, H, prep_group, prepared);
 }
 
 // Decode attention split over the keys (split_attention, include/nibble/
@@ -434,13 +443,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     return;
   }
   __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int64_t pw = warp; pw < hd / w4a16::kPrepInputs; pw += kSplitThreads / 32) {
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = vals[pw * w4a16::kPrepInputs + 4 * lane + j];
-    w4a16::prep_warp_store(v, static_cast<int>(h * (hd / w4a16::kPrepInputs) + pw), prep_group, prepared, H * hd);
-  }
+  prep_store_head(vals, h, hd, H, prep_group, prepared);
 }
 
 // h = SiLU(g) · u as OutT, the down projection's input; g and u rows have

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -12,6 +13,15 @@ namespace nibble::cuda::w4a16 {
 
 constexpr int kTileRows = 16;  // output rows per mma tile
 constexpr int kChunk = 64;     // inputs per 16-byte lane load
+
+// The launch attribute that allows programmatic dependent launch (host side;
+// the kernels pair it with grid_dependency_wait / grid_dependents_launch).
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute a = {};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
 
 __device__ inline void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

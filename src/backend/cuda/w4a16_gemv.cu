@@ -179,13 +179,6 @@ __global__ void __launch_bounds__(512)
 // kernel's launch before the main loop instead of after it was no faster.
 constexpr int kStages = 2;
 
-cudaLaunchAttribute pdl_attribute() {
-  cudaLaunchAttribute a = {};
-  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  a.val.programmaticStreamSerializationAllowed = 1;
-  return a;
-}
-
 template <typename OutT, int CPG>
 void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
