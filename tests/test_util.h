@@ -19,7 +19,11 @@ inline std::filesystem::path shared_dir() {
 inline std::filesystem::path model_dir(const std::string& name) { return shared_dir() / "models" / name; }
 inline std::filesystem::path test_data_dir() { return NIBBLE_TEST_DATA; }
 inline std::filesystem::path source_dir() { return NIBBLE_SOURCE_DIR; }
-inline std::string nibble_bin() { return NIBBLE_BIN; }
+// The CLI built beside the tests; NIBBLE_TEST_BIN overrides it (a bundle run elsewhere).
+inline std::string nibble_bin() {
+  const char* e = std::getenv("NIBBLE_TEST_BIN");
+  return e && *e ? e : NIBBLE_BIN;
+}
 
 // A fresh empty directory under the system temp dir, removed on destruction.
 class TempDir {

@@ -66,6 +66,9 @@ struct QuantizeResult {
   std::vector<std::string> warnings;
   std::vector<std::string> notes;  // informational (calibration clipping, resume)
   int64_t resumed_from_layer = -1;  // first layer computed in this run when resumed
+  // Wall time: the whole run, the calibrated part (0 without calibration) and
+  // writing the checkpoint (the packed tensors, the copied ones, nibble.json).
+  double seconds_total = 0, seconds_calibration = 0, seconds_write = 0;
 };
 
 QuantizeResult quantize_model(const std::filesystem::path& model_dir, const std::filesystem::path& out_dir,

@@ -15,6 +15,8 @@ namespace nibble::cuda {
 
 // True when the CUDA runtime sees at least one device.
 bool device_available();
+// Waits for all work queued on the device (timings that attribute GPU time to host steps).
+void synchronize();
 
 // Dequantizes an int4_asym matrix on the GPU: parts (qweight U8, scales BF16,
 // mins BF16, as FORMAT.md stores them) are copied to the device, one kernel

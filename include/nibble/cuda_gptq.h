@@ -46,6 +46,11 @@ class GpuHessian {
   void add(const float* x, int64_t n, int64_t ld = 0);
   // The same with x in device memory.
   void add_device(const float* x, int64_t n, int64_t ld = 0);
+  // x bf16 in device memory (the GPU calibration forward's linear inputs,
+  // cuda_calibrate.h). Needs HessianPrecision::BF16, where the rows go to the
+  // GEMM as they are. Σ|x| is then summed in another order than MatrixStats'
+  // (equal up to fp64 rounding); max|x| is exact.
+  void add_device_bf16(const void* x, int64_t n, int64_t ld = 0);
 
   int64_t dim() const;
   int64_t tokens() const;
@@ -100,6 +105,13 @@ bool gptq_supports(const FormatChoice& format, std::string* why = nullptr);
 // dequant, sweep_cost and the damping report.
 quant::GptqResult gptq(const float* w, int64_t rows, int64_t cols, const GpuPreparedHessian& hessian,
                        const FormatChoice& format, bool mse, const quant::GptqOptions& options);
+
+// The same on a matrix already in device memory (w is left as it was): the
+// result has no `dequant` on the host; the dequantized values stay on the
+// device in *dequant (f32 [rows, cols]).
+quant::GptqResult gptq_device(const float* w, int64_t rows, int64_t cols, const GpuPreparedHessian& hessian,
+                              const FormatChoice& format, bool mse, const quant::GptqOptions& options,
+                              DeviceBuffer* dequant);
 
 // The `gptq` method's GPU backend (QuantizerConfig::device == "cuda"); throws
 // a clear Error for an unsupported format or when no device is visible.

@@ -1,8 +1,12 @@
 #include "quant/calibrate.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <future>
+#include <memory>
+#include <optional>
 
 #include "nibble/arch.h"
 #include "nibble/calibration.h"
@@ -12,6 +16,9 @@
 #include "nibble/model.h"
 #include "nibble/tokenizer.h"
 #include "nibble/util.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda_calibrate.h"
+#endif
 
 namespace nibble::quant {
 namespace fs = std::filesystem;
@@ -42,6 +49,33 @@ int64_t abort_after_layer() {
   return e ? std::atoll(e) : -1;
 }
 
+// On the GPU a layer takes about a second while the hidden states of a large
+// calibration set are gigabytes: they are saved at most this often (and after
+// the last layer), so a resumed run redoes at most this much work.
+constexpr double kGpuHiddenSaveSeconds = 60;
+
+// A layer transform reshapes layer L (what it computes stays the same); the
+// plain tensors it may have changed (norm gains, biases, the linears that stay
+// unquantized) are kept in `out`, their names in meta["nibble.replaced"].
+void transform_layer(const LayerTransform& transform, const ModelConfig& c, DecoderLayer& L,
+                     std::map<LinearInput, MatrixStats>& stats, const std::set<std::string>& selected,
+                     const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out,
+                     std::map<std::string, std::string>& meta) {
+  const ojson chosen =
+      transform.apply(c, L, stats, [&](const char* slot) { return selected.count(prefix + slot + ".weight") > 0; });
+  meta["nibble.transform"] = chosen.dump();
+  out.emplace_back(prefix + "input_layernorm.weight", L.input_norm);
+  out.emplace_back(prefix + "post_attention_layernorm.weight", L.post_norm);
+  for (const LinearSlot& s : decoder_linears()) {
+    const LinearWeight& lw = L.*s.member;
+    if (lw.bias.defined() && lw.bias.numel() > 0) out.emplace_back(prefix + s.name + ".bias", lw.bias);
+    if (!selected.count(prefix + s.name + ".weight")) out.emplace_back(prefix + s.name + ".weight", lw.dense_weight());
+  }
+  ojson names = ojson::array();
+  for (const auto& [n, t] : out) names.push_back(n);
+  meta["nibble.replaced"] = names.dump();
+}
+
 }  // namespace
 
 std::pair<double, double> weight_error(const Tensor& a, const Tensor& b) {
@@ -61,6 +95,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
                                  const QuantizeOptions& opt, const fs::path& dir, std::vector<std::string>& warnings,
                                  std::vector<std::string>& notes)
     : format_(format) {
+  const auto start = std::chrono::steady_clock::now();
   const ModelConfig& c = src.config();
   // ---- the calibration set
   std::unique_ptr<Tokenizer> tok;
@@ -134,11 +169,54 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     notes.push_back(fmt::format("resumed: layers 0..{} were done, continuing at layer {}", next_layer - 1, next_layer));
   }
 
+  // --device cuda: the whole calibration forward runs on the GPU too
+  // (include/nibble/cuda_calibrate.h); the host copy of the hidden states
+  // serves only the checkpoints.
+  const bool on_gpu = opt.device == "cuda";
+#ifdef NIBBLE_HAVE_CUDA
+  std::unique_ptr<cuda::GpuLayerStream> gpu;
+  quant::GptqOptions gpu_opt;
+  gpu_opt.damp = opt.damp;
+  gpu_opt.act_order = opt.act_order;
+  if (on_gpu) {
+    std::vector<int64_t> lengths;
+    for (size_t s = 0; s < stream.num_sequences(); ++s) lengths.push_back(stream.length(s));
+    std::string why;
+    NIBBLE_CHECK(cuda::GpuLayerStream::supports(src, &why), "--device cuda: {}; use --device cpu", why);
+    gpu = std::make_unique<cuda::GpuLayerStream>(c, lengths);
+    for (size_t s = 0; s < stream.num_sequences(); ++s) gpu->upload_hidden(s, stream.hidden(s).data());
+  }
+#else
+  NIBBLE_CHECK(!on_gpu, "--device cuda: this build has no CUDA backend (build with NIBBLE_CUDA=on)");
+#endif
+  auto last_hidden_save = std::chrono::steady_clock::now();
+  // Where the time went, per step (nibble.json "calibration"."seconds"); on
+  // the GPU each step waits for its device work, so the split is honest.
+  using clock = std::chrono::steady_clock;
+  std::map<std::string, double> seconds;
+  auto mark = start;
+  auto lap = [&](const char* step) {
+#ifdef NIBBLE_HAVE_CUDA
+    if (on_gpu) cuda::synchronize();
+#endif
+    const auto now = clock::now();
+    seconds[step] += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+
   const bool head_selected = selected.count("lm_head.weight") > 0;
   const int64_t todo = (c.num_layers - next_layer) + (head_selected && !fs::exists(dir / kHeadFile) ? 1 : 0);
   Progress bar("calibrate", todo, opt.progress, "layers");
   const int64_t abort_at = abort_after_layer();
 
+  // The packed parts of a quantized matrix, named after it.
+  auto store_parts = [&](const std::string& name, const QuantizedMatrix& q,
+                         std::vector<std::pair<std::string, Tensor>>& out) {
+    const std::vector<Tensor> parts = format.spec->pack(q);
+    const std::string prefix = name.substr(0, name.size() - 7);  // drop ".weight"
+    const auto specs = format.spec->parts(q.rows, q.cols, format.group_size);
+    for (size_t p = 0; p < parts.size(); ++p) out.emplace_back(prefix + "." + specs[p].suffix, parts[p]);
+  };
   // Quantizes w with stats; returns the stored parts and the dequantized weight.
   auto quantize_one = [&](const std::string& name, const Tensor& w, const MatrixStats& stats,
                           std::vector<std::pair<std::string, Tensor>>& out, ojson& infos) {
@@ -147,10 +225,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     if (info.damp_retries > 0)
       warnings.push_back(fmt::format("{}: Cholesky failed {} time(s); damping raised to {}", name, info.damp_retries,
                                      info.damp_used));
-    const std::vector<Tensor> parts = format.spec->pack(q);
-    const std::string prefix = name.substr(0, name.size() - 7);  // drop ".weight"
-    const auto specs = format.spec->parts(q.rows, q.cols, format.group_size);
-    for (size_t p = 0; p < parts.size(); ++p) out.emplace_back(prefix + "." + specs[p].suffix, parts[p]);
+    store_parts(name, q, out);
     Tensor back = Tensor::zeros(DType::F32, {q.rows, q.cols});
     dequantize(q, back.data_mut<float>());
     std::tie(info.rel_error, info.max_abs_error) = weight_error(w, back);
@@ -158,84 +233,192 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     return back;
   };
 
+  lap("setup");  // sampling, tokenizing and embedding the calibration set; the resumed state
+  // The layer checkpoint is written by `job`: on the GPU in the background,
+  // while the device runs the next layer (one job at a time, in order, so the
+  // hidden states never name a layer whose file is not complete).
+  std::future<void> writing;
+  auto finish_writing = [&] {
+    if (writing.valid()) writing.get();  // rethrows the job's error
+  };
   for (int64_t i = next_layer; i < c.num_layers; ++i) {
     bar.set_note(fmt::format("layer {}", i));
-    DecoderLayer L = DecoderLayer::load(src, i, /*dense=*/true);
     const std::string prefix = fmt::format("model.layers.{}.", i);
-    // One Hessian per distinct input that a selected matrix reads.
-    std::map<LinearInput, MatrixStats> stats;
+    auto out = std::make_shared<std::vector<std::pair<std::string, Tensor>>>();
+    auto infos = std::make_shared<ojson>(ojson::object());
+    auto meta = std::make_shared<std::map<std::string, std::string>>();
+    std::set<LinearInput> inputs;  // one Hessian per distinct input that a selected matrix reads
     for (const LinearSlot& s : decoder_linears())
-      if (selected.count(prefix + s.name + ".weight") && !stats.count(s.input))
-        stats.emplace(s.input, MatrixStats((L.*s.member).in_features()));
-    const InputTap tap = [&](LinearInput which, const float* x, int64_t n, int64_t) {
-      auto it = stats.find(which);
-      if (it != stats.end()) it->second.add(x, n);
-    };
-    // Sequential: the stream holds the quantized model's hidden states; the
-    // layer's own weights are still the originals here. Not sequential: the
-    // stream is the original model's and moves on through the original layer.
-    stream.apply(L, stats.empty() ? nullptr : &tap, /*advance=*/!opt.sequential);
-    std::vector<std::pair<std::string, Tensor>> out;
-    ojson infos = ojson::object();
-    std::map<std::string, std::string> meta;
-    if (transform) {
-      // Reshape the layer (what it computes stays the same), then keep every
-      // plain tensor the transform may have changed: the norm gains, the
-      // biases and the linears that stay unquantized.
-      const ojson chosen = transform->apply(
-          c, L, stats, [&](const char* slot) { return selected.count(prefix + slot + ".weight") > 0; });
-      meta["nibble.transform"] = chosen.dump();
-      out.emplace_back(prefix + "input_layernorm.weight", L.input_norm);
-      out.emplace_back(prefix + "post_attention_layernorm.weight", L.post_norm);
+      if (selected.count(prefix + s.name + ".weight")) inputs.insert(s.input);
+    std::map<LinearInput, MatrixStats> stats;
+    // GPU results still to be packed (by the job).
+    auto results = std::make_shared<std::vector<std::pair<std::string, GptqResult>>>();
+    if (!on_gpu) {
+      DecoderLayer L = DecoderLayer::load(src, i, /*dense=*/true);
+      lap("load");
+      for (const LinearSlot& s : decoder_linears())
+        if (inputs.count(s.input) && !stats.count(s.input))
+          stats.emplace(s.input, MatrixStats((L.*s.member).in_features()));
+      const InputTap tap = [&](LinearInput which, const float* x, int64_t n, int64_t) {
+        auto it = stats.find(which);
+        if (it != stats.end()) it->second.add(x, n);
+      };
+      // Sequential: the stream holds the quantized model's hidden states; the
+      // layer's own weights are still the originals here. Not sequential: the
+      // stream is the original model's and moves on through the original layer.
+      stream.apply(L, stats.empty() ? nullptr : &tap, /*advance=*/!opt.sequential);
+      lap("forward + Hessians");
+      if (transform) transform_layer(*transform, c, L, stats, selected, prefix, *out, *meta);
       for (const LinearSlot& s : decoder_linears()) {
-        const LinearWeight& lw = L.*s.member;
-        if (lw.bias.defined() && lw.bias.numel() > 0) out.emplace_back(prefix + s.name + ".bias", lw.bias);
-        if (!selected.count(prefix + s.name + ".weight")) out.emplace_back(prefix + s.name + ".weight", lw.dense_weight());
+        const std::string name = prefix + s.name + ".weight";
+        if (!selected.count(name)) continue;
+        bar.set_note(fmt::format("layer {} {}", i, s.name));
+        MatrixStats& st = stats.at(s.input);
+        st.finalize();
+        LinearWeight& lw = L.*s.member;
+        Tensor back = quantize_one(name, lw.dense_weight(), st, *out, *infos);
+        Tensor bias = lw.bias;
+        lw = LinearWeight::dense(std::move(back));
+        lw.bias = bias;
       }
-      ojson names = ojson::array();
-      for (const auto& [n, t] : out) names.push_back(n);
-      meta["nibble.replaced"] = names.dump();
+      lap("quantize");
+      if (opt.sequential) stream.apply(L, nullptr, /*advance=*/true);
+      lap("forward (advance)");
     }
-    for (const LinearSlot& s : decoder_linears()) {
-      const std::string name = prefix + s.name + ".weight";
-      if (!selected.count(name)) continue;
-      bar.set_note(fmt::format("layer {} {}", i, s.name));
-      MatrixStats& st = stats.at(s.input);
-      st.finalize();
-      LinearWeight& lw = L.*s.member;
-      Tensor back = quantize_one(name, lw.dense_weight(), st, out, infos);
-      Tensor bias = lw.bias;
-      lw = LinearWeight::dense(std::move(back));
-      lw.bias = bias;
+#ifdef NIBBLE_HAVE_CUDA
+    if (on_gpu) {
+      // The same steps with the Hessians and the weights left on the device.
+      std::map<LinearInput, cuda::GpuHessian> hess;
+      std::array<cuda::GpuHessian*, 4> taps{};
+      for (const LinearSlot& s : decoder_linears())
+        if (inputs.count(s.input) && !hess.count(s.input)) {
+          const int64_t dim = src.meta(prefix + s.name + ".weight").shape.at(1);
+          hess.emplace(s.input, cuda::GpuHessian(dim, cuda::HessianPrecision::BF16));
+          taps[static_cast<int>(s.input)] = &hess.at(s.input);
+        }
+      std::optional<DecoderLayer> L;  // on the host only for a transform
+      if (transform) {
+        L = DecoderLayer::load(src, i, /*dense=*/true);
+        gpu->load_layer(*L);
+      } else {
+        gpu->load_layer(src, i);
+        if (i + 1 < c.num_layers) gpu->prefetch_layer(src, i + 1);
+      }
+      lap("load");
+      gpu->apply(taps, /*advance=*/!opt.sequential);
+      lap("forward + Hessians");
+      if (transform) {
+        for (auto& [in, h] : hess) stats.emplace(in, h.to_stats());
+        transform_layer(*transform, c, *L, stats, selected, prefix, *out, *meta);
+        gpu->load_layer(*L);
+      }
+      std::map<LinearInput, cuda::GpuPreparedHessian> prepared;
+      const auto& slots = decoder_linears();
+      for (size_t k = 0; k < slots.size(); ++k) {
+        const LinearSlot& s = slots[k];
+        const std::string name = prefix + s.name + ".weight";
+        if (!selected.count(name)) continue;
+        bar.set_note(fmt::format("layer {} {}", i, s.name));
+        if (!prepared.count(s.input))
+          prepared.emplace(s.input, transform ? cuda::prepare_hessian(stats.at(s.input), gpu_opt)
+                                              : cuda::prepare_hessian(hess.at(s.input), gpu_opt));
+        lap("prepare");
+        QuantizeInfo info;
+        GptqResult r = gpu->quantize_linear(k, prepared.at(s.input), format, opt.mse, gpu_opt, &info.rel_error,
+                                            &info.max_abs_error);
+        info.damp_used = r.damp_used;
+        info.damp_retries = r.damp_retries;
+        info.dead_columns = r.dead_columns;
+        if (info.damp_retries > 0)
+          warnings.push_back(fmt::format("{}: Cholesky failed {} time(s); damping raised to {}", name,
+                                         info.damp_retries, info.damp_used));
+        (*infos)[name] = info_json(info);
+        results->emplace_back(name, std::move(r));
+        lap("sweep");
+      }
+      if (opt.sequential) gpu->apply({}, /*advance=*/true);
+      lap("forward (advance)");
     }
-    if (opt.sequential) stream.apply(L, nullptr, /*advance=*/true);
-    // Checkpoint: the layer's parts, then the hidden states that follow it.
-    meta["nibble.infos"] = infos.dump();
-    io::save_safetensors(dir / layer_file(i), out, meta);
-    std::vector<std::pair<std::string, Tensor>> hidden;
-    for (size_t s = 0; s < stream.num_sequences(); ++s)
-      hidden.emplace_back(fmt::format("h.{}", s),
-                          Tensor::view(DType::F32, {stream.length(s), c.hidden_size}, stream.hidden(s).data(), nullptr));
-    io::save_safetensors(dir / kHiddenFile, hidden, {{"next_layer", std::to_string(i + 1)}});
+#endif
+    // Checkpoint: the layer's parts, then (on the GPU at most every
+    // kGpuHiddenSaveSeconds, and after the last layer) the hidden states that follow it.
+    const double since = std::chrono::duration<double>(clock::now() - last_hidden_save).count();
+    const bool save_hidden = !on_gpu || since >= kGpuHiddenSaveSeconds || i + 1 == c.num_layers || abort_at == i;
+    finish_writing();  // the previous job no longer reads the host hidden states
+    lap("wait for the writer");
+#ifdef NIBBLE_HAVE_CUDA
+    if (on_gpu && save_hidden)
+      for (size_t s = 0; s < stream.num_sequences(); ++s) gpu->download_hidden(s, stream.hidden(s).data());
+#endif
+    if (save_hidden) last_hidden_save = clock::now();
+    auto job = [&, i, out, infos, meta, results, save_hidden] {
+      for (const auto& [name, r] : *results) store_parts(name, r.to_quantized(*format.spec, format.group_size), *out);
+      (*meta)["nibble.infos"] = infos->dump();
+      io::save_safetensors(dir / layer_file(i), *out, *meta);
+      if (!save_hidden) return;
+      std::vector<std::pair<std::string, Tensor>> hidden;
+      for (size_t s = 0; s < stream.num_sequences(); ++s)
+        hidden.emplace_back(fmt::format("h.{}", s), Tensor::view(DType::F32, {stream.length(s), c.hidden_size},
+                                                                 stream.hidden(s).data(), nullptr));
+      io::save_safetensors(dir / kHiddenFile, hidden, {{"next_layer", std::to_string(i + 1)}});
+    };
+    if (on_gpu)
+      writing = std::async(std::launch::async, job);
+    else
+      job();
+    lap(on_gpu ? "download hidden states" : "write");
     bar.advance();
-    if (abort_at == i) std::_Exit(3);
+    if (abort_at == i) {
+      finish_writing();
+      std::_Exit(3);
+    }
   }
-
   if (head_selected && !fs::exists(dir / kHeadFile)) {
     bar.set_note("lm_head");
-    MatrixStats st(c.hidden_size);
-    for (size_t s = 0; s < stream.num_sequences(); ++s) {
-      const std::vector<float> xn = stream.final_normed(s);
-      st.add(xn.data(), stream.length(s));
-    }
-    st.finalize();
     std::vector<std::pair<std::string, Tensor>> out;
     ojson infos = ojson::object();
-    quantize_one("lm_head.weight", src.load("lm_head.weight").to_f32(), st, out, infos);
+    if (!on_gpu) {
+      MatrixStats st(c.hidden_size);
+      for (size_t s = 0; s < stream.num_sequences(); ++s) {
+        const std::vector<float> xn = stream.final_normed(s);
+        st.add(xn.data(), stream.length(s));
+      }
+      st.finalize();
+      lap("head: Hessian");
+      quantize_one("lm_head.weight", src.load("lm_head.weight").to_f32(), st, out, infos);
+    }
+#ifdef NIBBLE_HAVE_CUDA
+    if (on_gpu) {
+      cuda::GpuHessian h(c.hidden_size);
+      gpu->add_final_normed(src.load("model.norm.weight"), h);
+      const cuda::GpuPreparedHessian prepared = cuda::prepare_hessian(h, gpu_opt);
+      lap("head: Hessian");
+      QuantizeInfo info;
+      const GptqResult r = cuda::gptq_matrix(src.load("lm_head.weight"), prepared, format, opt.mse, gpu_opt,
+                                             &info.rel_error, &info.max_abs_error);
+      info.damp_used = r.damp_used;
+      info.damp_retries = r.damp_retries;
+      info.dead_columns = r.dead_columns;
+      store_parts("lm_head.weight", r.to_quantized(*format.spec, format.group_size), out);
+      if (info.damp_retries > 0)
+        warnings.push_back(fmt::format("lm_head.weight: Cholesky failed {} time(s); damping raised to {}",
+                                       info.damp_retries, info.damp_used));
+      infos["lm_head.weight"] = info_json(info);
+    }
+#endif
     io::save_safetensors(dir / kHeadFile, out, {{"nibble.infos", infos.dump()}});
+    lap("head: quantize + write");
     bar.advance();
   }
+  finish_writing();  // the last layer's checkpoint, written while the head was quantized
+  lap("wait for the writer");
   bar.finish();
+  // This run's share (a resumed run counts only what it did itself).
+  double total = 0;
+  for (const auto& [step, t] : seconds) total += t;
+  ojson split = ojson::object();
+  for (const auto& [step, t] : seconds) split[step] = std::round(t * 1000) / 1000;
+  report_["seconds"] = {{"device", opt.device}, {"total", std::round(total * 1000) / 1000}, {"steps", split}};
 
   // Index the saved parts.
   std::vector<fs::path> paths;

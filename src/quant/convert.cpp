@@ -1,6 +1,7 @@
 // quantize_model / dequantize_model: the whole-checkpoint flows.
 #include "nibble/convert.h"
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <regex>
@@ -57,6 +58,10 @@ void copy_carried(const fs::path& from, const fs::path& to) {
 }  // namespace
 
 QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir, const QuantizeOptions& opt) {
+  const auto t_start = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   auto src = CheckpointDir::open(model_dir);
   NIBBLE_CHECK(!src->is_packed(), "{}: already quantized by nibble; quantize the original checkpoint",
                model_dir.string());
@@ -166,6 +171,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
                                                  {kMetaGroupSize, std::to_string(format.group_size)},
                                                  {kMetaVersion, NIBBLE_VERSION}};
   std::unique_ptr<quant::CalibratedParts> calibrated;
+  const auto t_calibration = std::chrono::steady_clock::now();
   if (method.needs_calibration()) {
     std::set<std::string> selected;
     for (const TensorResult& t : res.tensors)
@@ -180,6 +186,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       throw;
     }
     res.resumed_from_layer = calibrated->resumed_from_layer();
+    res.seconds_calibration = since(t_calibration);
     // A layer transform's versions of plain tensors are stored in F32 (the
     // folded scales are not representable in the source's bf16).
     for (size_t i = 0; i < names.size(); ++i)
@@ -197,8 +204,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     bar.set_note(tr.name);
     const Tensor original = model.load(tr.name);
     if (tr.quantized) {
-      const Tensor w = original.to_f32();  // [out, in]
-      const int64_t rows = w.size(0), cols = w.size(1);
+      const int64_t rows = original.size(0), cols = original.size(1);  // [out, in]
       std::vector<Tensor> parts;
       if (calibrated) {
         parts = calibrated->parts(tr.name);
@@ -211,6 +217,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
         tr.rel_error = info.rel_error;
         tr.max_abs_error = info.max_abs_error;
       } else {
+        const Tensor w = original.to_f32();
         parts = format.spec->pack(quantizer->quantize(w, nullptr));
         // Error of what was actually stored: dequantize from the packed parts.
         std::tie(tr.rel_error, tr.max_abs_error) = quant::weight_error(w, dequantize_parts(format, parts, rows, cols));
@@ -309,6 +316,11 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   report["tensors"] = tensors;
   report["warnings"] = res.warnings;
   report["notes"] = res.notes;
+  res.seconds_total = since(t_start);
+  res.seconds_write = res.seconds_total - res.seconds_calibration - std::chrono::duration<double>(t_calibration - t_start).count();
+  report["seconds"] = {{"total", std::round(res.seconds_total * 1000) / 1000},
+                       {"calibration", std::round(res.seconds_calibration * 1000) / 1000},
+                       {"write", std::round(res.seconds_write * 1000) / 1000}};
   write_file_atomic(out.staging() / "nibble.json", report.dump(2) + "\n");
   out.commit();
   return res;

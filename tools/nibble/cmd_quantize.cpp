@@ -126,6 +126,11 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);
     std::printf("  peak memory (RSS) %s\n", human_bytes(static_cast<uint64_t>(ru.ru_maxrss) * 1024).c_str());
+    if (r.seconds_calibration > 0)
+      std::printf("  time %.1f s: calibration %.1f s, writing the checkpoint %.1f s\n", r.seconds_total,
+                  r.seconds_calibration, r.seconds_write);
+    else
+      std::printf("  time %.1f s\n", r.seconds_total);
     if (nq) std::printf("  worst relative weight error %.4f (%s); per-tensor errors in nibble.json\n", worst,
                         worst_name.c_str());
   });

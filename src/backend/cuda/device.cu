@@ -14,6 +14,8 @@ bool device_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+void synchronize() { NIBBLE_CUDA_CHECK(cudaDeviceSynchronize()); }
+
 namespace {
 
 // Reads p[0, n) once (16-byte streaming loads); the xor keeps the loads alive.

@@ -314,8 +314,13 @@ bool gptq_supports(const FormatChoice& f, std::string* why) {
   return ok;
 }
 
-quant::GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const GpuPreparedHessian& prep,
-                       const FormatChoice& format, bool mse, const quant::GptqOptions& opt) {
+namespace {
+
+// The sweep on a device matrix: W [rows, cols] f32 (device; consumed: dead
+// columns are zeroed in place). Fills res (codes, params, cost, damping) and
+// leaves the dequantized values in *dequant (device, f32 [rows, cols]).
+void sweep_device(float* w, int64_t rows, int64_t cols, const GpuPreparedHessian& prep, const FormatChoice& format,
+                  bool mse, const quant::GptqOptions& opt, quant::GptqResult& res, DeviceBuffer* dequant_out) {
   std::string why;
   NIBBLE_CHECK(gptq_supports(format, &why), "gptq (cuda): {}", why);
   NIBBLE_CHECK(prep.cols == cols, "gptq: the Hessian is for {} inputs, the matrix has {} columns", prep.cols, cols);
@@ -330,7 +335,6 @@ quant::GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const GpuP
   const bool static_groups = opt.act_order;
   set_shrink_factors();
 
-  quant::GptqResult res;
   res.rows = rows;
   res.cols = cols;
   res.damp_used = prep.damp_used;
@@ -341,7 +345,6 @@ quant::GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const GpuP
   const int64_t nn = rows * cols;
   constexpr int kThreads = 256;
   std::vector<int> perm32(prep.perm.begin(), prep.perm.end());
-  DeviceBuffer W = upload(w_in, static_cast<size_t>(nn) * sizeof(float));
   const DeviceBuffer d_dead = upload(prep.dead.data(), prep.dead.size());
   const DeviceBuffer d_perm = upload(perm32.data(), perm32.size() * sizeof(int));
   DeviceBuffer params(static_cast<size_t>(rows * gpr) * sizeof(float2)), bad(sizeof(int));
@@ -349,7 +352,6 @@ quant::GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const GpuP
   NIBBLE_CUDA_CHECK(cudaMemset(bad.get(), 0, sizeof(int)));
   NIBBLE_CUDA_CHECK(cudaMemset(cost.get(), 0, cost.bytes()));
   NIBBLE_CUDA_CHECK(cudaMemset(params.get(), 0, params.bytes()));
-  float* w = static_cast<float*>(W.get());
   zero_dead_kernel<<<grid_for(nn, kThreads), kThreads>>>(w, static_cast<const uint8_t*>(d_dead.get()), rows, cols);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
   if (static_groups)
@@ -358,7 +360,6 @@ quant::GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const GpuP
   float* wp = static_cast<float*>(Wp.get());
   permute_kernel<<<grid_for(nn, kThreads), kThreads>>>(w, static_cast<const int*>(d_perm.get()), rows, cols, wp);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
-  W = DeviceBuffer();
 
   DeviceBuffer codes(static_cast<size_t>(nn)), dequant(static_cast<size_t>(nn) * sizeof(float));
   DeviceBuffer Eb(static_cast<size_t>(rows * kBlock) * sizeof(float));
@@ -391,7 +392,6 @@ quant::GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const GpuP
   NIBBLE_CHECK(!h_bad, "gptq (cuda): a group's range max - min is not finite in fp32 ({} × {} matrix)", rows, cols);
 
   download_into(res.codes, codes, static_cast<size_t>(nn));
-  download_into(res.dequant, dequant, static_cast<size_t>(nn));
   std::vector<float2> p2;
   download_into(p2, params, static_cast<size_t>(rows * gpr));
   res.params.resize(p2.size());
@@ -399,6 +399,30 @@ quant::GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const GpuP
   std::vector<double> c;
   download_into(c, cost, static_cast<size_t>(rows));
   for (double v : c) res.sweep_cost += v;
+  *dequant_out = std::move(dequant);
+}
+
+}  // namespace
+
+quant::GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const GpuPreparedHessian& prep,
+                       const FormatChoice& format, bool mse, const quant::GptqOptions& opt) {
+  NIBBLE_CHECK(rows > 0 && cols > 0, "gptq (cuda): bad matrix shape [{}, {}]", rows, cols);
+  DeviceBuffer W = upload(w_in, static_cast<size_t>(rows * cols) * sizeof(float)), dequant;
+  quant::GptqResult res;
+  sweep_device(static_cast<float*>(W.get()), rows, cols, prep, format, mse, opt, res, &dequant);
+  download_into(res.dequant, dequant, static_cast<size_t>(rows * cols));
+  return res;
+}
+
+quant::GptqResult gptq_device(const float* w, int64_t rows, int64_t cols, const GpuPreparedHessian& prep,
+                              const FormatChoice& format, bool mse, const quant::GptqOptions& opt,
+                              DeviceBuffer* dequant) {
+  NIBBLE_CHECK(rows > 0 && cols > 0, "gptq (cuda): bad matrix shape [{}, {}]", rows, cols);
+  const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
+  DeviceBuffer W(bytes);
+  NIBBLE_CUDA_CHECK(cudaMemcpy(W.get(), w, bytes, cudaMemcpyDeviceToDevice));
+  quant::GptqResult res;
+  sweep_device(static_cast<float*>(W.get()), rows, cols, prep, format, mse, opt, res, dequant);
   return res;
 }
 

@@ -66,6 +66,26 @@ __global__ void abs_stats_kernel(const float* __restrict__ x, int64_t n, int64_t
   abs_max[j] = m;
 }
 
+// The same sums for bf16 rows, with the rows split over blockIdx.y (chunks of
+// kAbsRows) and added with atomics: a different summation order.
+constexpr int64_t kAbsRows = 256;
+__global__ void abs_stats_bf16_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, int64_t dim, int64_t ld,
+                                      double* __restrict__ abs_sum, float* __restrict__ abs_max) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= dim) return;
+  const int64_t t0 = blockIdx.y * kAbsRows, t1 = t0 + kAbsRows < n ? t0 + kAbsRows : n;
+  double s = 0;
+  float m = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float v = fabsf(__bfloat162float(x[t * ld + j]));
+    s += v;
+    m = fmaxf(m, v);
+  }
+  atomicAdd(&abs_sum[j], s);
+  // Non-negative floats order as their bit patterns (NaN, 0x7F.., above them all).
+  atomicMax(reinterpret_cast<int*>(&abs_max[j]), __float_as_int(m));
+}
+
 // out [n, dim] (packed) = x [n, dim] (stride ld) as fp64 or bf16 (round to nearest even).
 template <typename T>
 __global__ void convert_rows_kernel(const float* __restrict__ x, int64_t n, int64_t dim, int64_t ld, T* __restrict__ out) {
@@ -236,6 +256,38 @@ void GpuHessian::add_device(const float* x, int64_t n, int64_t ld) {
       s.pending += m;
       if (s.pending == kHessianFlushTokens) s.flush();
     }
+    r0 += m;
+  }
+  s.tokens += n;
+  s.symmetric = false;
+}
+
+void GpuHessian::add_device_bf16(const void* xv, int64_t n, int64_t ld) {
+  State& s = *s_;
+  if (ld == 0) ld = s.dim;
+  NIBBLE_CHECK(s.precision == HessianPrecision::BF16, "GpuHessian::add_device_bf16 needs the bf16 precision, not {}",
+               hessian_precision_name(s.precision));
+  NIBBLE_CHECK(ld >= s.dim, "GpuHessian::add_device_bf16: row stride {} < dim {}", ld, s.dim);
+  NIBBLE_CHECK(n < (int64_t{1} << 31) / kAbsRows, "GpuHessian::add_device_bf16: too many rows at once ({})", n);
+  if (n <= 0) return;
+  const auto* x = static_cast<const __nv_bfloat16*>(xv);
+  const dim3 grid(grid_for(s.dim, kThreads), static_cast<unsigned>((n + kAbsRows - 1) / kAbsRows));
+  abs_stats_bf16_kernel<<<grid, kThreads>>>(x, n, s.dim, ld, static_cast<double*>(s.abs_sum.get()),
+                                            static_cast<float*>(s.abs_max.get()));
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  cublasHandle_t h = gptq_cublas();
+  NIBBLE_CUBLAS_CHECK(cublasSetStream(h, nullptr));
+  const int dim = static_cast<int>(s.dim);
+  for (int64_t r0 = 0; r0 < n;) {
+    const int64_t m = std::min(kHessianFlushTokens - s.pending, n - r0);
+    const float one = 1.0f, beta = s.pending > 0 ? 1.0f : 0.0f;
+    // Column-major A = xᵀ [dim, m] with lda = ld: P (+)= A·Aᵀ, the full product.
+    NIBBLE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, dim, dim, static_cast<int>(m), &one, x + r0 * ld,
+                                     CUDA_R_16BF, static_cast<int>(ld), x + r0 * ld, CUDA_R_16BF,
+                                     static_cast<int>(ld), &beta, s.P.get(), CUDA_R_32F, dim, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+    s.pending += m;
+    if (s.pending == kHessianFlushTokens) s.flush();
     r0 += m;
   }
   s.tokens += n;

@@ -1,0 +1,232 @@
+// GPTQ end to end on the GPU (include/nibble/cuda_calibrate.h): the GPU
+// calibration forward against the CPU's LayerStream computing the same
+// arithmetic (bf16 weights, bf16 linear inputs), and whole --device cuda runs
+// against --device cpu ones on the ruler. Compiled whenever the build has
+// CUDA; run where a GPU is present, skipped elsewhere.
+#include <gtest/gtest.h>
+
+#ifdef NIBBLE_HAVE_CUDA
+
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "nibble/calibration.h"
+#include "nibble/convert.h"
+#include "nibble/cuda_calibrate.h"
+#include "nibble/dtype.h"
+#include "nibble/eval.h"
+#include "nibble/gptq.h"
+#include "nibble/layerwise.h"
+#include "nibble/model.h"
+#include "nibble/tokenizer.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"
+
+// The layer the GPU stream computes, for the CPU: every weight rounded to
+// bf16 and every linear input rounded to bf16 (DecoderLayer::bf16_activations).
+DecoderLayer bf16_twin(const DecoderLayer& L) {
+  DecoderLayer r = L;
+  for (const LinearSlot& s : decoder_linears()) {
+    LinearWeight& lw = r.*s.member;
+    const Tensor& src = lw.dense_weight();
+    Tensor w = Tensor::empty(DType::F32, src.shape());
+    for (int64_t k = 0; k < w.numel(); ++k) w.data_mut<float>()[k] = round_to_bf16(src.data<float>()[k]);
+    const Tensor bias = lw.bias;
+    lw = LinearWeight::dense(std::move(w));
+    lw.bias = bias;
+  }
+  r.bf16_activations = true;
+  return r;
+}
+
+// max |A_ij − B_ij| / √(B_ii B_jj) over a symmetric H (0/0 counts as 0).
+double hessian_distance(const std::vector<double>& A, const std::vector<double>& B, int64_t n) {
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const double d = std::abs(A[i * n + j] - B[i * n + j]), s = std::sqrt(B[i * n + i] * B[j * n + j]);
+      if (d > 0) worst = std::max(worst, s > 0 ? d / s : INFINITY);
+    }
+  return worst;
+}
+
+TEST(Cuda, CalibrationStreamMatchesCpuInBf16) {
+  SKIP_WITHOUT_DEVICE();
+  for (const char* name : {"stories260K", "qwen3-26M-linux"}) {
+    auto dir = CheckpointDir::open(test::model_dir(name));
+    const ModelConfig& c = dir->config();
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.vocab_size) - 1);
+    // Lengths that split into several chunks would need more tokens than a
+    // unit test wants; these cover one chunk of several sequences.
+    std::vector<std::vector<int32_t>> seqs;
+    for (int len : {37, 128, 5, 200}) {
+      seqs.emplace_back(len);
+      for (auto& t : seqs.back()) t = id(rng);
+    }
+    LayerStream cpu(*dir, seqs);
+    std::vector<int64_t> lengths;
+    for (const auto& s : seqs) lengths.push_back(static_cast<int64_t>(s.size()));
+    cuda::GpuLayerStream gpu(c, lengths);
+    double worst_h = 0, worst_x = 0;
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      // Both start each layer from the same hidden states. (Run on, the two
+      // drift apart: once a bf16 input differs by an ulp, later roundings
+      // differ too; the end-to-end test below checks what that costs.)
+      for (size_t s = 0; s < seqs.size(); ++s) gpu.upload_hidden(s, cpu.hidden(s).data());
+      const DecoderLayer L = DecoderLayer::load(*dir, i, true);
+      std::map<LinearInput, quant::MatrixStats> ref;
+      const InputTap tap = [&](LinearInput which, const float* x, int64_t n, int64_t dim) {
+        ref.try_emplace(which, dim).first->second.add(x, n);
+      };
+      cpu.apply(bf16_twin(L), &tap, true);
+      std::vector<cuda::GpuHessian> hs;
+      hs.reserve(4);
+      std::array<cuda::GpuHessian*, 4> taps{};
+      for (int k = 0; k < 4; ++k) {
+        hs.emplace_back(ref.at(static_cast<LinearInput>(k)).dim, cuda::HessianPrecision::BF16);
+        taps[k] = &hs.back();
+      }
+      gpu.load_layer(L);
+      gpu.apply(taps, true);
+      for (int k = 0; k < 4; ++k) {
+        quant::MatrixStats& want = ref.at(static_cast<LinearInput>(k));
+        want.finalize();
+        const quant::MatrixStats got = hs[k].to_stats();
+        ASSERT_EQ(got.tokens, want.tokens);
+        const double d = hessian_distance(got.H, want.H, want.dim);
+        worst_h = std::max(worst_h, d);
+        // The two sum in different orders, so an f32 value near a bf16
+        // rounding boundary can round the other way: an input of the GPU may
+        // be the CPU's bf16 neighbour (at most 2^-7 relative). With every
+        // input within that, Cauchy-Schwarz bounds |ΔH_ij| by
+        // (2·2^-7 + 2^-14)·√(H_ii H_jj), Σ|x| and max|x| by 2^-7 relative.
+        // (Channels that one token dominates come close: SiLU outputs.)
+        EXPECT_LT(d, 0x1p-6 + 0x1p-14) << name << " layer " << i << " input " << k;
+        for (int64_t j = 0; j < want.dim; ++j) {
+          EXPECT_NEAR(got.abs_sum[j], want.abs_sum[j], 0x1p-7 * want.abs_sum[j] + 1e-6) << name << " " << j;
+          EXPECT_NEAR(got.abs_max[j], want.abs_max[j], 0x1p-7 * want.abs_max[j] + 1e-6) << name << " " << j;
+        }
+        if (i == 0) std::printf("[ %s ] layer 0 input %d: Hessian distance %.3g\n", name, k, d);
+      }
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        std::vector<float> x(cpu.hidden(s).size());
+        gpu.download_hidden(s, x.data());
+        double scale = 0, d = 0;
+        for (size_t k = 0; k < x.size(); ++k) {
+          scale = std::max(scale, static_cast<double>(std::abs(cpu.hidden(s)[k])));
+          d = std::max(d, static_cast<double>(std::abs(x[k] - cpu.hidden(s)[k])));
+        }
+        worst_x = std::max(worst_x, d / scale);
+        // Measured: at most 1.4e-3 (stories260K, whose outliers make one
+        // flipped bf16 input visible in the output).
+        EXPECT_LT(d, 1e-2 * scale) << name << " layer " << i << " sequence " << s;
+      }
+    }
+    // The final norm's Hessian (the head's input) from the GPU's hidden states.
+    cuda::GpuHessian head(c.hidden_size);
+    gpu.add_final_normed(dir->load("model.norm.weight"), head);
+    quant::MatrixStats want(c.hidden_size);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      std::vector<float> x(cpu.hidden(s).size());
+      gpu.download_hidden(s, x.data());
+      std::vector<float> xn(x.size());
+      const Tensor w = dir->load("model.norm.weight").to_f32();
+      rms_norm(x.data(), cpu.length(s), c.hidden_size, w.data<float>(), static_cast<float>(c.rms_norm_eps), xn.data());
+      want.add(xn.data(), cpu.length(s));
+    }
+    want.finalize();
+    const double dh = hessian_distance(head.to_stats().H, want.H, c.hidden_size);
+    EXPECT_LT(dh, 1e-5) << name;
+    std::printf("[ %s ] worst Hessian distance %.3g, worst hidden-state distance %.3g (of max |x|), head H %.3g\n",
+                name, worst_h, worst_x, dh);
+  }
+}
+
+// The TinyStories split of SOURCES.md: bytes [0, 96207) calibrate, the rest evaluates.
+fs::path write_part(const TempDir& dir, const std::string& name, size_t begin, size_t end) {
+  const std::string all = test::read_file(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt");
+  std::ofstream(dir / name, std::ios::binary) << all.substr(begin, std::min(end, all.size()) - begin);
+  return dir / name;
+}
+
+double ppl_of(const fs::path& model, const fs::path& text, int64_t ctx, int64_t chunks) {
+  auto dir = CheckpointDir::open(model);
+  const Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
+  std::vector<int32_t> ids = tok.encode(test::read_file(text), true);
+  ids.resize(std::min<size_t>(ids.size(), static_cast<size_t>(ctx * chunks)));
+  return eval::perplexity(*Model::load(*dir), ids, ctx, leading_bos(tok), false).ppl;
+}
+
+TEST(Cuda, GptqOnGpuEndToEndMatchesCpuQuality) {
+  SKIP_WITHOUT_DEVICE();
+  TempDir tmp;
+  const fs::path calib = write_part(tmp, "calib.txt", 0, 96207);
+  const fs::path eval_text = write_part(tmp, "eval.txt", 96207, SIZE_MAX);
+  const fs::path model = test::model_dir("stories260K");
+  QuantizeOptions g;
+  g.method = "gptq";
+  g.group_size = 64;
+  g.progress = false;
+  g.mse = true;
+  g.calib.files = {calib};
+  g.calib.samples = 32;
+  g.calib.length = 256;
+  quantize_model(model, tmp / "cpu", g);
+  g.device = "cuda";
+  quantize_model(model, tmp / "gpu", g);
+  quantize_model(model, tmp / "gpu2", g);
+  QuantizeOptions r;
+  r.group_size = 64;
+  r.progress = false;
+  quantize_model(model, tmp / "rtn", r);
+  const double p_ref = ppl_of(model, eval_text, 256, 16), p_rtn = ppl_of(tmp / "rtn", eval_text, 256, 16),
+               p_cpu = ppl_of(tmp / "cpu", eval_text, 256, 16), p_gpu = ppl_of(tmp / "gpu", eval_text, 256, 16);
+  std::printf("[ ppl ] reference %.4f, rtn %.4f, gptq cpu %.4f, gptq gpu %.4f\n", p_ref, p_rtn, p_cpu, p_gpu);
+  // Two equally good quantizations: the GPU run's loss is the CPU run's, up to
+  // a small part of what GPTQ takes off RTN's.
+  EXPECT_LT(std::abs(p_gpu - p_cpu), 0.15 * (p_rtn - p_ref));
+  EXPECT_LT(p_gpu, p_rtn - 0.25 * (p_rtn - p_ref));
+  // Deterministic: the same run twice gives the same bytes.
+  EXPECT_EQ(test::read_file(tmp / "gpu/model.safetensors"), test::read_file(tmp / "gpu2/model.safetensors"));
+  std::ifstream f(tmp / "gpu/nibble.json");
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["options"]["device"], "cuda");
+  EXPECT_GT(j["tensors"]["model.layers.0.mlp.down_proj.weight"]["rel_error"].get<double>(), 0.0);
+}
+
+TEST(Cuda, GptqOnGpuQuantizesTheHeadAndResumes) {
+  SKIP_WITHOUT_DEVICE();
+  TempDir tmp;
+  const fs::path calib = test::shared_dir() / "data/corpora/linux-calib.txt";
+  const std::string model = test::model_dir("qwen3-26M-linux").string();
+  const std::string base = test::nibble_bin() + " quantize -q --method gptq --device cuda --model " + model +
+                           " --calib " + calib.string() + " --calib-samples 8 --calib-len 128 --out ";
+  auto r = test::run_command(base + (tmp / "whole").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream f(tmp / "whole/nibble.json");
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["tensors"]["lm_head.weight"]["quantized"], true);
+  // Killed right after layer 1's checkpoint, then resumed: the same bytes.
+  r = test::run_command("NIBBLE_TEST_ABORT_AFTER_LAYER=1 " + base + (tmp / "part").string());
+  ASSERT_EQ(r.exit_code, 3) << r.err;
+  r = test::run_command(base + (tmp / "part").string() + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::read_file(tmp / "part/model.safetensors"), test::read_file(tmp / "whole/model.safetensors"));
+}
+
+}  // namespace
+}  // namespace nibble
+
+#endif  // NIBBLE_HAVE_CUDA
