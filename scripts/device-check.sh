@@ -2,7 +2,8 @@
 # Checks that need a GPU machine with torch + transformers (the lent H200):
 #   gpu:           the CUDA kernel tests (CI compiles them but has no GPU) and the
 #                  W4A16 stack benchmark next to torch's int4 kernel and cuBLAS bf16;
-#   gptq:          GPTQ's solve on the GPU: the Cuda.Gptq* tests and bench_gptq_cuda (GPU vs CPU solve);
+#   gptq:          GPTQ on the GPU: the Cuda.Gptq* / Cuda.Calibration* tests (solve, calibration forward,
+#                  end-to-end runs) and bench_gptq_cuda (GPU vs CPU solve);
 #   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
 #   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate.
 # Usage on this machine: scripts/device-check.sh --bundle [--models]
@@ -34,6 +35,9 @@ if [ "${1:-}" = "--bundle" ]; then
       # The goldens (a few MB) let the CPU golden tests run on the GPU machine's host CPU too.
       [ -d "$SHARED/models/$m/golden" ] && cp -r "$SHARED/models/$m/golden" "devrun/models/$m/"
     done
+    # The calibration text of the GPU GPTQ end-to-end tests (Cuda.GptqOnGpu*).
+    mkdir -p devrun/data/corpora
+    cp "$SHARED/data/corpora/tinystories-valid-sample.txt" "$SHARED/data/corpora/linux-calib.txt" devrun/data/corpora/
   fi
   # The device tool carries at most 64 MiB: ship one compressed archive (carry devrun.tar.xz).
   tar -cf - devrun | xz -T2 -9 >devrun.tar.xz  # -9: with the goldens, -3 no longer fits
@@ -46,6 +50,7 @@ OUT=$2
 shift 2
 [ -d devrun ] || tar -xJf devrun.tar.xz
 export LD_LIBRARY_PATH="$PWD/devrun/lib:${LD_LIBRARY_PATH:-}"
+export NIBBLE_SHARED="$PWD/devrun" NIBBLE_TEST_BIN="$PWD/devrun/bin/nibble"  # the tests' fixtures and CLI
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 for what in "${@:-gpu}"; do
   case $what in
@@ -55,7 +60,8 @@ for what in "${@:-gpu}"; do
       python3 bench/torch_int4_stack.py 2>&1 | tee "$OUT/torch_int4_stack.txt"
       ;;
     gptq)
-      devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Gptq*' 2>&1 | tee "$OUT/cuda_gptq_tests.txt" | tail -40
+      devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Cuda.Hessian*:Cuda.Calibration*:Gptq*' 2>&1 |
+        tee "$OUT/cuda_gptq_tests.txt" | tail -40
       devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
       ;;
     attention)

@@ -1,6 +1,7 @@
 // Small host utilities: progress bars, hashing, atomic small-file writes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -33,7 +34,8 @@ class Progress {
 // Lower-case hex SHA-256 of bytes in memory.
 std::string sha256_hex(const void* data, size_t size);
 // Lower-case hex SHA-256 of a file's contents.
-std::string sha256_file(const std::filesystem::path& path);
+// `cancel`, when set and raised, stops the reading early (the result is then meaningless).
+std::string sha256_file(const std::filesystem::path& path, const std::atomic<bool>* cancel = nullptr);
 
 // Writes `content` to path.tmp, then renames it to path.
 void write_file_atomic(const std::filesystem::path& path, const std::string& content);

@@ -81,14 +81,15 @@ std::string sha256_hex(const void* data, size_t size) {
   return hex_of(digest, len);
 }
 
-std::string sha256_file(const std::filesystem::path& path) {
+std::string sha256_file(const std::filesystem::path& path, const std::atomic<bool>* cancel) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   NIBBLE_CHECK(f, "{}: cannot open for hashing ({})", path.string(), std::strerror(errno));
   EVP_MD_CTX* ctx = EVP_MD_CTX_new();
   EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
   std::vector<unsigned char> buf(1 << 20);
   size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) EVP_DigestUpdate(ctx, buf.data(), n);
+  while ((!cancel || !cancel->load(std::memory_order_relaxed)) && (n = std::fread(buf.data(), 1, buf.size(), f)) > 0)
+    EVP_DigestUpdate(ctx, buf.data(), n);
   const bool read_error = std::ferror(f);
   std::fclose(f);
   unsigned char digest[EVP_MAX_MD_SIZE];

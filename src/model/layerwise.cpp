@@ -21,11 +21,13 @@ LayerStream::LayerStream(const ModelSource& src, const std::vector<std::vector<i
     NIBBLE_CHECK(static_cast<int64_t>(ids.size()) <= config_.max_position_embeddings,
                  "layer stream: sequence {} has {} tokens, more than the model's context of {}", s, ids.size(),
                  config_.max_position_embeddings);
+    for (int32_t id : ids)
+      NIBBLE_CHECK(id >= 0 && id < V, "layer stream: token id {} is outside the vocabulary (size {})", id, V);
     auto& h = hidden_[s];
     h.resize(ids.size() * static_cast<size_t>(D));
-    for (size_t i = 0; i < ids.size(); ++i) {
-      NIBBLE_CHECK(ids[i] >= 0 && ids[i] < V, "layer stream: token id {} is outside the vocabulary (size {})",
-                   ids[i], V);
+    const int64_t n = static_cast<int64_t>(ids.size());
+#pragma omp parallel for schedule(static) if (n * D > (1 << 18))
+    for (int64_t i = 0; i < n; ++i) {
       if (e32.defined()) {
         std::copy_n(e32.data<float>() + ids[i] * D, D, h.data() + i * D);
       } else {

@@ -185,6 +185,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     NIBBLE_CHECK(cuda::GpuLayerStream::supports(src, &why), "--device cuda: {}; use --device cpu", why);
     gpu = std::make_unique<cuda::GpuLayerStream>(c, lengths);
     for (size_t s = 0; s < stream.num_sequences(); ++s) gpu->upload_hidden(s, stream.hidden(s).data());
+    if (!transform && next_layer < c.num_layers) gpu->prefetch_layer(src, next_layer);
   }
 #else
   NIBBLE_CHECK(!on_gpu, "--device cuda: this build has no CUDA backend (build with NIBBLE_CUDA=on)");
@@ -296,6 +297,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
           hess.emplace(s.input, cuda::GpuHessian(dim, cuda::HessianPrecision::BF16));
           taps[static_cast<int>(s.input)] = &hess.at(s.input);
         }
+      lap("Hessian buffers");
       std::optional<DecoderLayer> L;  // on the host only for a transform
       if (transform) {
         L = DecoderLayer::load(src, i, /*dense=*/true);

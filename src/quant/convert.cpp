@@ -1,9 +1,11 @@
 // quantize_model / dequantize_model: the whole-checkpoint flows.
 #include "nibble/convert.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <future>
 #include <regex>
 #include <set>
 #include <tuple>
@@ -27,20 +29,36 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// Throws (or returns false with allow) when w has a NaN/Inf; names the first one.
-bool check_finite(const std::string& name, const Tensor& w, bool allow, std::vector<std::string>& warnings) {
-  const float* p = w.data<float>();
+// The first index of a NaN/Inf among n values whose exponent field is `mask`
+// (all ones: not finite), or -1. Scanned in parallel in the stored dtype.
+template <typename U>
+int64_t first_nonfinite(const U* p, int64_t n, U mask) {
+  int64_t bad = n;
+#pragma omp parallel for reduction(min : bad) schedule(static) if (n > (1 << 20))
+  for (int64_t i = 0; i < n; ++i)
+    if ((p[i] & mask) == mask && i < bad) bad = i;
+  return bad == n ? -1 : bad;
+}
+
+// Throws (or returns false with allow) when w (a 2-D float tensor in any
+// dtype) has a NaN/Inf; names the first one.
+bool check_finite(const std::string& name, const Tensor& stored, bool allow, std::vector<std::string>& warnings) {
+  const Tensor w = stored.is_contiguous() ? stored : stored.contiguous();
   const int64_t n = w.numel();
   int64_t bad = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(p[i])) {
-      bad = i;
-      break;
+  switch (w.dtype()) {
+    case DType::BF16: bad = first_nonfinite(static_cast<const uint16_t*>(w.raw()), n, uint16_t{0x7F80}); break;
+    case DType::F16: bad = first_nonfinite(static_cast<const uint16_t*>(w.raw()), n, uint16_t{0x7C00}); break;
+    case DType::F32: bad = first_nonfinite(static_cast<const uint32_t*>(w.raw()), n, uint32_t{0x7F800000}); break;
+    default: {
+      const Tensor f = w.to_f32();
+      bad = first_nonfinite(static_cast<const uint32_t*>(f.raw()), n, uint32_t{0x7F800000});
     }
   }
   if (bad < 0) return true;
   const int64_t cols = w.size(1);
-  const std::string where = fmt::format("tensor '{}' has a non-finite value {} at index [{}, {}]", name, p[bad],
+  const float value = w.slice_rows(bad / cols, bad / cols + 1).to_f32().data<float>()[bad % cols];
+  const std::string where = fmt::format("tensor '{}' has a non-finite value {} at index [{}, {}]", name, value,
                                         bad / cols, bad % cols);
   NIBBLE_CHECK(allow, "{} (pass --allow-nonfinite to keep such tensors unquantized)", where);
   warnings.push_back(where + "; kept unquantized");
@@ -65,6 +83,20 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   auto src = CheckpointDir::open(model_dir);
   NIBBLE_CHECK(!src->is_packed(), "{}: already quantized by nibble; quantize the original checkpoint",
                model_dir.string());
+  // nibble.json records the source files' SHA-256: hashed on a thread of
+  // their own while the quantization runs (an error stops it early).
+  std::atomic<bool> stop_hashing{false};
+  std::vector<fs::path> hashed = src->weight_files();
+  for (const fs::path& f : carried_files(model_dir)) hashed.push_back(f);
+  std::future<ojson> source_hashes = std::async(std::launch::async, [&stop_hashing, hashed] {
+    ojson files = ojson::object();
+    for (const fs::path& f : hashed) files[f.filename().string()] = sha256_file(f, &stop_hashing);
+    return files;
+  });
+  struct StopHashing {
+    std::atomic<bool>& flag;
+    ~StopHashing() { flag = true; }
+  } stop_on_exit{stop_hashing};
   src->validate_against_config();
   const FormatChoice format = find_format(opt.format, opt.group_size);
   const quant::MethodChoice method = quant::parse_method(opt.method);
@@ -149,7 +181,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       NIBBLE_CHECK(dtype_is_float(m.dtype), "tensor '{}': cannot quantize a {} tensor", name, dtype_name(m.dtype));
       // Scanned before anything is written, so a bad weight fails the run
       // with nothing half-written (or, when allowed, keeps just that tensor).
-      tr.quantized = check_finite(name, model.load(name).to_f32(), opt.allow_nonfinite, res.warnings);
+      tr.quantized = check_finite(name, model.load(name), opt.allow_nonfinite, res.warnings);
       if (!tr.quantized) tr.note = "non-finite values";
     }
     io::OutputUnit u;
@@ -283,10 +315,8 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     report["options"]["device"] = opt.device;
   }
   if (was_calibrated) report["calibration"] = calibration_report;
-  ojson files = ojson::object();
-  for (const fs::path& f : src->weight_files()) files[f.filename().string()] = sha256_file(f);
-  for (const fs::path& f : carried_files(model_dir)) files[f.filename().string()] = sha256_file(f);
-  report["source"] = {{"path", fs::absolute(model_dir).lexically_normal().string()}, {"sha256", files}};
+  report["source"] = {{"path", fs::absolute(model_dir).lexically_normal().string()},
+                      {"sha256", source_hashes.get()}};
   report["summary"] = {{"quantized_tensors", std::count_if(res.tensors.begin(), res.tensors.end(),
                                                            [](const TensorResult& t) { return t.quantized; })},
                        {"total_tensors", res.tensors.size()},

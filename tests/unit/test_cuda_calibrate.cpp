@@ -61,6 +61,45 @@ double hessian_distance(const std::vector<double>& A, const std::vector<double>&
   return worst;
 }
 
+// GpuHessian::add_device_bf16 against MatrixStats on the same bf16 values:
+// widths that take the tiled GEMMs (1024, 1056) and one that does not (200),
+// more tokens than one fp32 partial sum holds, a row stride wider than dim.
+TEST(Cuda, HessianFromBf16RowsMatchesFp64Stats) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const int64_t dim : {1024, 1056, 200}) {
+    const int64_t n = cuda::kHessianFlushTokens + 904, ld = dim + 8;
+    std::vector<uint16_t> bits(static_cast<size_t>(n * ld), 0);
+    std::vector<float> vals(static_cast<size_t>(n * dim));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < dim; ++j) {
+        // Correlated channels of mixed scale (j % 7: some 10x larger).
+        const float v = (nd(rng) + 0.5f * std::sin(0.01f * static_cast<float>(t * (j % 5 + 1)))) * (j % 7 ? 1.0f : 10.0f);
+        bits[t * ld + j] = f32_to_bf16(v);
+        vals[t * dim + j] = bf16_to_f32(bits[t * ld + j]);
+      }
+    quant::MatrixStats want(dim);
+    want.add(vals.data(), n);
+    want.finalize();
+    cuda::GpuHessian h(dim, cuda::HessianPrecision::BF16);
+    const cuda::DeviceBuffer x = cuda::upload(bits.data(), bits.size() * 2);
+    h.add_device_bf16(x.get(), 1000, ld);  // two calls: the partial sums carry across them
+    h.add_device_bf16(static_cast<const uint16_t*>(x.get()) + 1000 * ld, n - 1000, ld);
+    const quant::MatrixStats got = h.to_stats();
+    EXPECT_EQ(got.tokens, n);
+    // bf16 products are exact in fp32; what is left is the fp32 sums over at
+    // most kHessianFlushTokens tokens (measured ~1e-7).
+    const double d = hessian_distance(got.H, want.H, dim);
+    EXPECT_LT(d, 1e-5) << dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      EXPECT_NEAR(got.abs_sum[j], want.abs_sum[j], 1e-12 * want.abs_sum[j]) << dim << " " << j;
+      EXPECT_EQ(got.abs_max[j], want.abs_max[j]) << dim << " " << j;
+    }
+    std::printf("[ bf16 rows, dim %lld ] Hessian distance %.3g\n", static_cast<long long>(dim), d);
+  }
+}
+
 TEST(Cuda, CalibrationStreamMatchesCpuInBf16) {
   SKIP_WITHOUT_DEVICE();
   for (const char* name : {"stories260K", "qwen3-26M-linux"}) {

@@ -18,7 +18,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <atomic>
 #include <future>
+#include <thread>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/forward_kernels.cuh"
@@ -41,7 +43,6 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ in, int64_t n, bf16
   if (i < n) out[i] = __float2bfloat16_rn(in[i]);
 }
 
-__device__ inline float to_float(float v) { return v; }
 __device__ inline float to_float(bf16 v) { return __bfloat162float(v); }
 __device__ inline float to_float(__half v) { return __half2float(v); }
 template <typename T>
@@ -413,8 +414,19 @@ void GpuLayerStream::prefetch_layer(const ModelSource& src, int64_t i) {
     const auto& sl = decoder_linears();
     for (size_t k = 0; k < sl.size(); ++k) {
       const Tensor t = src.load(p + sl[k].name + ".weight").contiguous();
-      void* dst = static_cast<char*>(s.pinned) + offset[k];
-      std::memcpy(dst, t.raw(), t.nbytes());
+      char* dst = static_cast<char*>(s.pinned) + offset[k];
+      // In slices on several threads: the first touch of a mapped file's
+      // pages (the page faults) is what this copy mostly costs.
+      const auto* from = static_cast<const char*>(t.raw());
+      const int64_t bytes = static_cast<int64_t>(t.nbytes()), slice = int64_t{8} << 20;
+      std::atomic<int64_t> next{0};
+      auto copy = [&] {
+        for (int64_t o; (o = next.fetch_add(slice)) < bytes;) std::memcpy(dst + o, from + o, std::min(slice, bytes - o));
+      };
+      std::vector<std::thread> helpers;
+      for (int h = 0; h < 7; ++h) helpers.emplace_back(copy);
+      copy();
+      for (std::thread& h : helpers) h.join();
       s.staged[k] = Tensor::view(t.dtype(), t.shape(), dst, nullptr);
     }
   });

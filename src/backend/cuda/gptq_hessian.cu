@@ -278,14 +278,24 @@ void GpuHessian::add_device_bf16(const void* xv, int64_t n, int64_t ld) {
   cublasHandle_t h = gptq_cublas();
   NIBBLE_CUBLAS_CHECK(cublasSetStream(h, nullptr));
   const int dim = static_cast<int>(s.dim);
+  // There is no bf16 SYRK: P is computed in T × T tiles, only those on and
+  // above the column-major diagonal (the row-major lower triangle that
+  // symmetrize() keeps), T(T+1)/2 of T² GEMMs. The tiles never computed stay zero.
+  const int T = s.dim >= 1024 && s.dim % 32 == 0 ? 4 : 1;
+  const int b = dim / T;
+  auto* P = static_cast<float*>(s.P.get());
   for (int64_t r0 = 0; r0 < n;) {
     const int64_t m = std::min(kHessianFlushTokens - s.pending, n - r0);
     const float one = 1.0f, beta = s.pending > 0 ? 1.0f : 0.0f;
-    // Column-major A = xᵀ [dim, m] with lda = ld: P (+)= A·Aᵀ, the full product.
-    NIBBLE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, dim, dim, static_cast<int>(m), &one, x + r0 * ld,
-                                     CUDA_R_16BF, static_cast<int>(ld), x + r0 * ld, CUDA_R_16BF,
-                                     static_cast<int>(ld), &beta, s.P.get(), CUDA_R_32F, dim, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT));
+    // Column-major A = xᵀ [dim, m] with lda = ld; tile (I, J) of P is A_I·A_Jᵀ,
+    // A_I its rows I·b .. (I+1)·b − 1.
+    const __nv_bfloat16* a = x + r0 * ld;
+    for (int I = 0; I < T; ++I)
+      for (int J = I; J < T; ++J)
+        NIBBLE_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, b, b, static_cast<int>(m), &one, a + I * b,
+                                         CUDA_R_16BF, static_cast<int>(ld), a + J * b, CUDA_R_16BF,
+                                         static_cast<int>(ld), &beta, P + I * b + static_cast<int64_t>(J) * b * dim,
+                                         CUDA_R_32F, dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     s.pending += m;
     if (s.pending == kHessianFlushTokens) s.flush();
     r0 += m;
