@@ -50,8 +50,10 @@ int64_t abort_after_layer() {
 }
 
 // On the GPU a layer takes about a second while the hidden states of a large
-// calibration set are gigabytes: they are saved at most this often (and after
-// the last layer), so a resumed run redoes at most this much work.
+// calibration set are gigabytes: they are saved only when this long has passed
+// since the last save, so a resumed run redoes at most this much work (a run
+// killed during the head redoes the layers after the last save; the head
+// follows the last layer within seconds, so there is no save just for it).
 constexpr double kGpuHiddenSaveSeconds = 60;
 
 // A layer transform reshapes layer L (what it computes stays the same); the
@@ -343,9 +345,9 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     }
 #endif
     // Checkpoint: the layer's parts, then (on the GPU at most every
-    // kGpuHiddenSaveSeconds, and after the last layer) the hidden states that follow it.
+    // kGpuHiddenSaveSeconds) the hidden states that follow it.
     const double since = std::chrono::duration<double>(clock::now() - last_hidden_save).count();
-    const bool save_hidden = !on_gpu || since >= kGpuHiddenSaveSeconds || i + 1 == c.num_layers || abort_at == i;
+    const bool save_hidden = !on_gpu || since >= kGpuHiddenSaveSeconds || abort_at == i;
     finish_writing();  // the previous job no longer reads the host hidden states
     lap("wait for the writer");
 #ifdef NIBBLE_HAVE_CUDA

@@ -413,7 +413,8 @@ void GpuLayerStream::prefetch_layer(const ModelSource& src, int64_t i) {
   s.staging = std::async(std::launch::async, [&s, &src, p, offset] {
     const auto& sl = decoder_linears();
     for (size_t k = 0; k < sl.size(); ++k) {
-      const Tensor t = src.load(p + sl[k].name + ".weight").contiguous();
+      Tensor t = src.load(p + sl[k].name + ".weight");
+      if (!t.is_contiguous()) t = t.contiguous();
       char* dst = static_cast<char*>(s.pinned) + offset[k];
       // In slices on several threads: the first touch of a mapped file's
       // pages (the page faults) is what this copy mostly costs.

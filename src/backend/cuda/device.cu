@@ -76,6 +76,7 @@ DeviceBuffer upload(const void* host, size_t bytes) {
 }
 
 DeviceBuffer upload(const Tensor& t) {
+  if (t.is_contiguous()) return upload(t.raw(), t.nbytes());  // contiguous() would copy it on the host first
   const Tensor c = t.contiguous();
   return upload(c.raw(), c.nbytes());
 }
