@@ -347,7 +347,8 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   report["warnings"] = res.warnings;
   report["notes"] = res.notes;
   res.seconds_total = since(t_start);
-  res.seconds_write = res.seconds_total - res.seconds_calibration - std::chrono::duration<double>(t_calibration - t_start).count();
+  res.seconds_write =
+      res.seconds_total - res.seconds_calibration - std::chrono::duration<double>(t_calibration - t_start).count();
   report["seconds"] = {{"total", std::round(res.seconds_total * 1000) / 1000},
                        {"calibration", std::round(res.seconds_calibration * 1000) / 1000},
                        {"write", std::round(res.seconds_write * 1000) / 1000}};

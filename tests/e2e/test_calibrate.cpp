@@ -15,6 +15,7 @@
 #include "nibble/model.h"
 #include "nibble/npy.h"
 #include "nibble/tokenizer.h"
+#include "stories_split.h"
 #include "test_util.h"
 
 namespace nibble {
@@ -22,13 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::TempDir;
-
-// The TinyStories split of SOURCES.md: bytes [0, 96207) calibrate, the rest evaluates.
-fs::path write_part(const TempDir& dir, const std::string& name, size_t begin, size_t end) {
-  const std::string all = test::read_file(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt");
-  std::ofstream(dir / name, std::ios::binary) << all.substr(begin, std::min(end, all.size()) - begin);
-  return dir / name;
-}
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream f(p);
@@ -46,17 +40,9 @@ QuantizeOptions gptq_options(const fs::path& calib, int64_t samples, int64_t len
   return o;
 }
 
-double ppl_of(const fs::path& model, const fs::path& text, int64_t ctx, int64_t chunks) {
-  auto dir = CheckpointDir::open(model);
-  const Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
-  std::vector<int32_t> ids = tok.encode(test::read_file(text), true);
-  ids.resize(std::min<size_t>(ids.size(), static_cast<size_t>(ctx * chunks)));
-  return eval::perplexity(*Model::load(*dir), ids, ctx, leading_bos(tok), false).ppl;
-}
-
 TEST(Calibration, SamplesAreDeterministicWindowsOfTheData) {
   TempDir tmp;
-  const fs::path calib = write_part(tmp, "calib.txt", 0, 96207);
+  const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
   const fs::path model = test::model_dir("stories260K");
   const Tokenizer tok = Tokenizer::from_file(model / "tokenizer.json");
   const auto stream = tok.encode(test::read_file(calib), false);
@@ -141,7 +127,8 @@ TEST(LayerStream, MatchesTheWholeModelForward) {
 TEST(LayerStream, StreamingPerplexityEqualsTheModelsPerplexity) {
   auto dir = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
   const Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
-  std::vector<int32_t> ids = tok.encode(test::read_file(test::shared_dir() / "data/corpora/linux-eval.txt").substr(0, 40000));
+  std::vector<int32_t> ids =
+      tok.encode(test::read_file(test::shared_dir() / "data/corpora/linux-eval.txt").substr(0, 40000));
   ids.resize(4 * 256);
   const auto a = eval::perplexity(*Model::load(*dir), ids, 256, std::nullopt, false);
   const auto b = eval::perplexity_streaming(*dir, ids, 256, std::nullopt, false);
@@ -151,8 +138,8 @@ TEST(LayerStream, StreamingPerplexityEqualsTheModelsPerplexity) {
 
 TEST(Gptq, StoriesBeatsRtnOnHeldOutTextAndIsDeterministic) {
   TempDir tmp;
-  const fs::path calib = write_part(tmp, "calib.txt", 0, 96207);
-  const fs::path eval_text = write_part(tmp, "eval.txt", 96207, SIZE_MAX);
+  const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
+  const fs::path eval_text = test::write_stories_part(tmp, "eval.txt", 96207, SIZE_MAX);
   const fs::path model = test::model_dir("stories260K");
   QuantizeOptions g = gptq_options(calib, 32, 256, 64);
   g.mse = true;
@@ -161,8 +148,8 @@ TEST(Gptq, StoriesBeatsRtnOnHeldOutTextAndIsDeterministic) {
   r.group_size = 64;
   r.progress = false;
   quantize_model(model, tmp / "rtn", r);
-  const double p_ref = ppl_of(model, eval_text, 256, 16), p_rtn = ppl_of(tmp / "rtn", eval_text, 256, 16),
-               p_gptq = ppl_of(tmp / "gptq", eval_text, 256, 16);
+  const double p_ref = test::ppl_of(model, eval_text, 256, 16), p_rtn = test::ppl_of(tmp / "rtn", eval_text, 256, 16),
+               p_gptq = test::ppl_of(tmp / "gptq", eval_text, 256, 16);
   // Measured (16 windows): 5.85 / 6.86 / 6.47: GPTQ+MSE takes a good part off RTN's loss.
   EXPECT_LT(p_gptq, p_rtn - 0.25 * (p_rtn - p_ref)) << p_ref << " " << p_rtn << " " << p_gptq;
   EXPECT_GT(p_gptq, p_ref);
@@ -201,7 +188,7 @@ TEST(Gptq, QwenHeadIsQuantizedLastOnTheQuantizedBody) {
 
 TEST(Gptq, KilledRunResumesAtTheNextLayerWithIdenticalResult) {
   TempDir tmp;
-  const fs::path calib = write_part(tmp, "calib.txt", 0, 96207);
+  const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
   const std::string model = test::model_dir("stories260K").string();
   const std::string base = test::nibble_bin() + " quantize -q --method gptq --group 64 --model " + model +
                            " --calib " + calib.string() + " --calib-samples 16 --calib-len 128 --out ";

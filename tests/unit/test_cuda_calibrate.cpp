@@ -22,6 +22,7 @@
 #include "nibble/layerwise.h"
 #include "nibble/model.h"
 #include "nibble/tokenizer.h"
+#include "stories_split.h"
 #include "test_util.h"
 
 namespace nibble {
@@ -75,7 +76,8 @@ TEST(Cuda, HessianFromBf16RowsMatchesFp64Stats) {
     for (int64_t t = 0; t < n; ++t)
       for (int64_t j = 0; j < dim; ++j) {
         // Correlated channels of mixed scale (j % 7: some 10x larger).
-        const float v = (nd(rng) + 0.5f * std::sin(0.01f * static_cast<float>(t * (j % 5 + 1)))) * (j % 7 ? 1.0f : 10.0f);
+        const float v =
+            (nd(rng) + 0.5f * std::sin(0.01f * static_cast<float>(t * (j % 5 + 1)))) * (j % 7 ? 1.0f : 10.0f);
         bits[t * ld + j] = f32_to_bf16(v);
         vals[t * dim + j] = bf16_to_f32(bits[t * ld + j]);
       }
@@ -193,26 +195,11 @@ TEST(Cuda, CalibrationStreamMatchesCpuInBf16) {
   }
 }
 
-// The TinyStories split of SOURCES.md: bytes [0, 96207) calibrate, the rest evaluates.
-fs::path write_part(const TempDir& dir, const std::string& name, size_t begin, size_t end) {
-  const std::string all = test::read_file(test::shared_dir() / "data/corpora/tinystories-valid-sample.txt");
-  std::ofstream(dir / name, std::ios::binary) << all.substr(begin, std::min(end, all.size()) - begin);
-  return dir / name;
-}
-
-double ppl_of(const fs::path& model, const fs::path& text, int64_t ctx, int64_t chunks) {
-  auto dir = CheckpointDir::open(model);
-  const Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
-  std::vector<int32_t> ids = tok.encode(test::read_file(text), true);
-  ids.resize(std::min<size_t>(ids.size(), static_cast<size_t>(ctx * chunks)));
-  return eval::perplexity(*Model::load(*dir), ids, ctx, leading_bos(tok), false).ppl;
-}
-
 TEST(Cuda, GptqOnGpuEndToEndMatchesCpuQuality) {
   SKIP_WITHOUT_DEVICE();
   TempDir tmp;
-  const fs::path calib = write_part(tmp, "calib.txt", 0, 96207);
-  const fs::path eval_text = write_part(tmp, "eval.txt", 96207, SIZE_MAX);
+  const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
+  const fs::path eval_text = test::write_stories_part(tmp, "eval.txt", 96207, SIZE_MAX);
   const fs::path model = test::model_dir("stories260K");
   QuantizeOptions g;
   g.method = "gptq";
@@ -230,8 +217,9 @@ TEST(Cuda, GptqOnGpuEndToEndMatchesCpuQuality) {
   r.group_size = 64;
   r.progress = false;
   quantize_model(model, tmp / "rtn", r);
-  const double p_ref = ppl_of(model, eval_text, 256, 16), p_rtn = ppl_of(tmp / "rtn", eval_text, 256, 16),
-               p_cpu = ppl_of(tmp / "cpu", eval_text, 256, 16), p_gpu = ppl_of(tmp / "gpu", eval_text, 256, 16);
+  const double p_ref = test::ppl_of(model, eval_text, 256, 16), p_rtn = test::ppl_of(tmp / "rtn", eval_text, 256, 16),
+               p_cpu = test::ppl_of(tmp / "cpu", eval_text, 256, 16),
+               p_gpu = test::ppl_of(tmp / "gpu", eval_text, 256, 16);
   std::printf("[ ppl ] reference %.4f, rtn %.4f, gptq cpu %.4f, gptq gpu %.4f\n", p_ref, p_rtn, p_cpu, p_gpu);
   // Two equally good quantizations: the GPU run's loss is the CPU run's, up to
   // a small part of what GPTQ takes off RTN's.

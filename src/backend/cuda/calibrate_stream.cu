@@ -71,7 +71,8 @@ DeviceBuffer upload_f32(const Tensor& t) {
 }
 
 // out = a + b (the residual add that moves the stream).
-__global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b, int64_t n, float* __restrict__ out) {
+__global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b, int64_t n,
+                           float* __restrict__ out) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = a[i] + b[i];
 }
@@ -215,7 +216,8 @@ struct GpuLayerStream::State {
     NIBBLE_CUDA_CHECK(cudaMemcpyAsync(xw, hid, static_cast<size_t>(n * D) * 4, cudaMemcpyDeviceToDevice, nullptr));
     add_rmsnorm_kernel<bf16><<<un, kNormThreads>>>(xw, nullptr, D, f32(input_norm), eps, xnb, ldD);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
-    if (taps[static_cast<int>(LinearInput::QKV)]) taps[static_cast<int>(LinearInput::QKV)]->add_device_bf16(xnb, n, ldD);
+    if (taps[static_cast<int>(LinearInput::QKV)])
+      taps[static_cast<int>(LinearInput::QKV)]->add_device_bf16(xnb, n, ldD);
     linear(lin[0], xnb, n, ldD, q, QKV);                  // q
     linear(lin[1], xnb, n, ldD, q + H * hd, QKV);         // k
     linear(lin[2], xnb, n, ldD, q + (H + KV) * hd, QKV);  // v
@@ -257,7 +259,8 @@ struct GpuLayerStream::State {
     linear(lin[5], xnb, n, ldD, g + F, 2 * F);  // up
     silu_mul_kernel<bf16><<<grid_for(n * F, kThreads), kThreads>>>(g, g + F, 2 * F, hb, ldF, n, F);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
-    if (taps[static_cast<int>(LinearInput::Down)]) taps[static_cast<int>(LinearInput::Down)]->add_device_bf16(hb, n, ldF);
+    if (taps[static_cast<int>(LinearInput::Down)])
+      taps[static_cast<int>(LinearInput::Down)]->add_device_bf16(hb, n, ldF);
     linear(lin[6], hb, n, ldF, tm, D);  // down
     if (advance) {
       add_kernel<<<grid_for(n * D, kThreads), kThreads>>>(xw, tm, n * D, hid);
@@ -422,7 +425,8 @@ void GpuLayerStream::prefetch_layer(const ModelSource& src, int64_t i) {
       const int64_t bytes = static_cast<int64_t>(t.nbytes()), slice = int64_t{8} << 20;
       std::atomic<int64_t> next{0};
       auto copy = [&] {
-        for (int64_t o; (o = next.fetch_add(slice)) < bytes;) std::memcpy(dst + o, from + o, std::min(slice, bytes - o));
+        for (int64_t o; (o = next.fetch_add(slice)) < bytes;)
+          std::memcpy(dst + o, from + o, std::min(slice, bytes - o));
       };
       std::vector<std::thread> helpers;
       for (int h = 0; h < 7; ++h) helpers.emplace_back(copy);
