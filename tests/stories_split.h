@@ -1,5 +1,5 @@
 // Shared by the calibrated-quantization tests (CPU and GPU): the TinyStories
-// split of SOURCES.md and held-out perplexity of a checkpoint.
+// split of SOURCES.md, GPTQ options for a test run, and held-out perplexity.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nibble/calibration.h"
+#include "nibble/convert.h"
 #include "nibble/eval.h"
 #include "nibble/model.h"
 #include "nibble/tokenizer.h"
@@ -23,6 +24,18 @@ inline std::filesystem::path write_stories_part(const TempDir& dir, const std::s
   const std::string all = read_file(shared_dir() / "data/corpora/tinystories-valid-sample.txt");
   std::ofstream(dir / name, std::ios::binary) << all.substr(begin, std::min(end, all.size()) - begin);
   return dir / name;
+}
+
+// GPTQ options for a calibrated test run: `samples` windows of `len` tokens of `calib`, groups of `group`.
+inline QuantizeOptions gptq_options(const std::filesystem::path& calib, int64_t samples, int64_t len, int group) {
+  QuantizeOptions o;
+  o.method = "gptq";
+  o.group_size = group;
+  o.progress = false;
+  o.calib.files = {calib};
+  o.calib.samples = samples;
+  o.calib.length = len;
+  return o;
 }
 
 // Perplexity of `model` on the first ctx × chunks tokens of `text` (its own tokenizer, BOS as it adds one).

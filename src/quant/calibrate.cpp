@@ -220,19 +220,31 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     const auto specs = format.spec->parts(q.rows, q.cols, format.group_size);
     for (size_t p = 0; p < parts.size(); ++p) out.emplace_back(prefix + "." + specs[p].suffix, parts[p]);
   };
+  // Records a matrix's QuantizeInfo in `infos` (and a warning when the
+  // Cholesky needed more damping).
+  auto record = [&](const std::string& name, const QuantizeInfo& info, ojson& infos) {
+    if (info.damp_retries > 0)
+      warnings.push_back(fmt::format("{}: Cholesky failed {} time(s); damping raised to {}", name, info.damp_retries,
+                                     info.damp_used));
+    infos[name] = info_json(info);
+  };
+  // The same for a GPU GPTQ result, whose weight errors are already in `info`.
+  auto record_gptq = [&](const std::string& name, const GptqResult& r, QuantizeInfo info, ojson& infos) {
+    info.damp_used = r.damp_used;
+    info.damp_retries = r.damp_retries;
+    info.dead_columns = r.dead_columns;
+    record(name, info, infos);
+  };
   // Quantizes w with stats; returns the stored parts and the dequantized weight.
   auto quantize_one = [&](const std::string& name, const Tensor& w, const MatrixStats& stats,
                           std::vector<std::pair<std::string, Tensor>>& out, ojson& infos) {
     QuantizeInfo info;
     const QuantizedMatrix q = quantizer.quantize(w, &stats, &info);
-    if (info.damp_retries > 0)
-      warnings.push_back(fmt::format("{}: Cholesky failed {} time(s); damping raised to {}", name, info.damp_retries,
-                                     info.damp_used));
     store_parts(name, q, out);
     Tensor back = Tensor::zeros(DType::F32, {q.rows, q.cols});
     dequantize(q, back.data_mut<float>());
     std::tie(info.rel_error, info.max_abs_error) = weight_error(w, back);
-    infos[name] = info_json(info);
+    record(name, info, infos);
     return back;
   };
 
@@ -330,13 +342,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
         QuantizeInfo info;
         GptqResult r = gpu->quantize_linear(k, prepared.at(s.input), format, opt.mse, gpu_opt, &info.rel_error,
                                             &info.max_abs_error);
-        info.damp_used = r.damp_used;
-        info.damp_retries = r.damp_retries;
-        info.dead_columns = r.dead_columns;
-        if (info.damp_retries > 0)
-          warnings.push_back(fmt::format("{}: Cholesky failed {} time(s); damping raised to {}", name,
-                                         info.damp_retries, info.damp_used));
-        (*infos)[name] = info_json(info);
+        record_gptq(name, r, info, *infos);
         results->emplace_back(name, std::move(r));
         lap("sweep");
       }
@@ -400,14 +406,8 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
       QuantizeInfo info;
       const GptqResult r = cuda::gptq_matrix(src.load("lm_head.weight"), prepared, format, opt.mse, gpu_opt,
                                              &info.rel_error, &info.max_abs_error);
-      info.damp_used = r.damp_used;
-      info.damp_retries = r.damp_retries;
-      info.dead_columns = r.dead_columns;
       store_parts("lm_head.weight", r.to_quantized(*format.spec, format.group_size), out);
-      if (info.damp_retries > 0)
-        warnings.push_back(fmt::format("lm_head.weight: Cholesky failed {} time(s); damping raised to {}",
-                                       info.damp_retries, info.damp_used));
-      infos["lm_head.weight"] = info_json(info);
+      record_gptq("lm_head.weight", r, info, infos);
     }
 #endif
     io::save_safetensors(dir / kHeadFile, out, {{"nibble.infos", infos.dump()}});

@@ -29,17 +29,6 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(f);
 }
 
-QuantizeOptions gptq_options(const fs::path& calib, int64_t samples, int64_t len, int group) {
-  QuantizeOptions o;
-  o.method = "gptq";
-  o.group_size = group;
-  o.progress = false;
-  o.calib.files = {calib};
-  o.calib.samples = samples;
-  o.calib.length = len;
-  return o;
-}
-
 TEST(Calibration, SamplesAreDeterministicWindowsOfTheData) {
   TempDir tmp;
   const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
@@ -141,7 +130,7 @@ TEST(Gptq, StoriesBeatsRtnOnHeldOutTextAndIsDeterministic) {
   const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
   const fs::path eval_text = test::write_stories_part(tmp, "eval.txt", 96207, SIZE_MAX);
   const fs::path model = test::model_dir("stories260K");
-  QuantizeOptions g = gptq_options(calib, 32, 256, 64);
+  QuantizeOptions g = test::gptq_options(calib, 32, 256, 64);
   g.mse = true;
   quantize_model(model, tmp / "gptq", g);
   QuantizeOptions r;
@@ -154,7 +143,7 @@ TEST(Gptq, StoriesBeatsRtnOnHeldOutTextAndIsDeterministic) {
   EXPECT_LT(p_gptq, p_rtn - 0.25 * (p_rtn - p_ref)) << p_ref << " " << p_rtn << " " << p_gptq;
   EXPECT_GT(p_gptq, p_ref);
   // Same inputs, same bytes.
-  QuantizeOptions small = gptq_options(calib, 4, 64, 64);
+  QuantizeOptions small = test::gptq_options(calib, 4, 64, 64);
   quantize_model(model, tmp / "a", small);
   quantize_model(model, tmp / "b", small);
   EXPECT_EQ(test::read_file(tmp / "a/model.safetensors"), test::read_file(tmp / "b/model.safetensors"));
@@ -172,7 +161,7 @@ TEST(Gptq, StoriesBeatsRtnOnHeldOutTextAndIsDeterministic) {
 TEST(Gptq, QwenHeadIsQuantizedLastOnTheQuantizedBody) {
   TempDir tmp;
   const fs::path calib = test::shared_dir() / "data/corpora/linux-calib.txt";
-  QuantizeOptions g = gptq_options(calib, 8, 128, 128);
+  QuantizeOptions g = test::gptq_options(calib, 8, 128, 128);
   quantize_model(test::model_dir("qwen3-26M-linux"), tmp / "q", g);
   const auto j = read_json(tmp / "q/nibble.json");
   EXPECT_EQ(j["tensors"]["lm_head.weight"]["quantized"], true);

@@ -201,14 +201,8 @@ TEST(Cuda, GptqOnGpuEndToEndMatchesCpuQuality) {
   const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
   const fs::path eval_text = test::write_stories_part(tmp, "eval.txt", 96207, SIZE_MAX);
   const fs::path model = test::model_dir("stories260K");
-  QuantizeOptions g;
-  g.method = "gptq";
-  g.group_size = 64;
-  g.progress = false;
+  QuantizeOptions g = test::gptq_options(calib, 32, 256, 64);
   g.mse = true;
-  g.calib.files = {calib};
-  g.calib.samples = 32;
-  g.calib.length = 256;
   quantize_model(model, tmp / "cpu", g);
   g.device = "cuda";
   quantize_model(model, tmp / "gpu", g);
