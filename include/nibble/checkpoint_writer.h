@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,30 +57,31 @@ struct OutputUnit {
   std::string quant_meta;  // JSON object text for __metadata__["nibble.tensors"], or empty for plain tensors
 };
 
-// Streams units into model.safetensors, or model-0000k-of-0000n.safetensors
-// plus model.safetensors.index.json when they exceed `max_shard_bytes`.
+// Writes units into model.safetensors, or model-0000k-of-0000n.safetensors
+// plus model.safetensors.index.json when they exceed `max_shard_bytes`. The
+// layout follows the plan; the stored tensors may be written in any order
+// and from several threads (the calibration writes its layers as they finish).
 class ShardedWriter {
  public:
   ShardedWriter(std::filesystem::path dir, std::vector<OutputUnit> plan, uint64_t max_shard_bytes,
                 std::map<std::string, std::string> metadata);
   ~ShardedWriter();
-  // Stored tensors must come in plan order.
   void write(const std::string& stored_name, const Tensor& t);
-  void finish();
+  bool written(const std::string& stored_name) const;
+  void finish();  // every stored tensor must have been written
   uint64_t total_bytes() const { return total_bytes_; }
   std::vector<std::string> file_names() const { return file_names_; }
 
  private:
-  void open_shard(size_t shard);
   std::filesystem::path dir_;
-  std::vector<OutputUnit> plan_;
-  std::map<std::string, std::string> metadata_;
-  std::vector<size_t> unit_shard_;  // shard index per unit
   std::vector<std::string> file_names_;
   std::map<std::string, std::string> weight_map_;
-  std::unique_ptr<SafetensorsWriter> writer_;
-  size_t current_shard_ = SIZE_MAX, next_unit_ = 0, next_stored_ = 0;
+  std::vector<std::unique_ptr<SafetensorsWriter>> shards_;
+  std::map<std::string, size_t> shard_of_;  // stored name -> shard
+  std::set<std::string> written_;
+  size_t num_stored_ = 0;
   uint64_t total_bytes_ = 0;
+  mutable std::mutex mutex_;
 };
 
 }  // namespace nibble::io

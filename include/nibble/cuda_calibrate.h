@@ -29,8 +29,11 @@ quant::GptqResult gptq_matrix(const Tensor& w, const GpuPreparedHessian& hessian
 class GpuLayerStream {
  public:
   // Sequences of these lengths (tokens); their hidden states start as zeros
-  // until upload_hidden. Throws when there is no device.
-  GpuLayerStream(const ModelConfig& config, const std::vector<int64_t>& lengths);
+  // until upload_hidden. Throws when there is no device. Attention runs on
+  // tensor cores in bf16 where the head dim allows (flash_attention_bf16);
+  // bf16_attention = false keeps it in fp32 (the CPU twin test compares the
+  // rest of the arithmetic exactly that way).
+  GpuLayerStream(const ModelConfig& config, const std::vector<int64_t>& lengths, bool bf16_attention = true);
   ~GpuLayerStream();
   GpuLayerStream(GpuLayerStream&&) noexcept;
   GpuLayerStream& operator=(GpuLayerStream&&) noexcept;
@@ -45,6 +48,11 @@ class GpuLayerStream {
   // Sequence s's hidden states, f32 [length(s), hidden], to and from the host.
   void upload_hidden(size_t s, const float* host);
   void download_hidden(size_t s, float* host) const;
+  // Every sequence's hidden states become its tokens' rows of `table` (the
+  // embedding, [vocab, hidden], bf16 / fp16 / f32 as stored: uploaded as it
+  // is, widened on the device). The ids must be checked against the vocabulary
+  // already; sequences[s] has length(s) ids.
+  void embed(const Tensor& table, const std::vector<std::vector<int32_t>>& sequences);
 
   // Puts a decoder layer (dense f32 linears) on the device: each linear as f32
   // (what GPTQ quantizes) and as bf16 (what the forward multiplies by).

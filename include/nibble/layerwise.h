@@ -15,13 +15,16 @@ namespace nibble {
 
 class LayerStream {
  public:
-  // Embeds every sequence (ids are checked against the vocabulary).
-  LayerStream(const ModelSource& src, const std::vector<std::vector<int32_t>>& sequences);
+  // Embeds every sequence (ids are checked against the vocabulary). With
+  // embed = false the ids are checked but the hidden states are left
+  // unallocated until hidden(s) is first asked for (a GPU stream embeds on
+  // its own and needs host memory only to save its states).
+  LayerStream(const ModelSource& src, const std::vector<std::vector<int32_t>>& sequences, bool embed = true);
 
   const ModelConfig& config() const { return config_; }
-  size_t num_sequences() const { return hidden_.size(); }
-  int64_t length(size_t s) const { return static_cast<int64_t>(hidden_[s].size()) / config_.hidden_size; }
-  std::vector<float>& hidden(size_t s) { return hidden_[s]; }
+  size_t num_sequences() const { return lengths_.size(); }
+  int64_t length(size_t s) const { return lengths_[s]; }
+  std::vector<float>& hidden(size_t s);  // allocated (zeros) on first use when not embedded
   const std::vector<float>& hidden(size_t s) const { return hidden_[s]; }
   uint64_t hidden_bytes() const;
 
@@ -46,6 +49,7 @@ class LayerStream {
   ModelConfig config_;
   std::vector<float> inv_freq_;
   Tensor final_norm_;
+  std::vector<int64_t> lengths_;
   std::vector<std::vector<float>> hidden_;
 };
 

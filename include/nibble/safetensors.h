@@ -62,7 +62,7 @@ class SafetensorsFile {
 // Streaming writer. Usage:
 //   SafetensorsWriter w(path, metadata);
 //   w.declare("a", DType::F32, {4, 4}); w.declare("b", ...);
-//   w.write("a", bytes_a); w.write("b", bytes_b);   // in declaration order
+//   w.write("b", bytes_b); w.write("a", bytes_a);   // any order; laid out as declared
 //   w.finish();                                       // renames path.tmp -> path
 // If the writer is destroyed before finish(), the temporary file is removed.
 class SafetensorsWriter {
@@ -73,7 +73,8 @@ class SafetensorsWriter {
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
 
   void declare(const std::string& name, DType dtype, const Shape& shape);
-  // Bytes of the next declared tensor, in declaration order; size must match.
+  // Bytes of a declared tensor, in any order (the file's layout is the
+  // declaration order); size must match. Not thread-safe.
   void write(const std::string& name, const void* data, size_t nbytes);
   void write(const std::string& name, const Tensor& t);  // contiguous, dtype/shape must match
   void finish();

@@ -63,66 +63,68 @@ uint64_t stored_bytes(const OutputUnit::Stored& s) {
 
 ShardedWriter::ShardedWriter(fs::path dir, std::vector<OutputUnit> plan, uint64_t max_shard_bytes,
                              std::map<std::string, std::string> metadata)
-    : dir_(std::move(dir)), plan_(std::move(plan)), metadata_(std::move(metadata)) {
+    : dir_(std::move(dir)) {
   // Greedy assignment in plan order; a unit never straddles two shards.
+  std::vector<size_t> unit_shard;
   size_t shard = 0;
   uint64_t in_shard = 0;
-  for (const OutputUnit& u : plan_) {
+  for (const OutputUnit& u : plan) {
     uint64_t bytes = 0;
     for (const auto& s : u.stored) bytes += stored_bytes(s);
     if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
       ++shard;
       in_shard = 0;
     }
-    unit_shard_.push_back(shard);
+    unit_shard.push_back(shard);
     in_shard += bytes;
     total_bytes_ += bytes;
   }
-  const size_t n = plan_.empty() ? 1 : shard + 1;
+  const size_t n = plan.empty() ? 1 : shard + 1;
   for (size_t i = 0; i < n; ++i)
     file_names_.push_back(n == 1 ? "model.safetensors" : fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, n));
-  if (plan_.empty()) open_shard(0);
+  // Every shard is declared (and its temporary file opened) now.
+  for (size_t k = 0; k < n; ++k) {
+    std::map<std::string, std::string> meta = metadata;
+    std::string quant;
+    for (size_t u = 0; u < plan.size(); ++u) {
+      if (unit_shard[u] != k || plan[u].quant_meta.empty()) continue;
+      quant += (quant.empty() ? "" : ", ") + nlohmann::json(plan[u].logical_name).dump() + ": " + plan[u].quant_meta;
+    }
+    if (!quant.empty()) meta[kMetaTensors] = "{" + quant + "}";
+    shards_.push_back(std::make_unique<SafetensorsWriter>(dir_ / file_names_[k], meta));
+    for (size_t u = 0; u < plan.size(); ++u) {
+      if (unit_shard[u] != k) continue;
+      for (const auto& s : plan[u].stored) {
+        shards_[k]->declare(s.name, s.dtype, s.shape);
+        weight_map_[s.name] = file_names_[k];
+        shard_of_[s.name] = k;
+        ++num_stored_;
+      }
+    }
+  }
 }
 
 ShardedWriter::~ShardedWriter() = default;
 
-void ShardedWriter::open_shard(size_t shard) {
-  if (writer_) writer_->finish();
-  std::map<std::string, std::string> meta = metadata_;
-  std::string quant;
-  for (size_t u = 0; u < plan_.size(); ++u) {
-    if (unit_shard_[u] != shard || plan_[u].quant_meta.empty()) continue;
-    quant += (quant.empty() ? "" : ", ") + nlohmann::json(plan_[u].logical_name).dump() + ": " + plan_[u].quant_meta;
-  }
-  if (!quant.empty()) meta[kMetaTensors] = "{" + quant + "}";
-  writer_ = std::make_unique<SafetensorsWriter>(dir_ / file_names_[shard], meta);
-  for (size_t u = 0; u < plan_.size(); ++u) {
-    if (unit_shard_[u] != shard) continue;
-    for (const auto& s : plan_[u].stored) {
-      writer_->declare(s.name, s.dtype, s.shape);
-      weight_map_[s.name] = file_names_[shard];
-    }
-  }
-  current_shard_ = shard;
+void ShardedWriter::write(const std::string& stored_name, const Tensor& t) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = shard_of_.find(stored_name);
+  NIBBLE_CHECK(it != shard_of_.end(), "ShardedWriter: '{}' is not in the plan", stored_name);
+  shards_[it->second]->write(stored_name, t);
+  written_.insert(stored_name);
 }
 
-void ShardedWriter::write(const std::string& stored_name, const Tensor& t) {
-  NIBBLE_CHECK(next_unit_ < plan_.size(), "ShardedWriter: '{}' written after the plan's last tensor", stored_name);
-  const OutputUnit& u = plan_[next_unit_];
-  NIBBLE_CHECK(u.stored[next_stored_].name == stored_name, "ShardedWriter: expected '{}' next, got '{}'",
-               u.stored[next_stored_].name, stored_name);
-  if (unit_shard_[next_unit_] != current_shard_) open_shard(unit_shard_[next_unit_]);
-  writer_->write(stored_name, t);
-  if (++next_stored_ == u.stored.size()) {
-    next_stored_ = 0;
-    ++next_unit_;
-  }
+bool ShardedWriter::written(const std::string& stored_name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return written_.count(stored_name) > 0;
 }
 
 void ShardedWriter::finish() {
-  NIBBLE_CHECK(next_unit_ == plan_.size(), "ShardedWriter: {} of {} tensors were written", next_unit_, plan_.size());
-  if (writer_) writer_->finish();
-  writer_.reset();
+  std::lock_guard<std::mutex> lock(mutex_);
+  NIBBLE_CHECK(written_.size() == num_stored_, "ShardedWriter: {} of {} stored tensors were written", written_.size(),
+               num_stored_);
+  for (auto& w : shards_) w->finish();
+  shards_.clear();
   if (file_names_.size() > 1) {
     nlohmann::ordered_json index;
     index["metadata"]["total_size"] = total_bytes_;

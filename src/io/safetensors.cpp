@@ -398,7 +398,9 @@ struct SafetensorsWriter::Impl {
   std::vector<Decl> decls;
   std::unordered_map<std::string, size_t> index;
   int fd = -1;
-  size_t next = 0;  // the declaration to write next
+  std::vector<bool> written;  // per declaration
+  size_t num_written = 0;
+  uint64_t data_start = 0;  // the header's size: where the data buffer begins
   bool header_written = false;
   bool finished = false;
   bool failed = false;  // an I/O error happened; the temp file is not trustworthy
@@ -410,11 +412,14 @@ struct SafetensorsWriter::Impl {
     NIBBLE_CHECK(!failed, "{}: the writer failed earlier and cannot continue", where());
   }
 
-  void write_all(const void* data, size_t n) {
+  // n bytes at `offset` of the file (positioned writes: tensors may come in
+  // any order).
+  void write_all(const void* data, size_t n, uint64_t offset) {
     auto p = static_cast<const char*>(data);
     size_t done = 0;
     while (done < n) {
-      const ssize_t w = ::write(fd, p + done, std::min<size_t>(n - done, size_t{1} << 30));
+      const ssize_t w = ::pwrite(fd, p + done, std::min<size_t>(n - done, size_t{1} << 30),
+                                 static_cast<off_t>(offset + done));
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
         failed = true;
@@ -422,6 +427,12 @@ struct SafetensorsWriter::Impl {
       }
       done += static_cast<size_t>(w);
     }
+  }
+
+  size_t first_unwritten() const {
+    size_t i = 0;
+    while (i < written.size() && written[i]) ++i;
+    return i;
   }
 
   void write_header() {
@@ -445,8 +456,14 @@ struct SafetensorsWriter::Impl {
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
     header_written = true;
-    write_all(len, sizeof len);
-    write_all(text.data(), text.size());
+    write_all(len, sizeof len, 0);
+    write_all(text.data(), text.size(), sizeof len);
+    data_start = sizeof len + text.size();
+    // The full size up front: the data is written in any order.
+    if (!decls.empty() && ::ftruncate(fd, static_cast<off_t>(data_start + decls.back().end)) != 0) {
+      failed = true;
+      NIBBLE_FAIL("{}: cannot size {}: {}", where(), tmp.string(), std::strerror(errno));
+    }
   }
 
   void discard() noexcept {
@@ -509,6 +526,7 @@ void SafetensorsWriter::declare(const std::string& name, DType dtype, const Shap
                w.where(), qstr(name));
   w.index.emplace(name, w.decls.size());
   w.decls.push_back({name, dtype, shape, begin, begin + *nbytes});
+  w.written.push_back(false);
 }
 
 void SafetensorsWriter::write(const std::string& name, const void* data, size_t nbytes) {
@@ -516,17 +534,16 @@ void SafetensorsWriter::write(const std::string& name, const void* data, size_t 
   w.check_usable();
   auto it = w.index.find(name);
   NIBBLE_CHECK(it != w.index.end(), "{}: cannot write tensor {}: it was not declared", w.where(), qstr(name));
-  NIBBLE_CHECK(it->second >= w.next, "{}: tensor {} is already written", w.where(), qstr(name));
-  NIBBLE_CHECK(it->second == w.next, "{}: write out of order: expected tensor {} next (declaration order), found {}",
-               w.where(), qstr(w.decls[w.next].name), qstr(name));
-  const Impl::Decl& d = w.decls[w.next];
+  NIBBLE_CHECK(!w.written[it->second], "{}: tensor {} is already written", w.where(), qstr(name));
+  const Impl::Decl& d = w.decls[it->second];
   const uint64_t expected = d.end - d.begin;
   NIBBLE_CHECK(nbytes == expected, "{}: tensor {}: expected {} bytes ({} of {}), found {}", w.where(), qstr(name),
                expected, shape_str(d.shape), dtype_name(d.dtype), nbytes);
   NIBBLE_CHECK(data != nullptr || nbytes == 0, "{}: tensor {}: null data", w.where(), qstr(name));
   if (!w.header_written) w.write_header();
-  w.write_all(data, nbytes);
-  ++w.next;
+  w.write_all(data, nbytes, w.data_start + d.begin);
+  w.written[it->second] = true;
+  ++w.num_written;
 }
 
 void SafetensorsWriter::write(const std::string& name, const Tensor& t) {
@@ -549,9 +566,10 @@ void SafetensorsWriter::write(const std::string& name, const Tensor& t) {
 void SafetensorsWriter::finish() {
   Impl& w = *impl_;
   w.check_usable();
-  NIBBLE_CHECK(w.next == w.decls.size(), "{}: finish() with {} of {} declared tensors unwritten (next: {})",
-               w.where(), w.decls.size() - w.next, w.decls.size(),
-               qstr(w.next < w.decls.size() ? w.decls[w.next].name : ""));
+  const size_t unwritten = w.first_unwritten();
+  NIBBLE_CHECK(w.num_written == w.decls.size(), "{}: finish() with {} of {} declared tensors unwritten (first: {})",
+               w.where(), w.decls.size() - w.num_written, w.decls.size(),
+               qstr(unwritten < w.decls.size() ? w.decls[unwritten].name : ""));
   if (!w.header_written) w.write_header();  // no tensors: the header alone
   auto io_fail = [&](const char* what) {
     const int err = errno;

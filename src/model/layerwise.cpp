@@ -8,12 +8,13 @@
 
 namespace nibble {
 
-LayerStream::LayerStream(const ModelSource& src, const std::vector<std::vector<int32_t>>& sequences)
+LayerStream::LayerStream(const ModelSource& src, const std::vector<std::vector<int32_t>>& sequences, bool do_embed)
     : config_(src.config()), inv_freq_(rope_inv_freq(config_)), final_norm_(src.load("model.norm.weight").to_f32()) {
   src.validate_against_config();
   const int64_t D = config_.hidden_size, V = config_.vocab_size;
-  const Tensor embed = src.load("model.embed_tokens.weight");  // stored dtype; rows converted as needed
-  const Tensor e32 = embed.dtype() == DType::F32 ? embed : Tensor();
+  // Stored dtype; rows converted as needed.
+  const Tensor embed = do_embed ? src.load("model.embed_tokens.weight") : Tensor();
+  const Tensor e32 = embed.defined() && embed.dtype() == DType::F32 ? embed : Tensor();
   hidden_.resize(sequences.size());
   for (size_t s = 0; s < sequences.size(); ++s) {
     const auto& ids = sequences[s];
@@ -23,6 +24,8 @@ LayerStream::LayerStream(const ModelSource& src, const std::vector<std::vector<i
                  config_.max_position_embeddings);
     for (int32_t id : ids)
       NIBBLE_CHECK(id >= 0 && id < V, "layer stream: token id {} is outside the vocabulary (size {})", id, V);
+    lengths_.push_back(static_cast<int64_t>(ids.size()));
+    if (!do_embed) continue;
     auto& h = hidden_[s];
     h.resize(ids.size() * static_cast<size_t>(D));
     const int64_t n = static_cast<int64_t>(ids.size());
@@ -38,6 +41,12 @@ LayerStream::LayerStream(const ModelSource& src, const std::vector<std::vector<i
   }
 }
 
+std::vector<float>& LayerStream::hidden(size_t s) {
+  std::vector<float>& h = hidden_.at(s);
+  if (h.empty()) h.resize(static_cast<size_t>(lengths_[s] * config_.hidden_size));
+  return h;
+}
+
 uint64_t LayerStream::hidden_bytes() const {
   uint64_t b = 0;
   for (const auto& h : hidden_) b += h.size() * sizeof(float);
@@ -51,7 +60,7 @@ void LayerStream::apply(const DecoderLayer& L, const InputTap* tap, bool advance
     const int64_t T = length(s);
     keys.resize(static_cast<size_t>(T * row));
     values.resize(static_cast<size_t>(T * row));
-    float* x = hidden_[s].data();
+    float* x = hidden(s).data();
     if (!advance) {
       scratch = hidden_[s];
       x = scratch.data();
@@ -73,6 +82,8 @@ void LayerStream::apply_all(const ModelSource& src, bool progress) {
 }
 
 std::vector<float> LayerStream::final_normed(size_t s) const {
+  NIBBLE_CHECK(static_cast<int64_t>(hidden_[s].size()) == length(s) * config_.hidden_size,
+               "layer stream: sequence {} has no hidden states", s);
   std::vector<float> out(hidden_[s].size());
   rms_norm(hidden_[s].data(), length(s), config_.hidden_size, final_norm_.data<float>(),
            static_cast<float>(config_.rms_norm_eps), out.data());

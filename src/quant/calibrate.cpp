@@ -95,7 +95,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
                                  const std::set<std::string>& selected, const Quantizer& quantizer,
                                  const LayerTransform* transform, const FormatChoice& format,
                                  const QuantizeOptions& opt, const fs::path& dir, std::vector<std::string>& warnings,
-                                 std::vector<std::string>& notes)
+                                 std::vector<std::string>& notes, const Sink& sink)
     : format_(format) {
   const auto start = std::chrono::steady_clock::now();
   const ModelConfig& c = src.config();
@@ -154,7 +154,12 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     write_file_atomic(dir / kStateFile, ojson{{"version", 1}, {"fingerprint", fingerprint}}.dump(2) + "\n");
   }
 
-  LayerStream stream(src, calib.sequences);
+  // --device cuda: the whole calibration forward runs on the GPU too
+  // (include/nibble/cuda_calibrate.h), which embeds the calibration set
+  // itself; the host copy of the hidden states then serves only the
+  // checkpoints and is allocated at the first save.
+  const bool on_gpu = opt.device == "cuda";
+  LayerStream stream(src, calib.sequences, /*embed=*/!on_gpu);
   if (have_state && fs::exists(dir / kHiddenFile)) {
     const io::SafetensorsFile h = io::SafetensorsFile::open(dir / kHiddenFile);
     next_layer = std::stoll(h.metadata().at("next_layer"));
@@ -171,10 +176,6 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     notes.push_back(fmt::format("resumed: layers 0..{} were done, continuing at layer {}", next_layer - 1, next_layer));
   }
 
-  // --device cuda: the whole calibration forward runs on the GPU too
-  // (include/nibble/cuda_calibrate.h); the host copy of the hidden states
-  // serves only the checkpoints.
-  const bool on_gpu = opt.device == "cuda";
 #ifdef NIBBLE_HAVE_CUDA
   std::unique_ptr<cuda::GpuLayerStream> gpu;
   quant::GptqOptions gpu_opt;
@@ -186,7 +187,10 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     std::string why;
     NIBBLE_CHECK(cuda::GpuLayerStream::supports(src, &why), "--device cuda: {}; use --device cpu", why);
     gpu = std::make_unique<cuda::GpuLayerStream>(c, lengths);
-    for (size_t s = 0; s < stream.num_sequences(); ++s) gpu->upload_hidden(s, stream.hidden(s).data());
+    if (next_layer > 0)  // resumed: the saved states
+      for (size_t s = 0; s < stream.num_sequences(); ++s) gpu->upload_hidden(s, stream.hidden(s).data());
+    else
+      gpu->embed(src.load("model.embed_tokens.weight"), calib.sequences);
     if (!transform && next_layer < c.num_layers) gpu->prefetch_layer(src, next_layer);
   }
 #else
@@ -365,6 +369,8 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
       for (const auto& [name, r] : *results) store_parts(name, r.to_quantized(*format.spec, format.group_size), *out);
       (*meta)["nibble.infos"] = infos->dump();
       io::save_safetensors(dir / layer_file(i), *out, *meta);
+      if (sink)
+        for (const auto& [name, t] : *out) sink(name, t);
       if (!save_hidden) return;
       std::vector<std::pair<std::string, Tensor>> hidden;
       for (size_t s = 0; s < stream.num_sequences(); ++s)
@@ -411,6 +417,8 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     }
 #endif
     io::save_safetensors(dir / kHeadFile, out, {{"nibble.infos", infos.dump()}});
+    if (sink)
+      for (const auto& [name, t] : out) sink(name, t);
     lap("head: quantize + write");
     bar.advance();
   }

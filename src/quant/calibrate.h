@@ -7,6 +7,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -35,11 +36,16 @@ class CalibratedParts {
   // checkpoint itself, or a model transform's view of it). `selected`: the
   // tensors to quantize. A layer transform, when given, reshapes each layer
   // before its linears are quantized; the tensors it changes besides those
-  // (norm gains, biases, kept linears) become replacements.
+  // (norm gains, biases, kept linears) become replacements. `sink`, when
+  // given, gets every stored tensor this run makes (parts and replacements,
+  // by stored name) as soon as its layer's state file is written, from a
+  // background thread too (two calls may overlap): the output can be written
+  // while the calibration goes on.
+  using Sink = std::function<void(const std::string& stored_name, const Tensor& t)>;
   CalibratedParts(const CheckpointDir& files, const ModelSource& model, const std::set<std::string>& selected,
                   const Quantizer& quantizer, const LayerTransform* transform, const FormatChoice& format,
                   const QuantizeOptions& options, const std::filesystem::path& state_dir,
-                  std::vector<std::string>& warnings, std::vector<std::string>& notes);
+                  std::vector<std::string>& warnings, std::vector<std::string>& notes, const Sink& sink = {});
 
   // The stored parts of a quantized matrix (mapped from the state files).
   std::vector<Tensor> parts(const std::string& name) const;

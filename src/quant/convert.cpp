@@ -30,11 +30,12 @@ using ojson = nlohmann::ordered_json;
 namespace {
 
 // The first index of a NaN/Inf among n values whose exponent field is `mask`
-// (all ones: not finite), or -1. Scanned in parallel in the stored dtype.
+// (all ones: not finite), or -1. Scanned in the stored dtype, on OpenMP
+// threads when `parallel`.
 template <typename U>
-int64_t first_nonfinite(const U* p, int64_t n, U mask) {
+int64_t first_nonfinite(const U* p, int64_t n, U mask, bool parallel) {
   int64_t bad = n;
-#pragma omp parallel for reduction(min : bad) schedule(static) if (n > (1 << 20))
+#pragma omp parallel for reduction(min : bad) schedule(static) if (parallel && n > (1 << 20))
   for (int64_t i = 0; i < n; ++i)
     if ((p[i] & mask) == mask && i < bad) bad = i;
   return bad == n ? -1 : bad;
@@ -42,17 +43,24 @@ int64_t first_nonfinite(const U* p, int64_t n, U mask) {
 
 // Throws (or returns false with allow) when w (a 2-D float tensor in any
 // dtype) has a NaN/Inf; names the first one.
-bool check_finite(const std::string& name, const Tensor& stored, bool allow, std::vector<std::string>& warnings) {
+bool check_finite(const std::string& name, const Tensor& stored, bool allow, std::vector<std::string>& warnings,
+                  bool parallel = true) {
   const Tensor w = stored.is_contiguous() ? stored : stored.contiguous();
   const int64_t n = w.numel();
   int64_t bad = -1;
   switch (w.dtype()) {
-    case DType::BF16: bad = first_nonfinite(static_cast<const uint16_t*>(w.raw()), n, uint16_t{0x7F80}); break;
-    case DType::F16: bad = first_nonfinite(static_cast<const uint16_t*>(w.raw()), n, uint16_t{0x7C00}); break;
-    case DType::F32: bad = first_nonfinite(static_cast<const uint32_t*>(w.raw()), n, uint32_t{0x7F800000}); break;
+    case DType::BF16:
+      bad = first_nonfinite(static_cast<const uint16_t*>(w.raw()), n, uint16_t{0x7F80}, parallel);
+      break;
+    case DType::F16:
+      bad = first_nonfinite(static_cast<const uint16_t*>(w.raw()), n, uint16_t{0x7C00}, parallel);
+      break;
+    case DType::F32:
+      bad = first_nonfinite(static_cast<const uint32_t*>(w.raw()), n, uint32_t{0x7F800000}, parallel);
+      break;
     default: {
       const Tensor f = w.to_f32();
-      bad = first_nonfinite(static_cast<const uint32_t*>(f.raw()), n, uint32_t{0x7F800000});
+      bad = first_nonfinite(static_cast<const uint32_t*>(f.raw()), n, uint32_t{0x7F800000}, parallel);
     }
   }
   if (bad < 0) return true;
@@ -160,6 +168,19 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   NIBBLE_CHECK(fs::weakly_canonical(model_dir) != out.target(), "{}: the output directory is the input directory",
                out.target().string());
 
+  // The finite check of the weights to quantize. When it can only fail the
+  // run (no --allow-nonfinite) and a calibration follows, it runs on a thread
+  // of its own beside the calibration (a GPU calibration leaves the CPU idle)
+  // instead of before it; a model transform's view is checked in line.
+  const bool scan_beside = method.needs_calibration() && !opt.allow_nonfinite && !view;
+  std::vector<std::string> to_scan;
+  std::atomic<bool> stop_scan{false};
+  struct StopScan {
+    std::atomic<bool>& flag;
+    ~StopScan() { flag = true; }
+  } stop_scan_on_exit{stop_scan};
+  std::future<void> finite_scan;
+
   // Plan every output tensor first, so the writer can stream them.
   std::vector<io::OutputUnit> plan;
   std::vector<std::string> names = model.names();
@@ -179,10 +200,15 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       NIBBLE_CHECK(m.shape.size() == 2, "tensor '{}': only 2-D weights can be quantized, found shape {}", name,
                    shape_str(m.shape));
       NIBBLE_CHECK(dtype_is_float(m.dtype), "tensor '{}': cannot quantize a {} tensor", name, dtype_name(m.dtype));
-      // Scanned before anything is written, so a bad weight fails the run
-      // with nothing half-written (or, when allowed, keeps just that tensor).
-      tr.quantized = check_finite(name, model.load(name), opt.allow_nonfinite, res.warnings);
-      if (!tr.quantized) tr.note = "non-finite values";
+      // A bad weight fails the run with nothing written under the target (or,
+      // when allowed, keeps just that tensor: decided here, before the plan).
+      if (scan_beside) {
+        to_scan.push_back(name);
+        tr.quantized = true;
+      } else {
+        tr.quantized = check_finite(name, model.load(name), opt.allow_nonfinite, res.warnings);
+        if (!tr.quantized) tr.note = "non-finite values";
+      }
     }
     io::OutputUnit u;
     u.logical_name = name;
@@ -202,21 +228,43 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
                                                  {kMetaFormat, res.format},
                                                  {kMetaGroupSize, std::to_string(format.group_size)},
                                                  {kMetaVersion, NIBBLE_VERSION}};
+  // Without a layer transform the plan is final before the calibration, which
+  // then writes each layer into the output as soon as it is done. (A layer
+  // transform's replacements change the plan's dtypes: its writer comes after.)
+  std::unique_ptr<io::ShardedWriter> writer;
+  auto make_writer = [&] {
+    writer = std::make_unique<io::ShardedWriter>(out.staging(), plan, opt.max_shard_bytes, metadata);
+  };
+  if (!layer_transform) make_writer();
   std::unique_ptr<quant::CalibratedParts> calibrated;
   const auto t_calibration = std::chrono::steady_clock::now();
   if (method.needs_calibration()) {
     std::set<std::string> selected;
     for (const TensorResult& t : res.tensors)
       if (t.quantized) selected.insert(t.name);
+    if (!to_scan.empty())
+      finite_scan = std::async(std::launch::async, [&model, &stop_scan, to_scan] {
+        std::vector<std::string> unused;
+        for (const std::string& name : to_scan) {
+          if (stop_scan) return;
+          check_finite(name, model.load(name), /*allow=*/false, unused, /*parallel=*/false);
+        }
+      });
+    quant::CalibratedParts::Sink sink;
+    if (writer) sink = [&w = *writer](const std::string& stored, const Tensor& t) { w.write(stored, t); };
     try {
       calibrated = std::make_unique<quant::CalibratedParts>(*src, model, selected, *quantizer, layer_transform.get(),
                                                             format, opt, out.staging() / state_dir_name, res.warnings,
-                                                            res.notes);
+                                                            res.notes, sink);
     } catch (...) {
+      // A non-finite weight is the better message (and leaves no state: a
+      // resumed run would fail the same way).
+      if (finite_scan.valid()) finite_scan.get();
       // Keep finished layers for --resume; a run that finished none leaves nothing behind.
       out.keep_on_failure(fs::exists(out.staging() / state_dir_name / "layer-00000.safetensors"));
       throw;
     }
+    if (finite_scan.valid()) finite_scan.get();  // rethrows the finite check's error
     res.resumed_from_layer = calibrated->resumed_from_layer();
     res.seconds_calibration = since(t_calibration);
     // A layer transform's versions of plain tensors are stored in F32 (the
@@ -228,7 +276,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       }
   }
 
-  io::ShardedWriter writer(out.staging(), plan, opt.max_shard_bytes, metadata);
+  if (!writer) make_writer();
 
   Progress bar("quantize", static_cast<int64_t>(names.size()), opt.progress, "tensors");
   for (size_t i = 0; i < names.size(); ++i) {
@@ -254,7 +302,8 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
         // Error of what was actually stored: dequantize from the packed parts.
         std::tie(tr.rel_error, tr.max_abs_error) = quant::weight_error(w, dequantize_parts(format, parts, rows, cols));
       }
-      for (size_t p = 0; p < parts.size(); ++p) writer.write(plan[i].stored[p].name, parts[p]);
+      for (size_t p = 0; p < parts.size(); ++p)
+        if (!writer->written(plan[i].stored[p].name)) writer->write(plan[i].stored[p].name, parts[p]);
       tr.bits_per_weight = bits_per_weight(format, rows, cols);
       for (const Tensor& p : parts) tr.bytes += p.nbytes();
       res.quantized_params += tr.params;
@@ -263,7 +312,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       if (!t.defined()) t = original;
       const DType dt = plan[i].stored[0].dtype;
       if (t.dtype() != dt) t = t.to(dt);  // a view's F32 values in the stored dtype
-      writer.write(tr.name, t);
+      writer->write(tr.name, t);
       tr.bytes = t.nbytes();
     }
     res.total_params += tr.params;
@@ -271,7 +320,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     bar.advance();
   }
   bar.finish();
-  writer.finish();
+  writer->finish();
   copy_carried(model_dir, out.staging());
   if (cfg.tie_word_embeddings != src->config().tie_word_embeddings) {
     // A model transform untied the head (rotation folds the final norm into
@@ -347,9 +396,11 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   report["warnings"] = res.warnings;
   report["notes"] = res.notes;
   res.seconds_total = since(t_start);
-  res.seconds_write =
-      res.seconds_total - res.seconds_calibration - std::chrono::duration<double>(t_calibration - t_start).count();
+  // Before the calibration: opening, planning and the finite check of every weight.
+  const double seconds_checks = std::chrono::duration<double>(t_calibration - t_start).count();
+  res.seconds_write = res.seconds_total - res.seconds_calibration - seconds_checks;
   report["seconds"] = {{"total", std::round(res.seconds_total * 1000) / 1000},
+                       {"checks", std::round(seconds_checks * 1000) / 1000},
                        {"calibration", std::round(res.seconds_calibration * 1000) / 1000},
                        {"write", std::round(res.seconds_write * 1000) / 1000}};
   write_file_atomic(out.staging() / "nibble.json", report.dump(2) + "\n");

@@ -244,6 +244,16 @@ TEST(QuantizeBadInput, NonFiniteWeight) {
   });
   expect_clean_failure(quantize_cli(dir, tmp / "out"),
                        {"model.layers.2.mlp.gate_proj.weight", "[5, 7]", "--allow-nonfinite"}, tmp / "out");
+  // A calibrated method scans beside its calibration: the same message, and
+  // no state is kept for a --resume that would fail the same way.
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "Once upon a time there was a little girl who liked to play in the park. ";
+  write_file_atomic(tmp / "calib.txt", text);
+  const auto g = test::run_command(test::nibble_bin() + " quantize --method gptq --calib-samples 2 --calib-len 32 " +
+                                   "--calib '" + (tmp / "calib.txt").string() + "' --model '" + dir.string() +
+                                   "' --out '" + (tmp / "out").string() + "'");
+  expect_clean_failure({g.exit_code, g.err}, {"model.layers.2.mlp.gate_proj.weight", "[5, 7]", "--allow-nonfinite"},
+                       tmp / "out");
   // With --allow-nonfinite the tensor stays unquantized, with a warning.
   const Cli ok = quantize_cli(dir, tmp / "out", "--allow-nonfinite -q");
   ASSERT_EQ(ok.code, 0) << ok.err;

@@ -238,6 +238,112 @@ TEST(Cuda, SplitDecodeAttentionMatchesReference) {
   }
 }
 
+// flash_attention_bf16 (the calibration forward's tensor-core kernel) against
+// float64 attention on the same bf16 inputs: q (already in log2 units, as the
+// kernel takes it), k and v rounded to bf16 by the test. Prefill from
+// position 0; MHA and GQA; head dims 64 and 128; ragged lengths; a sliding
+// window; peaked scores (gain 4). The key and value buffers have NaN rows
+// past n and the output NaN padding columns: nothing past the last query's
+// key is read, nothing outside the heads' columns written.
+//
+// Tolerance per output element, as check_attention's plus the one rounding
+// the kernel adds: P is rounded to bf16 (8 significant bits, ≤ 2^-8
+// relative) for the P·V product while the row sum l stays fp32, which moves
+// the output by at most 2^-8·mag, mag = Σ p_t·|v_td| / Σ p_t. So
+// tol = 2^-8·|ref| + (2^-8 + 1.01·E)·mag, E the fp32 term of check_attention
+// (here A is Σ|q·k| in log2 units directly, with no rounding of q·scale).
+TEST(Cuda, FlashAttentionBf16MatchesReference) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<AttnCase> cases = {
+      {1, 0, 4, 2, 64, 0, 1.0f, 1},    {64, 0, 4, 4, 64, 0, 1.0f, 1},     {100, 0, 8, 2, 64, 0, 4.0f, 1},
+      {129, 0, 6, 3, 128, 0, 1.0f, 1}, {191, 0, 8, 8, 128, 0, 4.0f, 1},   {150, 0, 6, 3, 128, 50, 1.0f, 1},
+      {130, 0, 4, 2, 64, 64, 4.0f, 1}, {2049, 0, 4, 1, 128, 0, 4.0f, 5},  {700, 0, 32, 8, 128, 0, 1.0f, 3},
+  };
+  uint32_t seed = 500;
+  for (const AttnCase& c : cases) {
+    const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim, row = KV * hd, spare = 70;
+    const int64_t ldo = H * hd + 6;
+    AttnData d = random_attention(c, seed++);
+    const float qs = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(hd)));
+    std::vector<uint16_t> qb(d.q.size()), kb(static_cast<size_t>((c.n + spare) * row), 0xFFFF), vb(kb);
+    for (size_t i = 0; i < d.q.size(); ++i) d.q[i] = bf16_to_f32(qb[i] = f32_to_bf16(d.q[i] * qs));
+    for (size_t i = 0; i < d.k.size(); ++i) d.k[i] = bf16_to_f32(kb[i] = f32_to_bf16(d.k[i]));
+    for (size_t i = 0; i < d.v.size(); ++i) d.v[i] = bf16_to_f32(vb[i] = f32_to_bf16(d.v[i]));
+    cuda::DeviceBuffer dq = cuda::upload(qb.data(), qb.size() * 2), dk = cuda::upload(kb.data(), kb.size() * 2),
+                       dv = cuda::upload(vb.data(), vb.size() * 2), dout(static_cast<size_t>(c.n * ldo) * 2);
+    ASSERT_EQ(cudaMemset(dout.get(), 0xFF, dout.bytes()), cudaSuccess);
+    cuda::AttentionBf16Args a;
+    a.q = dq.get();
+    a.k = dk.get();
+    a.v = dv.get();
+    a.out = dout.get();
+    a.ldo = ldo;
+    a.n = c.n;
+    a.heads = H;
+    a.kv_heads = KV;
+    a.head_dim = hd;
+    a.window = c.window;
+    cuda::flash_attention_bf16(a, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> raw(static_cast<size_t>(c.n * ldo));
+    ASSERT_EQ(cudaMemcpy(raw.data(), dout.get(), raw.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+
+    const std::string what = "flash bf16 " + describe(c);
+    const double u = std::ldexp(1.0, -24), r8 = std::ldexp(1.0, -8);
+    int bad = 0;
+    double worst = 0;
+    std::vector<double> s(static_cast<size_t>(c.n)), o(static_cast<size_t>(hd)), mag(o.size());
+    for (int64_t i = 0; i < c.n && bad < 8; ++i) {
+      for (int64_t col = H * hd; col < ldo; ++col)
+        if (raw[i * ldo + col] != 0xFFFF && bad++ < 8) ADD_FAILURE() << what << ": wrote padding column " << col;
+      if (c.check_every > 1 && i % c.check_every != 0 && i < c.n - 64) continue;
+      const int64_t T = i + 1, t0 = c.window > 0 ? std::max<int64_t>(0, T - c.window) : 0;
+      for (int64_t h = 0; h < H && bad < 8; ++h) {
+        const int64_t kvh = h / (H / KV);
+        const float* qi = &d.q[static_cast<size_t>((i * H + h) * hd)];
+        double mx = -INFINITY, A = 0;
+        for (int64_t t = t0; t < T; ++t) {
+          const float* kt = &d.k[static_cast<size_t>(t * row + kvh * hd)];
+          double dot = 0, abs_dot = 0;
+          for (int64_t e = 0; e < hd; ++e) {
+            dot += static_cast<double>(qi[e]) * kt[e];
+            abs_dot += std::fabs(static_cast<double>(qi[e]) * kt[e]);
+          }
+          s[t] = dot;  // log2 units
+          mx = std::max(mx, dot);
+          A = std::max(A, abs_dot);
+        }
+        double sum = 0, R = 0;
+        for (int64_t t = t0; t < T; ++t) {
+          R = std::max(R, mx - s[t]);
+          sum += (s[t] = std::exp2(s[t] - mx));
+        }
+        std::fill(o.begin(), o.end(), 0.0);
+        std::fill(mag.begin(), mag.end(), 0.0);
+        for (int64_t t = t0; t < T; ++t) {
+          const float* vt = &d.v[static_cast<size_t>(t * row + kvh * hd)];
+          for (int64_t e = 0; e < hd; ++e) {
+            o[e] += s[t] * vt[e];
+            mag[e] += s[t] * std::fabs(static_cast<double>(vt[e]));
+          }
+        }
+        const double keys = static_cast<double>(T - t0);
+        const double E = u * (std::log(2.0) * (hd * A + R) + 2 * keys + 8 * (keys / 64 + 2) + 16);
+        for (int64_t e = 0; e < hd; ++e) {
+          const double ref = o[e] / sum, tol = r8 * std::fabs(ref) + (r8 + 1.01 * E) * mag[e] / sum;
+          const uint16_t g = raw[i * ldo + h * hd + e];
+          const double v = g == 0xFFFF ? NAN : bf16_to_f32(g);
+          worst = std::max(worst, std::fabs(v - ref) / tol);
+          if (!(std::fabs(v - ref) <= tol) && bad++ < 8)
+            ADD_FAILURE() << what << ": out[" << i << ", h" << h << ", " << e << "] = " << v << ", ref " << ref
+                          << ", tol " << tol;
+        }
+      }
+    }
+    std::printf("[attention] %s: worst |Δ|/tol %.3f\n", what.c_str(), worst);
+  }
+}
+
 // Argument checks come before any CUDA call: this runs without a device too.
 TEST(Cuda, FlashAttentionRejectsUnsupportedHeadDim) {
   EXPECT_TRUE(cuda::flash_attention_supported(128));
@@ -248,6 +354,14 @@ TEST(Cuda, FlashAttentionRejectsUnsupportedHeadDim) {
   a.head_dim = 96;
   a.ldo = 96;
   EXPECT_NE(test::error_of([&] { cuda::flash_attention(a, nullptr); }).find("head_dim 96"), std::string::npos);
+  EXPECT_TRUE(cuda::flash_attention_bf16_supported(64));
+  EXPECT_FALSE(cuda::flash_attention_bf16_supported(256));
+  cuda::AttentionBf16Args b;
+  b.n = 4;
+  b.heads = b.kv_heads = 1;
+  b.head_dim = 96;
+  b.ldo = 96;
+  EXPECT_NE(test::error_of([&] { cuda::flash_attention_bf16(b, nullptr); }).find("head_dim 96"), std::string::npos);
 }
 
 // Per row: max |Δlogit| and the row's max |logit| (the Cuda.GpuForward* measure).

@@ -102,9 +102,20 @@ TEST(Cuda, HessianFromBf16RowsMatchesFp64Stats) {
   }
 }
 
+// The GPU calibration stream against the CPU stream doing the same bf16
+// arithmetic (bf16_twin), layer by layer. With fp32 attention the two differ
+// only in summation order, and the bounds below are derived. With the bf16
+// tensor-core attention the calibration runs by default (qwen3: head_dim 64),
+// attention itself rounds q, k, v and P to bf16 (its own bound is
+// Cuda.FlashAttentionBf16MatchesReference): the Hessians are held to the same
+// 2^-6 (measured: 0.011), the hidden states to the same 1e-2 of max |x|
+// (measured: 0.0027), and the per-channel Σ|x| / max|x| are not compared (a
+// channel's largest |x| is one token's attention output).
 TEST(Cuda, CalibrationStreamMatchesCpuInBf16) {
   SKIP_WITHOUT_DEVICE();
-  for (const char* name : {"stories260K", "qwen3-26M-linux"}) {
+  for (const auto& [name, bf16_attention] : std::vector<std::pair<const char*, bool>>{
+           {"stories260K", false}, {"qwen3-26M-linux", false}, {"qwen3-26M-linux", true}}) {
+    SCOPED_TRACE(bf16_attention ? "bf16 attention" : "fp32 attention");
     auto dir = CheckpointDir::open(test::model_dir(name));
     const ModelConfig& c = dir->config();
     std::mt19937 rng(7);
@@ -119,7 +130,7 @@ TEST(Cuda, CalibrationStreamMatchesCpuInBf16) {
     LayerStream cpu(*dir, seqs);
     std::vector<int64_t> lengths;
     for (const auto& s : seqs) lengths.push_back(static_cast<int64_t>(s.size()));
-    cuda::GpuLayerStream gpu(c, lengths);
+    cuda::GpuLayerStream gpu(c, lengths, bf16_attention);
     double worst_h = 0, worst_x = 0;
     for (int64_t i = 0; i < c.num_layers; ++i) {
       // Both start each layer from the same hidden states. (Run on, the two
@@ -155,11 +166,13 @@ TEST(Cuda, CalibrationStreamMatchesCpuInBf16) {
         // (2·2^-7 + 2^-14)·√(H_ii H_jj), Σ|x| and max|x| by 2^-7 relative.
         // (Channels that one token dominates come close: SiLU outputs.)
         EXPECT_LT(d, 0x1p-6 + 0x1p-14) << name << " layer " << i << " input " << k;
-        for (int64_t j = 0; j < want.dim; ++j) {
+        for (int64_t j = 0; j < want.dim && !bf16_attention; ++j) {
           EXPECT_NEAR(got.abs_sum[j], want.abs_sum[j], 0x1p-7 * want.abs_sum[j] + 1e-6) << name << " " << j;
           EXPECT_NEAR(got.abs_max[j], want.abs_max[j], 0x1p-7 * want.abs_max[j] + 1e-6) << name << " " << j;
         }
-        if (i == 0) std::printf("[ %s ] layer 0 input %d: Hessian distance %.3g\n", name, k, d);
+        if (i == 0)
+          std::printf("[ %s%s ] layer 0 input %d: Hessian distance %.3g\n", name,
+                      bf16_attention ? ", bf16 attention" : "", k, d);
       }
       for (size_t s = 0; s < seqs.size(); ++s) {
         std::vector<float> x(cpu.hidden(s).size());
@@ -190,8 +203,9 @@ TEST(Cuda, CalibrationStreamMatchesCpuInBf16) {
     want.finalize();
     const double dh = hessian_distance(head.to_stats().H, want.H, c.hidden_size);
     EXPECT_LT(dh, 1e-5) << name;
-    std::printf("[ %s ] worst Hessian distance %.3g, worst hidden-state distance %.3g (of max |x|), head H %.3g\n",
-                name, worst_h, worst_x, dh);
+    std::printf(
+        "[ %s%s ] worst Hessian distance %.3g, worst hidden-state distance %.3g (of max |x|), head H %.3g\n", name,
+        bf16_attention ? ", bf16 attention" : "", worst_h, worst_x, dh);
   }
 }
 

@@ -2,11 +2,14 @@
 // one decoder layer over every sequence, on the GPU.
 //
 // The computation is src/model/forward.cpp's decoder layer, as GpuModel's
-// prefill runs it (the kernels of forward_kernels.cuh and the flash attention
-// kernel): residual stream, norms, RoPE, softmax and attention in fp32, the
-// linears through cuBLAS with bf16 inputs and bf16 weights, fp32 accumulation.
-// The Hessians therefore see the bf16 inputs the GEMMs see (the CPU stream
-// taps f32 inputs and multiplies in f32).
+// prefill runs it (the kernels of forward_kernels.cuh): residual stream,
+// norms and RoPE in fp32, the linears through cuBLAS with bf16 inputs and bf16
+// weights, fp32 accumulation. Attention, for head dims 64 and 128, is the
+// tensor-core flash kernel with bf16 q, k, v and P (FlashAttention-2's
+// numerics, fp32 softmax statistics), as a bf16 model's calibration forward
+// has it in PyTorch; other head dims take the fp32 kernels. The Hessians see
+// the bf16 inputs the GEMMs see (the CPU stream taps f32 inputs and
+// multiplies in f32).
 //
 // Sequences run in chunks of whole sequences (kChunkTokens tokens, or one
 // sequence when it is longer), so the scratch does not grow with the
@@ -43,8 +46,15 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ in, int64_t n, bf16
   if (i < n) out[i] = __float2bfloat16_rn(in[i]);
 }
 
+// out = bf16(in · scale): the bf16 attention's inputs.
+__global__ void scaled_bf16_kernel(const float* __restrict__ in, int64_t n, float scale, bf16* __restrict__ out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(in[i] * scale);
+}
+
 __device__ inline float to_float(bf16 v) { return __bfloat162float(v); }
 __device__ inline float to_float(__half v) { return __half2float(v); }
+__device__ inline float to_float(float v) { return v; }
 template <typename T>
 __global__ void widen_kernel(const T* __restrict__ in, int64_t n, float* __restrict__ out) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -70,6 +80,15 @@ DeviceBuffer upload_f32(const Tensor& t) {
   return out;
 }
 
+// out[t, :] = table[ids[t], :] in f32 (the embedding of the calibration set).
+template <typename T>
+__global__ void embed_kernel(const T* __restrict__ table, const int32_t* __restrict__ ids, int64_t tokens, int64_t dim,
+                             float* __restrict__ out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= tokens * dim) return;
+  const int64_t t = i / dim, d = i % dim;
+  out[i] = to_float(table[static_cast<int64_t>(ids[t]) * dim + d]);
+}
 // out = a + b (the residual add that moves the stream).
 __global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b, int64_t n,
                            float* __restrict__ out) {
@@ -148,6 +167,7 @@ struct Linear {
 
 struct GpuLayerStream::State {
   ModelConfig c;
+  bool bf16_attention = true;
   std::vector<int64_t> lengths, offsets;  // offsets: first row of each sequence in `hidden`
   int64_t total = 0, ldD = 0, ldQ = 0, ldF = 0;
   DeviceBuffer hidden, inv_freq;  // hidden f32 [total, D]
@@ -169,7 +189,7 @@ struct GpuLayerStream::State {
   }
   // Scratch for one chunk of rows.
   int64_t rows = 0;
-  DeviceBuffer x, xn, qkv, qf, kc, vc, att, tmp, gu, h;
+  DeviceBuffer x, xn, qkv, qf, kc, vc, qb, kb, vb, att, tmp, gu, h;
 
   void reserve(int64_t n) {
     if (n <= rows) return;
@@ -181,6 +201,9 @@ struct GpuLayerStream::State {
     qf = b(n * H * hd, 4);
     kc = b(n * KV * hd, 4);
     vc = b(n * KV * hd, 4);
+    qb = b(n * H * hd, 2);
+    kb = b(n * KV * hd, 2);
+    vb = b(n * KV * hd, 2);
     att = b(n * ldQ, 2);
     tmp = b(n * D, 4);
     gu = b(n * 2 * F, 4);
@@ -231,6 +254,31 @@ struct GpuLayerStream::State {
           qs, qs + H * hd, qs + (H + KV) * hd, QKV, f32(q_norm), f32(k_norm), eps, f32(inv_freq), H, KV, hd, 0,
           nullptr, qfs, kcs, vcs);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
+      if (bf16_attention && flash_attention_bf16_supported(hd)) {
+        // Tensor cores: q (in log2 units), k and v rounded to bf16, as a bf16
+        // model's calibration forward computes attention.
+        bf16* qbs = static_cast<bf16*>(qb.get()) + o * H * hd;
+        bf16* kbs = static_cast<bf16*>(kb.get()) + o * KV * hd;
+        bf16* vbs = static_cast<bf16*>(vb.get()) + o * KV * hd;
+        scaled_bf16_kernel<<<grid_for(len * H * hd, kThreads), kThreads>>>(qfs, len * H * hd,
+                                                                           scale * 1.4426950408889634f, qbs);
+        scaled_bf16_kernel<<<grid_for(len * KV * hd, kThreads), kThreads>>>(kcs, len * KV * hd, 1.0f, kbs);
+        scaled_bf16_kernel<<<grid_for(len * KV * hd, kThreads), kThreads>>>(vcs, len * KV * hd, 1.0f, vbs);
+        NIBBLE_CUDA_CHECK(cudaGetLastError());
+        AttentionBf16Args a;
+        a.q = qbs;
+        a.k = kbs;
+        a.v = vbs;
+        a.out = ab + o * ldQ;
+        a.ldo = ldQ;
+        a.n = len;
+        a.heads = H;
+        a.kv_heads = KV;
+        a.head_dim = hd;
+        a.window = window;
+        flash_attention_bf16(a, nullptr);
+        continue;
+      }
       AttentionArgs a;
       a.q = qfs;
       a.k = kcs;
@@ -269,13 +317,14 @@ struct GpuLayerStream::State {
   }
 };
 
-GpuLayerStream::GpuLayerStream(const ModelConfig& c, const std::vector<int64_t>& lengths)
+GpuLayerStream::GpuLayerStream(const ModelConfig& c, const std::vector<int64_t>& lengths, bool bf16_attention)
     : s_(std::make_unique<State>()) {
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible");
   NIBBLE_CHECK(c.head_dim % 2 == 0 && c.num_heads % c.num_kv_heads == 0, "GpuLayerStream: unsupported head layout");
   State& s = *s_;
   s.c = c;
   s.lengths = lengths;
+  s.bf16_attention = bf16_attention;
   for (int64_t len : lengths) {
     NIBBLE_CHECK(len > 0, "GpuLayerStream: a sequence is empty");
     s.offsets.push_back(s.total);
@@ -318,6 +367,44 @@ void GpuLayerStream::download_hidden(size_t i, float* host) const {
   const size_t bytes = static_cast<size_t>(s.lengths.at(i) * s.c.hidden_size) * 4;
   NIBBLE_CUDA_CHECK(cudaMemcpy(host, static_cast<const float*>(s.hidden.get()) + s.offsets[i] * s.c.hidden_size, bytes,
                                cudaMemcpyDeviceToHost));
+}
+
+void GpuLayerStream::embed(const Tensor& table, const std::vector<std::vector<int32_t>>& sequences) {
+  State& s = *s_;
+  const int64_t D = s.c.hidden_size;
+  NIBBLE_CHECK(table.dim() == 2 && table.size(1) == D, "GpuLayerStream::embed: the table is {}, expected [vocab, {}]",
+               shape_str(table.shape()), D);
+  NIBBLE_CHECK(sequences.size() == s.lengths.size(), "GpuLayerStream::embed: {} sequences, expected {}",
+               sequences.size(), s.lengths.size());
+  std::vector<int32_t> ids;
+  ids.reserve(static_cast<size_t>(s.total));
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    NIBBLE_CHECK(static_cast<int64_t>(sequences[i].size()) == s.lengths[i],
+                 "GpuLayerStream::embed: sequence {} has {} ids, expected {}", i, sequences[i].size(), s.lengths[i]);
+    for (int32_t id : sequences[i])
+      NIBBLE_CHECK(id >= 0 && id < table.size(0), "GpuLayerStream::embed: token id {} is outside the table", id);
+    ids.insert(ids.end(), sequences[i].begin(), sequences[i].end());
+  }
+  const DeviceBuffer d_ids = upload(ids.data(), ids.size() * sizeof(int32_t));
+  const DeviceBuffer raw = upload(table);
+  const int64_t n = s.total * D;
+  auto* out = static_cast<float*>(s.hidden.get());
+  const auto* id = static_cast<const int32_t*>(d_ids.get());
+  switch (table.dtype()) {
+    case DType::BF16:
+      embed_kernel<<<grid_for(n, kThreads), kThreads>>>(static_cast<const bf16*>(raw.get()), id, s.total, D, out);
+      break;
+    case DType::F16:
+      embed_kernel<<<grid_for(n, kThreads), kThreads>>>(static_cast<const __half*>(raw.get()), id, s.total, D, out);
+      break;
+    case DType::F32:
+      embed_kernel<<<grid_for(n, kThreads), kThreads>>>(static_cast<const float*>(raw.get()), id, s.total, D, out);
+      break;
+    default:
+      NIBBLE_FAIL("GpuLayerStream::embed: unsupported embedding dtype {}", dtype_name(table.dtype()));
+  }
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads are freed on return
 }
 
 void GpuLayerStream::load_layer(const DecoderLayer& L) {
