@@ -82,7 +82,7 @@ struct GpuPreparedHessian {
 };
 
 // quant::prepare_hessian on the GPU: dead columns, λ = damp · mean(diag H),
-// act-order permutation, index reversal, cuSOLVER Dpotrf + Xtrtri (fp64), the
+// act-order permutation, index reversal, cuSOLVER Dpotrf + a cuBLAS trmm inversion (fp64), the
 // same ×10 damping retries; throws the same Error when they all fail.
 // From the CPU statistics (H is uploaded; both triangles must be valid, i.e. finalized):
 GpuPreparedHessian prepare_hessian(const quant::MatrixStats& stats, const quant::GptqOptions& options);
