@@ -182,7 +182,8 @@ int main(int argc, char** argv) {
       ms_bf16 = time_ms([&] { nibble::cuda::flash_attention_bf16(b, nullptr); }, reps);
       const auto x = download_bf16(out_flash), y = download_bf16(out_bf16);
       diff_bf16 = 0;
-      for (size_t i = 0; i < x.size(); ++i) diff_bf16 = std::max(diff_bf16, static_cast<double>(std::fabs(x[i] - y[i])));
+      for (size_t i = 0; i < x.size(); ++i)
+        diff_bf16 = std::max(diff_bf16, static_cast<double>(std::fabs(x[i] - y[i])));
     }
     std::printf("%6lld %6lld %12.2f %10.3f %10.2f %12.3f %10.2f %8.1fx %14.4g %10.3f %10.2f %14.4g\n", (long long)c.n,
                 (long long)c.p0, flop * 1e-9, ms_flash, flop / ms_flash * 1e-9, ms_row, flop / ms_row * 1e-9,
