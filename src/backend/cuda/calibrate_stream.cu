@@ -320,7 +320,7 @@ struct GpuLayerStream::State {
 GpuLayerStream::GpuLayerStream(const ModelConfig& c, const std::vector<int64_t>& lengths, bool bf16_attention)
     : s_(std::make_unique<State>()) {
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible");
-  NIBBLE_CHECK(c.head_dim % 2 == 0 && c.num_heads % c.num_kv_heads == 0, "GpuLayerStream: unsupported head layout");
+  NIBBLE_CHECK(c.head_dim % 4 == 0 && c.num_heads % c.num_kv_heads == 0, "GpuLayerStream: unsupported head layout");
   State& s = *s_;
   s.c = c;
   s.lengths = lengths;

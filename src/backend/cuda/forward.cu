@@ -505,7 +505,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.c = src.config();
   m.opts = opts;
   const ModelConfig& c = m.c;
-  NIBBLE_CHECK(c.head_dim % 2 == 0 && c.num_heads % c.num_kv_heads == 0, "GpuModel: unsupported head layout");
+  NIBBLE_CHECK(c.head_dim % 4 == 0 && c.num_heads % c.num_kv_heads == 0, "GpuModel: unsupported head layout");
   NIBBLE_CHECK(max_tokens < (int64_t{1} << 31), "GpuModel: {} positions do not fit the decode step's int32 position",
                max_tokens);
   m.max_tokens = max_tokens;
@@ -625,6 +625,8 @@ size_t rowwise_attention_smem_limit() { return 200u << 10; }
 void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream) {
   NIBBLE_CHECK(a.n > 0 && a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
                "rowwise_attention: bad shape (n {}, heads {}, kv_heads {})", a.n, a.heads, a.kv_heads);
+  NIBBLE_CHECK(a.head_dim > 0 && a.head_dim % 4 == 0, "rowwise_attention: head_dim {} is not a multiple of 4",
+               a.head_dim);
   NIBBLE_CHECK(a.prepared == nullptr || (a.n == 1 && a.head_dim % w4a16::kPrepInputs == 0 &&
                                          (a.prep_group == 64 || a.prep_group == 128)),
                "rowwise_attention: a prepared output needs one query, head_dim a multiple of 128 and groups of 64 "

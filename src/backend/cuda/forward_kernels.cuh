@@ -247,7 +247,7 @@ inline size_t attention_smem(int64_t hd, int64_t positions) {
 // The length comes from the position at run time: the grid does not depend on
 // it, so a captured decode step serves every position (the shared memory is
 // sized for the whole cache then).
-// - Scores: one warp per key, lanes across hd (coalesced), shuffle sum.
+// - Scores: one thread per key (hd a multiple of 4), four partial sums.
 // - Output: G = blockDim / hd groups of hd threads each sum every G-th key;
 //   the G partial sums are then added in group order.
 template <typename OutT>
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   float* qs = sm;
   float* part = sm + hd;
   float* sc = part + (hd > nthreads ? hd : nthreads);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = static_cast<int>(nthreads >> 5);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (rope.qkv != nullptr) {  // decode (i = 0): warp 0 ropes q, warp 1 k into the cache, warp 2 copies v
     const float pos = static_cast<float>(p0);
     const float* k = rope.qkv + H * hd + kvh * hd;
@@ -278,14 +278,23 @@ __global__ void __launch_bounds__(kAttentionThreads)
     for (int64_t d = threadIdx.x; d < hd; d += nthreads) qs[d] = qf[(i * H + h) * hd + d];
   }
   __syncthreads();
+  // Scores: a thread per key, its row in 16-byte loads that are all in flight
+  // at once (hd % 4 == 0), four partial sums.
   float mx = -INFINITY;
-  for (int64_t t = t0 + warp; t < T; t += warps) {
-    const float* kt = kc + t * row + kvh * hd;
-    float s = 0.0f;
-    for (int64_t d = lane; d < hd; d += 32) s += qs[d] * kt[d];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    s *= scale;
-    if (lane == 0) sc[t - t0] = s;
+  const float4* q4 = reinterpret_cast<const float4*>(qs);
+  for (int64_t t = t0 + threadIdx.x; t < T; t += nthreads) {
+    const float4* k4 = reinterpret_cast<const float4*>(kc + t * row + kvh * hd);
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma unroll 8
+    for (int64_t d = 0; d < hd / 4; ++d) {
+      const float4 k = k4[d], q = q4[d];
+      s0 = fmaf(q.x, k.x, s0);
+      s1 = fmaf(q.y, k.y, s1);
+      s2 = fmaf(q.z, k.z, s2);
+      s3 = fmaf(q.w, k.w, s3);
+    }
+    const float s = ((s0 + s1) + (s2 + s3)) * scale;
+    sc[t - t0] = s;
     mx = fmaxf(mx, s);
   }
   mx = block_max(mx, scratch);  // its barriers also publish sc
@@ -296,6 +305,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   for (int64_t j = threadIdx.x; j < G * hd; j += nthreads) {
     const int64_t g = j / hd, d = j % hd;
     float o = 0.0f;
+#pragma unroll 8
     for (int64_t t = t0 + g; t < T; t += G) o += sc[t - t0] * vc[t * row + kvh * hd + d];
     part[j] = o;
   }
