@@ -174,12 +174,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   // instead of before it; a model transform's view is checked in line.
   const bool scan_beside = method.needs_calibration() && !opt.allow_nonfinite && !view;
   std::vector<std::string> to_scan;
-  std::atomic<bool> stop_scan{false};
-  struct StopScan {
-    std::atomic<bool>& flag;
-    ~StopScan() { flag = true; }
-  } stop_scan_on_exit{stop_scan};
-  std::future<void> finite_scan;
+  std::future<void> finite_scan;  // joined (get) on every path out of the calibration
 
   // Plan every output tensor first, so the writer can stream them.
   std::vector<io::OutputUnit> plan;
@@ -243,12 +238,10 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     for (const TensorResult& t : res.tensors)
       if (t.quantized) selected.insert(t.name);
     if (!to_scan.empty())
-      finite_scan = std::async(std::launch::async, [&model, &stop_scan, to_scan] {
+      finite_scan = std::async(std::launch::async, [&model, to_scan] {
         std::vector<std::string> unused;
-        for (const std::string& name : to_scan) {
-          if (stop_scan) return;
+        for (const std::string& name : to_scan)
           check_finite(name, model.load(name), /*allow=*/false, unused, /*parallel=*/false);
-        }
       });
     quant::CalibratedParts::Sink sink;
     if (writer) sink = [&w = *writer](const std::string& stored, const Tensor& t) { w.write(stored, t); };
