@@ -41,12 +41,6 @@ constexpr int kThreads = 256;
 
 int64_t pad8(int64_t v) { return (v + 7) / 8 * 8; }  // bf16 rows of 16 bytes (cuBLAS alignment)
 
-__global__ void f32_to_bf16_kernel(const float* __restrict__ in, int64_t n, bf16* __restrict__ out) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
-}
-
-// out = bf16(in · scale): the bf16 attention's inputs.
 __global__ void scaled_bf16_kernel(const float* __restrict__ in, int64_t n, float scale, bf16* __restrict__ out) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = __float2bfloat16_rn(in[i] * scale);
@@ -161,6 +155,15 @@ quant::GptqResult gptq_with_error(const float* w, int64_t rows, int64_t cols, co
 struct Linear {
   int64_t out = 0, in = 0;
   DeviceBuffer w32, w16, bias;  // f32 and bf16 [out, in]; bias f32 [out] or empty
+
+  // w16 = bf16(w32): what the forward multiplies by.
+  void round_to_bf16() {
+    const int64_t n = out * in;
+    if (w16.bytes() != static_cast<size_t>(n) * 2) w16 = DeviceBuffer(static_cast<size_t>(n) * 2);
+    scaled_bf16_kernel<<<grid_for(n, kThreads), kThreads>>>(static_cast<const float*>(w32.get()), n, 1.0f,
+                                                            static_cast<bf16*>(w16.get()));
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+  }
 };
 
 }  // namespace
@@ -426,10 +429,7 @@ void GpuLayerStream::load_layer(const DecoderLayer& L) {
     l.out = w.size(0);
     l.in = w.size(1);
     l.w32 = upload(w);
-    l.w16 = DeviceBuffer(static_cast<size_t>(l.out * l.in) * 2);
-    f32_to_bf16_kernel<<<grid_for(l.out * l.in, kThreads), kThreads>>>(static_cast<const float*>(l.w32.get()),
-                                                                       l.out * l.in, static_cast<bf16*>(l.w16.get()));
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    l.round_to_bf16();
     l.bias = lw.bias.defined() && lw.bias.numel() ? upload(lw.bias.to_f32()) : DeviceBuffer();
   }
   s.loaded = true;
@@ -467,10 +467,7 @@ void GpuLayerStream::load_layer(const ModelSource& src, int64_t i) {
     l.in = meta.shape[1];
     // A packed source tensor loads dequantized (f32); a plain one as stored.
     l.w32 = upload_f32(from_staging ? s.staged[k] : src.load(name + ".weight"));
-    l.w16 = DeviceBuffer(static_cast<size_t>(l.out * l.in) * 2);
-    f32_to_bf16_kernel<<<grid_for(l.out * l.in, kThreads), kThreads>>>(static_cast<const float*>(l.w32.get()),
-                                                                       l.out * l.in, static_cast<bf16*>(l.w16.get()));
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    l.round_to_bf16();
     l.bias = src.contains(name + ".bias") ? upload(src.load(name + ".bias").to_f32()) : DeviceBuffer();
   }
   s.loaded = true;
@@ -547,12 +544,9 @@ quant::GptqResult GpuLayerStream::quantize_linear(size_t slot, const GpuPrepared
   DeviceBuffer dq;
   quant::GptqResult r = gptq_with_error(static_cast<const float*>(l.w32.get()), l.out, l.in, hessian, format, mse,
                                         options, &dq, rel_error, max_abs_error);
-  const int64_t nn = l.out * l.in;
-  f32_to_bf16_kernel<<<grid_for(nn, kThreads), kThreads>>>(static_cast<const float*>(dq.get()), nn,
-                                                           static_cast<bf16*>(l.w16.get()));
-  NIBBLE_CUDA_CHECK(cudaGetLastError());
-  // The f32 copy now holds the quantized weights too (nothing reads the original again).
+  // The layer now holds the quantized weights (nothing reads the original again).
   l.w32 = std::move(dq);
+  l.round_to_bf16();
   return r;
 }
 
