@@ -34,6 +34,7 @@
 #include <cmath>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/w4a16_common.cuh"
 #include "nibble/cuda_attention.h"
 
 namespace nibble::cuda {
@@ -51,16 +52,9 @@ struct FlashLayout {
   static_assert(kBc * kPitchP <= kBc * kPitchK, "P reuses K's space");
 };
 
-__device__ inline void cp_async16(float* smem, const float* gmem, bool valid) {
-  // src-size 0 fills the 16 bytes with zeros and reads nothing.
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using w4a16::cp_async_commit;
+using w4a16::cp_async_wait;
+using w4a16::cp_async16_zfill;
 
 // Rows t0 .. t0+63 of one kv head's cache (pitch `row` floats) into a
 // [64][pitch] tile; rows at or past t_end are zeros (never read from memory).
@@ -70,7 +64,7 @@ __device__ inline void load_tile(float* tile, int pitch, const float* cache, int
   for (int c = threadIdx.x; c < kChunks; c += kThreads) {
     const int r = c / (D / 4), d = (c % (D / 4)) * 4;
     const bool valid = t0 + r < t_end;
-    cp_async16(tile + r * pitch + d, valid ? cache + (t0 + r) * row + d : cache, valid);
+    cp_async16_zfill(tile + r * pitch + d, valid ? cache + (t0 + r) * row + d : cache, valid);
   }
 }
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/w4a16_common.cuh"
 #include "nibble/cuda_attention.h"
 
 namespace nibble::cuda {
@@ -41,16 +42,9 @@ struct Bf16Layout {
 
 __device__ inline unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 
-__device__ inline void cp_async16(void* smem, const void* gmem, bool valid) {
-  // src-size 0 fills the 16 bytes with zeros and reads nothing.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using w4a16::cp_async_commit;
+using w4a16::cp_async_wait;
+using w4a16::cp_async16_zfill;
 
 __device__ inline void ldmatrix_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -85,7 +79,7 @@ __device__ inline void load_tile(bf16* tile, const bf16* base, int64_t stride, i
   for (int c = threadIdx.x; c < kChunks; c += kThreads) {
     const int r = c / (D / 8), d = (c % (D / 8)) * 8;
     const bool valid = r0 + r < end;
-    cp_async16(tile + r * Bf16Layout<D>::kPitch + d, valid ? base + (r0 + r) * stride + d : base, valid);
+    cp_async16_zfill(tile + r * Bf16Layout<D>::kPitch + d, valid ? base + (r0 + r) * stride + d : base, valid);
   }
 }
 

@@ -1,6 +1,7 @@
 // Device helpers shared by the W4A16 kernels (w4a16.cu: the mma kernel for
 // any M; w4a16_gemv.cu: the integer M = 1 kernel). Both read the same
-// re-laid-out weights (docs/CUDA.md, "The w4a16_mma layout").
+// re-laid-out weights (docs/CUDA.md, "The w4a16_mma layout"). The cp.async
+// helpers serve the flash attention kernels too.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,6 +38,12 @@ __device__ inline void grid_dependents_launch() {
 __device__ inline void cp_async16(void* smem_dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+// 16 bytes, or (valid = false) 16 zero bytes without reading src: the
+// attention kernels' tiles past the last key.
+__device__ inline void cp_async16_zfill(void* smem_dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ inline void cp_async8(void* smem_dst, const void* src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
