@@ -238,8 +238,9 @@ struct RopeIn {
 constexpr int kAttentionThreads = 512;
 
 // Dynamic shared memory of attention_kernel for `positions` keys at most.
+// q [hd], the partial outputs [max(hd, 4·threads)], the scores [positions].
 inline size_t attention_smem(int64_t hd, int64_t positions) {
-  return static_cast<size_t>(hd + (hd > kAttentionThreads ? hd : kAttentionThreads) + positions) * 4;
+  return static_cast<size_t>(hd + (hd > 4 * kAttentionThreads ? hd : 4 * kAttentionThreads) + positions) * 4;
 }
 
 // One block (kAttentionThreads) per (query i, head h): softmax(q·K / sqrt(hd))
@@ -248,15 +249,18 @@ inline size_t attention_smem(int64_t hd, int64_t positions) {
 // it, so a captured decode step serves every position (the shared memory is
 // sized for the whole cache then).
 // - Scores: one thread per key (hd a multiple of 4), four partial sums.
-// - Output: G = blockDim / hd groups of hd threads each sum every G-th key;
-//   the G partial sums are then added in group order.
+// - Output: G = blockDim / (hd / 4) groups of hd / 4 threads (a thread per
+//   four dimensions, 16-byte loads) each sum every G-th key; the G partial
+//   sums are then added in group order. (One thread per dimension, G = 4 at
+//   hd = 128, left each thread a quarter of the keys in dependent rounds of 8
+//   loads: 9.9 µs per call of the 8B decode at position ~256, measured.)
 template <typename OutT>
 __global__ void __launch_bounds__(kAttentionThreads)
     attention_kernel(const float* qf, const float* kc, const float* vc, OutT* out, int64_t ldo, int64_t H, int64_t KV,
                      int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
                      void* prepared, int prep_group, RopeIn rope) {
   pdl_prologue();
-  extern __shared__ float sm[];  // q [hd], partial outputs [max(hd, blockDim)], scores [T - t0]
+  extern __shared__ __align__(16) float sm[];  // q [hd], partial outputs [max(hd, 4·blockDim)], scores [T - t0]
   __shared__ float scratch[32];
   const int64_t p0 = position_of(p0_host, p0_dev);
   const int64_t i = blockIdx.x, h = blockIdx.y, kvh = h / (H / KV), row = KV * hd;
@@ -264,7 +268,7 @@ __global__ void __launch_bounds__(kAttentionThreads)
   const int64_t nthreads = blockDim.x;
   float* qs = sm;
   float* part = sm + hd;
-  float* sc = part + (hd > nthreads ? hd : nthreads);
+  float* sc = part + (hd > 4 * nthreads ? hd : 4 * nthreads);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (rope.qkv != nullptr) {  // decode (i = 0): warp 0 ropes q, warp 1 k into the cache, warp 2 copies v
     const float pos = static_cast<float>(p0);
@@ -301,13 +305,21 @@ __global__ void __launch_bounds__(kAttentionThreads)
   float sum = 0.0f;
   for (int64_t t = t0 + threadIdx.x; t < T; t += nthreads) sum += (sc[t - t0] = expf(sc[t - t0] - mx));
   sum = block_sum(sum, scratch);  // its barriers also publish sc
-  const int64_t G = hd < nthreads ? nthreads / hd : 1;
-  for (int64_t j = threadIdx.x; j < G * hd; j += nthreads) {
-    const int64_t g = j / hd, d = j % hd;
-    float o = 0.0f;
+  const int64_t hd4 = hd / 4, G = hd4 < nthreads ? nthreads / hd4 : 1;
+  for (int64_t j = threadIdx.x; j < G * hd4; j += nthreads) {
+    const int64_t g = j / hd4, d4 = j % hd4;
+    const float4* v4 = reinterpret_cast<const float4*>(vc + kvh * hd) + d4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-    for (int64_t t = t0 + g; t < T; t += G) o += sc[t - t0] * vc[t * row + kvh * hd + d];
-    part[j] = o;
+    for (int64_t t = t0 + g; t < T; t += G) {
+      const float p = sc[t - t0];
+      const float4 v = v4[t * (row / 4)];
+      o.x += p * v.x;
+      o.y += p * v.y;
+      o.z += p * v.z;
+      o.w += p * v.w;
+    }
+    reinterpret_cast<float4*>(part)[g * hd4 + d4] = o;
   }
   __syncthreads();
   if (prepared == nullptr) {
