@@ -120,17 +120,24 @@ inline bool norm_prep_supported(int64_t D) { return D % 4 == 0 && D <= kNormPrep
 __global__ void __launch_bounds__(kNormThreads)
     add_rmsnorm_prep_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D, const float* __restrict__ w,
                             float eps, void* __restrict__ prepared, int group) {
-  pdl_prologue();
+  // The norm's weights do not depend on the previous kernel: loaded before
+  // waiting for it (one memory round trip less after it ends).
+  w4a16::grid_dependents_launch();
   __shared__ float scratch[32];
   float4 xv[kNormPrepIters], wv[kNormPrepIters];
+#pragma unroll
+  for (int j = 0; j < kNormPrepIters; ++j) {
+    const int64_t d = 4 * (threadIdx.x + static_cast<int64_t>(j) * kNormThreads);
+    wv[j] = d < D ? __ldg(reinterpret_cast<const float4*>(w + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  w4a16::grid_dependency_wait();
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormPrepIters; ++j) {
     const int64_t d = 4 * (threadIdx.x + static_cast<int64_t>(j) * kNormThreads);
-    xv[j] = wv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    xv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (d < D) {
       xv[j] = *reinterpret_cast<const float4*>(x + d);
-      wv[j] = *reinterpret_cast<const float4*>(w + d);
       if (y != nullptr) {
         const float4 yv = *reinterpret_cast<const float4*>(y + d);
         xv[j] = make_float4(xv[j].x + yv.x, xv[j].y + yv.y, xv[j].z + yv.z, xv[j].w + yv.w);
