@@ -46,6 +46,11 @@ class GpuModel {
   // Runs `tokens` at positions size() .. size()+n-1 and appends them to the
   // cache. Returns logits F32 [n, vocab] (all rows) or [1, vocab] (the last).
   Tensor forward(const std::vector<int32_t>& tokens, bool all_logits = true);
+  // One decode step for `token`, then greedy selection on the device: returns
+  // the id of the largest logit among ids 0 .. vocab_limit-1 (the smallest id
+  // on ties, as argmax over forward()'s logits), copying 4 bytes instead of
+  // the logits row.
+  int32_t decode_greedy(int32_t token, int64_t vocab_limit);
 
   bool decode_graph() const;  // decode replays a captured graph
   // Bytes of weights one decode step reads: every linear as stored on the

@@ -130,6 +130,44 @@ TEST(Cuda, DecodeGraphMatchesEagerOnQwen3) {
   check_decode_graph(tmp.path() / "rtn", 2000);  // int4 g128
 }
 
+// decode_greedy (the argmax on the device, nibble run's greedy decode) against
+// the argmax of forward()'s logits on a second copy of the model fed the same
+// tokens: the same kernels on the same data, so the ids must be equal; every
+// third step limits the choice to the first `small` ids.
+void check_greedy(const std::filesystem::path& dir, int32_t vocab, int64_t small) {
+  auto src = CheckpointDir::open(dir);
+  auto a = cuda::GpuModel::load(*src, 64), b = cuda::GpuModel::load(*src, 64);
+  const int64_t V = a->config().vocab_size;
+  const std::vector<int32_t> prompt = some_ids(8, vocab);
+  int32_t tok = argmax(a->forward(prompt, false));
+  b->forward(prompt, false);
+  int differ = 0;
+  for (int step = 0; step < 30; ++step) {
+    const int64_t limit = step % 3 == 2 ? small : V;
+    const Tensor l = a->forward({tok}, false);
+    const float* p = l.data<float>();
+    const auto want = static_cast<int32_t>(std::max_element(p, p + limit) - p);
+    const int32_t got = b->decode_greedy(tok, limit);
+    EXPECT_EQ(got, want) << dir << " step " << step << " limit " << limit;
+    differ += got != tok;
+    tok = want;
+  }
+  EXPECT_GT(differ, 0);  // the ids move
+  EXPECT_EQ(a->size(), b->size());
+  EXPECT_THROW(b->decode_greedy(tok, 0), Error);
+  EXPECT_THROW(b->decode_greedy(tok, V + 1), Error);
+  EXPECT_THROW(b->decode_greedy(-1, V), Error);
+}
+
+TEST(Cuda, DecodeGreedyMatchesArgmaxOfLogits) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_greedy(test::model_dir("stories260K"), 512, 100);  // f32, cuBLAS head
+  const auto dir = test::model_dir("qwen3-26M-linux");
+  test::TempDir tmp("nibble-gpu-greedy");
+  quantize_model(dir, tmp.path() / "rtn", QuantizeOptions{});
+  check_greedy(tmp.path() / "rtn", 2000, 1000);  // int4 g128: the head through the integer GEMV
+}
+
 // The read-bandwidth measurement behind nibble run's roofline line.
 TEST(Cuda, ReadBandwidthIsPlausible) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

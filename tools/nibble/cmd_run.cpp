@@ -74,6 +74,15 @@ class Runner {
 #endif
     return cpu_->forward(ids, *cache_, false);
   }
+  // Greedy decode on the GPU: one step for `token`, the argmax over ids below
+  // `limit` chosen on the device (no logits copied back).
+  bool device_greedy() const { return cuda_; }
+  int32_t next_greedy(int32_t token, int64_t limit) {
+#ifdef NIBBLE_HAVE_CUDA
+    if (cuda_) return gpu_->decode_greedy(token, limit);
+#endif
+    return argmax(last_logits({token}).data<float>(), limit);
+  }
   // For the GPU: a line on what one decode step reads against the device's
   // read bandwidth (measured now), or "" on the CPU.
   std::string roofline(double decode_tok_s) const {
@@ -171,13 +180,17 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     const int64_t samplable = std::min<int64_t>(c.vocab_size, m.tok().vocab_size());
     const auto t1 = Clock::now();
     int generated = 0;
+    // Greedy on the GPU: the argmax is taken on the device (no logits row
+    // copied back per token); the first token comes from the prefill's logits.
+    const bool device_greedy = o->sampler.temperature == 0.0f && m.device_greedy();
+    int32_t next = -1;
     for (int i = 0; i < o->n; ++i) {
-      const int32_t next = sampler.sample(logits.data<float>(), samplable);
+      next = i > 0 && device_greedy ? m.next_greedy(next, samplable) : sampler.sample(logits.data<float>(), samplable);
       if (!o->ignore_eos && std::find(stop.begin(), stop.end(), next) != stop.end()) break;
       ++generated;
       std::printf("%s", stream.step(next).c_str());
       std::fflush(stdout);
-      if (i + 1 < o->n) logits = m.last_logits({next});
+      if (i + 1 < o->n && !device_greedy) logits = m.last_logits({next});
     }
     std::printf("%s\n", stream.finish().c_str());
     std::fflush(stdout);  // the text first, then the timings on stderr

@@ -281,7 +281,7 @@ struct GpuModel::Impl {
   Scratch s;    // prefill, grows to the largest n seen
   Scratch dec;  // decode: one token, never reallocated (the graph holds its pointers)
   cudaStream_t stream = nullptr;
-  int32_t* host_step = nullptr;  // pinned {token, position}, the decode step's input
+  int32_t* host_step = nullptr;  // pinned {token, position} (the decode step's input), then decode_greedy's result
   cudaGraphExec_t decode_graph = nullptr;
 
   ~Impl() {
@@ -294,7 +294,7 @@ struct GpuModel::Impl {
     const int64_t H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim, D = c.hidden_size, F = c.intermediate_size;
     Scratch t;
     t.rows = n;
-    t.tokens = DeviceBuffer((n + 1) * 4);
+    t.tokens = DeviceBuffer((n + 2) * 4);  // the ids; decode: {token, position, greedy result}
     t.x = DeviceBuffer(n * D * 4);
     t.xn = DeviceBuffer(n * ldD * 4);  // bf16, or f32 in decode
     t.qkv = DeviceBuffer(n * (H + 2 * KV) * hd * 4);
@@ -443,6 +443,9 @@ struct GpuModel::Impl {
   }
 
   // The decode step over `dec`: token and position from dec.tokens[0], [1].
+  void check_tokens(const std::vector<int32_t>& tokens) const;
+  // One decode step for `token` at position len (graph or eager), len + 1.
+  void enqueue_step(int32_t token);
   void enqueue_decode() {
     enqueue(dec, 1, 0, static_cast<const int32_t*>(dec.tokens.get()) + 1, false, max_tokens);
   }
@@ -574,39 +577,66 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   }
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
   NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
+  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 16));
   m.dec = m.make_scratch(1);
   if (opts.decode_graph) m.capture_decode_graph();
   return model;
+}
+
+void GpuModel::Impl::check_tokens(const std::vector<int32_t>& tokens) const {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  NIBBLE_CHECK(n > 0, "forward: no tokens");
+  NIBBLE_CHECK(len + n <= max_tokens, "forward: {} + {} tokens exceed the cache of {} positions", len, n,
+               max_tokens);
+  for (int32_t t : tokens)
+    NIBBLE_CHECK(t >= 0 && t < c.vocab_size, "forward: token id {} is outside the vocabulary (size {})", t,
+                 c.vocab_size);
+}
+
+void GpuModel::Impl::enqueue_step(int32_t token) {
+  // Decode: the same kernels whether replayed from the graph or launched
+  // here, all reading the token and the position from dec.tokens.
+  host_step[0] = token;
+  host_step[1] = static_cast<int32_t>(len);
+  NIBBLE_CUDA_CHECK(cudaMemcpyAsync(dec.tokens.get(), host_step, 8, cudaMemcpyHostToDevice, stream));
+  if (decode_graph != nullptr)
+    NIBBLE_CUDA_CHECK(cudaGraphLaunch(decode_graph, stream));
+  else
+    enqueue_decode();
+  ++len;
+}
+
+int32_t GpuModel::decode_greedy(int32_t token, int64_t vocab_limit) {
+  Impl& m = *impl_;
+  m.check_tokens({token});
+  NIBBLE_CHECK(vocab_limit > 0 && vocab_limit <= m.c.vocab_size, "decode_greedy: vocab_limit {} outside 1 .. {}",
+               vocab_limit, m.c.vocab_size);
+  m.enqueue_step(token);
+  argmax_kernel<<<1, kArgmaxThreads, 0, m.stream>>>(static_cast<const float*>(m.dec.logits.get()), vocab_limit,
+                                                     static_cast<int32_t*>(m.dec.tokens.get()) + 2);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  NIBBLE_CUDA_CHECK(
+      cudaMemcpyAsync(m.host_step + 2, static_cast<int32_t*>(m.dec.tokens.get()) + 2, 4, cudaMemcpyDeviceToHost,
+                      m.stream));
+  NIBBLE_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return m.host_step[2];
 }
 
 Tensor GpuModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
   Impl& m = *impl_;
   const ModelConfig& c = m.c;
   const int64_t n = static_cast<int64_t>(tokens.size()), p0 = m.len, V = c.vocab_size;
-  NIBBLE_CHECK(n > 0, "forward: no tokens");
-  NIBBLE_CHECK(p0 + n <= m.max_tokens, "forward: {} + {} tokens exceed the cache of {} positions", p0, n,
-               m.max_tokens);
-  for (int32_t t : tokens)
-    NIBBLE_CHECK(t >= 0 && t < V, "forward: token id {} is outside the vocabulary (size {})", t, V);
+  m.check_tokens(tokens);
   Scratch* sc = &m.dec;
   if (n == 1) {
-    // Decode: the same kernels whether replayed from the graph or launched
-    // here, all reading the token and the position from dec.tokens.
-    m.host_step[0] = tokens[0];
-    m.host_step[1] = static_cast<int32_t>(p0);
-    NIBBLE_CUDA_CHECK(cudaMemcpyAsync(m.dec.tokens.get(), m.host_step, 8, cudaMemcpyHostToDevice, m.stream));
-    if (m.decode_graph != nullptr)
-      NIBBLE_CUDA_CHECK(cudaGraphLaunch(m.decode_graph, m.stream));
-    else
-      m.enqueue_decode();
+    m.enqueue_step(tokens[0]);
   } else {
     if (n > m.s.rows) m.s = m.make_scratch(n);
     sc = &m.s;
     NIBBLE_CUDA_CHECK(cudaMemcpyAsync(sc->tokens.get(), tokens.data(), n * 4, cudaMemcpyHostToDevice, m.stream));
     m.enqueue(*sc, n, p0, nullptr, all_logits, p0 + n);
+    m.len += n;
   }
-  m.len += n;
   const int64_t rows = all_logits ? n : 1;
   Tensor logits = Tensor::empty(DType::F32, {rows, V});
   NIBBLE_CUDA_CHECK(cudaMemcpyAsync(logits.raw_mut(), sc->logits.get(), logits.nbytes(), cudaMemcpyDeviceToHost,

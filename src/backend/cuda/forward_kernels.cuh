@@ -176,6 +176,38 @@ __global__ void silu_mul_prep_kernel(const float* __restrict__ g, const float* _
   w4a16::prep_warp_store(v, static_cast<int>(pw), group, prepared, F);
 }
 
+// Greedy decode on the device: out = the index of the largest of v[0 .. n-1],
+// the smallest such index on ties (std::max_element's choice). One block of
+// kArgmaxThreads; a thread scans every blockDim-th value, then (value, index)
+// pairs meet by shuffles and in shared memory.
+constexpr int kArgmaxThreads = 1024;
+__device__ inline void argmax_merge(float& v, int64_t& i, float ov, int64_t oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ v, int64_t n,
+                                                               int32_t* __restrict__ out) {
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int64_t si[kArgmaxThreads / 32];
+  float best = -INFINITY;
+  int64_t bi = n;  // past the end: loses every tie
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) argmax_merge(best, bi, v[j], j);
+  for (int o = 16; o > 0; o >>= 1)
+    argmax_merge(best, bi, __shfl_xor_sync(0xFFFFFFFFu, best, o), __shfl_xor_sync(0xFFFFFFFFu, bi, o));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) argmax_merge(best, bi, sv[w], si[w]);
+    *out = static_cast<int32_t>(bi < n ? bi : 0);  // all -inf or NaN: 0, as std::max_element
+  }
+}
+
 // y[i, j] += bias[j] for a [n, N] block with leading dimension ldy.
 __global__ void bias_add_kernel(float* y, int64_t ldy, const float* bias, int64_t n, int64_t N) {
   pdl_prologue();
