@@ -14,7 +14,11 @@ namespace fs = std::filesystem;
 fs::path OutputDir::staging_for(const fs::path& t) {
   fs::path target = fs::absolute(t).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
-  return target.parent_path() / ("." + target.filename().string() + ".nibble-partial");
+  // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "." + std::string&&.
+  std::string name = ".";
+  name += target.filename().string();
+  name += ".nibble-partial";
+  return target.parent_path() / name;
 }
 
 OutputDir::OutputDir(fs::path target, bool force, bool keep_staging) : force_(force) {
