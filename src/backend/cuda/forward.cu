@@ -442,10 +442,11 @@ struct GpuModel::Impl {
     NIBBLE_CUDA_CHECK(cudaGetLastError());
   }
 
-  // The decode step over `dec`: token and position from dec.tokens[0], [1].
+  // forward()'s argument checks: ids in the vocabulary, room in the cache.
   void check_tokens(const std::vector<int32_t>& tokens) const;
   // One decode step for `token` at position len (graph or eager), len + 1.
   void enqueue_step(int32_t token);
+  // The decode step over `dec`: token and position from dec.tokens[0], [1].
   void enqueue_decode() {
     enqueue(dec, 1, 0, static_cast<const int32_t*>(dec.tokens.get()) + 1, false, max_tokens);
   }

@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) argmax_merge(best, bi, sv[w], si[w]);
-    *out = static_cast<int32_t>(bi < n ? bi : 0);  // all -inf or NaN: 0, as std::max_element
+    *out = static_cast<int32_t>(bi < n ? bi : 0);  // NaN never wins; a row of NaN gives 0
   }
 }
 
