@@ -82,10 +82,12 @@ void transform_layer(const LayerTransform& transform, const ModelConfig& c, Deco
 
 std::pair<double, double> weight_error(const Tensor& a, const Tensor& b) {
   double err2 = 0, ref2 = 0, max_abs = 0;
-  for (int64_t k = 0; k < a.numel(); ++k) {
-    const double d = static_cast<double>(b.data<float>()[k]) - a.data<float>()[k];
+  const int64_t n = a.numel();  // hoisted: numel() walks the shape
+  const float *pa = a.data<float>(), *pb = b.data<float>();
+  for (int64_t k = 0; k < n; ++k) {
+    const double d = static_cast<double>(pb[k]) - pa[k];
     err2 += d * d;
-    ref2 += static_cast<double>(a.data<float>()[k]) * a.data<float>()[k];
+    ref2 += static_cast<double>(pa[k]) * pa[k];
     max_abs = std::max(max_abs, std::abs(d));
   }
   return {ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2), max_abs};
