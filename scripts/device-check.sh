@@ -18,13 +18,14 @@ SHARED=${NIBBLE_SHARED:-../shared}
 if [ "${1:-}" = "--bundle" ]; then
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DNIBBLE_CUDA=on >/dev/null
   cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda bench_attention bench_int4_gemv \
-    >/dev/null
+    bench_decode_trace >/dev/null
   rm -rf devrun && mkdir -p devrun/bin devrun/lib devrun/models
   cp build-cuda/bin/nibble build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda \
-     build-cuda/bin/bench_attention build-cuda/bin/bench_int4_gemv devrun/bin/
+     build-cuda/bin/bench_attention build-cuda/bin/bench_int4_gemv build-cuda/bin/bench_decode_trace devrun/bin/
   # Shared libraries outside glibc/libstdc++/CUDA that the binaries need (the GPU machine has the CUDA 13
   # toolkit's libraries: cuBLAS(Lt), cuSOLVER and its cuSPARSE / nvJitLink).
-  ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda build-cuda/bin/bench_int4_gemv | awk '/=> \//{print $3}' | sort -u |
+  ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda build-cuda/bin/bench_int4_gemv \
+    build-cuda/bin/bench_decode_trace | awk '/=> \//{print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libcusolver|libcusparse|libnvJitLink' |
     while read -r l; do cp -L "$l" devrun/lib/; done
   if [ "${2:-}" = "--models" ]; then

@@ -74,6 +74,19 @@ size_t rowwise_attention_smem(int64_t head_dim, int64_t max_positions);
 size_t rowwise_attention_smem_limit();  // the most it may use (200 KiB)
 void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream);
 
+// Decode attention for one query (n = 1) on a cluster of blocks per head
+// (sm_90 and later): each block takes a quarter of the keys with its own
+// softmax statistics and the first block combines them through distributed
+// shared memory, so a head's work spreads over four SMs; the RoPE step
+// (rope_qkv) and the prepared output as the row-wise kernel. Reads the
+// position from `p0_dev` (when set) before waiting for the previous kernel:
+// the decode step's first kernel must be launched without programmatic
+// dependence (GpuModel's is). Scores of max_positions / 4 keys per block in
+// shared memory (the same limit as the row-wise kernel's, four times the
+// positions). head_dim: 32, 64, 128 or 256.
+bool decode_attention_supported(int64_t head_dim);
+void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream);
+
 // Decode attention split over the keys ("flash-decoding"): one query (n = 1)
 // at position p0 (or *p0_dev, as rowwise_attention reads it); the keys are
 // cut into `splits` equal ranges, each handled by one block with its own

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -51,6 +52,15 @@ class GpuModel {
   // on ties, as argmax over forward()'s logits), copying 4 bytes instead of
   // the logits row.
   int32_t decode_greedy(int32_t token, int64_t vocab_limit);
+  // Up to `max_steps` greedy steps: the first runs `token`, each next one the
+  // id the step before chose (among 0 .. vocab_limit-1, as decode_greedy).
+  // The device runs a few steps ahead of the host, with no copy between
+  // steps; `on_token` gets each chosen id in order and returns false to stop
+  // (an end-of-sequence id). Returns the number of ids passed to on_token;
+  // size() grows by as many (the steps run ahead of a stop are dropped). The
+  // same ids as decode_greedy called in a loop.
+  int64_t decode_greedy_run(int32_t token, int64_t vocab_limit, int64_t max_steps,
+                            const std::function<bool(int32_t)>& on_token);
 
   bool decode_graph() const;  // decode replays a captured graph
   // Bytes of weights one decode step reads: every linear as stored on the

@@ -79,6 +79,8 @@ std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const std
     cuda::flash_attention(a, nullptr);
   else if (kernel == "split")
     cuda::split_attention(a, nullptr, 7, scratch.get(), nullptr);
+  else if (kernel == "decode")
+    cuda::decode_attention(a, nullptr, T, nullptr);
   else
     cuda::rowwise_attention(a, nullptr, T, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -196,8 +198,10 @@ TEST(Cuda, FlashAttentionMatchesReference) {
   for (const AttnCase& c : cases) {
     const AttnData d = random_attention(c, seed++);
     const int64_t ldo = c.heads * c.head_dim + 6;  // padded rows, as the forward's ldQ can be
-    for (const char* kernel : {"flash", "rowwise", "split"}) {
-      if (std::string(kernel) == "split" && c.n != 1) continue;  // decode only
+    for (const char* kernel : {"flash", "rowwise", "split", "decode"}) {
+      const std::string k = kernel;
+      if ((k == "split" || k == "decode") && c.n != 1) continue;  // decode only
+      if (k == "decode" && !cuda::decode_attention_supported(c.head_dim)) continue;
       const auto got = run_attention(c, d, kernel, ldo);
       check_attention(c, d, got, ldo, std::string(kernel) + " " + describe(c));
     }
@@ -243,6 +247,103 @@ TEST(Cuda, SplitDecodeAttentionMatchesReference) {
     const AttnData d = random_attention(c, seed++);
     const int64_t ldo = c.heads * c.head_dim;
     check_attention(c, d, run_attention(c, d, "split", ldo), ldo, "split " + describe(c));
+    // The cluster kernel on the same cases (ranges of a quarter of the keys, some empty at p0 = 0 and 3).
+    if (cuda::decode_attention_supported(c.head_dim) &&
+        cuda::rowwise_attention_smem(c.head_dim, (c.p0 + 1 + 3) / 4) <= cuda::rowwise_attention_smem_limit())
+      check_attention(c, d, run_attention(c, d, "decode", ldo), ldo, "decode " + describe(c));
+  }
+}
+
+// The decode step's fused RoPE (AttentionArgs::rope_qkv): decode_attention
+// against rowwise_attention on the same qkv row, q/k norm weights, positions
+// and caches: the k and v rows each writes at p0 (one writer block per kv
+// head in decode_attention) and the f32 outputs. The two compute the same
+// expressions; the scores' summation order and the per-range softmax differ,
+// so the outputs agree to fp32 rounding (1e-5 of the largest |out|), the rows
+// to 1e-6.
+TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda::decode_attention_supported(128)) GTEST_SKIP() << "decode_attention needs sm_90";
+  struct Case {
+    int64_t p0, heads, kv_heads, hd, window;
+    bool norms;
+  };
+  for (const Case c : {Case{0, 8, 2, 128, 0, true}, Case{5, 32, 8, 128, 0, false}, Case{300, 16, 8, 64, 0, true},
+                       Case{1000, 4, 4, 256, 0, true}, Case{777, 8, 2, 128, 100, false}, Case{2, 6, 2, 32, 0, true}}) {
+    std::mt19937 rng(static_cast<uint32_t>(c.p0 + c.hd));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int64_t H = c.heads, KV = c.kv_heads, hd = c.hd, row = KV * hd, P = c.p0 + 1 + 9;  // spare rows
+    std::vector<float> qkv(static_cast<size_t>((H + 2 * KV) * hd)), cache(static_cast<size_t>(P * row));
+    std::vector<float> qn(static_cast<size_t>(hd)), kn(qn.size()), inv(static_cast<size_t>(hd / 2));
+    for (auto& x : qkv) x = normal(rng);
+    for (auto& x : cache) x = normal(rng);
+    for (auto& x : qn) x = 0.5f + std::fabs(normal(rng));
+    for (auto& x : kn) x = 0.5f + std::fabs(normal(rng));
+    for (int64_t i = 0; i < hd / 2; ++i)
+      inv[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(hd));
+    cuda::DeviceBuffer dqkv = cuda::upload(qkv.data(), qkv.size() * 4), dqn = cuda::upload(qn.data(), qn.size() * 4),
+                       dkn = cuda::upload(kn.data(), kn.size() * 4), dinv = cuda::upload(inv.data(), inv.size() * 4);
+    std::vector<float> out[2], krow[2], vrow[2];
+    for (int kernel = 0; kernel < 2; ++kernel) {
+      cuda::DeviceBuffer dk = cuda::upload(cache.data(), cache.size() * 4);
+      std::vector<float> vcache(cache.rbegin(), cache.rend());
+      cuda::DeviceBuffer dv = cuda::upload(vcache.data(), vcache.size() * 4);
+      cuda::DeviceBuffer dout(static_cast<size_t>(H * hd) * 4);
+      cuda::AttentionArgs a;
+      a.k = static_cast<const float*>(dk.get());
+      a.v = static_cast<const float*>(dv.get());
+      a.out = dout.get();
+      a.out_f32 = true;
+      a.rope_qkv = static_cast<const float*>(dqkv.get());
+      a.rope_q_norm = c.norms ? static_cast<const float*>(dqn.get()) : nullptr;
+      a.rope_k_norm = c.norms ? static_cast<const float*>(dkn.get()) : nullptr;
+      a.rope_inv_freq = static_cast<const float*>(dinv.get());
+      a.rope_eps = 1e-6f;
+      a.ldo = H * hd;
+      a.n = 1;
+      a.p0 = c.p0;
+      a.heads = H;
+      a.kv_heads = KV;
+      a.head_dim = hd;
+      a.window = c.window;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      if (kernel == 0)
+        cuda::rowwise_attention(a, nullptr, P, nullptr);
+      else
+        cuda::decode_attention(a, nullptr, P, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      out[kernel].resize(static_cast<size_t>(H * hd));
+      ASSERT_EQ(cudaMemcpy(out[kernel].data(), dout.get(), out[kernel].size() * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      std::vector<float> kc(cache.size()), vc(cache.size());
+      ASSERT_EQ(cudaMemcpy(kc.data(), dk.get(), kc.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(vc.data(), dv.get(), vc.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      // Nothing but row p0 changes.
+      for (int64_t t = 0; t < P; ++t)
+        if (t != c.p0)
+          for (int64_t e = 0; e < row; ++e) {
+            ASSERT_EQ(kc[static_cast<size_t>(t * row + e)], cache[static_cast<size_t>(t * row + e)]) << t;
+            ASSERT_EQ(vc[static_cast<size_t>(t * row + e)], vcache[static_cast<size_t>(t * row + e)]) << t;
+          }
+      krow[kernel].assign(kc.begin() + c.p0 * row, kc.begin() + (c.p0 + 1) * row);
+      vrow[kernel].assign(vc.begin() + c.p0 * row, vc.begin() + (c.p0 + 1) * row);
+    }
+    double scale = 0, diff = 0, rdiff = 0;
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      ASSERT_TRUE(std::isfinite(out[1][i])) << i;
+      scale = std::max(scale, std::fabs(static_cast<double>(out[0][i])));
+      diff = std::max(diff, std::fabs(static_cast<double>(out[0][i]) - out[1][i]));
+    }
+    for (size_t i = 0; i < krow[0].size(); ++i) {
+      rdiff = std::max(rdiff, std::fabs(static_cast<double>(krow[0][i]) - krow[1][i]) /
+                                  std::max(1.0, std::fabs(static_cast<double>(krow[0][i]))));
+      EXPECT_EQ(vrow[0][i], vrow[1][i]) << i;
+    }
+    EXPECT_LE(diff, 1e-5 * scale) << "p0 " << c.p0 << " hd " << hd;
+    EXPECT_LE(rdiff, 1e-6) << "p0 " << c.p0 << " hd " << hd;
+    std::printf("[decode attention rope] p0 %lld H %lld KV %lld hd %lld: max |Δout| %.3g of %.3g, k row %.3g\n",
+                static_cast<long long>(c.p0), static_cast<long long>(H), static_cast<long long>(KV),
+                static_cast<long long>(hd), diff, scale, rdiff);
   }
 }
 

@@ -168,6 +168,53 @@ TEST(Cuda, DecodeGreedyMatchesArgmaxOfLogits) {
   check_greedy(tmp.path() / "rtn", 2000, 1000);  // int4 g128: the head through the integer GEMV
 }
 
+// decode_greedy_run (steps fed on the device, the host behind) against
+// decode_greedy called step by step on a second copy: the same ids; a stop
+// after k ids leaves size() at +k, and decoding on from there (the steps run
+// ahead of the stop wrote cache rows past it) still matches. Graph and eager.
+void check_greedy_run(const std::filesystem::path& dir, int32_t vocab, bool graph) {
+  auto src = CheckpointDir::open(dir);
+  cuda::GpuOptions o;
+  o.decode_graph = graph;
+  auto a = cuda::GpuModel::load(*src, 96, o), b = cuda::GpuModel::load(*src, 96, o);
+  const int64_t V = a->config().vocab_size;
+  const std::vector<int32_t> prompt = some_ids(8, vocab);
+  int32_t tok = argmax(a->forward(prompt, false));
+  b->forward(prompt, false);
+  std::vector<int32_t> want;
+  for (int i = 0, t = tok; i < 40; ++i) want.push_back(t = a->decode_greedy(t, V));
+  std::vector<int32_t> got;
+  // Stop after 7 ids, with up to 3 more steps already enqueued.
+  EXPECT_EQ(b->decode_greedy_run(tok, V, 30, [&](int32_t id) {
+    got.push_back(id);
+    return got.size() < 7;
+  }), 7);
+  EXPECT_EQ(b->size(), static_cast<int64_t>(prompt.size()) + 7);
+  // On from the 7th id: its step was not run yet.
+  EXPECT_EQ(b->decode_greedy_run(got.back(), V, 33, [&](int32_t id) {
+    got.push_back(id);
+    return true;
+  }), 33);
+  EXPECT_EQ(got, want) << dir << (graph ? " graph" : " eager");
+  EXPECT_EQ(a->size(), b->size());
+  EXPECT_EQ(b->decode_greedy_run(tok, V, 0, [](int32_t) { return true; }), 0);
+  EXPECT_THROW(b->decode_greedy_run(tok, V, 96, [](int32_t) { return true; }), Error);  // past the cache
+  EXPECT_THROW(b->decode_greedy_run(tok, V + 1, 1, [](int32_t) { return true; }), Error);
+  // An exception from the callback leaves the model consistent: the step whose id it saw counts.
+  const int64_t before = b->size();
+  EXPECT_THROW(b->decode_greedy_run(tok, V, 5, [](int32_t) -> bool { throw Error("stop here"); }), Error);
+  EXPECT_EQ(b->size(), before + 1);
+}
+
+TEST(Cuda, DecodeGreedyRunMatchesStepByStep) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  for (bool graph : {true, false}) check_greedy_run(test::model_dir("stories260K"), 512, graph);
+  const auto dir = test::model_dir("qwen3-26M-linux");
+  test::TempDir tmp("nibble-gpu-greedy-run");
+  quantize_model(dir, tmp.path() / "rtn", QuantizeOptions{});
+  for (bool graph : {true, false}) check_greedy_run(tmp.path() / "rtn", 2000, graph);
+}
+
 // The read-bandwidth measurement behind nibble run's roofline line.
 TEST(Cuda, ReadBandwidthIsPlausible) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

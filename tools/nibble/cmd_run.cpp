@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 
@@ -74,14 +75,22 @@ class Runner {
 #endif
     return cpu_->forward(ids, *cache_, false);
   }
-  // Greedy decode on the GPU: one step for `token`, the argmax over ids below
-  // `limit` chosen on the device (no logits copied back).
+  // Greedy decode on the GPU: up to `steps` steps from `token`, each taking
+  // the argmax over ids below `limit` on the device and feeding it to the
+  // next step there (no logits copied back, no host round trip per token);
+  // `emit` sees each id and returns false to stop.
   bool device_greedy() const { return cuda_; }
-  int32_t next_greedy(int32_t token, int64_t limit) {
+  void greedy_run(int32_t token, int64_t limit, int64_t steps, const std::function<bool(int32_t)>& emit) {
 #ifdef NIBBLE_HAVE_CUDA
-    if (cuda_) return gpu_->decode_greedy(token, limit);
+    if (cuda_) {
+      gpu_->decode_greedy_run(token, limit, steps, emit);
+      return;
+    }
 #endif
-    return argmax(last_logits({token}).data<float>(), limit);
+    for (int64_t i = 0; i < steps; ++i) {
+      token = argmax(last_logits({token}).data<float>(), limit);
+      if (!emit(token)) return;
+    }
   }
   // For the GPU: a line on what one decode step reads against the device's
   // read bandwidth (measured now), or "" on the CPU.
@@ -183,14 +192,26 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     // Greedy on the GPU: the argmax is taken on the device (no logits row
     // copied back per token); the first token comes from the prefill's logits.
     const bool device_greedy = o->sampler.temperature == 0.0f && m.device_greedy();
-    int32_t next = -1;
-    for (int i = 0; i < o->n; ++i) {
-      next = i > 0 && device_greedy ? m.next_greedy(next, samplable) : sampler.sample(logits.data<float>(), samplable);
-      if (!o->ignore_eos && std::find(stop.begin(), stop.end(), next) != stop.end()) break;
+    auto emit = [&](int32_t id) {
+      if (!o->ignore_eos && std::find(stop.begin(), stop.end(), id) != stop.end()) return false;
       ++generated;
-      std::printf("%s", stream.step(next).c_str());
+      std::printf("%s", stream.step(id).c_str());
       std::fflush(stdout);
-      if (i + 1 < o->n && !device_greedy) logits = m.last_logits({next});
+      return true;
+    };
+    if (o->n > 0) {
+      int32_t next = sampler.sample(logits.data<float>(), samplable);
+      if (emit(next)) {
+        if (device_greedy) {
+          m.greedy_run(next, samplable, o->n - 1, emit);
+        } else {
+          for (int i = 1; i < o->n; ++i) {
+            logits = m.last_logits({next});
+            next = sampler.sample(logits.data<float>(), samplable);
+            if (!emit(next)) break;
+          }
+        }
+      }
     }
     std::printf("%s\n", stream.finish().c_str());
     std::fflush(stdout);  // the text first, then the timings on stderr

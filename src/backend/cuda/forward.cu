@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/forward_kernels.cuh"
@@ -281,13 +282,25 @@ struct GpuModel::Impl {
   Scratch s;    // prefill, grows to the largest n seen
   Scratch dec;  // decode: one token, never reallocated (the graph holds its pointers)
   cudaStream_t stream = nullptr;
-  int32_t* host_step = nullptr;  // pinned {token, position} (the decode step's input), then decode_greedy's result
+  int32_t* host_step = nullptr;  // pinned {token, position}: the first decode step's input
   cudaGraphExec_t decode_graph = nullptr;
+  // Greedy decode (argmax_kernel): the blocks' partial results and ticket,
+  // and the chosen ids, written by the device into mapped pinned memory at
+  // slot position % kGreedySlots, each step followed by an event.
+  static constexpr int kGreedySlots = 8;
+  static constexpr int kGreedyLookahead = 3;  // steps enqueued ahead of the one the host waits for
+  DeviceBuffer argmax_state;
+  int32_t* greedy_host = nullptr;
+  int32_t* greedy_host_dev = nullptr;
+  cudaEvent_t greedy_done[kGreedySlots] = {};
 
   ~Impl() {
     if (decode_graph != nullptr) cudaGraphExecDestroy(decode_graph);
+    for (cudaEvent_t e : greedy_done)
+      if (e != nullptr) cudaEventDestroy(e);
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (host_step != nullptr) cudaFreeHost(host_step);
+    if (greedy_host != nullptr) cudaFreeHost(greedy_host);
   }
 
   Scratch make_scratch(int64_t n) const {
@@ -344,8 +357,11 @@ struct GpuModel::Impl {
     auto f32p = [](const DeviceBuffer& b) { return b.bytes() ? static_cast<const float*>(b.get()) : nullptr; };
     const unsigned rows_n = static_cast<unsigned>(n);
 
-    pdl_launch(embed_kernel, rows_n, 256, 0, stream, static_cast<const int32_t*>(sc.tokens.get()),
-                                             static_cast<const float*>(embed.get()), x, D);
+    // The step's first kernel waits for everything before it (no programmatic
+    // launch): the kernels after it may then read the token and the position
+    // before their own wait (decode_attention_kernel does).
+    embed_kernel<<<rows_n, 256, 0, stream>>>(static_cast<const int32_t*>(sc.tokens.get()),
+                                            static_cast<const float*>(embed.get()), x, D);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
     for (size_t l = 0; l < layers.size(); ++l) {
       const GpuLayer& L = layers[l];
@@ -397,6 +413,8 @@ struct GpuModel::Impl {
         flash_attention(a, stream);
       else if (split)
         split_attention(a, p0_dev, attn_splits, attn_part.get(), stream);
+      else if (fused_rope && decode_attention_supported(hd))
+        decode_attention(a, p0_dev, att_positions, stream);
       else
         rowwise_attention(a, p0_dev, att_positions, stream);
       if (one && L.prep_o)
@@ -446,6 +464,28 @@ struct GpuModel::Impl {
   void check_tokens(const std::vector<int32_t>& tokens) const;
   // One decode step for `token` at position len (graph or eager), len + 1.
   void enqueue_step(int32_t token);
+  // The decode step over dec.tokens as it stands (graph or eager).
+  void launch_step() {
+    if (decode_graph != nullptr)
+      NIBBLE_CUDA_CHECK(cudaGraphLaunch(decode_graph, stream));
+    else
+      enqueue_decode();
+  }
+  // After a step: its greedy id among 0 .. limit-1 into dec.tokens (the next
+  // step's token and position) and the mapped slot of its position.
+  void enqueue_argmax(int64_t limit) {
+    auto* st = static_cast<unsigned char*>(argmax_state.get());
+    ArgmaxFeed f;
+    f.part_v = reinterpret_cast<float*>(st);
+    f.part_i = reinterpret_cast<int64_t*>(st + kArgmaxBlocks * 8);
+    f.ticket = reinterpret_cast<unsigned*>(st + kArgmaxBlocks * 16);
+    f.step = static_cast<int32_t*>(dec.tokens.get());
+    f.host = greedy_host_dev;
+    f.host_slots = kGreedySlots;
+    pdl_launch(argmax_kernel, kArgmaxBlocks, kArgmaxThreads, 0, stream, static_cast<const float*>(dec.logits.get()),
+               limit, f);
+  }
+  int64_t greedy_run(int32_t token, int64_t limit, int64_t steps, const std::function<bool(int32_t)>& on_token);
   // The decode step over `dec`: token and position from dec.tokens[0], [1].
   void enqueue_decode() {
     enqueue(dec, 1, 0, static_cast<const int32_t*>(dec.tokens.get()) + 1, false, max_tokens);
@@ -579,6 +619,12 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
   NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 16));
+  m.argmax_state = DeviceBuffer(kArgmaxBlocks * 16 + 16);
+  NIBBLE_CUDA_CHECK(cudaMemset(m.argmax_state.get(), 0, m.argmax_state.bytes()));  // the ticket starts at 0
+  NIBBLE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.greedy_host), Impl::kGreedySlots * 4,
+                                  cudaHostAllocMapped));
+  NIBBLE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.greedy_host_dev), m.greedy_host, 0));
+  for (cudaEvent_t& e : m.greedy_done) NIBBLE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   m.dec = m.make_scratch(1);
   if (opts.decode_graph) m.capture_decode_graph();
   return model;
@@ -600,27 +646,66 @@ void GpuModel::Impl::enqueue_step(int32_t token) {
   host_step[0] = token;
   host_step[1] = static_cast<int32_t>(len);
   NIBBLE_CUDA_CHECK(cudaMemcpyAsync(dec.tokens.get(), host_step, 8, cudaMemcpyHostToDevice, stream));
-  if (decode_graph != nullptr)
-    NIBBLE_CUDA_CHECK(cudaGraphLaunch(decode_graph, stream));
-  else
-    enqueue_decode();
+  launch_step();
   ++len;
 }
 
+// Greedy steps back to back: step k's input is step k-1's argmax, which the
+// argmax kernel leaves in dec.tokens, so the host only copies the first token
+// in and then stays kGreedyLookahead steps behind the device, reading each id
+// from its mapped slot once the step's event has completed. Steps enqueued
+// past a stop write cache rows beyond the new length, which later steps
+// overwrite before reading.
+int64_t GpuModel::Impl::greedy_run(int32_t token, int64_t limit, int64_t steps,
+                                   const std::function<bool(int32_t)>& on_token) {
+  check_tokens({token});
+  NIBBLE_CHECK(limit > 0 && limit <= c.vocab_size, "greedy decode: vocab_limit {} outside 1 .. {}", limit,
+               c.vocab_size);
+  NIBBLE_CHECK(steps >= 0 && len + steps <= max_tokens, "greedy decode: {} + {} steps exceed the cache of {} positions",
+               len, steps, max_tokens);
+  const int64_t len0 = len;
+  int64_t enqueued = 0, done = 0;
+  try {
+    bool go = true;
+    while (go && done < steps) {
+      for (; enqueued < steps && enqueued <= done + kGreedyLookahead; ++enqueued) {
+        if (enqueued == 0) {
+          host_step[0] = token;
+          host_step[1] = static_cast<int32_t>(len0);
+          NIBBLE_CUDA_CHECK(cudaMemcpyAsync(dec.tokens.get(), host_step, 8, cudaMemcpyHostToDevice, stream));
+        }
+        launch_step();
+        enqueue_argmax(limit);
+        NIBBLE_CUDA_CHECK(cudaEventRecord(greedy_done[(len0 + enqueued) % kGreedySlots], stream));
+      }
+      const int64_t slot = (len0 + done) % kGreedySlots;
+      NIBBLE_CUDA_CHECK(cudaEventSynchronize(greedy_done[slot]));
+      const int32_t id = reinterpret_cast<volatile int32_t*>(greedy_host)[slot];
+      ++done;
+      go = on_token(id);
+    }
+  } catch (...) {
+    cudaStreamSynchronize(stream);
+    len = len0 + done;
+    throw;
+  }
+  NIBBLE_CUDA_CHECK(cudaStreamSynchronize(stream));  // the steps enqueued past a stop
+  len = len0 + done;
+  return done;
+}
+
 int32_t GpuModel::decode_greedy(int32_t token, int64_t vocab_limit) {
-  Impl& m = *impl_;
-  m.check_tokens({token});
-  NIBBLE_CHECK(vocab_limit > 0 && vocab_limit <= m.c.vocab_size, "decode_greedy: vocab_limit {} outside 1 .. {}",
-               vocab_limit, m.c.vocab_size);
-  m.enqueue_step(token);
-  argmax_kernel<<<1, kArgmaxThreads, 0, m.stream>>>(static_cast<const float*>(m.dec.logits.get()), vocab_limit,
-                                                     static_cast<int32_t*>(m.dec.tokens.get()) + 2);
-  NIBBLE_CUDA_CHECK(cudaGetLastError());
-  NIBBLE_CUDA_CHECK(
-      cudaMemcpyAsync(m.host_step + 2, static_cast<int32_t*>(m.dec.tokens.get()) + 2, 4, cudaMemcpyDeviceToHost,
-                      m.stream));
-  NIBBLE_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  return m.host_step[2];
+  int32_t id = -1;
+  impl_->greedy_run(token, vocab_limit, 1, [&](int32_t t) {
+    id = t;
+    return true;
+  });
+  return id;
+}
+
+int64_t GpuModel::decode_greedy_run(int32_t token, int64_t vocab_limit, int64_t max_steps,
+                                    const std::function<bool(int32_t)>& on_token) {
+  return impl_->greedy_run(token, vocab_limit, max_steps, on_token);
 }
 
 Tensor GpuModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
@@ -702,6 +787,86 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
     pdl_launch(attention_kernel<bf16>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<bf16*>(a.out),
                a.ldo, a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
+}
+
+namespace {
+template <int HD>
+void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size_t smem, const RopeIn& rope,
+                             void* stream) {
+  // The attribute is per kernel: raised outside capture (the decode step's
+  // warm-up launch asks for the largest size first), never lowered.
+  static size_t smem_allowed = 0;
+  if (smem > smem_allowed) {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<bf16, HD>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<float, HD>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    smem_allowed = smem;
+  }
+  cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), {}};
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = kDecodeRanks;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(a.heads * kDecodeRanks));
+  cfg.blockDim = dim3(kDecodeThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  const float* q = a.q;
+  if (a.out_f32)
+    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_kernel<float, HD>, q, a.k, a.v,
+                                         static_cast<float*>(a.out), a.heads, a.kv_heads, a.p0, p0_dev, a.window,
+                                         a.scale, a.prepared, a.prep_group, rope));
+  else
+    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_kernel<bf16, HD>, q, a.k, a.v,
+                                         static_cast<bf16*>(a.out), a.heads, a.kv_heads, a.p0, p0_dev, a.window,
+                                         a.scale, a.prepared, a.prep_group, rope));
+}
+}  // namespace
+
+bool decode_attention_supported(int64_t head_dim) {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }();
+  return sm90 && (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream) {
+  NIBBLE_CHECK(decode_attention_supported(a.head_dim),
+               "decode_attention: head_dim {} (32, 64, 128 or 256) on an sm_90 or later device", a.head_dim);
+  NIBBLE_CHECK(a.n == 1 && a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
+               "decode_attention: one query, heads a multiple of kv_heads (n {}, heads {}, kv_heads {})", a.n, a.heads,
+               a.kv_heads);
+  NIBBLE_CHECK(a.prepared == nullptr || (a.head_dim % w4a16::kPrepInputs == 0 &&
+                                         (a.prep_group == 64 || a.prep_group == 128)),
+               "decode_attention: a prepared output needs head_dim a multiple of 128 and groups of 64 or 128");
+  NIBBLE_CHECK(p0_dev != nullptr || a.p0 + 1 <= max_positions,
+               "decode_attention: position {} is past the {} it is sized for", a.p0, max_positions);
+  const size_t smem = decode_attention_smem(a.head_dim, max_positions);
+  NIBBLE_CHECK(smem <= rowwise_attention_smem_limit(),
+               "decode_attention: {} positions need {} bytes of shared memory, more than the kernel's {}",
+               max_positions, smem, rowwise_attention_smem_limit());
+  RopeIn rope;
+  if (a.rope_qkv != nullptr) {
+    rope.qkv = a.rope_qkv;
+    rope.q_norm = a.rope_q_norm;
+    rope.k_norm = a.rope_k_norm;
+    rope.inv_freq = a.rope_inv_freq;
+    rope.eps = a.rope_eps;
+    rope.kc = const_cast<float*>(a.k);  // as in rowwise_attention: this step writes row p0
+    rope.vc = const_cast<float*>(a.v);
+  }
+  switch (a.head_dim) {
+    case 32: return launch_decode_attention<32>(a, p0_dev, smem, rope, stream);
+    case 64: return launch_decode_attention<64>(a, p0_dev, smem, rope, stream);
+    case 128: return launch_decode_attention<128>(a, p0_dev, smem, rope, stream);
+    default: return launch_decode_attention<256>(a, p0_dev, smem, rope, stream);
+  }
 }
 
 size_t split_attention_scratch_bytes(int64_t heads, int64_t head_dim, int splits) {

@@ -8,6 +8,7 @@
 // that int (and the token id) copied in before each replay.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include "backend/cuda/w4a16_common.cuh"
@@ -176,24 +177,36 @@ __global__ void silu_mul_prep_kernel(const float* __restrict__ g, const float* _
   w4a16::prep_warp_store(v, static_cast<int>(pw), group, prepared, F);
 }
 
-// Greedy decode on the device: out = the index of the largest of v[0 .. n-1],
-// the smallest such index on ties (std::max_element's choice). One block of
-// kArgmaxThreads; a thread scans every blockDim-th value, then (value, index)
-// pairs meet by shuffles and in shared memory.
-constexpr int kArgmaxThreads = 1024;
+// Greedy decode on the device: the index of the largest of v[0 .. n-1], the
+// smallest such index on ties (std::max_element's choice; NaN never wins, a
+// row of NaN gives 0). kArgmaxBlocks blocks of kArgmaxThreads each scan a
+// contiguous slice (16-byte loads) and leave their (value, index) in
+// `ArgmaxFeed::part`; the last block to finish (a ticket counter, reset for
+// the next call) merges them. Merging by (value, then smaller index) is
+// order-free, so the result does not depend on which block finishes last.
+// The last block also feeds the next decode step: step = {token, position,
+// result}: token = result, position + 1, and, when `host` is set (mapped
+// pinned memory), host[position % host_slots] = result, so greedy steps can
+// run back to back without the host in the loop (GpuModel::decode_greedy_run).
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxBlocks = 64;
+struct ArgmaxFeed {
+  float* part_v = nullptr;           // [kArgmaxBlocks]
+  int64_t* part_i = nullptr;         // [kArgmaxBlocks]
+  unsigned* ticket = nullptr;        // zero between calls
+  int32_t* step = nullptr;           // {token, position, result}
+  int32_t* host = nullptr;           // mapped pinned ring, or null
+  int host_slots = 0;
+};
 __device__ inline void argmax_merge(float& v, int64_t& i, float ov, int64_t oi) {
   if (ov > v || (ov == v && oi < i)) {
     v = ov;
     i = oi;
   }
 }
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ v, int64_t n,
-                                                               int32_t* __restrict__ out) {
+__device__ inline void argmax_block(float& best, int64_t& bi) {  // the block's pair to thread 0
   __shared__ float sv[kArgmaxThreads / 32];
   __shared__ int64_t si[kArgmaxThreads / 32];
-  float best = -INFINITY;
-  int64_t bi = n;  // past the end: loses every tie
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) argmax_merge(best, bi, v[j], j);
   for (int o = 16; o > 0; o >>= 1)
     argmax_merge(best, bi, __shfl_xor_sync(0xFFFFFFFFu, best, o), __shfl_xor_sync(0xFFFFFFFFu, bi, o));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -202,9 +215,53 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
     si[warp] = bi;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0)
     for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) argmax_merge(best, bi, sv[w], si[w]);
-    *out = static_cast<int32_t>(bi < n ? bi : 0);  // NaN never wins; a row of NaN gives 0
+}
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __restrict__ v, int64_t n,
+                                                               ArgmaxFeed f) {
+  pdl_prologue();
+  // Slices of a multiple of 4 values: 16-byte aligned (v is), a scalar tail.
+  const int64_t per = ((n + gridDim.x - 1) / gridDim.x + 3) & ~int64_t{3};
+  const int64_t lo = blockIdx.x * per, hi = lo + per < n ? lo + per : n;
+  float best = -INFINITY;
+  int64_t bi = n;  // past the end: loses every tie
+  const int64_t hi4 = hi > lo ? lo + ((hi - lo) & ~int64_t{3}) : lo;
+  for (int64_t j = lo + 4 * threadIdx.x; j < hi4; j += 4 * blockDim.x) {
+    const float4 x = *reinterpret_cast<const float4*>(v + j);
+    argmax_merge(best, bi, x.x, j);
+    argmax_merge(best, bi, x.y, j + 1);
+    argmax_merge(best, bi, x.z, j + 2);
+    argmax_merge(best, bi, x.w, j + 3);
+  }
+  for (int64_t j = hi4 + threadIdx.x; j < hi; j += blockDim.x) argmax_merge(best, bi, v[j], j);
+  argmax_block(best, bi);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    f.part_v[blockIdx.x] = best;
+    f.part_i[blockIdx.x] = bi;
+    __threadfence();  // the pair is visible before the ticket says so
+    last = atomicAdd(f.ticket, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  best = -INFINITY;
+  bi = n;
+  for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += blockDim.x)
+    argmax_merge(best, bi, __ldcg(f.part_v + b), __ldcg(f.part_i + b));
+  argmax_block(best, bi);
+  if (threadIdx.x == 0) {
+    const int32_t r = static_cast<int32_t>(bi < n ? bi : 0);
+    *f.ticket = 0;
+    const int32_t pos = f.step[1];
+    f.step[0] = r;
+    f.step[1] = pos + 1;
+    f.step[2] = r;
+    if (f.host != nullptr) {
+      f.host[pos % f.host_slots] = r;
+      __threadfence_system();
+    }
   }
 }
 
@@ -379,6 +436,258 @@ __global__ void __launch_bounds__(kAttentionThreads)
   }
   __syncthreads();
   prep_store_head(qs, h, hd, H, prep_group, prepared);
+}
+
+// Decode attention on a cluster of kDecodeRanks blocks per head
+// (decode_attention, include/nibble/cuda_attention.h; sm_90). The row-wise
+// kernel above gives a head one block, so a decode step's attention ran on
+// H of the GPU's SMs as one long chain of dependent loads and barriers
+// (12.4 µs per layer of the 8B shape at ~70 positions, measured). Here block
+// r of head h's cluster takes the r-th of kDecodeRanks equal ranges of the
+// keys t0 .. p0 (the length read at run time: one captured step serves every
+// position), with its own max and sum; rank 0 then reads the others'
+// (m, l, o) through distributed shared memory and combines them:
+// out = Σ_r e^(m_r − M)·o_r / Σ_r e^(m_r − M)·l_r.
+// - Before waiting for the previous kernel (only constants and the position,
+//   which the step's first kernel was launched after): the q/k norm weights
+//   and RoPE's cos/sin at p0 into shared memory.
+// - Then warps 0, 1, 2 take q, k and v of the new position from the qkv row
+//   (norms, RoPE); the new key and value are used from shared memory, and one
+//   block per kv head writes them into the caches.
+// - Scores: 8 lanes per key, each hd/8 dimensions (16-byte loads), summed by
+//   three shuffles; the rows of several rounds of 32 keys are loaded before
+//   any is used. P·V: G = threads / (hd/4) groups of a thread per four
+//   dimensions, each group every G-th key of the range, 8 value rows loaded
+//   before any is used. (Without that batching the loads of a long range
+//   ran one round trip at a time: 22.6 µs at 1000 positions against 13.4.)
+// Measured (bench_decode_trace, 8B shape, H200): 9.8 µs per layer at 250
+// positions (the row-wise kernel: 12.4 µs at 70), 14.7 µs at 1000. Tried:
+// clusters of 8 (16.3 µs at 250), an L2 prefetch of the rank's K/V rows
+// before the wait (no faster at 250, slower at 1000), letting the next
+// kernel launch only after the P·V step (no change).
+// hd: 32, 64, 128 or 256 (a template argument).
+constexpr int kDecodeRanks = 4;
+constexpr int kDecodeThreads = 256;
+constexpr int kDecodeMaxHd = 256;
+// Shared memory (floats): q, k, v, q/k norm weights [hd each], cos/sin [hd/2
+// each], the result (o [hd], m, l; padded to 4), the P·V partials [4·threads],
+// scores [chunk].
+inline size_t decode_attention_smem(int64_t hd, int64_t max_positions) {
+  const int64_t chunk = (max_positions + kDecodeRanks - 1) / kDecodeRanks;
+  return static_cast<size_t>(7 * hd + 4 + 4 * kDecodeThreads + chunk) * 4;
+}
+template <typename OutT, int HD>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_attention_kernel(const float* __restrict__ qf, const float* kc, const float* vc, OutT* out, int64_t H,
+                            int64_t KV, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
+                            void* prepared, int prep_group, RopeIn rope) {
+  constexpr int64_t hd = HD;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t h = blockIdx.x / kDecodeRanks, kvh = h / (H / KV), row = KV * hd;
+  extern __shared__ __align__(16) float sm[];
+  float* qs = sm;
+  float* ks = qs + hd;
+  float* vs = ks + hd;
+  float* qn = vs + hd;
+  float* kn = qn + hd;
+  float* cs = kn + hd;
+  float* sn = cs + hd / 2;
+  float* res = sn + hd / 2;  // o [hd], m, l
+  float* part = res + hd + 4;  // 16-byte aligned (float4 stores)
+  float* sc = part + 4 * kDecodeThreads;
+  __shared__ float scratch[32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t p0 = position_of(p0_host, p0_dev);
+  const bool fresh = rope.qkv != nullptr;  // the new key and value come from the qkv row
+  if (fresh) {
+    for (int64_t d = threadIdx.x; d < hd / 2; d += blockDim.x) {
+      const float angle = static_cast<float>(p0) * rope.inv_freq[d];
+      cs[d] = cosf(angle);
+      sn[d] = sinf(angle);
+    }
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+      qn[d] = rope.q_norm != nullptr ? rope.q_norm[d] : 1.0f;
+      kn[d] = rope.k_norm != nullptr ? rope.k_norm[d] : 1.0f;
+    }
+  }
+  w4a16::grid_dependents_launch();
+  w4a16::grid_dependency_wait();
+  const int64_t T = p0 + 1, t0 = (window > 0 && T > window) ? T - window : 0;
+  const bool writer = fresh && rank == 0 && h % (H / KV) == 0;  // one block per kv head fills the caches
+  if (fresh) {
+    __syncthreads();  // the tables
+    if (warp < 2) {  // q (warp 0) or k (warp 1): RMS norm where set, then RoPE
+      const float* src = rope.qkv + (warp == 0 ? h * hd : H * hd + kvh * hd);
+      const float* nw = warp == 0 ? rope.q_norm : rope.k_norm;
+      const float* w = warp == 0 ? qn : kn;
+      float* buf = warp == 0 ? qs : ks;
+      float ss = 0.0f;
+      for (int64_t d = lane; d < hd; d += 32) {
+        const float x = src[d];
+        buf[d] = x;
+        ss += x * x;
+      }
+      float inv = 1.0f;
+      if (nw != nullptr) {
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + rope.eps);
+      }
+      __syncwarp();
+      const int64_t half = hd / 2;
+      float rot[kDecodeMaxHd / 32];
+      int n = 0;
+      for (int64_t d = lane; d < half; d += 32, ++n) {
+        const float a = nw != nullptr ? buf[d] * inv * w[d] : buf[d];
+        const float b = nw != nullptr ? buf[d + half] * inv * w[d + half] : buf[d + half];
+        rot[2 * n] = a * cs[d] - b * sn[d];
+        rot[2 * n + 1] = b * cs[d] + a * sn[d];
+      }
+      __syncwarp();
+      n = 0;
+      for (int64_t d = lane; d < half; d += 32, ++n) {
+        buf[d] = rot[2 * n];
+        buf[d + half] = rot[2 * n + 1];
+      }
+      if (warp == 1 && writer) {
+        __syncwarp();
+        for (int64_t d = lane; d < hd; d += 32) rope.kc[p0 * row + kvh * hd + d] = buf[d];
+      }
+    } else if (warp == 2) {
+      const float* src = rope.qkv + (H + KV) * hd + kvh * hd;
+      for (int64_t d = lane; d < hd; d += 32) {
+        vs[d] = src[d];
+        if (writer) rope.vc[p0 * row + kvh * hd + d] = src[d];
+      }
+    }
+  } else {
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qf[h * hd + d];
+  }
+  __syncthreads();
+  // This rank's keys: lo .. hi-1.
+  const int64_t chunk = (T - t0 + kDecodeRanks - 1) / kDecodeRanks;
+  const int64_t lo = t0 + rank * chunk, hi = lo + chunk < T ? lo + chunk : T;
+  // Scores: lane j of an 8-lane group holds dims j·HD/8 .. (j+1)·HD/8 - 1
+  // (q in registers). The K rows of R rounds of 32 keys are loaded before any
+  // is used (16 float4 per lane in flight); rounds past the range re-read row lo.
+  constexpr int PER4 = HD / 32, R = 16 / PER4;
+  const int sub = threadIdx.x & 7;
+  float4 qr[PER4];
+#pragma unroll
+  for (int e = 0; e < PER4; ++e) qr[e] = reinterpret_cast<const float4*>(qs + sub * (HD / 8))[e];
+  float mx = -INFINITY;
+  for (int64_t base = lo; base < hi; base += R * (kDecodeThreads / 8)) {
+    float4 kb[R][PER4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t t = base + r * (kDecodeThreads / 8) + (threadIdx.x >> 3);
+      const float4* k4 = reinterpret_cast<const float4*>(
+          fresh && t == p0 ? ks + sub * (HD / 8) : kc + (t < hi ? t : lo) * row + kvh * HD + sub * (HD / 8));
+#pragma unroll
+      for (int e = 0; e < PER4; ++e) kb[r][e] = k4[e];
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t t = base + r * (kDecodeThreads / 8) + (threadIdx.x >> 3);
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int e = 0; e < PER4; ++e) {
+        s0 = fmaf(qr[e].x, kb[r][e].x, s0);
+        s1 = fmaf(qr[e].y, kb[r][e].y, s1);
+        s0 = fmaf(qr[e].z, kb[r][e].z, s0);
+        s1 = fmaf(qr[e].w, kb[r][e].w, s1);
+      }
+      float s = s0 + s1;
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      s += __shfl_xor_sync(0xffffffffu, s, 4);
+      s *= scale;
+      if (t < hi) {
+        if (sub == 0) sc[t - lo] = s;
+        mx = fmaxf(mx, s);
+      }
+    }
+  }
+  mx = block_max(mx, scratch);  // its barriers also publish sc; -inf for an empty range
+  float sum = 0.0f;
+  for (int64_t t = lo + threadIdx.x; t < hi; t += blockDim.x) sum += (sc[t - lo] = expf(sc[t - lo] - mx));
+  sum = block_sum(sum, scratch);  // its barriers also publish sc
+  // P·V: G groups of HD/4 threads (a thread per four dimensions), group g
+  // every G-th key; the value rows of U keys are loaded before any is used.
+  constexpr int64_t hd4 = HD / 4, G = kDecodeThreads / hd4;
+  constexpr int U = 8;
+  {
+    const int64_t g = threadIdx.x / hd4, d4 = threadIdx.x % hd4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int64_t t = lo + g; t < hi; t += U * G) {
+      float4 v[U];
+      float p[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t tu = t + u * G;
+        const bool ok = tu < hi;
+        p[u] = ok ? sc[tu - lo] : 0.0f;
+        v[u] = fresh && tu == p0 ? reinterpret_cast<const float4*>(vs)[d4]
+                                 : reinterpret_cast<const float4*>(vc + (ok ? tu : lo) * row + kvh * HD)[d4];
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        o.x = fmaf(p[u], v[u].x, o.x);
+        o.y = fmaf(p[u], v[u].y, o.y);
+        o.z = fmaf(p[u], v[u].z, o.z);
+        o.w = fmaf(p[u], v[u].w, o.w);
+      }
+    }
+    reinterpret_cast<float4*>(part)[g * hd4 + d4] = o;
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int64_t g = 0; g < G; ++g) o += part[g * hd + d];
+    res[d] = o;
+  }
+  if (threadIdx.x == 0) {
+    res[hd] = mx;
+    res[hd + 1] = sum;
+  }
+  cluster.sync();  // every rank's (o, m, l) is in its shared memory
+  if (rank == 0) {
+    float m[kDecodeRanks], w[kDecodeRanks];
+    const float* rr[kDecodeRanks];
+    float M = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < kDecodeRanks; ++r) {
+      rr[r] = cluster.map_shared_rank(res, r);
+      m[r] = rr[r][hd];
+      M = fmaxf(M, m[r]);
+    }
+    float L = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kDecodeRanks; ++r) {
+      w[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - M);  // an empty range weighs nothing
+      L = fmaf(w[r], rr[r][hd + 1], L);
+    }
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+      float o = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kDecodeRanks; ++r) o = fmaf(w[r], rr[r][d], o);
+      o /= L;
+      if (prepared != nullptr)
+        part[d] = o;
+      else
+        store_act(out + h * hd + d, o);
+    }
+  }
+  cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
+  if (rank == 0 && prepared != nullptr) {
+    __syncthreads();
+    prep_store_head(part, h, hd, H, prep_group, prepared);
+  }
+#else
+  __trap();  // launched only on sm_90 and later (decode_attention checks the device)
+#endif
 }
 
 // Decode attention split over the keys (split_attention, include/nibble/
