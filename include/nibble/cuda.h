@@ -91,8 +91,12 @@ struct LinearKernel {
   // y[1, rows] (f32) = one token's activation already in the kernel's prepared
   // form (src/backend/cuda/w4a16_prep.cuh, groups of w.group_size, `bytes`
   // long) · Ŵᵀ. For the CUDA backend's fused producers (GpuModel's decode
-  // writes it from the RMSNorm and SiLU kernels).
-  void (*gemv_prepared)(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl);
+  // writes it from the RMSNorm and SiLU kernels). `deep`: the kernel before
+  // in the stream holds almost no SMs (GpuModel's one-block RMSNorm), so the
+  // GEMV's blocks are all resident while it runs and may put more of the
+  // weight stream in flight before waiting for it.
+  void (*gemv_prepared)(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl,
+                        bool deep);
 };
 const std::vector<const LinearKernel*>& linear_kernel_registry();
 // The kernel for a format, or nullptr when the reference path must be used.

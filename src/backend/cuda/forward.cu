@@ -228,10 +228,13 @@ int prepared_group(const GpuLinear* ls, size_t count) {
 }
 
 // Decode: y[1, Σ out] = the prepared activation · [W0; W1; ...]ᵀ + bias.
-void linears_prepared(const GpuLinear* ls, size_t count, const DeviceBuffer& prepared, float* y, cudaStream_t s) {
+// `after_norm`: the kernel before is the one-block RMSNorm (the GEMV may
+// prefetch deeper while it runs; LinearKernel::gemv_prepared).
+void linears_prepared(const GpuLinear* ls, size_t count, const DeviceBuffer& prepared, float* y, cudaStream_t s,
+                      bool after_norm = false) {
   for (size_t i = 0; i < count; ++i) {
     const GpuLinear& l = ls[i];
-    l.packed.kernel->gemv_prepared(l.packed, prepared.get(), prepared.bytes(), y, s, true);
+    l.packed.kernel->gemv_prepared(l.packed, prepared.get(), prepared.bytes(), y, s, true, after_norm && i == 0);
     if (l.bias.bytes() > 0) {
       pdl_launch(bias_add_kernel, blocks_of(l.out, 256), 256, 0, s, y, l.out, static_cast<const float*>(l.bias.get()),
                  1, l.out);
@@ -369,7 +372,7 @@ struct GpuModel::Impl {
       if (one && L.prep_qkv) {
         pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, l == 0 ? nullptr : tmp, D,
                    f32p(L.input_norm), eps, sc.xq.get(), L.prep_qkv);
-        linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream);
+        linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, true);
       } else {
         norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, one && L.f32_qkv);
         linears_forward(L.qkv, xn, act(one && L.f32_qkv), n, ldD, qkv, QKV, stream);
@@ -424,7 +427,7 @@ struct GpuModel::Impl {
       if (one && L.prep_gate_up) {
         pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(L.post_norm), eps, sc.xq.get(),
                                                                 L.prep_gate_up);
-        linears_prepared(L.gate_up.data(), L.gate_up.size(), sc.xq, gu, stream);
+        linears_prepared(L.gate_up.data(), L.gate_up.size(), sc.xq, gu, stream, true);
       } else {
         norm(rows_n, x, tmp, f32p(L.post_norm), xn, one && L.f32_gate_up);
         linears_forward(L.gate_up, xn, act(one && L.f32_gate_up), n, ldD, gu, 2 * F, stream);

@@ -441,7 +441,8 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
                 bool f32_out, void* stream, bool pdl);
 
 bool w4a16_single_token_f32(const DeviceLinear& w) { return w4a16_gemv_applies(w.group_size); }
-void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl);
+void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl,
+                    bool deep);
 
 const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
                           &w4a16_single_token_f32, &w4a16_prepared};
@@ -570,9 +571,10 @@ void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void
   }
 }
 
-void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl) {
+void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl,
+                    bool deep) {
   NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
-  w4a16_gemv_prepared(w, prepared, bytes, y, static_cast<cudaStream_t>(stream), pdl, device_sm_count());
+  w4a16_gemv_prepared(w, prepared, bytes, y, static_cast<cudaStream_t>(stream), pdl, device_sm_count(), deep);
 }
 
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,

@@ -177,10 +177,18 @@ __global__ void __launch_bounds__(512)
 // M = 1): 2 stages 1.33-1.35 ms, 4 stages 1.43-1.47 ms, 8 stages 1.87 ms; the
 // smaller ring leaves room for more resident warps. Triggering the next
 // kernel's launch before the main loop instead of after it was no faster.
+// In decode, a GEMV right after the one-block RMSNorm (`deep`) has the GPU to
+// itself while the norm runs: 4 stages there (three groups per warp in flight
+// before the wait) took q|k|v from 6.9 to 5.5 µs per layer of the 8B shape
+// and gate|up from 16.3 to 15.7 (bench_decode_trace); after attention (o) or
+// SiLU (down) the larger blocks no longer all fit beside the kernel before,
+// and were slower.
 constexpr int kStages = 2;
+constexpr int kDeepStages = 4;
 
 template <typename OutT, int CPG>
-void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms) {
+void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms,
+                 bool deep) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
   const int64_t groups = (chunks + CPG - 1) / CPG;
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
@@ -188,7 +196,8 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   // at most one per group.
   const int64_t warps =
       std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, std::min<int64_t>(16, groups));
-  const size_t smem = static_cast<size_t>(warps) * (kStages * (CPG * 32 * 16 + 32 * 8) + kTileRows * 4);
+  const int stages = deep ? kDeepStages : kStages;
+  const size_t smem = static_cast<size_t>(warps) * (stages * (CPG * 32 * 16 + 32 * 8) + kTileRows * 4);
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles));
@@ -197,9 +206,12 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  auto kernel = w4a16_gemv_kernel<OutT, CPG, kStages>;
+  auto kernel = deep ? w4a16_gemv_kernel<OutT, CPG, kDeepStages> : w4a16_gemv_kernel<OutT, CPG, kStages>;
   static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_gemv_kernel<OutT, CPG, kStages>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_gemv_kernel<OutT, CPG, kDeepStages>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
     return true;
   }();
   (void)attr_set;
@@ -213,17 +225,17 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
 }
 
 void launch_gemv_out(const DeviceLinear& w, const void* prepared, void* y, bool f32_out, cudaStream_t s, bool pdl,
-                     int sms, Act out) {
+                     int sms, Act out, bool deep = false) {
   // y is f32, or the activation type (fp32 for f32 activations).
   if (f32_out || out == Act::F32)
-    w.group_size == 64 ? launch_gemv<float, 1>(w, prepared, static_cast<float*>(y), s, pdl, sms)
-                       : launch_gemv<float, 2>(w, prepared, static_cast<float*>(y), s, pdl, sms);
+    w.group_size == 64 ? launch_gemv<float, 1>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep)
+                       : launch_gemv<float, 2>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep);
   else if (out == Act::BF16)
-    w.group_size == 64 ? launch_gemv<__nv_bfloat16, 1>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms)
-                       : launch_gemv<__nv_bfloat16, 2>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms);
+    w.group_size == 64 ? launch_gemv<__nv_bfloat16, 1>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep)
+                       : launch_gemv<__nv_bfloat16, 2>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep);
   else
-    w.group_size == 64 ? launch_gemv<__half, 1>(w, prepared, static_cast<__half*>(y), s, pdl, sms)
-                       : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms);
+    w.group_size == 64 ? launch_gemv<__half, 1>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep)
+                       : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep);
 }
 
 template <typename T>
@@ -265,9 +277,9 @@ void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32
 }
 
 void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
-                         cudaStream_t stream, bool pdl, int sms) {
+                         cudaStream_t stream, bool pdl, int sms, bool deep) {
   check_prepared(w, prepared_bytes);
-  launch_gemv_out(w, prepared, y, true, stream, pdl, sms, Act::F32);
+  launch_gemv_out(w, prepared, y, true, stream, pdl, sms, Act::F32, deep);
 }
 
 }  // namespace nibble::cuda

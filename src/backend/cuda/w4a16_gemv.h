@@ -22,9 +22,11 @@ void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32
                 int sms);
 // The same GEMV on an activation already prepared (w4a16_prep.cuh: written by
 // the kernel before, e.g. GpuModel's fused RMSNorm); y is f32. The prepared
-// buffer must be for w.cols inputs and w.group_size.
+// buffer must be for w.cols inputs and w.group_size. `deep` (LinearKernel::
+// gemv_prepared): a 4-stage ring, three groups per warp in flight before the
+// wait, where the kernel before leaves the SMs free.
 void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
-                         cudaStream_t stream, bool pdl, int sms);
+                         cudaStream_t stream, bool pdl, int sms, bool deep = false);
 // The device's SM count (cached).
 int device_sm_count();
 
