@@ -734,6 +734,22 @@ Tensor GpuModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
   return logits;
 }
 
+// The decode kernels' fused RoPE step (AttentionArgs::rope_qkv), or none.
+static RopeIn rope_in(const AttentionArgs& a) {
+  RopeIn rope;
+  if (a.rope_qkv != nullptr) {
+    rope.qkv = a.rope_qkv;
+    rope.q_norm = a.rope_q_norm;
+    rope.k_norm = a.rope_k_norm;
+    rope.inv_freq = a.rope_inv_freq;
+    rope.eps = a.rope_eps;
+    // AttentionArgs holds the caches read-only for every other use; this step writes row p0.
+    rope.kc = const_cast<float*>(a.k);
+    rope.vc = const_cast<float*>(a.v);
+  }
+  return rope;
+}
+
 // The row-wise kernel's launcher (include/nibble/cuda_attention.h); it lives
 // here because the kernel is one of forward_kernels.cuh's.
 size_t rowwise_attention_smem(int64_t head_dim, int64_t max_positions) {
@@ -770,17 +786,7 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
   NIBBLE_CHECK(a.rope_qkv == nullptr || (a.n == 1 && a.head_dim <= kAttentionThreads / 2),
                "rowwise_attention: the fused RoPE step needs one query and head_dim <= {} (n {}, head_dim {})",
                kAttentionThreads / 2, a.n, a.head_dim);
-  RopeIn rope;
-  if (a.rope_qkv != nullptr) {
-    rope.qkv = a.rope_qkv;
-    rope.q_norm = a.rope_q_norm;
-    rope.k_norm = a.rope_k_norm;
-    rope.inv_freq = a.rope_inv_freq;
-    rope.eps = a.rope_eps;
-    // AttentionArgs holds the caches read-only for every other use; this step writes row p0.
-    rope.kc = const_cast<float*>(a.k);
-    rope.vc = const_cast<float*>(a.v);
-  }
+  const RopeIn rope = rope_in(a);
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads));
   const auto st = static_cast<cudaStream_t>(stream);
   if (a.out_f32)
@@ -854,16 +860,7 @@ void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max
   NIBBLE_CHECK(smem <= rowwise_attention_smem_limit(),
                "decode_attention: {} positions need {} bytes of shared memory, more than the kernel's {}",
                max_positions, smem, rowwise_attention_smem_limit());
-  RopeIn rope;
-  if (a.rope_qkv != nullptr) {
-    rope.qkv = a.rope_qkv;
-    rope.q_norm = a.rope_q_norm;
-    rope.k_norm = a.rope_k_norm;
-    rope.inv_freq = a.rope_inv_freq;
-    rope.eps = a.rope_eps;
-    rope.kc = const_cast<float*>(a.k);  // as in rowwise_attention: this step writes row p0
-    rope.vc = const_cast<float*>(a.v);
-  }
+  const RopeIn rope = rope_in(a);
   switch (a.head_dim) {
     case 32: return launch_decode_attention<32>(a, p0_dev, smem, rope, stream);
     case 64: return launch_decode_attention<64>(a, p0_dev, smem, rope, stream);
