@@ -81,16 +81,12 @@ class Runner {
   // `emit` sees each id and returns false to stop.
   bool device_greedy() const { return cuda_; }
   void greedy_run(int32_t token, int64_t limit, int64_t steps, const std::function<bool(int32_t)>& emit) {
+    NIBBLE_CHECK(cuda_, "greedy_run: the device-side greedy loop is the GPU's");
 #ifdef NIBBLE_HAVE_CUDA
-    if (cuda_) {
-      gpu_->decode_greedy_run(token, limit, steps, emit);
-      return;
-    }
+    gpu_->decode_greedy_run(token, limit, steps, emit);
+#else
+    (void)token, (void)limit, (void)steps, (void)emit;
 #endif
-    for (int64_t i = 0; i < steps; ++i) {
-      token = argmax(last_logits({token}).data<float>(), limit);
-      if (!emit(token)) return;
-    }
   }
   // For the GPU: a line on what one decode step reads against the device's
   // read bandwidth (measured now), or "" on the CPU.

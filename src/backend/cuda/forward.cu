@@ -285,7 +285,7 @@ struct GpuModel::Impl {
   Scratch s;    // prefill, grows to the largest n seen
   Scratch dec;  // decode: one token, never reallocated (the graph holds its pointers)
   cudaStream_t stream = nullptr;
-  int32_t* host_step = nullptr;  // pinned {token, position}: the first decode step's input
+  int32_t* host_step = nullptr;  // pinned {token, position}: a decode step's input from the host
   cudaGraphExec_t decode_graph = nullptr;
   // Greedy decode (argmax_kernel): the blocks' partial results and ticket,
   // and the chosen ids, written by the device into mapped pinned memory at
@@ -310,7 +310,7 @@ struct GpuModel::Impl {
     const int64_t H = c.num_heads, KV = c.num_kv_heads, hd = c.head_dim, D = c.hidden_size, F = c.intermediate_size;
     Scratch t;
     t.rows = n;
-    t.tokens = DeviceBuffer((n + 2) * 4);  // the ids; decode: {token, position, greedy result}
+    t.tokens = DeviceBuffer((n + 1) * 4);  // the ids; decode: {token, position}
     t.x = DeviceBuffer(n * D * 4);
     t.xn = DeviceBuffer(n * ldD * 4);  // bf16, or f32 in decode
     t.qkv = DeviceBuffer(n * (H + 2 * KV) * hd * 4);
@@ -465,6 +465,12 @@ struct GpuModel::Impl {
 
   // forward()'s argument checks: ids in the vocabulary, room in the cache.
   void check_tokens(const std::vector<int32_t>& tokens) const;
+  // Copies {token, position} in as the next decode step's input (pinned, async).
+  void set_step_input(int32_t token, int64_t position) {
+    host_step[0] = token;
+    host_step[1] = static_cast<int32_t>(position);
+    NIBBLE_CUDA_CHECK(cudaMemcpyAsync(dec.tokens.get(), host_step, 8, cudaMemcpyHostToDevice, stream));
+  }
   // One decode step for `token` at position len (graph or eager), len + 1.
   void enqueue_step(int32_t token);
   // The decode step over dec.tokens as it stands (graph or eager).
@@ -499,9 +505,7 @@ struct GpuModel::Impl {
   // during capture), then captures it. The warm-up writes cache row 0, which
   // is harmless: every row is written by its own step before any step reads it.
   void capture_decode_graph() {
-    host_step[0] = 0;
-    host_step[1] = 0;
-    NIBBLE_CUDA_CHECK(cudaMemcpyAsync(dec.tokens.get(), host_step, 8, cudaMemcpyHostToDevice, stream));
+    set_step_input(0, 0);
     enqueue_decode();
     NIBBLE_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaGraph_t graph = nullptr;
@@ -621,7 +625,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   }
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
   NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 16));
+  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
   m.argmax_state = DeviceBuffer(kArgmaxBlocks * 16 + 16);
   NIBBLE_CUDA_CHECK(cudaMemset(m.argmax_state.get(), 0, m.argmax_state.bytes()));  // the ticket starts at 0
   NIBBLE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.greedy_host), Impl::kGreedySlots * 4,
@@ -646,9 +650,7 @@ void GpuModel::Impl::check_tokens(const std::vector<int32_t>& tokens) const {
 void GpuModel::Impl::enqueue_step(int32_t token) {
   // Decode: the same kernels whether replayed from the graph or launched
   // here, all reading the token and the position from dec.tokens.
-  host_step[0] = token;
-  host_step[1] = static_cast<int32_t>(len);
-  NIBBLE_CUDA_CHECK(cudaMemcpyAsync(dec.tokens.get(), host_step, 8, cudaMemcpyHostToDevice, stream));
+  set_step_input(token, len);
   launch_step();
   ++len;
 }
@@ -672,11 +674,7 @@ int64_t GpuModel::Impl::greedy_run(int32_t token, int64_t limit, int64_t steps,
     bool go = true;
     while (go && done < steps) {
       for (; enqueued < steps && enqueued <= done + kGreedyLookahead; ++enqueued) {
-        if (enqueued == 0) {
-          host_step[0] = token;
-          host_step[1] = static_cast<int32_t>(len0);
-          NIBBLE_CUDA_CHECK(cudaMemcpyAsync(dec.tokens.get(), host_step, 8, cudaMemcpyHostToDevice, stream));
-        }
+        if (enqueued == 0) set_step_input(token, len0);
         launch_step();
         enqueue_argmax(limit);
         NIBBLE_CUDA_CHECK(cudaEventRecord(greedy_done[(len0 + enqueued) % kGreedySlots], stream));

@@ -184,18 +184,18 @@ __global__ void silu_mul_prep_kernel(const float* __restrict__ g, const float* _
 // `ArgmaxFeed::part`; the last block to finish (a ticket counter, reset for
 // the next call) merges them. Merging by (value, then smaller index) is
 // order-free, so the result does not depend on which block finishes last.
-// The last block also feeds the next decode step: step = {token, position,
-// result}: token = result, position + 1, and, when `host` is set (mapped
-// pinned memory), host[position % host_slots] = result, so greedy steps can
-// run back to back without the host in the loop (GpuModel::decode_greedy_run).
+// The last block also feeds the next decode step: step = {token, position}
+// becomes {result, position + 1}, and host[position % host_slots] = result
+// (mapped pinned memory), so greedy steps can run back to back without the
+// host in the loop (GpuModel::decode_greedy_run).
 constexpr int kArgmaxThreads = 256;
 constexpr int kArgmaxBlocks = 64;
 struct ArgmaxFeed {
   float* part_v = nullptr;           // [kArgmaxBlocks]
   int64_t* part_i = nullptr;         // [kArgmaxBlocks]
   unsigned* ticket = nullptr;        // zero between calls
-  int32_t* step = nullptr;           // {token, position, result}
-  int32_t* host = nullptr;           // mapped pinned ring, or null
+  int32_t* step = nullptr;           // {token, position}
+  int32_t* host = nullptr;           // mapped pinned ring
   int host_slots = 0;
 };
 __device__ inline void argmax_merge(float& v, int64_t& i, float ov, int64_t oi) {
@@ -257,11 +257,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
     const int32_t pos = f.step[1];
     f.step[0] = r;
     f.step[1] = pos + 1;
-    f.step[2] = r;
-    if (f.host != nullptr) {
-      f.host[pos % f.host_slots] = r;
-      __threadfence_system();
-    }
+    f.host[pos % f.host_slots] = r;
+    __threadfence_system();
   }
 }
 
