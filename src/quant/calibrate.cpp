@@ -234,6 +234,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
                                      info.damp_used));
     infos[name] = info_json(info);
   };
+#ifdef NIBBLE_HAVE_CUDA
   // The same for a GPU GPTQ result, whose weight errors are already in `info`.
   auto record_gptq = [&](const std::string& name, const GptqResult& r, QuantizeInfo info, ojson& infos) {
     info.damp_used = r.damp_used;
@@ -241,6 +242,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
     info.dead_columns = r.dead_columns;
     record(name, info, infos);
   };
+#endif
   // Quantizes w with stats; returns the stored parts and the dequantized weight.
   auto quantize_one = [&](const std::string& name, const Tensor& w, const MatrixStats& stats,
                           std::vector<std::pair<std::string, Tensor>>& out, ojson& infos) {
