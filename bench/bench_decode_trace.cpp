@@ -7,7 +7,7 @@
 // predecessor ends). The extensions of a step sum to its span, so the table
 // below says which kernels the step's time is spent waiting for.
 //
-//   bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--layer 1]
+//   bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--layer 1]
 //
 // Prints: the step span and the gap between steps; per kernel name, calls per
 // step, mean duration, mean extension and the share of the step; and the
@@ -99,7 +99,7 @@ const char* arg_value(int& i, int argc, char** argv) {
 int main(int argc, char** argv) {
   std::string model;
   int steps = 8, warmup = 64, layer = 1;
-  bool graph = true;
+  bool graph = true, fuse = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model") model = arg_value(i, argc, argv);
@@ -107,9 +107,10 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::atoi(arg_value(i, argc, argv));
     else if (a == "--layer") layer = std::atoi(arg_value(i, argc, argv));
     else if (a == "--no-graph") graph = false;
+    else if (a == "--no-fuse") fuse = false;  // GpuOptions::fuse_decode off: the separate norm and SiLU kernels
     else {
       std::fprintf(stderr,
-                   "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--layer 1]\n");
+                   "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--layer 1]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -121,6 +122,7 @@ int main(int argc, char** argv) {
     auto dir = nibble::CheckpointDir::open(model);
     nibble::cuda::GpuOptions opts;
     opts.decode_graph = graph;
+    opts.fuse_decode = fuse;
     const int64_t prompt = 4;
     auto gpu = nibble::cuda::GpuModel::load(*dir, prompt + warmup + steps + 1, opts);
     const int64_t vocab = gpu->config().vocab_size;
@@ -181,9 +183,10 @@ int main(int argc, char** argv) {
       if (s + 1 < steps) gap_sum += static_cast<double>(ks[begin[s + 1]].start) - static_cast<double>(latest);
     }
     const double span = span_sum / steps;
-    std::printf("decode trace: %s, %s, %zu kernels per step, step span %.1f us (sum of extensions), gap between "
+    std::printf("decode trace: %s, %s, %s, %zu kernels per step, step span %.1f us (sum of extensions), gap between "
                 "steps %.1f us\n",
-                model.c_str(), graph ? "CUDA graph" : "no graph", (ks.size()) / steps, span / 1e3,
+                model.c_str(), graph ? "CUDA graph" : "no graph",
+                gpu->decode_fused() ? "GemvFusion" : "separate norm/SiLU kernels", (ks.size()) / steps, span / 1e3,
                 steps > 1 ? gap_sum / (steps - 1) / 1e3 : 0.0);
     std::vector<std::pair<std::string, Agg>> rows(agg.begin(), agg.end());
     std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ext > b.second.ext; });

@@ -69,6 +69,41 @@ struct DeviceLinear {
   size_t weight_bytes() const { return a.bytes() + b.bytes(); }
 };
 
+// Work fused into a single-token GEMV (LinearKernel::gemv_prepared), so that
+// GpuModel's decode step needs no RMSNorm or SiLU kernel between its linears.
+// An RMSNorm y = x ⊙ w / rms(x) is split in two: the producer writes the
+// prepared activation of z = x ⊙ w and the sums of squares of x per 16-row
+// tile; the consumer GEMV multiplies its outputs by 1 / rms(x) (a GEMV is
+// linear in its input, so this equals the GEMV of y up to fp32 rounding).
+struct GemvFusion {
+  // Input side: outputs × 1 / sqrt(Σ in_ss[0 .. in_parts) / in_width + eps)
+  // (in_parts <= kMaxParts; in_ss null: no scaling).
+  static constexpr int kMaxParts = 512;
+  const float* in_ss = nullptr;
+  int in_parts = 0;
+  int64_t in_width = 0;
+  float eps = 0.0f;
+  // Output side (the GEMV's y is then not written):
+  //  * residual (residual set): residual[r] += out[r], then z[r] = residual[r] ·
+  //    norm_w[r] becomes `prep_out`, and Σ residual[r]² of each 16-row tile
+  //    goes to ss_out[tile] (ceil(rows / 16) floats).
+  //  * swiglu: rows [0, F) are gate, [F, 2F) up (F = rows / 2, a multiple of
+  //    16); SiLU(gate) · up (width F) becomes `prep_out`.
+  // Either way `prep_out` is the next GEMV's prepared activation (groups of
+  // prep_group, 64 or 128), `stage` f32 scratch of the output width, and
+  // `tickets` ceil(width / 128) counters, zero before the call and after it.
+  float* residual = nullptr;
+  const float* norm_w = nullptr;
+  float* ss_out = nullptr;
+  bool swiglu = false;
+  void* prep_out = nullptr;
+  size_t prep_bytes = 0;
+  int prep_group = 0;
+  float* stage = nullptr;
+  unsigned* tickets = nullptr;
+  bool fuses_output() const { return residual != nullptr || swiglu; }
+};
+
 // The CUDA kernel registry (DESIGN.md: kernels by format, backend, op): one row
 // per (format family, op). A format with no row falls back to "dequantize to
 // bf16 once, cuBLAS GEMM" (the reference path).
@@ -91,12 +126,17 @@ struct LinearKernel {
   // y[1, rows] (f32) = one token's activation already in the kernel's prepared
   // form (src/backend/cuda/w4a16_prep.cuh, groups of w.group_size, `bytes`
   // long) · Ŵᵀ. For the CUDA backend's fused producers (GpuModel's decode
-  // writes it from the RMSNorm and SiLU kernels). `deep`: the kernel before
+  // writes it from the RMSNorm, SiLU and attention kernels, or from the GEMV
+  // before through GemvFusion). `deep`: the kernel before
   // in the stream holds almost no SMs (GpuModel's one-block RMSNorm), so the
   // GEMV's blocks are all resident while it runs and may put more of the
   // weight stream in flight before waiting for it.
+  // `fuse` (or null): work fused around the GEMV (GemvFusion).
   void (*gemv_prepared)(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl,
-                        bool deep);
+                        bool deep, const GemvFusion* fuse);
+  // Writes one token's activation x (w.cols wide, of `act` type) in the
+  // prepared form gemv_prepared takes (`bytes` long); null where gemv_prepared is.
+  void (*prepare)(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t bytes, void* stream, bool pdl);
 };
 const std::vector<const LinearKernel*>& linear_kernel_registry();
 // The kernel for a format, or nullptr when the reference path must be used.

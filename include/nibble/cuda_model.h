@@ -32,6 +32,14 @@ struct GpuOptions {
   // supports the head dim (64, 128, 256); off, the row-wise kernel decode uses
   // (same values up to fp32 summation order; include/nibble/cuda_attention.h).
   bool flash_prefill = true;
+  // Decode runs no RMSNorm or SiLU kernel between the layers' int4 linears:
+  // the o and down GEMVs add to the residual and write the next norm's input,
+  // gate|up writes SiLU(gate)·up, each as the next GEMV's prepared input, and
+  // the GEMV after a norm applies its 1/rms (GemvFusion). Where a model does
+  // not allow it (other formats, biases on o/gate/up/down, an unfused or
+  // ragged gate|up) decode keeps the separate kernels. Off: always separate
+  // (the same values up to fp32 rounding).
+  bool fuse_decode = true;
 };
 
 class GpuModel {
@@ -63,6 +71,7 @@ class GpuModel {
                             const std::function<bool(int32_t)>& on_token);
 
   bool decode_graph() const;  // decode replays a captured graph
+  bool decode_fused() const;  // decode runs through GemvFusion (GpuOptions::fuse_decode)
   // Bytes of weights one decode step reads: every linear as stored on the
   // device (packed codes + group parameters, or bf16), biases, norms, the head
   // and one embedding row. The KV cache read grows with the position and is

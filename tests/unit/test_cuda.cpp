@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "backend/cuda/w4a16_gemv.h"
 #include "nibble/convert.h"
 #include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
@@ -349,6 +350,165 @@ TEST(Cuda, CublasReferencePathAgrees) {
   for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(f32_to_bf16(c[i]), b[i]) << i;
 }
 
+
+// GemvFusion (GpuModel's decode without norm and SiLU kernels) against the
+// same steps done separately: the plain GEMV, then the residual add, the
+// norm's z and SiLU(gate)·up on the host, prepared by the prepare kernel.
+// Ragged everywhere: K = 4160 (a half group of 128), 200 outputs (a half
+// 16-row tile; the second unit of 128 outputs has 5 tiles), F = 208.
+TEST(Cuda, GemvFusionMatchesSeparateSteps) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  auto down = [](const cuda::DeviceBuffer& b, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), b.get(), n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  };
+  auto up = [](const std::vector<float>& v) {
+    cuda::DeviceBuffer b(v.size() * 4);
+    EXPECT_EQ(cudaMemcpy(b.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    return b;
+  };
+  auto bytes_of = [](const cuda::DeviceBuffer& b) {
+    std::vector<uint8_t> v(b.bytes());
+    EXPECT_EQ(cudaMemcpy(v.data(), b.get(), v.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  };
+  for (int g : {64, 128}) {
+    SCOPED_TRACE("group " + std::to_string(g));
+    const int64_t K = 4160, N = 200, F = 208;
+    std::mt19937 rng(40 + g);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> pos(0.5f, 2.0f);
+    const cuda::LinearKernel* kern = cuda::find_linear_kernel("int4_asym", g);
+    ASSERT_NE(kern->prepare, nullptr);
+    const cuda::DeviceLinear w = kern->upload(random_int4_parts(rng, N, K, g), N, K, g);
+    const auto parts_gu = random_int4_parts(rng, 2 * F, K, g);
+    const cuda::DeviceLinear wgu = kern->upload(parts_gu, 2 * F, K, g);
+    std::vector<float> x(K);
+    for (auto& v : x) v = normal(rng);
+    const cuda::DeviceBuffer dx = up(x), px(cuda::w4a16_gemv_scratch_bytes(K));
+    kern->prepare(w, dx.get(), cuda::Act::F32, px.get(), px.bytes(), nullptr, false);
+    auto plain = [&](const cuda::DeviceLinear& l) {
+      cuda::DeviceBuffer y(static_cast<size_t>(l.rows) * 4);
+      kern->gemv_prepared(l, px.get(), px.bytes(), y.get(), nullptr, false, false, nullptr);
+      return down(y, static_cast<size_t>(l.rows));
+    };
+    const std::vector<float> y = plain(w), ygu = plain(wgu);
+    // The same prepared input a host-computed activation gets.
+    auto prepared_of = [&](const std::vector<float>& v, const cuda::DeviceLinear& consumer_shape) {
+      const cuda::DeviceBuffer dv = up(v);
+      cuda::DeviceBuffer p(cuda::w4a16_gemv_scratch_bytes(static_cast<int64_t>(v.size())));
+      EXPECT_EQ(cudaMemset(p.get(), 0xAB, p.bytes()), cudaSuccess);  // bytes no group writes (groups of 128)
+      kern->prepare(consumer_shape, dv.get(), cuda::Act::F32, p.get(), p.bytes(), nullptr, false);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return bytes_of(p);
+    };
+    const int units = static_cast<int>((std::max(N, F) + 127) / 128);
+    cuda::DeviceBuffer stage(static_cast<size_t>(std::max(N, F)) * 4), tickets(static_cast<size_t>(units) * 4);
+    ASSERT_EQ(cudaMemset(tickets.get(), 0, tickets.bytes()), cudaSuccess);
+    auto tickets_zero = [&] {
+      std::vector<unsigned> t(static_cast<size_t>(units));
+      EXPECT_EQ(cudaMemcpy(t.data(), tickets.get(), t.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      return std::all_of(t.begin(), t.end(), [](unsigned v) { return v == 0; });
+    };
+
+    // Input side: × 1 / sqrt(Σ parts / width + eps) over 300 parts.
+    std::vector<float> parts(300);
+    for (auto& v : parts) v = pos(rng);
+    const cuda::DeviceBuffer dparts = up(parts);
+    cuda::GemvFusion in;
+    in.in_ss = static_cast<const float*>(dparts.get());
+    in.in_parts = static_cast<int>(parts.size());
+    in.in_width = 1000;
+    in.eps = 1e-6f;
+    double sum = 0;
+    for (float v : parts) sum += v;
+    const double r = 1.0 / std::sqrt(sum / 1000 + 1e-6);
+    {
+      cuda::DeviceBuffer ys(static_cast<size_t>(N) * 4);
+      kern->gemv_prepared(w, px.get(), px.bytes(), ys.get(), nullptr, false, false, &in);
+      const std::vector<float> got = down(ys, N);
+      for (int64_t i = 0; i < N; ++i) EXPECT_NEAR(got[i], y[i] * r, 1e-6 * std::fabs(y[i] * r)) << i;
+    }
+
+    // Residual output: x += y, z = x · w_norm prepared, Σ x² per 16 rows. Run
+    // twice: the tickets must be back at zero for the second call.
+    std::vector<float> resid0(N), norm_w(N);
+    for (auto& v : resid0) v = normal(rng);
+    for (auto& v : norm_w) v = pos(rng);
+    const cuda::DeviceBuffer dnorm = up(norm_w);
+    const int tiles = static_cast<int>((N + 15) / 16);
+    cuda::DeviceBuffer ss(static_cast<size_t>(tiles) * 4), pz(cuda::w4a16_gemv_scratch_bytes(N));
+    std::vector<float> resid(N), z(N);
+    for (int64_t i = 0; i < N; ++i) {
+      resid[i] = resid0[i] + y[i];
+      z[i] = resid[i] * norm_w[i];
+    }
+    const cuda::DeviceLinear z_shape = kern->upload(random_int4_parts(rng, 16, N, g), 16, N, g);
+    const std::vector<uint8_t> want_pz = prepared_of(z, z_shape);
+    for (int call = 0; call < 2; ++call) {
+      SCOPED_TRACE("residual call " + std::to_string(call));
+      cuda::DeviceBuffer dres = up(resid0);
+      cuda::GemvFusion f;
+      f.residual = static_cast<float*>(dres.get());
+      f.norm_w = static_cast<const float*>(dnorm.get());
+      f.ss_out = static_cast<float*>(ss.get());
+      f.prep_out = pz.get();
+      f.prep_bytes = pz.bytes();
+      f.prep_group = g;
+      f.stage = static_cast<float*>(stage.get());
+      f.tickets = static_cast<unsigned*>(tickets.get());
+      ASSERT_EQ(cudaMemset(pz.get(), 0xAB, pz.bytes()), cudaSuccess);
+      kern->gemv_prepared(w, px.get(), px.bytes(), nullptr, nullptr, false, false, &f);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> got = down(dres, N), got_ss = down(ss, tiles);
+      for (int64_t i = 0; i < N; ++i) EXPECT_EQ(got[i], resid[i]) << i;
+      for (int t = 0; t < tiles; ++t) {
+        double want = 0;
+        for (int64_t i = 16 * t; i < std::min<int64_t>(N, 16 * t + 16); ++i) want += double{resid[i]} * resid[i];
+        EXPECT_NEAR(got_ss[t], want, 1e-5 * want) << "tile " << t;
+      }
+      EXPECT_EQ(bytes_of(pz), want_pz);
+      EXPECT_TRUE(tickets_zero());
+    }
+
+    // SwiGLU output: SiLU(gate)·up of F = 208, with and without the input's
+    // 1/rms. The fused call splits K over fewer warps per tile (two tiles per
+    // block), so gate and up are summed in another order: their error bound is
+    // 1e-6 of Σ|w·x| (fp32, a few dozen additions), carried through SiLU·up.
+    std::vector<double> mag(static_cast<size_t>(2 * F), 0.0);
+    {
+      const std::vector<float> wf = weights_kernel(parts_gu, 2 * F, K, g, cuda::Act::F32, true);
+      for (int64_t i = 0; i < 2 * F; ++i)
+        for (int64_t k = 0; k < K; ++k) mag[i] += std::fabs(double{wf[i * K + k]} * x[k]);
+    }
+    const cuda::DeviceLinear h_shape = kern->upload(random_int4_parts(rng, 16, F, g), 16, F, g);
+    for (bool scaled : {false, true}) {
+      SCOPED_TRACE(scaled ? "swiglu, scaled input" : "swiglu");
+      cuda::DeviceBuffer ph(cuda::w4a16_gemv_scratch_bytes(F));
+      ASSERT_EQ(cudaMemset(ph.get(), 0xAB, ph.bytes()), cudaSuccess);
+      cuda::GemvFusion f = scaled ? in : cuda::GemvFusion{};
+      f.swiglu = true;
+      f.prep_out = ph.get();
+      f.prep_bytes = ph.bytes();
+      f.prep_group = g;
+      f.stage = static_cast<float*>(stage.get());
+      f.tickets = static_cast<unsigned*>(tickets.get());
+      kern->gemv_prepared(wgu, px.get(), px.bytes(), nullptr, nullptr, false, false, &f);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> h = down(stage, F);
+      const double s = scaled ? r : 1.0;
+      for (int64_t i = 0; i < F; ++i) {
+        const double a = ygu[i] * s, b = ygu[F + i] * s, sig = 1 / (1 + std::exp(-a)), want = a * sig * b;
+        const double dsilu = sig * (1 + a * (1 - sig));  // d SiLU / da
+        const double tol = 1e-6 * s * (std::fabs(dsilu * b) * mag[i] + std::fabs(a * sig) * mag[F + i]);
+        EXPECT_NEAR(h[i], want, tol + 2e-6 * std::fabs(want)) << i;
+      }
+      EXPECT_EQ(bytes_of(ph), prepared_of(h, h_shape));
+      EXPECT_TRUE(tickets_zero());
+    }
+  }
+}
 
 // The GPU forward against the CPU forward on a real checkpoint: every
 // position's logits of a prompt (prefill), then token-by-token decode through

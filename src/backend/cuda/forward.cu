@@ -13,6 +13,11 @@
 // head dims 64/128/256; decode, and prefill of other head dims, the kernel
 // with one block per (query, head) over the cached keys (forward_kernels.cuh).
 //
+// Decode with int4 linears runs the norms and SiLU·up inside the GEMVs
+// (GemvFusion, include/nibble/cuda.h; GpuOptions::fuse_decode): o and down add
+// to the residual and write the next norm's input, gate|up writes SiLU·up, and
+// the GEMV after a norm applies its 1/rms.
+//
 // Decode (one token) is one CUDA graph: the step is captured once at load
 // time over a scratch set of its own, with the token id and the position read
 // from a small device buffer; each step copies those two ints in and replays
@@ -229,12 +234,15 @@ int prepared_group(const GpuLinear* ls, size_t count) {
 
 // Decode: y[1, Σ out] = the prepared activation · [W0; W1; ...]ᵀ + bias.
 // `after_norm`: the kernel before is the one-block RMSNorm (the GEMV may
-// prefetch deeper while it runs; LinearKernel::gemv_prepared).
+// prefetch deeper while it runs; LinearKernel::gemv_prepared). `in_norm`:
+// the input is an RMSNorm's z whose 1/rms each GEMV applies (GemvFusion's
+// input side; the bias is added after).
 void linears_prepared(const GpuLinear* ls, size_t count, const DeviceBuffer& prepared, float* y, cudaStream_t s,
-                      bool after_norm = false) {
+                      bool after_norm = false, const GemvFusion* in_norm = nullptr) {
   for (size_t i = 0; i < count; ++i) {
     const GpuLinear& l = ls[i];
-    l.packed.kernel->gemv_prepared(l.packed, prepared.get(), prepared.bytes(), y, s, true, after_norm && i == 0);
+    l.packed.kernel->gemv_prepared(l.packed, prepared.get(), prepared.bytes(), y, s, true, after_norm && i == 0,
+                                   in_norm);
     if (l.bias.bytes() > 0) {
       pdl_launch(bias_add_kernel, blocks_of(l.out, 256), 256, 0, s, y, l.out, static_cast<const float*>(l.bias.get()),
                  1, l.out);
@@ -261,6 +269,9 @@ struct Scratch {
   int64_t rows = 0;
   DeviceBuffer tokens, x, xn, qkv, qf, att, tmp, gu, h, logits;
   DeviceBuffer xq, oq, hq;  // decode: prepared activations of width hidden, heads·head_dim, intermediate
+  // Decode with GemvFusion: the fused outputs' f32 stage (max(hidden,
+  // intermediate)), the residual's sums of squares per 16 rows, the tickets.
+  DeviceBuffer stage, ss, tickets;
 };
 
 }  // namespace
@@ -274,6 +285,8 @@ struct GpuModel::Impl {
   // writes f32) where it takes them: no rounding of its input to bf16.
   bool f32_head = false;
   int prep_head = 0;
+  // Decode through GemvFusion (GpuOptions::fuse_decode, where the model allows it).
+  bool fuse_decode = false;
   // Decode attention split over the keys (split_attention) when the row-wise
   // kernel's shared memory cannot hold the cache; 0: the row-wise kernel.
   int attn_splits = 0;
@@ -324,6 +337,11 @@ struct GpuModel::Impl {
       t.xq = DeviceBuffer(w4a16::prep_bytes(D));
       t.oq = DeviceBuffer(w4a16::prep_bytes(c.num_heads * c.head_dim));
       t.hq = DeviceBuffer(w4a16::prep_bytes(F));
+      const int64_t wide = std::max(D, F);
+      t.stage = DeviceBuffer(wide * 4);
+      t.ss = DeviceBuffer((D + w4a16::kTileRows - 1) / w4a16::kTileRows * 4);
+      t.tickets = DeviceBuffer((wide + w4a16::kPrepInputs - 1) / w4a16::kPrepInputs * 4);
+      NIBBLE_CUDA_CHECK(cudaMemset(t.tickets.get(), 0, t.tickets.bytes()));
     }
     return t;
   }
@@ -359,6 +377,33 @@ struct GpuModel::Impl {
     void* h = sc.h.get();
     auto f32p = [](const DeviceBuffer& b) { return b.bytes() ? static_cast<const float*>(b.get()) : nullptr; };
     const unsigned rows_n = static_cast<unsigned>(n);
+    // Decode through GemvFusion: the GEMV after a norm applies its 1/rms
+    // (in_norm); o and down add to the residual x and write the next norm's
+    // z (residual_out); gate|up writes SiLU(gate)·up.
+    const bool fz = one && fuse_decode;
+    GemvFusion in_norm;
+    in_norm.in_ss = static_cast<const float*>(sc.ss.get());
+    in_norm.in_parts = static_cast<int>((D + w4a16::kTileRows - 1) / w4a16::kTileRows);
+    in_norm.in_width = D;
+    in_norm.eps = eps;
+    auto fused_out = [&](GemvFusion& f, const DeviceBuffer& prep, int group) {
+      f.prep_out = prep.get();
+      f.prep_bytes = prep.bytes();
+      f.prep_group = group;
+      f.stage = static_cast<float*>(sc.stage.get());
+      f.tickets = static_cast<unsigned*>(sc.tickets.get());
+    };
+    auto residual_out = [&](const DeviceBuffer& norm_w, int group) {
+      GemvFusion f;
+      f.residual = x;
+      f.norm_w = f32p(norm_w);
+      f.ss_out = static_cast<float*>(sc.ss.get());
+      fused_out(f, sc.xq, group);
+      return f;
+    };
+    auto gemv_fused = [&](const GpuLinear& l, const DeviceBuffer& prep, const GemvFusion& f) {
+      l.packed.kernel->gemv_prepared(l.packed, prep.get(), prep.bytes(), nullptr, stream, true, false, &f);
+    };
 
     // The step's first kernel waits for everything before it (no programmatic
     // launch): the kernels after it may then read the token and the position
@@ -369,7 +414,9 @@ struct GpuModel::Impl {
     for (size_t l = 0; l < layers.size(); ++l) {
       const GpuLayer& L = layers[l];
       // x += the previous layer's MLP output (none before layer 0), then the input norm.
-      if (one && L.prep_qkv) {
+      if (fz && l > 0) {  // x and the norm's z: the previous layer's down GEMV
+        linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, false, &in_norm);
+      } else if (one && L.prep_qkv) {
         pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, l == 0 ? nullptr : tmp, D,
                    f32p(L.input_norm), eps, sc.xq.get(), L.prep_qkv);
         linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, true);
@@ -420,11 +467,20 @@ struct GpuModel::Impl {
         decode_attention(a, p0_dev, att_positions, stream);
       else
         rowwise_attention(a, p0_dev, att_positions, stream);
-      if (one && L.prep_o)
+      if (fz) {
+        if (!L.prep_o)  // the attention kernel wrote f32 rows; prepare them here
+          L.o.packed.kernel->prepare(L.o.packed, att, Act::F32, sc.oq.get(), sc.oq.bytes(), stream, true);
+        gemv_fused(L.o, sc.oq, residual_out(L.post_norm, L.prep_gate_up));
+      } else if (one && L.prep_o)
         linears_prepared(&L.o, 1, sc.oq, tmp, stream);
       else
         linears_forward(&L.o, 1, att, act(one && L.f32_o), n, ldQ, tmp, D, stream);
-      if (one && L.prep_gate_up) {
+      if (fz) {
+        GemvFusion f = in_norm;
+        f.swiglu = true;
+        fused_out(f, sc.hq, L.prep_down);
+        gemv_fused(L.gate_up[0], sc.xq, f);
+      } else if (one && L.prep_gate_up) {
         pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(L.post_norm), eps, sc.xq.get(),
                                                                 L.prep_gate_up);
         linears_prepared(L.gate_up.data(), L.gate_up.size(), sc.xq, gu, stream, true);
@@ -432,7 +488,14 @@ struct GpuModel::Impl {
         norm(rows_n, x, tmp, f32p(L.post_norm), xn, one && L.f32_gate_up);
         linears_forward(L.gate_up, xn, act(one && L.f32_gate_up), n, ldD, gu, 2 * F, stream);
       }
-      if (one && L.prep_down) {
+      const bool last = l + 1 == layers.size();
+      if (fz && (!last || prep_head)) {  // x += down's output, then the next norm's z
+        gemv_fused(L.down, sc.hq,
+                   last ? residual_out(final_norm, prep_head) : residual_out(layers[l + 1].input_norm,
+                                                                             layers[l + 1].prep_qkv));
+      } else if (fz) {
+        linears_prepared(&L.down, 1, sc.hq, tmp, stream);
+      } else if (one && L.prep_down) {
         pdl_launch(silu_mul_prep_kernel, blocks_of(w4a16::prep_warps(F) * 32, 256), 256, 0, stream, gu, gu + F, F,
                    sc.hq.get(), L.prep_down);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
@@ -451,7 +514,9 @@ struct GpuModel::Impl {
     // The last MLP output joins only the rows whose logits are wanted (the
     // other rows of x are not read again).
     const int64_t rows = all_logits ? n : 1, r0 = n - rows;
-    if (one && prep_head) {
+    if (fz && prep_head) {
+      linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream, false, &in_norm);
+    } else if (one && prep_head) {
       pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(final_norm), eps, sc.xq.get(),
                  prep_head);
       linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream);
@@ -461,6 +526,24 @@ struct GpuModel::Impl {
                       c.vocab_size, stream);
     }
     NIBBLE_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // Whether decode may run through GemvFusion (GpuOptions::fuse_decode): every
+  // layer's int4 linears take prepared inputs and have the kernel's prepare
+  // step (o, where attention does not write its prepared input), o, gate|up
+  // and down have no bias, gate|up is one linear of 2F rows with F a multiple
+  // of 16, and the norm's sums of squares fit GemvFusion::kMaxParts.
+  bool fusion_applies() const {
+    const int64_t D = c.hidden_size, F = c.intermediate_size;
+    if (!norm_prep_supported(D) || (D + w4a16::kTileRows - 1) / w4a16::kTileRows > GemvFusion::kMaxParts) return false;
+    for (const GpuLayer& L : layers) {
+      if (!L.prep_qkv || !L.prep_gate_up || !L.prep_down || L.gate_up.size() != 1) return false;
+      const GpuLinear &gu = L.gate_up[0], &o = L.o, &down = L.down;
+      if (gu.out != 2 * F || F % w4a16::kTileRows != 0) return false;
+      if (gu.bias.bytes() || o.bias.bytes() || down.bias.bytes()) return false;
+      if (prepared_group(&o, 1) == 0 || (!L.prep_o && o.packed.kernel->prepare == nullptr)) return false;
+    }
+    return true;
   }
 
   // forward()'s argument checks: ids in the vocabulary, room in the cache.
@@ -541,6 +624,7 @@ const ModelConfig& GpuModel::config() const { return impl_->c; }
 int64_t GpuModel::size() const { return impl_->len; }
 void GpuModel::reset() { impl_->len = 0; }
 bool GpuModel::decode_graph() const { return impl_->decode_graph != nullptr; }
+bool GpuModel::decode_fused() const { return impl_->fuse_decode; }
 size_t GpuModel::decode_weight_bytes() const { return impl_->decode_weight_bytes(); }
 
 std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens, const GpuOptions& opts) {
@@ -608,6 +692,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   }
   m.f32_head = takes_f32(m.head);
   m.prep_head = norm_prep_supported(c.hidden_size) ? prepared_group(&m.head, 1) : 0;
+  m.fuse_decode = opts.fuse_decode && m.fusion_applies();
   const std::vector<float> inv = rope_inv_freq(c);
   m.inv_freq = upload(inv.data(), inv.size() * 4);
   // The row-wise attention kernel (decode) keeps q, its partial outputs and the

@@ -442,10 +442,12 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
 
 bool w4a16_single_token_f32(const DeviceLinear& w) { return w4a16_gemv_applies(w.group_size); }
 void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl,
-                    bool deep);
+                    bool deep, const GemvFusion* fuse);
+void w4a16_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t bytes, void* stream,
+                   bool pdl);
 
-const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
-                          &w4a16_single_token_f32, &w4a16_prepared};
+const LinearKernel kW4A16{"int4_asym",      "w4a16_mma",     {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
+                          &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare};
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   check_parts(parts, rows, cols, group_size);
@@ -572,9 +574,15 @@ void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void
 }
 
 void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl,
-                    bool deep) {
+                    bool deep, const GemvFusion* fuse) {
   NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
-  w4a16_gemv_prepared(w, prepared, bytes, y, static_cast<cudaStream_t>(stream), pdl, device_sm_count(), deep);
+  w4a16_gemv_prepared(w, prepared, bytes, y, static_cast<cudaStream_t>(stream), pdl, device_sm_count(), deep, fuse);
+}
+
+void w4a16_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t bytes, void* stream,
+                   bool pdl) {
+  NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
+  w4a16_gemv_prepare(w, x, act, prepared, bytes, static_cast<cudaStream_t>(stream), pdl);
 }
 
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,

@@ -72,38 +72,113 @@ __device__ inline void mma_u8s8(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint3
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One block per 16-row tile; its warps take interleaved groups. CPG chunks per
-// group (1: groups of 64, 2: groups of 128), S ring stages per warp.
+// The ring in shared memory by 32-bit shared-window addresses, held in
+// registers (asm below): with pointers, the compiler recomputed the ring's
+// address from the block size and the shared window in every iteration of the
+// main loop, or (pointers pinned by asm) lost their address space and used
+// generic loads; both made every GEMV 10-30 % slower.
+__device__ inline void cp_async16_s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ inline void cp_async8_s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ inline uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ inline uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+
+// Shared memory of one ring stage of a warp: a group's codes and its
+// scale/min pairs (one 8-byte entry per lane).
+__host__ __device__ constexpr size_t stage_bytes(int cpg) { return cpg * 32 * 16 + 32 * 8; }
+
+// The work fused around the GEMV (GemvFusion), as the kernel takes it.
+struct FuseArgs {
+  const float* in_ss = nullptr;  // input side: outputs × 1 / rms (null: × 1)
+  int in_parts = 0;
+  float in_width = 0.0f, eps = 0.0f;
+  int mode = 0;  // output side: kPlain (y), kResidual, kSwiglu
+  int width = 0;  // outputs of the fused output side (rows, or rows / 2 for swiglu)
+  float* residual = nullptr;
+  const float* norm_w = nullptr;
+  float* ss_out = nullptr;
+  void* prep_out = nullptr;
+  int prep_group = 0;
+  float* stage = nullptr;
+  unsigned* tickets = nullptr;
+};
+constexpr int kPlain = 0, kResidual = 1, kSwiglu = 2;
+constexpr int kUnitTiles = kPrepInputs / kTileRows;  // 16-row tiles per prepared unit of 128 outputs
+
+// One block per 16-row tile (swiglu: per pair of tiles, gate tile b and up
+// tile b + gridDim.x); a tile's `wpt` warps take interleaved groups. CPG
+// chunks per group (1: groups of 64, 2: groups of 128), S ring stages per warp.
 template <typename OutT, int CPG, int S>
 __global__ void __launch_bounds__(512)
     w4a16_gemv_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const uint4* __restrict__ frags,
                       const float2* __restrict__ ginfo, OutT* __restrict__ y, int N, int chunks, int groups,
-                      int groups_padded) {
+                      int groups_padded, int wpt, FuseArgs f) {
   static_assert((S & (S - 1)) == 0 && S >= 2, "ring stages: a power of two");
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int sub = warp / wpt, wi = warp - sub * wpt;  // the warp's tile in the block, its index there
   const int gid = lane >> 2, tig = lane & 3;
-  const int64_t tile = blockIdx.x;
+  const int64_t tile = blockIdx.x + static_cast<int64_t>(sub) * gridDim.x;
   const uint4* cp = codes + tile * chunks * 32 + lane;
   const uint2* mp = meta + tile * groups_padded * 8 + gid;
-  uint4* ring_q = reinterpret_cast<uint4*>(smem) + warp * S * CPG * 32;
-  uint2* ring_m = reinterpret_cast<uint2*>(smem + static_cast<size_t>(nwarps) * S * CPG * 32 * 16) + warp * S * 32;
+  // The lane's slots: stage st, chunk u of the codes at rq + (st·CPG + u)·512,
+  // its scale/min entry at rm + st·256 (shared-window addresses).
+  uint32_t rq = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (warp * S * CPG * 32 + lane) * 16;
+  uint32_t rm = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + nwarps * S * CPG * 32 * 16 +
+                (warp * S * 32 + lane) * 8;
+  // Kept in registers: without this the compiler recomputes these addresses
+  // from the block index and size in every iteration of the main loop (246
+  // instead of 136 instructions per group; the GEMV ran 10-30 % slower).
+  asm volatile("" : "+l"(cp), "+l"(mp), "+r"(rq), "+r"(rm));
 
   auto issue = [&](int i) {  // the warp's i-th group into stage i % S
-    const int g = warp + i * nwarps, st = i & (S - 1);
+    const int g = wi + i * wpt, st = i & (S - 1);
     if (g < groups) {
 #pragma unroll
       for (int u = 0; u < CPG; ++u)
         if (g * CPG + u < chunks)
-          cp_async16(ring_q + (st * CPG + u) * 32 + lane, cp + static_cast<int64_t>(g * CPG + u) * 32);
-      cp_async8(ring_m + st * 32 + lane, mp + static_cast<int64_t>(g) * 8);
+          cp_async16_s(rq + (st * CPG + u) * 512, cp + static_cast<int64_t>(g * CPG + u) * 32);
+      cp_async8_s(rm + st * 256, mp + static_cast<int64_t>(g) * 8);
     }
-    cp_async_commit();
   };
-  const int iters = warp < groups ? (groups - warp + nwarps - 1) / nwarps : 0;
+  const int iters = wi < groups ? (groups - wi + wpt - 1) / wpt : 0;
 #pragma unroll
-  for (int i = 0; i < S - 1; ++i) issue(i);
+  for (int i = 0; i < S - 1; ++i) {
+    issue(i);
+    cp_async_commit();
+  }
+  // The residual output's operands of warp 0's lanes 0..15 (output row r),
+  // loaded now rather than after the main loop: the norm weight before the
+  // wait, the residual (the kernel before may write it) after.
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kTileRows + (lane & 15);
+  const bool row_lane = f.mode != kPlain && warp == 0 && lane < kTileRows && r < f.width;
+  float norm_w = 0.0f, res = 0.0f;
+  if (row_lane && f.mode == kResidual) norm_w = __ldg(f.norm_w + r);
   grid_dependency_wait();  // weights are in flight; x is prepared by the previous kernel
+  if (row_lane && f.mode == kResidual) res = f.residual[r];
+
+  // The input's 1 / rms (GemvFusion), in warp 0, which writes the outputs.
+  float scale = 1.0f;
+  if (f.in_ss != nullptr && warp == 0) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < GemvFusion::kMaxParts / 32; ++j)
+      if (lane + 32 * j < f.in_parts) ss += __ldcg(f.in_ss + lane + 32 * j);
+    // A butterfly: every lane ends with the same bits (a + b == b + a).
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    scale = 1.0f / sqrtf(ss / f.in_width + f.eps);
+  }
 
   // Lanes of column 2tig (d0, d2) and 2tig + 1 (d1, d3): columns 0, 1, 2 are
   // planes a, b, c; columns 3..7 are zero.
@@ -115,7 +190,7 @@ __global__ void __launch_bounds__(512)
   uint4 xf_next[CPG];
   float2 gi_next = make_float2(0.0f, 0.0f);
   auto load_x = [&](int i) {
-    const int g = warp + i * nwarps;
+    const int g = wi + i * wpt;
 #pragma unroll
     for (int u = 0; u < CPG; ++u)
       xf_next[u] =
@@ -125,7 +200,8 @@ __global__ void __launch_bounds__(512)
   if (iters > 0) load_x(0);
   for (int i = 0; i < iters; ++i) {
     issue(i + S - 1);
-    const int g = warp + i * nwarps, st = i & (S - 1);
+    cp_async_commit();
+    const int g = wi + i * wpt, st = i & (S - 1);
     uint4 xf[CPG];
 #pragma unroll
     for (int u = 0; u < CPG; ++u) xf[u] = xf_next[u];
@@ -136,11 +212,11 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
     for (int u = 0; u < CPG; ++u) {
       if (CPG > 1 && g * CPG + u >= chunks) break;  // the last group of a ragged K (warp-uniform)
-      const uint4 q = ring_q[(st * CPG + u) * 32 + lane];
+      const uint4 q = lds128(rq + (st * CPG + u) * 512);
       mma_u8s8(acc, q.x & 0x0F0F0F0Fu, q.x & 0xF0F0F0F0u, q.y & 0x0F0F0F0Fu, q.y & 0xF0F0F0F0u, xf[u].x, xf[u].y);
       mma_u8s8(acc, q.z & 0x0F0F0F0Fu, q.z & 0xF0F0F0F0u, q.w & 0x0F0F0F0Fu, q.w & 0xF0F0F0F0u, xf[u].z, xf[u].w);
     }
-    const uint2 sm = ring_m[st * 32 + lane];
+    const uint2 sm = lds64(rm + st * 256);
     // Rows gid + 8 are 16× (their nibbles were not shifted down): exact shift.
     const float v_lo = fmaf(c_odd, static_cast<float>(acc[1]), c_even * static_cast<float>(acc[0]));
     const float v_hi = fmaf(c_odd, static_cast<float>(acc[3] >> 4), c_even * static_cast<float>(acc[2] >> 4));
@@ -153,23 +229,76 @@ __global__ void __launch_bounds__(512)
   out_lo += __shfl_xor_sync(0xFFFFFFFFu, out_lo, 1);  // tig 0 + tig 1 (tig 2, 3 hold zeros)
   out_hi += __shfl_xor_sync(0xFFFFFFFFu, out_hi, 1);
   const int64_t row0 = tile * kTileRows;
-  if (nwarps == 1) {
+  if (nwarps == 1 && f.mode == kPlain) {
     if (tig == 0) {
-      if (row0 + gid < N) y[row0 + gid] = to_out<OutT>(out_lo);
-      if (row0 + gid + 8 < N) y[row0 + gid + 8] = to_out<OutT>(out_hi);
+      if (row0 + gid < N) y[row0 + gid] = to_out<OutT>(out_lo * scale);
+      if (row0 + gid + 8 < N) y[row0 + gid + 8] = to_out<OutT>(out_hi * scale);
     }
     return;
   }
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * (CPG * 32 * 16 + 32 * 8));
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
   if (tig == 0) {
     red[warp * kTileRows + gid] = out_lo;
     red[warp * kTileRows + gid + 8] = out_hi;
   }
   __syncthreads();
-  if (threadIdx.x < kTileRows) {
-    float s = 0.0f;
-    for (int w = 0; w < nwarps; ++w) s += red[w * kTileRows + threadIdx.x];
-    if (row0 + threadIdx.x < N) y[row0 + threadIdx.x] = to_out<OutT>(s);
+  if (f.mode == kPlain) {
+    if (threadIdx.x < kTileRows) {
+      float s = 0.0f;
+      for (int w = 0; w < nwarps; ++w) s += red[w * kTileRows + threadIdx.x];
+      if (row0 + threadIdx.x < N) y[row0 + threadIdx.x] = to_out<OutT>(s * scale);
+    }
+    return;
+  }
+  // Fused output: lanes 0..15 of warp 0 finish output rows b·16 + lane
+  // (b = blockIdx.x) into `stage`; the last block of each unit of 128 outputs
+  // to get there (a ticket, reset for the next call) prepares the unit.
+  if (warp == 0) {
+    float ss = 0.0f;
+    if (row_lane) {
+      float a = 0.0f;
+      for (int w = 0; w < wpt; ++w) a += red[w * kTileRows + lane];
+      a *= scale;
+      float v;
+      if (f.mode == kSwiglu) {
+        float b = 0.0f;
+        for (int w = 0; w < wpt; ++w) b += red[(wpt + w) * kTileRows + lane];
+        v = a / (1.0f + expf(-a)) * (b * scale);
+      } else {
+        const float xn = res + a;
+        f.residual[r] = xn;
+        v = xn * norm_w;
+        ss = xn * xn;
+      }
+      f.stage[r] = v;
+    }
+    if (f.mode == kResidual) {
+      // Lanes 0..15 among themselves (16..31 hold zeros), in a fixed order.
+      for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+      if (lane == 0) f.ss_out[blockIdx.x] = ss;
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  const int unit = static_cast<int>(blockIdx.x) / kUnitTiles;
+  int& s_last = reinterpret_cast<int*>(red)[nwarps * kTileRows];  // one int past the sums
+  if (threadIdx.x == 0) {
+    const int tiles_out = (f.width + kTileRows - 1) / kTileRows;
+    const unsigned count = static_cast<unsigned>(min(kUnitTiles, tiles_out - unit * kUnitTiles));
+    const bool last = atomicAdd(f.tickets + unit, 1u) == count - 1;
+    if (last) atomicExch(f.tickets + unit, 0u);
+    s_last = last;
+  }
+  __syncthreads();
+  if (s_last && warp == 0) {
+    __threadfence();
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = unit * kPrepInputs + 4 * lane + i;
+      v[i] = c < f.width ? __ldcg(f.stage + c) : 0.0f;
+    }
+    prep_warp_store(v, unit, f.prep_group, f.prep_out, f.width);
   }
 }
 
@@ -186,22 +315,60 @@ __global__ void __launch_bounds__(512)
 constexpr int kStages = 2;
 constexpr int kDeepStages = 4;
 
+FuseArgs fuse_args(const DeviceLinear& w, const GemvFusion* fz) {
+  FuseArgs a;
+  if (fz == nullptr) return a;
+  if (fz->in_ss != nullptr) {
+    NIBBLE_CHECK(fz->in_parts > 0 && fz->in_parts <= GemvFusion::kMaxParts && fz->in_width > 0,
+                 "w4a16 gemv: input norm of {} parts (at most {}) over width {}", fz->in_parts, GemvFusion::kMaxParts,
+                 fz->in_width);
+    a.in_ss = fz->in_ss;
+    a.in_parts = fz->in_parts;
+    a.in_width = static_cast<float>(fz->in_width);
+    a.eps = fz->eps;
+  }
+  if (!fz->fuses_output()) return a;
+  NIBBLE_CHECK(!(fz->residual != nullptr && fz->swiglu), "w4a16 gemv: residual and swiglu outputs are exclusive");
+  a.mode = fz->swiglu ? kSwiglu : kResidual;
+  if (fz->swiglu)
+    NIBBLE_CHECK(w.rows % (2 * kTileRows) == 0, "w4a16 gemv: swiglu needs rows = 2F with F a multiple of 16 (rows {})",
+                 w.rows);
+  a.width = static_cast<int>(fz->swiglu ? w.rows / 2 : w.rows);
+  NIBBLE_CHECK(w4a16_gemv_applies(fz->prep_group), "w4a16 gemv: fused output group {} (64 or 128)", fz->prep_group);
+  NIBBLE_CHECK(fz->prep_out != nullptr && fz->prep_bytes >= prep_bytes(a.width),
+               "w4a16 gemv: fused output needs {} bytes of prepared activation ({} given)", prep_bytes(a.width),
+               fz->prep_bytes);
+  NIBBLE_CHECK(fz->stage != nullptr && fz->tickets != nullptr, "w4a16 gemv: fused output needs stage and tickets");
+  NIBBLE_CHECK(fz->swiglu || (fz->norm_w != nullptr && fz->ss_out != nullptr),
+               "w4a16 gemv: the residual output needs norm_w and ss_out");
+  a.residual = fz->residual;
+  a.norm_w = fz->norm_w;
+  a.ss_out = fz->ss_out;
+  a.prep_out = fz->prep_out;
+  a.prep_group = fz->prep_group;
+  a.stage = fz->stage;
+  a.tickets = fz->tickets;
+  return a;
+}
+
 template <typename OutT, int CPG>
 void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms,
-                 bool deep) {
+                 bool deep, const GemvFusion* fz) {
+  const FuseArgs fa = fuse_args(w, fz);
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
   const int64_t groups = (chunks + CPG - 1) / CPG;
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
-  // Warps per block: ~32 resident per SM over the whole grid, at most 16 and
-  // at most one per group.
+  // Warps per tile: ~32 resident per SM over the whole grid, at most 16 (8
+  // where a block takes two tiles) and at most one per group.
+  const int tpb = fa.mode == kSwiglu ? 2 : 1;
   const int64_t warps =
-      std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, std::min<int64_t>(16, groups));
+      std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, std::min<int64_t>(16 / tpb, groups));
   const int stages = deep ? kDeepStages : kStages;
-  const size_t smem = static_cast<size_t>(warps) * (stages * (CPG * 32 * 16 + 32 * 8) + kTileRows * 4);
+  const size_t smem = static_cast<size_t>(tpb * warps) * (stages * stage_bytes(CPG) + kTileRows * 4) + 16;
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles));
-  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles / tpb));
+  cfg.blockDim = dim3(static_cast<unsigned>(tpb * warps * 32));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
@@ -221,21 +388,22 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), frags, ginfo, y, static_cast<int>(w.rows),
                                        static_cast<int>(chunks), static_cast<int>(groups),
-                                       static_cast<int>(groups_padded)));
+                                       static_cast<int>(groups_padded), static_cast<int>(warps), fa));
 }
 
 void launch_gemv_out(const DeviceLinear& w, const void* prepared, void* y, bool f32_out, cudaStream_t s, bool pdl,
-                     int sms, Act out, bool deep = false) {
+                     int sms, Act out, bool deep = false, const GemvFusion* fz = nullptr) {
   // y is f32, or the activation type (fp32 for f32 activations).
   if (f32_out || out == Act::F32)
-    w.group_size == 64 ? launch_gemv<float, 1>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep)
-                       : launch_gemv<float, 2>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep);
+    w.group_size == 64 ? launch_gemv<float, 1>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep, fz)
+                       : launch_gemv<float, 2>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep, fz);
   else if (out == Act::BF16)
-    w.group_size == 64 ? launch_gemv<__nv_bfloat16, 1>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep)
-                       : launch_gemv<__nv_bfloat16, 2>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep);
+    w.group_size == 64
+        ? launch_gemv<__nv_bfloat16, 1>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep, fz)
+        : launch_gemv<__nv_bfloat16, 2>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep, fz);
   else
-    w.group_size == 64 ? launch_gemv<__half, 1>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep)
-                       : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep);
+    w.group_size == 64 ? launch_gemv<__half, 1>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz)
+                       : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz);
 }
 
 template <typename T>
@@ -262,24 +430,29 @@ bool w4a16_gemv_applies(int group_size) { return group_size == 64 || group_size 
 
 size_t w4a16_gemv_scratch_bytes(int64_t cols) { return prep_bytes(cols); }
 
+void w4a16_gemv_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t prepared_bytes,
+                        cudaStream_t stream, bool pdl) {
+  check_prepared(w, prepared_bytes);
+  if (act == Act::BF16)
+    launch_prep(static_cast<const __nv_bfloat16*>(x), w.cols, w.group_size, prepared, stream, pdl);
+  else if (act == Act::F16)
+    launch_prep(static_cast<const __half*>(x), w.cols, w.group_size, prepared, stream, pdl);
+  else
+    launch_prep(static_cast<const float*>(x), w.cols, w.group_size, prepared, stream, pdl);
+}
+
 void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32_out, cudaStream_t stream, bool pdl,
                 int sms) {
-  check_prepared(w, w.scratch.bytes());
   // The prep kernel honours `pdl` towards the kernel before it; the GEMV
   // always launches early after its own prep and waits for it.
-  if (act == Act::BF16)
-    launch_prep(static_cast<const __nv_bfloat16*>(x), w.cols, w.group_size, w.scratch.get(), stream, pdl);
-  else if (act == Act::F16)
-    launch_prep(static_cast<const __half*>(x), w.cols, w.group_size, w.scratch.get(), stream, pdl);
-  else
-    launch_prep(static_cast<const float*>(x), w.cols, w.group_size, w.scratch.get(), stream, pdl);
+  w4a16_gemv_prepare(w, x, act, w.scratch.get(), w.scratch.bytes(), stream, pdl);
   launch_gemv_out(w, w.scratch.get(), y, f32_out, stream, true, sms, act);
 }
 
 void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
-                         cudaStream_t stream, bool pdl, int sms, bool deep) {
+                         cudaStream_t stream, bool pdl, int sms, bool deep, const GemvFusion* fuse) {
   check_prepared(w, prepared_bytes);
-  launch_gemv_out(w, prepared, y, true, stream, pdl, sms, Act::F32, deep);
+  launch_gemv_out(w, prepared, y, true, stream, pdl, sms, Act::F32, deep, fuse);
 }
 
 }  // namespace nibble::cuda

@@ -25,8 +25,13 @@ void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32
 // buffer must be for w.cols inputs and w.group_size. `deep` (LinearKernel::
 // gemv_prepared): a 4-stage ring, three groups per warp in flight before the
 // wait, where the kernel before leaves the SMs free.
+// `fuse`: work fused around the GEMV (GemvFusion; y unused where it fuses the output).
 void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
-                         cudaStream_t stream, bool pdl, int sms, bool deep = false);
+                         cudaStream_t stream, bool pdl, int sms, bool deep = false,
+                         const GemvFusion* fuse = nullptr);
+// Writes x (w.cols wide, `act` type) as the prepared activation (w4a16_prep.cuh).
+void w4a16_gemv_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t prepared_bytes,
+                        cudaStream_t stream, bool pdl);
 // The device's SM count (cached).
 int device_sm_count();
 
