@@ -408,8 +408,16 @@ struct GpuModel::Impl {
     // The step's first kernel waits for everything before it (no programmatic
     // launch): the kernels after it may then read the token and the position
     // before their own wait (decode_attention_kernel does).
-    embed_kernel<<<rows_n, 256, 0, stream>>>(static_cast<const int32_t*>(sc.tokens.get()),
-                                            static_cast<const float*>(embed.get()), x, D);
+    // Decode with a prepared q|k|v input: the embedding and layer 0's input
+    // norm in one kernel.
+    const bool embed_norm = one && !layers.empty() && layers[0].prep_qkv;
+    if (embed_norm)
+      embed_rmsnorm_prep_kernel<<<1, kNormThreads, 0, stream>>>(
+          static_cast<const int32_t*>(sc.tokens.get()), static_cast<const float*>(embed.get()), x, D,
+          f32p(layers[0].input_norm), eps, sc.xq.get(), layers[0].prep_qkv);
+    else
+      embed_kernel<<<rows_n, 256, 0, stream>>>(static_cast<const int32_t*>(sc.tokens.get()),
+                                              static_cast<const float*>(embed.get()), x, D);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
     for (size_t l = 0; l < layers.size(); ++l) {
       const GpuLayer& L = layers[l];
@@ -417,8 +425,9 @@ struct GpuModel::Impl {
       if (fz && l > 0) {  // x and the norm's z: the previous layer's down GEMV
         linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, false, &in_norm);
       } else if (one && L.prep_qkv) {
-        pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, l == 0 ? nullptr : tmp, D,
-                   f32p(L.input_norm), eps, sc.xq.get(), L.prep_qkv);
+        if (l > 0)  // layer 0: embed_rmsnorm_prep_kernel did it
+          pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(L.input_norm), eps,
+                     sc.xq.get(), L.prep_qkv);
         linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, true);
       } else {
         norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, one && L.f32_qkv);

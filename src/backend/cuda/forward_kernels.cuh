@@ -74,7 +74,10 @@ __device__ inline void prep_store_head(const float* vals, int64_t h, int64_t hd,
 __device__ inline void store_act(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ inline void store_act(float* p, float v) { *p = v; }
 
-__global__ void embed_kernel(const int32_t* tokens, const float* embed, float* x, int64_t D) {
+// __restrict__ lets the loads run ahead of the stores (as in the norm kernels
+// below). Decode with a prepared q|k|v input uses embed_rmsnorm_prep_kernel.
+__global__ void embed_kernel(const int32_t* __restrict__ tokens, const float* __restrict__ embed,
+                             float* __restrict__ x, int64_t D) {
   pdl_prologue();
   const int64_t i = blockIdx.x;
   const float* row = embed + static_cast<int64_t>(tokens[i]) * D;
@@ -118,9 +121,12 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restric
 constexpr int kNormPrepIters = 4;
 constexpr int64_t kNormPrepMaxD = int64_t{4} * kNormThreads * kNormPrepIters;
 inline bool norm_prep_supported(int64_t D) { return D % 4 == 0 && D <= kNormPrepMaxD; }
-__global__ void __launch_bounds__(kNormThreads)
-    add_rmsnorm_prep_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D, const float* __restrict__ w,
-                            float eps, void* __restrict__ prepared, int group) {
+// x = table[tokens[0]] instead of x (+ y) where `table` is set (the step's
+// embedding, below).
+__device__ inline void rmsnorm_prep_row(float* __restrict__ x, const float* __restrict__ y,
+                                        const int32_t* __restrict__ tokens, const float* __restrict__ table,
+                                        int64_t D, const float* __restrict__ w, float eps, void* __restrict__ prepared,
+                                        int group) {
   // The norm's weights do not depend on the previous kernel: loaded before
   // waiting for it (one memory round trip less after it ends).
   w4a16::grid_dependents_launch();
@@ -132,18 +138,19 @@ __global__ void __launch_bounds__(kNormThreads)
     wv[j] = d < D ? __ldg(reinterpret_cast<const float4*>(w + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   w4a16::grid_dependency_wait();
+  const float* src = table != nullptr ? table + static_cast<int64_t>(tokens[0]) * D : x;
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormPrepIters; ++j) {
     const int64_t d = 4 * (threadIdx.x + static_cast<int64_t>(j) * kNormThreads);
     xv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (d < D) {
-      xv[j] = *reinterpret_cast<const float4*>(x + d);
+      xv[j] = *reinterpret_cast<const float4*>(src + d);
       if (y != nullptr) {
         const float4 yv = *reinterpret_cast<const float4*>(y + d);
         xv[j] = make_float4(xv[j].x + yv.x, xv[j].y + yv.y, xv[j].z + yv.z, xv[j].w + yv.w);
-        *reinterpret_cast<float4*>(x + d) = xv[j];
       }
+      if (y != nullptr || table != nullptr) *reinterpret_cast<float4*>(x + d) = xv[j];
     }
     ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
   }
@@ -158,6 +165,20 @@ __global__ void __launch_bounds__(kNormThreads)
                         xv[j].w * inv * wv[j].w};
     w4a16::prep_warp_store(v, static_cast<int>(pw), group, prepared, D);
   }
+}
+__global__ void __launch_bounds__(kNormThreads)
+    add_rmsnorm_prep_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D, const float* __restrict__ w,
+                            float eps, void* __restrict__ prepared, int group) {
+  rmsnorm_prep_row(x, y, nullptr, nullptr, D, w, eps, prepared, group);
+}
+// Decode, layer 0: the step's embedding row becomes x and, through the input
+// norm, q|k|v's prepared activation (one kernel instead of two). The step's
+// first kernel: launched without programmatic dependence.
+__global__ void __launch_bounds__(kNormThreads)
+    embed_rmsnorm_prep_kernel(const int32_t* __restrict__ tokens, const float* __restrict__ table,
+                              float* __restrict__ x, int64_t D, const float* __restrict__ w, float eps,
+                              void* __restrict__ prepared, int group) {
+  rmsnorm_prep_row(x, nullptr, tokens, table, D, w, eps, prepared, group);
 }
 
 // Decode: SiLU(g) · u of one row as the down projection's prepared activation.
