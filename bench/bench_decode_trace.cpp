@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
     else if (a == "--no-fuse") fuse = false;  // GpuOptions::fuse_decode off: the separate norm and SiLU kernels
     else {
       std::fprintf(stderr,
-                   "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--layer 1]\n");
+                   "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] "
+                   "[--layer 1]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }

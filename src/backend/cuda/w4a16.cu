@@ -446,7 +446,7 @@ void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, v
 void w4a16_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t bytes, void* stream,
                    bool pdl);
 
-const LinearKernel kW4A16{"int4_asym",      "w4a16_mma",     {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
+const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
                           &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare};
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
