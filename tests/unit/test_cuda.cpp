@@ -238,6 +238,15 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
   check_w4a16({40, 4096, 128}, cuda::Act::BF16, {65, 130}, false, 12);  // M > 64: blocks of 64 tokens
 }
 
+// The 2..16-token kernel (w4a16_small_m.cu) gives each warp two row tiles on
+// wide matrices (at least 256 tiles for one token tile, 4 per SM for two): an
+// odd number of tiles, so the last block's second tile lies past the matrix.
+TEST(Cuda, W4A16SmallMTwoTilesPerWarp) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({8456, 4160, 128}, cuda::Act::BF16, {2, 9, 16}, false, 14);
+  check_w4a16({8456, 4096, 64}, cuda::Act::F16, {5, 16}, true, 15);
+}
+
 TEST(Cuda, W4A16WithProgrammaticDependentLaunch) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 16}, true, 13);

@@ -76,72 +76,6 @@ void check_parts(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, i
 
 // ---- the kernel --------------------------------------------------------------
 
-template <typename T>
-struct ActTraits;
-template <>
-struct ActTraits<__nv_bfloat16> {
-  using T2 = __nv_bfloat162;
-  static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
-  static constexpr uint32_t kOnes = 0x3F803F80u;  // 1.0 in both halves
-  static constexpr float kOffset = 128.0f;
-  __device__ static T2 magic() { return __floats2bfloat162_rn(128.0f, 128.0f); }
-  __device__ static T2 broadcast(uint16_t bf16_bits) {
-    __nv_bfloat16 h;
-    std::memcpy(&h, &bf16_bits, 2);
-    return __bfloat162bfloat162(h);
-  }
-};
-template <>
-struct ActTraits<__half> {
-  using T2 = __half2;
-  static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
-  static constexpr uint32_t kOnes = 0x3C003C00u;  // 1.0 in both halves
-  static constexpr float kOffset = 1024.0f;
-  __device__ static T2 magic() { return __floats2half2_rn(1024.0f, 1024.0f); }
-  __device__ static T2 broadcast(uint16_t bf16_bits) {
-    const float v = __uint_as_float(static_cast<uint32_t>(bf16_bits) << 16);
-    return __float2half2_rn(v);
-  }
-};
-
-template <typename T>
-__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ inline void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (a & b) | c in one instruction (the compiler emits an and and an or).
-__device__ inline uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// Eight consecutive activations row[k .. k+7] of one token (16 bytes); zeros at
-// and past K (K is even, so pairs are whole) and for tokens past M.
-template <typename T>
-__device__ inline uint4 load_x8(const T* row, int k, int K, bool tok_ok) {
-  if (!tok_ok) return make_uint4(0, 0, 0, 0);
-  if (k + 8 <= K) return *reinterpret_cast<const uint4*>(row + k);
-  uint32_t v[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = (k + 2 * i < K) ? *reinterpret_cast<const uint32_t*>(row + k + 2 * i) : 0u;
-  return make_uint4(v[0], v[1], v[2], v[3]);
-}
-
 // Decodes one lane's A fragments of a chunk (4 k-steps × 4 registers) of one
 // 16-row tile; sm = (scale, min) of rows gid (.x) and gid + 8 (.y).
 template <typename T>
@@ -459,7 +393,8 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
   out.group_size = group_size;
   out.a = DeviceBuffer(static_cast<size_t>(d.tiles * d.chunks * 32 * 16));
   out.b = DeviceBuffer(static_cast<size_t>(d.tiles * d.groups_padded * 8 * 8));
-  if (w4a16_gemv_applies(group_size)) out.scratch = DeviceBuffer(w4a16_gemv_scratch_bytes(cols));
+  if (w4a16_gemv_applies(group_size))  // the prepared activation (M = 1) or Σx (M = 2..16)
+    out.scratch = DeviceBuffer(std::max(w4a16_gemv_scratch_bytes(cols), w4a16_small_m_scratch_bytes(cols, group_size)));
   const DeviceBuffer qw = upload(parts[0]), sc = upload(parts[1]), mn = upload(parts[2]);
   const int64_t words = d.tiles * d.chunks * 32 * 4, entries = d.tiles * d.groups_padded * 8;
   relayout_codes_kernel<<<blocks_for(words, 256), 256>>>(static_cast<const uint8_t*>(qw.get()),
@@ -602,6 +537,8 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
     return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_sm_count());
   NIBBLE_CHECK(act != Act::F32, "w4a16: f32 activations need M = 1 and a group size of 64 or 128 (M {}, group {})", M,
                w.group_size);
+  if (w4a16_small_m_applies(w.group_size, M))  // 2..16 tokens: exact weights, Σx by its own kernel
+    return w4a16_small_m(w, x, M, ldx, act, y, ldy, f32_out, s, pdl, device_sm_count());
   if (act == Act::BF16)
     f32_out ? launch_t<__nv_bfloat16, float>(w, x, M, ldx, y, ldy, s, pdl)
             : launch_t<__nv_bfloat16, __nv_bfloat16>(w, x, M, ldx, y, ldy, s, pdl);

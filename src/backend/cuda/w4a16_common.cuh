@@ -1,7 +1,7 @@
 // Device helpers shared by the W4A16 kernels (w4a16.cu: the mma kernel for
-// any M; w4a16_gemv.cu: the integer M = 1 kernel). Both read the same
-// re-laid-out weights (docs/CUDA.md, "The w4a16_mma layout"). The cp.async
-// helpers serve the flash attention kernels too.
+// any M; w4a16_gemv.cu: the integer M = 1 kernel; w4a16_small_m.cu: 2..16
+// tokens). All read the same re-laid-out weights (docs/CUDA.md, "The w4a16_mma
+// layout"). The cp.async helpers serve the flash attention kernels too.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace nibble::cuda::w4a16 {
 
@@ -65,5 +66,97 @@ template <>
 __device__ inline __nv_bfloat16 to_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <>
 __device__ inline __half to_out<__half>(float v) { return __float2half_rn(v); }
+
+// The ring in shared memory by 32-bit shared-window addresses, held in
+// registers (asm below): with pointers, the compiler recomputed the ring's
+// address from the block size and the shared window in every iteration of the
+// main loop, or (pointers pinned by asm) lost their address space and used
+// generic loads; both made every GEMV 10-30 % slower.
+__device__ inline void cp_async16_s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ inline void cp_async8_s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ inline uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ inline uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+
+// Shared memory of one ring stage of a warp: a group's codes and its
+// scale/min pairs (one 8-byte entry per lane).
+__host__ __device__ constexpr size_t stage_bytes(int cpg) { return cpg * 32 * 16 + 32 * 8; }
+
+template <typename T>
+struct ActTraits;
+template <>
+struct ActTraits<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
+  static constexpr uint32_t kOnes = 0x3F803F80u;  // 1.0 in both halves
+  static constexpr float kOffset = 128.0f;
+  __device__ static T2 magic() { return __floats2bfloat162_rn(128.0f, 128.0f); }
+  __device__ static T2 broadcast(uint16_t bf16_bits) {
+    __nv_bfloat16 h;
+    std::memcpy(&h, &bf16_bits, 2);
+    return __bfloat162bfloat162(h);
+  }
+};
+template <>
+struct ActTraits<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
+  static constexpr uint32_t kOnes = 0x3C003C00u;  // 1.0 in both halves
+  static constexpr float kOffset = 1024.0f;
+  __device__ static T2 magic() { return __floats2half2_rn(1024.0f, 1024.0f); }
+  __device__ static T2 broadcast(uint16_t bf16_bits) {
+    const float v = __uint_as_float(static_cast<uint32_t>(bf16_bits) << 16);
+    return __float2half2_rn(v);
+  }
+};
+
+template <typename T>
+__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ inline void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ inline void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (a & b) | c in one instruction (the compiler emits an and and an or).
+__device__ inline uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Eight consecutive activations row[k .. k+7] of one token (16 bytes); zeros at
+// and past K (K is even, so pairs are whole) and for tokens past M.
+template <typename T>
+__device__ inline uint4 load_x8(const T* row, int k, int K, bool tok_ok) {
+  if (!tok_ok) return make_uint4(0, 0, 0, 0);
+  if (k + 8 <= K) return *reinterpret_cast<const uint4*>(row + k);
+  uint32_t v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = (k + 2 * i < K) ? *reinterpret_cast<const uint32_t*>(row + k + 2 * i) : 0u;
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
 
 }  // namespace nibble::cuda::w4a16

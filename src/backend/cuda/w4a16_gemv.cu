@@ -72,32 +72,6 @@ __device__ inline void mma_u8s8(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint3
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The ring in shared memory by 32-bit shared-window addresses, held in
-// registers (asm below): with pointers, the compiler recomputed the ring's
-// address from the block size and the shared window in every iteration of the
-// main loop, or (pointers pinned by asm) lost their address space and used
-// generic loads; both made every GEMV 10-30 % slower.
-__device__ inline void cp_async16_s(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ inline void cp_async8_s(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ inline uint4 lds128(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
-__device__ inline uint2 lds64(uint32_t a) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
-  return v;
-}
-
-// Shared memory of one ring stage of a warp: a group's codes and its
-// scale/min pairs (one 8-byte entry per lane).
-__host__ __device__ constexpr size_t stage_bytes(int cpg) { return cpg * 32 * 16 + 32 * 8; }
-
 // The work fused around the GEMV (GemvFusion), as the kernel takes it.
 struct FuseArgs {
   const float* in_ss = nullptr;  // input side: outputs × 1 / rms (null: × 1)

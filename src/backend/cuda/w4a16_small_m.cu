@@ -1,0 +1,380 @@
+// The W4A16 kernel for 2..16 tokens, groups of 64 or 128 (the w4a16_mma
+// registry row sends those calls here; M = 1 takes the integer GEMV,
+// w4a16_gemv.cu, and M > 16 or groups of 32 the general kernel, w4a16.cu).
+//
+// y[M, N] = x[M, K] · Ŵᵀ, x bf16 or fp16, fp32 accumulation, the weights exact
+// (FORMAT.md's c·s + m, never rounded to 16 bits):
+//  * The mma multiplies x by the offset codes 128 + c (0x4300 | c is exactly
+//    that in bf16; 0x6400 | c is 1024 + c in fp16): one and-or per register
+//    of the A fragment, no arithmetic on the weights.
+//  * Per group of G inputs, Σ(c·s + m)·x = s·Σ(128 + c)·x + (m − 128·s)·Σx.
+//    Σx per token and group comes from a small kernel launched before this one
+//    (xsum_kernel), not from a second, all-ones mma per chunk as in w4a16.cu:
+//    that one doubled the tensor-core work at 16 tokens.
+//  * The structure is the integer GEMV's: one block per 16-row tile, its
+//    warps take interleaved groups; each warp streams its groups' codes and
+//    scale/min pairs through a cp.async ring in shared memory addressed by
+//    32-bit shared-window addresses held in registers; the activations of the
+//    warp's next group are loaded one group ahead; the warps meet in shared
+//    memory at the end. Programmatic dependent launch: the ring's first stages
+//    are in flight before the kernel waits for the Σx kernel (which waited for
+//    the kernel that wrote x).
+//  * Tokens are the mma's N side (8 per tile, NT tiles). A token column past M
+//    reads token M − 1's row (any valid memory will do: an mma's output column
+//    depends only on its own input column, and those columns are not stored).
+#include "backend/cuda/check.h"
+#include "backend/cuda/w4a16_common.cuh"
+#include "backend/cuda/w4a16_gemv.h"
+
+#include <algorithm>
+
+namespace nibble::cuda {
+
+namespace {
+
+using namespace w4a16;
+
+constexpr int kXsumTokens = 16;  // Σx is stored for 16 token slots per group
+
+// Σx per (group, token): one warp each, a fixed summation order (lane l adds
+// its G / 32 inputs in order, then a butterfly), so repeated calls agree bit
+// for bit. Token slots past M hold 0.
+template <typename T>
+__global__ void __launch_bounds__(256) xsum_kernel(const T* __restrict__ x, int64_t ldx, int M, int K, int G,
+                                                   int groups, float* __restrict__ xsum) {
+  grid_dependents_launch();  // the GEMM may start streaming weights now
+  const int lane = threadIdx.x & 31;
+  const int w = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
+  if (w >= groups * kXsumTokens) return;
+  const int g = w / kXsumTokens, tok = w % kXsumTokens;
+  grid_dependency_wait();  // x is the previous kernel's output; the previous GEMM may still read xsum
+  float s = 0.0f;
+  if (tok < M) {
+    const T* row = x + static_cast<int64_t>(tok) * ldx;
+    const int per = G / 32, k0 = g * G + lane * per;
+    for (int i = 0; i < per; ++i) {
+      const int k = k0 + i;
+      if (k < K) {
+        if constexpr (std::is_same_v<T, __nv_bfloat16>)
+          s += __bfloat162float(row[k]);
+        else
+          s += __half2float(row[k]);
+      }
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+  if (lane == 0) xsum[g * kXsumTokens + tok] = s;
+}
+
+// One block per R consecutive 16-row tiles; its `wpt` warps take interleaved
+// groups of all R tiles, so each activation fragment loaded is used R times
+// (at 16 tokens and R = 1 the activations were 4× the weights' bytes through
+// L1, and their loads' latency the kernel's largest stall). NT token tiles of
+// 8, CPG chunks of 64 inputs per group (1: G = 64, 2: G = 128). PF: load the
+// next group's activations one group ahead (a second register buffer).
+// The ring has two stages per warp and the main loop is unrolled by two, so
+// the stage of every access is a constant and no registers are copied.
+template <typename T, typename OutT, int NT, int CPG, int R, bool PF>
+__global__ void __launch_bounds__(NT == 1 ? 512 : 256)
+    w4a16_small_m_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
+                         int64_t ldx, const float* __restrict__ xsum, OutT* __restrict__ y, int64_t ldy, int M, int N,
+                         int K, int tiles, int chunks, int groups, int groups_padded) {
+  constexpr int S = 2, G = CPG * kChunk;
+  using Tr = ActTraits<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpt = blockDim.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
+  // Running pointers to the warp's next group: codes and scale/min pairs to
+  // issue (gi; tile r at + r·tile stride, a tile past the matrix reads the
+  // last one and its outputs are not stored), activations and Σx to load (gx).
+  const uint4* cp = codes + (tile0 * chunks + warp * CPG) * 32 + lane;
+  const uint2* mp = meta + (tile0 * groups_padded + warp) * 8 + gid;
+  int cp_tile[R], mp_tile[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int t = static_cast<int>(tile0 + r < tiles ? r : tiles - 1 - tile0);
+    cp_tile[r] = t * chunks * 32;
+    mp_tile[r] = t * groups_padded * 8;
+  }
+  const T* xp[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + warp * G + 16 * tig;
+  const float* sp = xsum + warp * kXsumTokens + 2 * tig;
+  // The lane's ring slots (see w4a16_gemv.cu): stage st, tile r, chunk u of
+  // the codes at rq + ((st·R + r)·CPG + u)·512, its scale/min entry at
+  // rm + (st·R + r)·256.
+  uint32_t rq = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (warp * S * R * CPG * 32 + lane) * 16;
+  uint32_t rm = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wpt * S * R * CPG * 32 * 16 +
+                (warp * S * R * 32 + lane) * 8;
+  asm volatile("" : "+l"(cp), "+l"(mp), "+r"(rq), "+r"(rm));
+  const int64_t cp_step = static_cast<int64_t>(wpt) * CPG * 32, mp_step = static_cast<int64_t>(wpt) * 8;
+  const int64_t xp_step = static_cast<int64_t>(wpt) * G;
+  const int sp_step = wpt * kXsumTokens;
+  int gi = warp, gx = warp;
+
+  auto issue = [&](auto stage) {  // group gi into `stage`
+    constexpr int st = decltype(stage)::value;
+    if (gi < groups) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int u = 0; u < CPG; ++u)
+          if (gi * CPG + u < chunks) cp_async16_s(rq + ((st * R + r) * CPG + u) * 512, cp + cp_tile[r] + u * 32);
+        cp_async8_s(rm + (st * R + r) * 256, mp + mp_tile[r]);
+      }
+    }
+    cp_async_commit();
+    cp += cp_step;
+    mp += mp_step;
+    gi += wpt;
+  };
+  using X = uint4[CPG][NT][2];
+  using XS = float2[NT];
+  auto load_x = [&](X& xb, XS& sb) {  // group gx's activations and Σx
+    if ((gx + 1) * G <= K) {  // a whole group (warp-uniform)
+#pragma unroll
+      for (int u = 0; u < CPG; ++u)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          xb[u][n][0] = __ldg(reinterpret_cast<const uint4*>(xp[n] + u * kChunk));
+          xb[u][n][1] = __ldg(reinterpret_cast<const uint4*>(xp[n] + u * kChunk + 8));
+        }
+    } else {  // the last group of a ragged K
+#pragma unroll
+      for (int u = 0; u < CPG; ++u) {
+        const int k = (gx * CPG + u) * kChunk + 16 * tig;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const T* row = xp[n] - gx * G - 16 * tig;
+          xb[u][n][0] = load_x8(row, k, K, true);
+          xb[u][n][1] = load_x8(row, k + 8, K, true);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) sb[n] = __ldg(reinterpret_cast<const float2*>(sp + n * 8));
+#pragma unroll
+    for (int n = 0; n < NT; ++n) xp[n] += xp_step;
+    sp += sp_step;
+    gx += wpt;
+  };
+  float out[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) out[r][n][0] = out[r][n][1] = out[r][n][2] = out[r][n][3] = 0.0f;
+  // Group g (the warp's i-th) from `stage`, with its activations xb, Σx sb.
+  auto compute = [&](auto stage, int g, const X& xb, const XS& sb) {
+    constexpr int st = decltype(stage)::value;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float acc[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+      for (int u = 0; u < CPG; ++u) {
+        if (CPG > 1 && g * CPG + u >= chunks) break;  // the last group of a ragged K (warp-uniform)
+        const uint4 q = lds128(rq + ((st * R + r) * CPG + u) * 512);
+        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t a[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[j] = and_or(words[s] >> (4 * j), 0x000F000Fu, Tr::kMagic);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            const uint4& xv = xb[u][n][s >> 1];
+            mma_16816<T>(acc[n], a, (s & 1) ? xv.z : xv.x, (s & 1) ? xv.w : xv.y);
+          }
+        }
+      }
+      const uint2 sm = lds64(rm + (st * R + r) * 256);
+      const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
+      const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
+      const float o_lo = fmaf(-Tr::kOffset, s_lo, m_lo), o_hi = fmaf(-Tr::kOffset, s_hi, m_hi);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        // acc[n][j]: row gid + 8·(j / 2), token n·8 + 2tig + j % 2.
+        out[r][n][0] = fmaf(s_lo, acc[n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
+        out[r][n][1] = fmaf(s_lo, acc[n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
+        out[r][n][2] = fmaf(s_hi, acc[n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
+        out[r][n][3] = fmaf(s_hi, acc[n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
+      }
+    }
+  };
+  const int iters = warp < groups ? (groups - warp + wpt - 1) / wpt : 0;
+  using C0 = std::integral_constant<int, 0>;
+  using C1 = std::integral_constant<int, 1>;
+  issue(C0{});
+  grid_dependency_wait();  // weights are in flight; x and Σx are the previous kernels' outputs
+  if constexpr (PF) {
+    // Group i from stage i % 2 with activations in buffer i % 2; group i + 1's
+    // are loaded meanwhile into the other buffer.
+    X xa, xb;
+    XS sa, sb;
+    auto step = [&](auto stage, int i, const X& xc, const XS& sc, X& xn, XS& sn) {
+      issue(std::integral_constant<int, 1 - decltype(stage)::value>{});
+      if (i + 1 < iters) load_x(xn, sn);
+      cp_async_wait<1>();
+      compute(stage, warp + i * wpt, xc, sc);
+    };
+    if (iters > 0) load_x(xa, sa);
+    for (int i = 0; i < iters; i += 2) {
+      step(C0{}, i, xa, sa, xb, sb);
+      if (i + 1 >= iters) break;
+      step(C1{}, i + 1, xb, sb, xa, sa);
+    }
+  } else {
+    X xa;
+    XS sa;
+    auto step = [&](auto stage, int i) {
+      issue(std::integral_constant<int, 1 - decltype(stage)::value>{});
+      load_x(xa, sa);
+      cp_async_wait<1>();
+      compute(stage, warp + i * wpt, xa, sa);
+    };
+    for (int i = 0; i < iters; i += 2) {
+      step(C0{}, i);
+      if (i + 1 >= iters) break;
+      step(C1{}, i + 1);
+    }
+  }
+  grid_dependents_launch();
+
+  const int64_t row0 = tile0 * kTileRows;
+  constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
+  if (wpt == 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int tok = n * 8 + 2 * tig + (j & 1);
+          const int64_t row = row0 + r * kTileRows + gid + 8 * (j >> 1);
+          if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(out[r][n][j]);
+        }
+    return;
+  }
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(wpt) * S * R * stage_bytes(CPG));
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        red[warp * kOut + (n * 8 + 2 * tig + (j & 1)) * kRows + r * kTileRows + gid + 8 * (j >> 1)] = out[r][n][j];
+  __syncthreads();
+  for (int i = threadIdx.x; i < kOut; i += blockDim.x) {
+    float s = 0.0f;
+    for (int w = 0; w < wpt; ++w) s += red[w * kOut + i];
+    const int tok = i / kRows;
+    const int64_t row = row0 + i % kRows;
+    if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(s);
+  }
+}
+
+template <typename T, typename OutT, int NT, int CPG, int R, bool PF>
+void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
+                    cudaStream_t stream, int sms) {
+  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
+  const int64_t groups = (chunks + CPG - 1) / CPG;
+  const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
+  const int64_t blocks = (tiles + R - 1) / R;
+  // Warps per block: ~32 resident per SM over the whole grid, at most one per
+  // group, at most 16 for one token tile and 8 for two (whose warps hold 116-128
+  // registers: two blocks of 8 warps per SM), within 110 KiB of shared memory.
+  constexpr int kMaxWarps = NT == 1 ? 16 : 8;
+  const size_t smem_warp = 2 * R * stage_bytes(CPG) + NT * 8 * R * kTileRows * 4;  // ring + reduction
+  const int64_t warps =
+      std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(blocks, 1), 1,
+                          std::min<int64_t>({kMaxWarps, groups, static_cast<int64_t>((110 << 10) / smem_warp)}));
+  const size_t smem = static_cast<size_t>(warps) * smem_warp;
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;  // always after its own Σx kernel
+  auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF>;
+  static const bool attr_set = [&] {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    return true;
+  }();
+  (void)attr_set;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
+                                       static_cast<const uint2*>(w.b.get()), x, ldx, xsum, y, ldy, M,
+                                       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(tiles),
+                                       static_cast<int>(chunks), static_cast<int>(groups),
+                                       static_cast<int>(groups_padded)));
+}
+
+// Row tiles per warp, measured on the H200 (bench_w4a16, docs/results/
+// w4a16-small-m-s12.md): two where the grid stays large (x read once for two
+// tiles), one for narrow matrices, whose few blocks need every warp they can
+// get. Two tiles of two token tiles hold too many registers for the second
+// activation buffer, so they load each group's activations when they need them.
+template <typename T, typename OutT, int NT, int CPG>
+void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
+                  cudaStream_t stream, int sms) {
+  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
+  if (NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms})
+    launch_small_r<T, OutT, NT, CPG, 2, NT == 1>(w, x, M, ldx, xsum, y, ldy, stream, sms);
+  else
+    launch_small_r<T, OutT, NT, CPG, 1, true>(w, x, M, ldx, xsum, y, ldy, stream, sms);
+}
+
+template <typename T, typename OutT>
+void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* yv, int64_t ldy, cudaStream_t stream,
+               bool pdl, int sms) {
+  const T* x = static_cast<const T*>(xv);
+  OutT* y = static_cast<OutT*>(yv);
+  const int G = w.group_size, groups = static_cast<int>((w.cols + G - 1) / G);
+  auto* xsum = static_cast<float*>(w.scratch.get());
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((groups * kXsumTokens + 7) / 8));
+  cfg.blockDim = dim3(256);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, xsum_kernel<T>, x, ldx, M, static_cast<int>(w.cols), G, groups, xsum));
+  const bool g64 = G == 64;
+  if (M <= 8)
+    g64 ? launch_small<T, OutT, 1, 1>(w, x, M, ldx, xsum, y, ldy, stream, sms)
+        : launch_small<T, OutT, 1, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms);
+  else
+    g64 ? launch_small<T, OutT, 2, 1>(w, x, M, ldx, xsum, y, ldy, stream, sms)
+        : launch_small<T, OutT, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms);
+}
+
+}  // namespace
+
+bool w4a16_small_m_applies(int group_size, int64_t M) {
+  return M >= 2 && M <= kXsumTokens && (group_size == 64 || group_size == 128);
+}
+
+size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size) {
+  return static_cast<size_t>((cols + group_size - 1) / group_size) * kXsumTokens * sizeof(float);
+}
+
+void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
+                   bool f32_out, cudaStream_t stream, bool pdl, int sms) {
+  NIBBLE_CHECK(w4a16_small_m_applies(w.group_size, M), "w4a16: no small-M kernel for M {} and group {}", M,
+               w.group_size);
+  NIBBLE_CHECK(w.scratch.bytes() >= w4a16_small_m_scratch_bytes(w.cols, w.group_size),
+               "w4a16: the weight's scratch holds {} bytes, Σx needs {}", w.scratch.bytes(),
+               w4a16_small_m_scratch_bytes(w.cols, w.group_size));
+  const int m = static_cast<int>(M);
+  if (act == Act::BF16)
+    f32_out ? run_small<__nv_bfloat16, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
+            : run_small<__nv_bfloat16, __nv_bfloat16>(w, x, m, ldx, y, ldy, stream, pdl, sms);
+  else
+    f32_out ? run_small<__half, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
+            : run_small<__half, __half>(w, x, m, ldx, y, ldy, stream, pdl, sms);
+}
+
+}  // namespace nibble::cuda
