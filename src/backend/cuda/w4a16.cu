@@ -76,29 +76,6 @@ void check_parts(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, i
 
 // ---- the kernel --------------------------------------------------------------
 
-// Decodes one lane's A fragments of a chunk (4 k-steps × 4 registers) of one
-// 16-row tile; sm = (scale, min) of rows gid (.x) and gid + 8 (.y).
-template <typename T>
-__device__ inline void decode_chunk(const uint4& q, const uint2& sm, uint32_t (&a)[4][4]) {
-  using Tr = ActTraits<T>;
-  using T2 = typename Tr::T2;
-  const T2 s_lo = Tr::broadcast(static_cast<uint16_t>(sm.x & 0xFFFF));
-  const T2 m_lo = Tr::broadcast(static_cast<uint16_t>(sm.x >> 16));
-  const T2 s_hi = Tr::broadcast(static_cast<uint16_t>(sm.y & 0xFFFF));
-  const T2 m_hi = Tr::broadcast(static_cast<uint16_t>(sm.y >> 16));
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t v = and_or(words[s] >> (4 * j), 0x000F000Fu, Tr::kMagic);
-      T2 h;
-      std::memcpy(&h, &v, 4);
-      h = __hfma2(__hsub2(h, Tr::magic()), (j & 1) ? s_hi : s_lo, (j & 1) ? m_hi : m_lo);
-      std::memcpy(&a[s][j], &h, 4);
-    }
-}
-
 // The offset codes of a chunk as A fragments, no arithmetic: (0x4300 | c) is
 // exactly 128 + c in bf16 (0x6400 | c is 1024 + c in fp16). Scale and min are
 // applied to the fp32 partial sums instead (see the kernel).
@@ -537,7 +514,7 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
     return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_sm_count());
   NIBBLE_CHECK(act != Act::F32, "w4a16: f32 activations need M = 1 and a group size of 64 or 128 (M {}, group {})", M,
                w.group_size);
-  if (w4a16_small_m_applies(w.group_size, M))  // 2..16 tokens: exact weights, Σx by its own kernel
+  if (w4a16_small_m_applies(w.group_size, M))  // M >= 2, groups of 64 / 128 (w4a16_small_m.cu)
     return w4a16_small_m(w, x, M, ldx, act, y, ldy, f32_out, s, pdl, device_sm_count());
   if (act == Act::BF16)
     f32_out ? launch_t<__nv_bfloat16, float>(w, x, M, ldx, y, ldy, s, pdl)

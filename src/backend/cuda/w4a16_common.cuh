@@ -159,4 +159,27 @@ __device__ inline uint4 load_x8(const T* row, int k, int K, bool tok_ok) {
   return make_uint4(v[0], v[1], v[2], v[3]);
 }
 
+// Decodes one lane's A fragments of a chunk (4 k-steps × 4 registers) of one
+// 16-row tile; sm = (scale, min) of rows gid (.x) and gid + 8 (.y).
+template <typename T>
+__device__ inline void decode_chunk(const uint4& q, const uint2& sm, uint32_t (&a)[4][4]) {
+  using Tr = ActTraits<T>;
+  using T2 = typename Tr::T2;
+  const T2 s_lo = Tr::broadcast(static_cast<uint16_t>(sm.x & 0xFFFF));
+  const T2 m_lo = Tr::broadcast(static_cast<uint16_t>(sm.x >> 16));
+  const T2 s_hi = Tr::broadcast(static_cast<uint16_t>(sm.y & 0xFFFF));
+  const T2 m_hi = Tr::broadcast(static_cast<uint16_t>(sm.y >> 16));
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t v = and_or(words[s] >> (4 * j), 0x000F000Fu, Tr::kMagic);
+      T2 h;
+      std::memcpy(&h, &v, 4);
+      h = __hfma2(__hsub2(h, Tr::magic()), (j & 1) ? s_hi : s_lo, (j & 1) ? m_hi : m_lo);
+      std::memcpy(&a[s][j], &h, 4);
+    }
+}
+
 }  // namespace nibble::cuda::w4a16

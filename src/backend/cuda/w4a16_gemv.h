@@ -1,6 +1,6 @@
 // The M = 1 W4A16 kernel with integer dot products (w4a16_gemv.cu), used by
 // the w4a16_mma registry row for single-token calls with group size 64 or 128,
-// and the kernel for 2..16 tokens (w4a16_small_m.cu).
+// and the kernel for M >= 2 (w4a16_small_m.cu).
 // Internal to the CUDA backend.
 #pragma once
 
@@ -33,9 +33,10 @@ void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t pre
 // Writes x (w.cols wide, `act` type) as the prepared activation (w4a16_prep.cuh).
 void w4a16_gemv_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t prepared_bytes,
                         cudaStream_t stream, bool pdl);
-// The kernel for 2..16 tokens with groups of 64 or 128 (w4a16_small_m.cu):
-// exact weights, Σx per token and group from its own small kernel, written
-// into w.scratch (so, as above, one stream at a time per DeviceLinear).
+// The kernel for M >= 2 tokens with groups of 64 or 128 (w4a16_small_m.cu).
+// Up to 16 tokens: exact weights, Σx per token and group from its own small
+// kernel, written into w.scratch (so, as above, one stream at a time per
+// DeviceLinear); more: 16-bit weights (w4a16_exact_weights).
 bool w4a16_small_m_applies(int group_size, int64_t M);
 size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size);
 void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,

@@ -1,9 +1,9 @@
-// The W4A16 kernel for 2..16 tokens, groups of 64 or 128 (the w4a16_mma
-// registry row sends those calls here; M = 1 takes the integer GEMV,
-// w4a16_gemv.cu, and M > 16 or groups of 32 the general kernel, w4a16.cu).
+// The W4A16 kernel for M >= 2 tokens, groups of 64 or 128
+// (the w4a16_mma registry row sends those calls here; M = 1 takes the integer
+// GEMV, w4a16_gemv.cu, and groups of 32 the general kernel, w4a16.cu).
 //
-// y[M, N] = x[M, K] · Ŵᵀ, x bf16 or fp16, fp32 accumulation, the weights exact
-// (FORMAT.md's c·s + m, never rounded to 16 bits):
+// y[M, N] = x[M, K] · Ŵᵀ, x bf16 or fp16, fp32 accumulation. Up to 16 tokens
+// the weights are exact (FORMAT.md's c·s + m, never rounded to 16 bits):
 //  * The mma multiplies x by the offset codes 128 + c (0x4300 | c is exactly
 //    that in bf16; 0x6400 | c is 1024 + c in fp16): one and-or per register
 //    of the A fragment, no arithmetic on the weights.
@@ -11,8 +11,8 @@
 //    Σx per token and group comes from a small kernel launched before this one
 //    (xsum_kernel), not from a second, all-ones mma per chunk as in w4a16.cu:
 //    that one doubled the tensor-core work at 16 tokens.
-//  * The structure is the integer GEMV's: one block per 16-row tile, its
-//    warps take interleaved groups; each warp streams its groups' codes and
+//  * The structure is the integer GEMV's: one block per 16-row tile (or two),
+//    its warps take interleaved groups; each warp streams its groups' codes and
 //    scale/min pairs through a cp.async ring in shared memory addressed by
 //    32-bit shared-window addresses held in registers; the activations of the
 //    warp's next group are loaded one group ahead; the warps meet in shared
@@ -22,6 +22,11 @@
 //  * Tokens are the mma's N side (8 per tile, NT tiles). A token column past M
 //    reads token M − 1's row (any valid memory will do: an mma's output column
 //    depends only on its own input column, and those columns are not stored).
+//  * More than 16 tokens (w4a16_exact_weights false): the same kernel on blocks
+//    of up to 32 tokens (4 token tiles), each weight decoded once to
+//    fl16(c·s + m) (and-or, subtract, fused multiply-add per pair) and used by
+//    all of them; the mma accumulates the outputs directly. This replaced the
+//    general kernel's register-carried weights at more than 16 tokens.
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_gemv.h"
@@ -34,7 +39,7 @@ namespace {
 
 using namespace w4a16;
 
-constexpr int kXsumTokens = 16;  // Σx is stored for 16 token slots per group
+constexpr int kXsumTokens = 16;  // Σx is stored for 16 token slots per group (the exact path's largest M)
 
 // Σx per (group, token): one warp each, a fixed summation order (lane l adds
 // its G / 32 inputs in order, then a butterfly), so repeated calls agree bit
@@ -72,9 +77,13 @@ __global__ void __launch_bounds__(256) xsum_kernel(const T* __restrict__ x, int6
 // L1, and their loads' latency the kernel's largest stall). NT token tiles of
 // 8, CPG chunks of 64 inputs per group (1: G = 64, 2: G = 128). PF: load the
 // next group's activations one group ahead (a second register buffer).
+// EXACT = false (more than 16 tokens, w4a16_exact_weights): each weight is
+// decoded to fl16(c·s + m) and the mma accumulates the outputs directly (no
+// Σx, no per-group partial sums: 4 token tiles would not fit in registers
+// twice); the activations are loaded per chunk, when needed.
 // The ring has two stages per warp and the main loop is unrolled by two, so
 // the stage of every access is a constant and no registers are copied.
-template <typename T, typename OutT, int NT, int CPG, int R, bool PF>
+template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
 __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     w4a16_small_m_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                          int64_t ldx, const float* __restrict__ xsum, OutT* __restrict__ y, int64_t ldy, int M, int N,
@@ -167,6 +176,41 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   // Group g (the warp's i-th) from `stage`, with its activations xb, Σx sb.
   auto compute = [&](auto stage, int g, const X& xb, const XS& sb) {
     constexpr int st = decltype(stage)::value;
+    if constexpr (!EXACT) {  // activations loaded here, weights decoded to 16 bits
+      const bool whole = (g + 1) * G <= K;  // warp-uniform
+#pragma unroll
+      for (int u = 0; u < CPG; ++u) {
+        if (CPG > 1 && g * CPG + u >= chunks) break;
+        uint4 xv[NT][2];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          if (whole) {
+            xv[n][0] = __ldg(reinterpret_cast<const uint4*>(xp[n] + u * kChunk));
+            xv[n][1] = __ldg(reinterpret_cast<const uint4*>(xp[n] + u * kChunk + 8));
+          } else {
+            const int k = (g * CPG + u) * kChunk + 16 * tig;
+            const T* row = xp[n] - g * G - 16 * tig;
+            xv[n][0] = load_x8(row, k, K, true);
+            xv[n][1] = load_x8(row, k + 8, K, true);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          uint32_t a[4][4];
+          decode_chunk<T>(lds128(rq + ((st * R + r) * CPG + u) * 512), lds64(rm + (st * R + r) * 256), a);
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              const uint4& x2 = xv[n][s >> 1];
+              mma_16816<T>(out[r][n], a[s], (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
+            }
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) xp[n] += xp_step;
+      return;
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       float acc[NT][4];
@@ -208,7 +252,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   using C1 = std::integral_constant<int, 1>;
   issue(C0{});
   grid_dependency_wait();  // weights are in flight; x and Σx are the previous kernels' outputs
-  if constexpr (PF) {
+  if constexpr (PF && EXACT) {
     // Group i from stage i % 2 with activations in buffer i % 2; group i + 1's
     // are loaded meanwhile into the other buffer.
     X xa, xb;
@@ -230,7 +274,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     XS sa;
     auto step = [&](auto stage, int i) {
       issue(std::integral_constant<int, 1 - decltype(stage)::value>{});
-      load_x(xa, sa);
+      if constexpr (EXACT) load_x(xa, sa);
       cp_async_wait<1>();
       compute(stage, warp + i * wpt, xa, sa);
     };
@@ -275,9 +319,9 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   }
 }
 
-template <typename T, typename OutT, int NT, int CPG, int R, bool PF>
+template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
 void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
-                    cudaStream_t stream, int sms) {
+                    cudaStream_t stream, int sms, bool pdl) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
   const int64_t groups = (chunks + CPG - 1) / CPG;
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
@@ -298,8 +342,8 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;  // always after its own Σx kernel
-  auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF>;
+  cfg.numAttrs = EXACT || pdl ? 1 : 0;  // the exact path always follows its own Σx kernel
+  auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>;
   static const bool attr_set = [&] {
     NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
     return true;
@@ -322,9 +366,29 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, const f
                   cudaStream_t stream, int sms) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
   if (NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms})
-    launch_small_r<T, OutT, NT, CPG, 2, NT == 1>(w, x, M, ldx, xsum, y, ldy, stream, sms);
+    launch_small_r<T, OutT, NT, CPG, 2, NT == 1, true>(w, x, M, ldx, xsum, y, ldy, stream, sms, true);
   else
-    launch_small_r<T, OutT, NT, CPG, 1, true>(w, x, M, ldx, xsum, y, ldy, stream, sms);
+    launch_small_r<T, OutT, NT, CPG, 1, true, true>(w, x, M, ldx, xsum, y, ldy, stream, sms, true);
+}
+
+// More than 16 tokens: 16-bit weights, blocks of at most 32 tokens (measured
+// on the H200: 64 tokens as 8 token tiles at once took 165 registers and 8.37 ms
+// for the fused stack, as two blocks of 32 about 7.5 ms; loading the activations
+// per k-step to save registers, 12.2 ms).
+template <typename T, typename OutT, int CPG>
+void launch_rounded(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
+                    int sms, bool pdl) {
+  for (int m0 = 0; m0 < M; m0 += 32) {
+    const int m = std::min(32, M - m0);
+    const T* xm = x + m0 * ldx;
+    OutT* ym = y + m0 * ldy;
+    if (m <= 8)
+      launch_small_r<T, OutT, 1, CPG, 1, false, false>(w, xm, m, ldx, nullptr, ym, ldy, stream, sms, pdl);
+    else if (m <= 16)
+      launch_small_r<T, OutT, 2, CPG, 1, false, false>(w, xm, m, ldx, nullptr, ym, ldy, stream, sms, pdl);
+    else
+      launch_small_r<T, OutT, 4, CPG, 1, false, false>(w, xm, m, ldx, nullptr, ym, ldy, stream, sms, pdl);
+  }
 }
 
 template <typename T, typename OutT>
@@ -333,6 +397,13 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   const T* x = static_cast<const T*>(xv);
   OutT* y = static_cast<OutT*>(yv);
   const int G = w.group_size, groups = static_cast<int>((w.cols + G - 1) / G);
+  const bool g64 = G == 64;
+  if (!w4a16_exact_weights(G, M))
+    return g64 ? launch_rounded<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
+               : launch_rounded<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
+  NIBBLE_CHECK(w.scratch.bytes() >= w4a16_small_m_scratch_bytes(w.cols, G),
+               "w4a16: the weight's scratch holds {} bytes, Σx needs {}", w.scratch.bytes(),
+               w4a16_small_m_scratch_bytes(w.cols, G));
   auto* xsum = static_cast<float*>(w.scratch.get());
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
@@ -342,7 +413,6 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, xsum_kernel<T>, x, ldx, M, static_cast<int>(w.cols), G, groups, xsum));
-  const bool g64 = G == 64;
   if (M <= 8)
     g64 ? launch_small<T, OutT, 1, 1>(w, x, M, ldx, xsum, y, ldy, stream, sms)
         : launch_small<T, OutT, 1, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms);
@@ -353,9 +423,7 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
 
 }  // namespace
 
-bool w4a16_small_m_applies(int group_size, int64_t M) {
-  return M >= 2 && M <= kXsumTokens && (group_size == 64 || group_size == 128);
-}
+bool w4a16_small_m_applies(int group_size, int64_t M) { return M >= 2 && (group_size == 64 || group_size == 128); }
 
 size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size) {
   return static_cast<size_t>((cols + group_size - 1) / group_size) * kXsumTokens * sizeof(float);
@@ -365,9 +433,7 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
                    bool f32_out, cudaStream_t stream, bool pdl, int sms) {
   NIBBLE_CHECK(w4a16_small_m_applies(w.group_size, M), "w4a16: no small-M kernel for M {} and group {}", M,
                w.group_size);
-  NIBBLE_CHECK(w.scratch.bytes() >= w4a16_small_m_scratch_bytes(w.cols, w.group_size),
-               "w4a16: the weight's scratch holds {} bytes, Σx needs {}", w.scratch.bytes(),
-               w4a16_small_m_scratch_bytes(w.cols, w.group_size));
+  NIBBLE_CHECK(M < (int64_t{1} << 31), "w4a16: {} tokens in one call", M);
   const int m = static_cast<int>(M);
   if (act == Act::BF16)
     f32_out ? run_small<__nv_bfloat16, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
