@@ -347,6 +347,49 @@ __global__ void relayout_meta_kernel(const uint16_t* __restrict__ scales, const 
 
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
+// The layout back to a row-major bf16 matrix [rows][cols] (large M: cuBLAS
+// on the dequantized weights). One thread per lane's 16 bytes of a chunk: 16
+// consecutive inputs of rows gid and gid + 8, written as 16-byte stores. Each
+// weight is fl_bf16(c·s + m) with the fp32 fused multiply-add, the value the
+// rounded kernels use (FORMAT.md's value rounded once more, to bf16).
+__global__ void dequant_layout_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta,
+                                      __nv_bfloat16* __restrict__ out, int64_t rows, int64_t cols, int64_t chunks,
+                                      int64_t groups_padded, int g_shift) {
+  const int64_t n = ((rows + kTileRows - 1) / kTileRows) * chunks * 32;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n) return;
+  const int lane = static_cast<int>(idx & 31), gid = lane >> 2, tig = lane & 3;
+  const int64_t c = (idx >> 5) % chunks, t = (idx >> 5) / chunks;
+  const uint4 q = codes[idx];
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  const uint2 sm = meta[(t * groups_padded + ((c * kChunk) >> g_shift)) * 8 + gid];
+  const int64_t col0 = c * kChunk + 16 * tig;
+  for (int h = 0; h < 2; ++h) {  // row gid + 8h: nibbles j = h, h + 2 of each word
+    const int64_t row = t * kTileRows + gid + 8 * h;
+    if (row >= rows) continue;
+    const uint32_t pair = h ? sm.y : sm.x;
+    const float sc = bf16_bits_to_float(pair & 0xFFFF), mn = bf16_bits_to_float(pair >> 16);
+    __align__(16) __nv_bfloat16 v[16];
+#pragma unroll
+    for (int st = 0; st < 4; ++st)
+#pragma unroll
+      for (int jh = 0; jh < 2; ++jh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int p = h + 2 * jh + 4 * e;  // nibble p of word st: input 4st + 2jh + e of the lane's 16
+          v[4 * st + 2 * jh + e] =
+              __float2bfloat16_rn(fmaf(static_cast<float>((words[st] >> (4 * p)) & 0xF), sc, mn));
+        }
+    __nv_bfloat16* o = out + row * cols + col0;
+    if (col0 + 16 <= cols && cols % 8 == 0) {
+      reinterpret_cast<uint4*>(o)[0] = reinterpret_cast<const uint4*>(v)[0];
+      reinterpret_cast<uint4*>(o)[1] = reinterpret_cast<const uint4*>(v)[1];
+    } else {
+      for (int i = 0; i < 16 && col0 + i < cols; ++i) o[i] = v[i];
+    }
+  }
+}
+
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
                 bool f32_out, void* stream, bool pdl);
@@ -388,6 +431,17 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
 }  // namespace
 
 bool w4a16_exact_weights(int group_size, int64_t M) { return group_size >= 64 && M <= 16; }
+
+namespace {
+// Above this many tokens a bf16 call dequantizes the weight and runs cuBLAS.
+// Measured on the H200 (session 12, bench_w4a16, fused 8B stack as CUDA graphs):
+// the kernels take 3.8 ms per 32 tokens (M = 128 15.4 ms, M = 256 31.0 ms,
+// M = 512 61.6 ms); dequantize + cuBLAS 19.7-20.0 ms at M = 80..128 and
+// 25.2-25.4 ms at M = 512, where cuBLAS alone on bf16 weights takes 11.9 ms.
+// The dequantization runs at about 1 TB/s of writes (15 GB written, 4 GB read)
+// and was not profiled; the crossover is near 180 tokens.
+constexpr int64_t kLargeM = 192;
+}  // namespace
 
 namespace {
 
@@ -512,6 +566,32 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
   const auto s = static_cast<cudaStream_t>(stream);
   if (M == 1 && w4a16_gemv_applies(w.group_size))  // decode: integer dot products (w4a16_gemv.cu)
     return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_sm_count());
+  if (M > kLargeM && act == Act::BF16) {
+    // Prefill-sized M: each pass of the kernels re-reads every weight for at
+    // most 32 tokens, so dequantize once into a stream-ordered scratch and let
+    // cuBLAS take all M tokens (bf16, fp32 accumulation).
+    const Dims d = dims_of(w.rows, w.cols, w.group_size);
+    static const bool pool_kept = [] {  // keep the freed scratch in the pool rather than unmapping it at each sync
+      int dev = 0;
+      cudaMemPool_t pool;
+      NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
+      NIBBLE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+      uint64_t keep = ~uint64_t{0};
+      NIBBLE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+      return true;
+    }();
+    (void)pool_kept;
+    void* wb = nullptr;
+    NIBBLE_CUDA_CHECK(cudaMallocAsync(&wb, static_cast<size_t>(w.rows * w.cols) * 2, s));
+    dequant_layout_kernel<<<blocks_for(d.tiles * d.chunks * 32, 256), 256, 0, s>>>(
+        static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()),
+        static_cast<__nv_bfloat16*>(wb), w.rows, w.cols, d.chunks, d.groups_padded,
+        __builtin_ctz(static_cast<unsigned>(w.group_size)));
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    gemm_bf16_cublas(wb, w.rows, w.cols, x, M, ldx, y, ldy, stream, f32_out);
+    NIBBLE_CUDA_CHECK(cudaFreeAsync(wb, s));
+    return;
+  }
   NIBBLE_CHECK(act != Act::F32, "w4a16: f32 activations need M = 1 and a group size of 64 or 128 (M {}, group {})", M,
                w.group_size);
   if (w4a16_small_m_applies(w.group_size, M))  // M >= 2, groups of 64 / 128 (w4a16_small_m.cu)
