@@ -150,13 +150,19 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_decode_trace: CUPTI recorded no kernels\n");
       return 1;
     }
-    // Steps begin at the embedding kernel.
+    // Every step launches the same kernels (one captured graph, or the same
+    // launches): cut the trace into `steps` equal runs, and check that each
+    // run starts with the same kernel (the step's first, the embedding).
     std::vector<size_t> begin;
-    for (size_t i = 0; i < ks.size(); ++i)
-      if (ks[i].name.find("embed") != std::string::npos) begin.push_back(i);
-    if (begin.size() != static_cast<size_t>(steps)) {
-      std::fprintf(stderr, "bench_decode_trace: %zu kernels, %zu embedding kernels for %d steps; the first ones:\n",
-                   ks.size(), begin.size(), steps);
+    const size_t per = ks.size() / static_cast<size_t>(steps);
+    bool same = per > 0 && ks.size() % static_cast<size_t>(steps) == 0;
+    for (int s = 0; same && s < steps; ++s) {
+      begin.push_back(static_cast<size_t>(s) * per);
+      same = ks[begin.back()].name == ks[0].name;
+    }
+    if (!same) {
+      std::fprintf(stderr, "bench_decode_trace: %zu kernels do not split into %d equal steps; the first ones:\n",
+                   ks.size(), steps);
       for (size_t i = 0; i < std::min<size_t>(ks.size(), 80); ++i) std::fprintf(stderr, "  %s\n", ks[i].name.c_str());
       return 1;
     }
