@@ -240,6 +240,7 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
   check_w4a16({24, 4100, 128}, cuda::Act::BF16, {260}, false, 17);       // the same, a ragged row (scalar stores)
   check_w4a16({72, 4160, 64}, cuda::Act::BF16, {270}, true, 18);
   check_w4a16({40, 4096, 128}, cuda::Act::F16, {300}, false, 19);        // fp16 stays on the kernel
+  check_w4a16({72, 4160, 32}, cuda::Act::BF16, {200}, false, 20);        // groups of 32: two per chunk
 }
 
 // The 2..16-token kernel (w4a16_small_m.cu) gives each warp two row tiles on

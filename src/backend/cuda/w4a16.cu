@@ -1,9 +1,14 @@
-// W4A16 GEMV / small-M GEMM for int4_asym on the GPU (docs/CUDA.md has the
-// layout and the measured speed).
+// W4A16 for int4_asym on the GPU (docs/CUDA.md has the layout and the
+// measured speed): the w4a16_mma registry row, its layout (upload), its
+// dispatch (w4a16_gemm) and the general kernel.
 //
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, x and y bf16 or fp16, fp32 accumulation.
+// Dispatch: M = 1 with groups of 64/128 takes the integer GEMV
+// (w4a16_gemv.cu); bf16 calls with M > 192 dequantize the weight and run
+// cuBLAS; other calls with groups of 64/128 take the small-M kernel
+// (w4a16_small_m.cu); groups of 32 take the general kernel below.
 //
-// Design
+// Design of the general kernel
 //  * Decode is bandwidth bound: every byte of weights is read once, in 16-byte
 //    loads, coalesced (a warp reads 512 contiguous bytes), several in flight per
 //    thread. Codes are re-laid out once at load time so that one 16-byte load
@@ -76,33 +81,16 @@ void check_parts(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, i
 
 // ---- the kernel --------------------------------------------------------------
 
-// The offset codes of a chunk as A fragments, no arithmetic: (0x4300 | c) is
-// exactly 128 + c in bf16 (0x6400 | c is 1024 + c in fp16). Scale and min are
-// applied to the fp32 partial sums instead (see the kernel).
-template <typename T>
-__device__ inline void decode_chunk_raw(const uint4& q, uint32_t (&a)[4][4]) {
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) a[s][j] = and_or(words[s] >> (4 * j), 0x000F000Fu, ActTraits<T>::kMagic);
-}
-
 // One warp computes R row tiles (16·R rows) × NT token tiles (8·NT tokens)
 // over an interleaved share of the input chunks; the warps of a block split K
 // and meet in shared memory. U chunks are loaded before the first is used.
 //
-// Two ways to apply a group's scale s and min m (kRaw):
-//  * false: decode each weight to 16 bits, fl16(c·s + m) (shift, and-or,
-//    subtract, fused multiply-add per pair), then mma. Any group size.
-//  * true (a chunk must lie in one group: G >= 64): the mma multiplies x by the
-//    offset codes 128 + c directly, giving P = Σ(128 + c)·x per chunk in fp32,
-//    and a second mma with an all-ones A gives Σx; then
-//      Σ(c·s + m)·x = s·P + (m − 128·s)·Σx,
-//    two fp32 FMAs per output per chunk instead of two 16-bit operations per
-//    weight pair. The weights are exact (never rounded to 16 bits); the
-//    cancellation in s·P − 128·s·Σx costs at most ~2^-17 of Σ|x|·s per chunk.
-template <typename T, typename OutT, int NT, int R, int S, bool kRaw>
+// Each weight is decoded to 16 bits, fl16(c·s + m) (shift, and-or, subtract,
+// fused multiply-add per pair), then multiplied by the mma. Since session 12
+// this kernel serves groups of 32 only (w4a16_small_m.cu takes 64 and 128);
+// its exact-weight variant (offset codes and an all-ones mma for Σx) went with
+// that, replaced by the small-M kernel's Σx kernel.
+template <typename T, typename OutT, int NT, int R, int S>
 __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
     w4a16_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                  int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
@@ -141,12 +129,7 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
   auto compute = [&](int c, const uint4 (&qs)[R], const uint2 (&ms)[R]) {
       uint32_t a[R][4][4];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if constexpr (kRaw)
-          decode_chunk_raw<T>(qs[r], a[r]);
-        else
-          decode_chunk<T>(qs[r], ms[r], a[r]);
-      }
+      for (int r = 0; r < R; ++r) decode_chunk<T>(qs[r], ms[r], a[r]);
       const int k = c * kChunk + 16 * tig;
       const bool whole = (c + 1) * kChunk <= K;  // the same for the whole warp
 #pragma unroll
@@ -162,33 +145,10 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
           x1 = load_x8(xp[n], k + 8, K, tok_ok[n]);
         }
         const uint32_t b[4][2] = {{x0.x, x0.y}, {x0.z, x0.w}, {x1.x, x1.y}, {x1.z, x1.w}};
-        if constexpr (kRaw) {
-          constexpr uint32_t ones[4] = {ActTraits<T>::kOnes, ActTraits<T>::kOnes, ActTraits<T>::kOnes,
-                                        ActTraits<T>::kOnes};
-          float xs[4] = {0.0f, 0.0f, 0.0f, 0.0f}, part[R][4];
 #pragma unroll
-          for (int r = 0; r < R; ++r) part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.0f;
+        for (int s = 0; s < 4; ++s)
 #pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            mma_16816<T>(xs, ones, b[s][0], b[s][1]);
-#pragma unroll
-            for (int r = 0; r < R; ++r) mma_16816<T>(part[r], a[r][s], b[s][0], b[s][1]);
-          }
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const float s_lo = bf16_bits_to_float(ms[r].x & 0xFFFF), m_lo = bf16_bits_to_float(ms[r].x >> 16);
-            const float s_hi = bf16_bits_to_float(ms[r].y & 0xFFFF), m_hi = bf16_bits_to_float(ms[r].y >> 16);
-            const float o_lo = fmaf(-ActTraits<T>::kOffset, s_lo, m_lo), o_hi = fmaf(-ActTraits<T>::kOffset, s_hi, m_hi);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              acc[r][n][j] = fmaf((j & 2) ? s_hi : s_lo, part[r][j], fmaf((j & 2) ? o_hi : o_lo, xs[j], acc[r][n][j]));
-          }
-        } else {
-#pragma unroll
-          for (int s = 0; s < 4; ++s)
-#pragma unroll
-            for (int r = 0; r < R; ++r) mma_16816<T>(acc[r][n], a[r][s], b[s][0], b[s][1]);
-        }
+          for (int r = 0; r < R; ++r) mma_16816<T>(acc[r][n], a[r][s], b[s][0], b[s][1]);
       }
   };
 
@@ -362,8 +322,8 @@ __global__ void dequant_layout_kernel(const uint4* __restrict__ codes, const uin
   const int64_t c = (idx >> 5) % chunks, t = (idx >> 5) / chunks;
   const uint4 q = codes[idx];
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-  const uint2 sm = meta[(t * groups_padded + ((c * kChunk) >> g_shift)) * 8 + gid];
-  const int64_t col0 = c * kChunk + 16 * tig;
+  const int64_t col0 = c * kChunk + 16 * tig;  // the lane's 16 inputs lie in one group (groups of 32 or more)
+  const uint2 sm = meta[(t * groups_padded + (col0 >> g_shift)) * 8 + gid];
   for (int h = 0; h < 2; ++h) {  // row gid + 8h: nibbles j = h, h + 2 of each word
     const int64_t row = t * kTileRows + gid + 8 * h;
     if (row >= rows) continue;
@@ -466,8 +426,8 @@ int device_sm_count() { return device_info().sms; }
 namespace {
 
 template <typename T, typename OutT, int NT, int R, int S>
-void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream, bool pdl,
-            bool exact) {
+void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
+            bool pdl) {
   const Dims d = dims_of(w.rows, w.cols, w.group_size);
   const int64_t blocks = (d.tiles + R - 1) / R;
   // Warps per block: enough resident warps on the whole GPU (~32 per SM) to
@@ -490,15 +450,9 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int6
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  auto kernel = w4a16_kernel<T, OutT, NT, R, S, false>;
-  if constexpr (NT <= 2)
-    if (exact) kernel = w4a16_kernel<T, OutT, NT, R, S, true>;
+  auto kernel = w4a16_kernel<T, OutT, NT, R, S>;
   static const bool attr_set = [&] {  // once per instantiation: allow > 48 KiB of dynamic shared memory
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_kernel<T, OutT, NT, R, S, false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
-    if constexpr (NT <= 2)
-      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_kernel<T, OutT, NT, R, S, true>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
     return true;
   }();
   (void)attr_set;
@@ -516,7 +470,7 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int6
 template <typename T, typename OutT>
 void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, cudaStream_t s,
               bool pdl) {
-  const bool exact = w4a16_exact_weights(w.group_size, M);  // one rule for the whole call
+  NIBBLE_CHECK(!w4a16_exact_weights(w.group_size, M), "w4a16: the general kernel has no exact-weight path");
   for (int64_t m0 = 0; m0 < M; m0 += 64) {
     const int m = static_cast<int>(std::min<int64_t>(64, M - m0));
     const T* xm = static_cast<const T*>(x) + m0 * ldx;
@@ -525,17 +479,17 @@ void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void
     const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, want = int64_t{device_info().sms} * 16 / 8;
     const int r = tiles / 4 >= want ? 4 : tiles / 2 >= want ? 2 : 1;
     if (m <= 8)
-      launch<T, OutT, 1, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      launch<T, OutT, 1, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl);
     else if (m <= 16)
-      r == 4 ? launch<T, OutT, 2, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-      : r == 2 ? launch<T, OutT, 2, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-               : launch<T, OutT, 2, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r == 4 ? launch<T, OutT, 2, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl)
+      : r == 2 ? launch<T, OutT, 2, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl)
+               : launch<T, OutT, 2, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl);
     else if (m <= 32)
-      r == 4 ? launch<T, OutT, 4, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-      : r == 2 ? launch<T, OutT, 4, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact)
-               : launch<T, OutT, 4, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r == 4 ? launch<T, OutT, 4, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl)
+      : r == 2 ? launch<T, OutT, 4, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl)
+               : launch<T, OutT, 4, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl);
     else
-      r >= 2 ? launch<T, OutT, 8, 2, 1>(w, xm, m, ldx, ym, ldy, s, pdl, exact) : launch<T, OutT, 8, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl, exact);
+      r >= 2 ? launch<T, OutT, 8, 2, 1>(w, xm, m, ldx, ym, ldy, s, pdl) : launch<T, OutT, 8, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl);
   }
 }
 

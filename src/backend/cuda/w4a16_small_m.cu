@@ -209,41 +209,41 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
       }
 #pragma unroll
       for (int n = 0; n < NT; ++n) xp[n] += xp_step;
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float acc[NT][4];
+      for (int r = 0; r < R; ++r) {
+        float acc[NT][4];
 #pragma unroll
-      for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 #pragma unroll
-      for (int u = 0; u < CPG; ++u) {
-        if (CPG > 1 && g * CPG + u >= chunks) break;  // the last group of a ragged K (warp-uniform)
-        const uint4 q = lds128(rq + ((st * R + r) * CPG + u) * 512);
-        const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+        for (int u = 0; u < CPG; ++u) {
+          if (CPG > 1 && g * CPG + u >= chunks) break;  // the last group of a ragged K (warp-uniform)
+          const uint4 q = lds128(rq + ((st * R + r) * CPG + u) * 512);
+          const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t a[4];
+          for (int s = 0; s < 4; ++s) {
+            uint32_t a[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) a[j] = and_or(words[s] >> (4 * j), 0x000F000Fu, Tr::kMagic);
+            for (int j = 0; j < 4; ++j) a[j] = and_or(words[s] >> (4 * j), 0x000F000Fu, Tr::kMagic);
 #pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            const uint4& xv = xb[u][n][s >> 1];
-            mma_16816<T>(acc[n], a, (s & 1) ? xv.z : xv.x, (s & 1) ? xv.w : xv.y);
+            for (int n = 0; n < NT; ++n) {
+              const uint4& xv = xb[u][n][s >> 1];
+              mma_16816<T>(acc[n], a, (s & 1) ? xv.z : xv.x, (s & 1) ? xv.w : xv.y);
+            }
           }
         }
-      }
-      const uint2 sm = lds64(rm + (st * R + r) * 256);
-      const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
-      const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
-      const float o_lo = fmaf(-Tr::kOffset, s_lo, m_lo), o_hi = fmaf(-Tr::kOffset, s_hi, m_hi);
+        const uint2 sm = lds64(rm + (st * R + r) * 256);
+        const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
+        const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
+        const float o_lo = fmaf(-Tr::kOffset, s_lo, m_lo), o_hi = fmaf(-Tr::kOffset, s_hi, m_hi);
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        // acc[n][j]: row gid + 8·(j / 2), token n·8 + 2tig + j % 2.
-        out[r][n][0] = fmaf(s_lo, acc[n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
-        out[r][n][1] = fmaf(s_lo, acc[n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
-        out[r][n][2] = fmaf(s_hi, acc[n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
-        out[r][n][3] = fmaf(s_hi, acc[n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
+        for (int n = 0; n < NT; ++n) {
+          // acc[n][j]: row gid + 8·(j / 2), token n·8 + 2tig + j % 2.
+          out[r][n][0] = fmaf(s_lo, acc[n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
+          out[r][n][1] = fmaf(s_lo, acc[n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
+          out[r][n][2] = fmaf(s_hi, acc[n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
+          out[r][n][3] = fmaf(s_hi, acc[n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
+        }
       }
     }
   };
