@@ -336,7 +336,9 @@ __global__ void dequant_layout_kernel(const uint4* __restrict__ codes, const uin
       for (int jh = 0; jh < 2; ++jh)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int p = h + 2 * jh + 4 * e;  // nibble p of word st: input 4st + 2jh + e of the lane's 16
+          // nibble_coords' mapping: nibble p of word st, j = p % 4 = h + 2jh, is row gid + 8h and input
+          // 4st + 2jh + e of the lane's 16.
+          const int p = h + 2 * jh + 4 * e;
           v[4 * st + 2 * jh + e] =
               __float2bfloat16_rn(fmaf(static_cast<float>((words[st] >> (4 * p)) & 0xF), sc, mn));
         }
