@@ -58,8 +58,8 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--damp", opt->damp, "GPTQ: damping, lambda = damp * mean(diag H)")->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", opt->device,
-                  "GPTQ: where the solve runs: cpu, or cuda (int4_asym; needs a CUDA build and a GPU; the "
-                  "calibration forward stays on the CPU)")
+                  "GPTQ: where it runs: cpu, or cuda (int4_asym; needs a CUDA build and a GPU; the calibration "
+                  "forward, the Hessians and the solve all run on the GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--alpha", opt->alpha, "SmoothQuant: migration strength alpha in [0, 1]")
@@ -90,7 +90,7 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       "  nibble quantize --method gptq --mse --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
       "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 128 --calib-len 512\n"
       "  nibble quantize --method gptq --device cuda --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
-      "      --calib ../shared/data/corpora/linux-calib.txt   (the solve on the GPU; int4_asym)\n"
+      "      --calib ../shared/data/corpora/linux-calib.txt   (all of GPTQ on the GPU; int4_asym)\n"
       "  nibble quantize --method awq+gptq --model ../shared/models/qwen3-26M-linux --out out/qwen3-awq-gptq \\\n"
       "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 64 --calib-len 512\n"
       "  nibble quantize --method smoothquant --format int8_channel_sym --activations int8_token \\\n"
