@@ -231,41 +231,9 @@ __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
   grid_dependency_wait();  // y may still be read by the previous kernel
   grid_dependents_launch();
 
-  // Accumulator layout (m16n8 C fragment): acc[r][n][j] is row 16(tile0 + r) +
-  // gid + 8·(j / 2), token n·8 + 2·tig + j % 2.
-  const int64_t row0 = tile0 * kTileRows;
-  if (nwarps == 1) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int tok = n * 8 + 2 * tig + (j & 1);
-          const int64_t row = row0 + r * kTileRows + gid + 8 * (j >> 1);
-          if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(acc[r][n][j]);
-        }
-    return;
-  }
-  constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
   constexpr size_t kRingLane = NT == 1 ? R * 24 : 0;  // ring bytes per lane and stage
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * 32 * kRingLane);
-  float* rw = red + warp * kOut;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        rw[(n * 8 + 2 * tig + (j & 1)) * kRows + r * kTileRows + gid + 8 * (j >> 1)] = acc[r][n][j];
-  __syncthreads();
-  for (int i = threadIdx.x; i < kOut; i += blockDim.x) {
-    float s = 0.0f;
-    for (int w = 0; w < nwarps; ++w) s += red[w * kOut + i];
-    const int tok = i / kRows;
-    const int64_t row = row0 + i % kRows;
-    if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(s);
-  }
+  store_tile_outputs<R, NT>(acc, red, nwarps, y, ldy, tile0 * kTileRows, M, N);
 }
 
 // Builds the layout on the device from the FORMAT.md parts: one thread per

@@ -286,37 +286,8 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   }
   grid_dependents_launch();
 
-  const int64_t row0 = tile0 * kTileRows;
-  constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
-  if (wpt == 1) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int tok = n * 8 + 2 * tig + (j & 1);
-          const int64_t row = row0 + r * kTileRows + gid + 8 * (j >> 1);
-          if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(out[r][n][j]);
-        }
-    return;
-  }
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(wpt) * S * R * stage_bytes(CPG));
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        red[warp * kOut + (n * 8 + 2 * tig + (j & 1)) * kRows + r * kTileRows + gid + 8 * (j >> 1)] = out[r][n][j];
-  __syncthreads();
-  for (int i = threadIdx.x; i < kOut; i += blockDim.x) {
-    float s = 0.0f;
-    for (int w = 0; w < wpt; ++w) s += red[w * kOut + i];
-    const int tok = i / kRows;
-    const int64_t row = row0 + i % kRows;
-    if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(s);
-  }
+  store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
 }
 
 template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
