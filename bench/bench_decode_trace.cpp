@@ -7,7 +7,8 @@
 // predecessor ends). The extensions of a step sum to its span, so the table
 // below says which kernels the step's time is spent waiting for.
 //
-//   bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--layer 1]
+//   bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--chain]
+//                      [--layer 1]
 //
 // Prints: the step span and the gap between steps; per kernel name, calls per
 // step, mean duration, mean extension and the share of the step; and the
@@ -99,7 +100,7 @@ const char* arg_value(int& i, int argc, char** argv) {
 int main(int argc, char** argv) {
   std::string model;
   int steps = 8, warmup = 64, layer = 1;
-  bool graph = true, fuse = true;
+  bool graph = true, fuse = true, chain = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model") model = arg_value(i, argc, argv);
@@ -108,10 +109,11 @@ int main(int argc, char** argv) {
     else if (a == "--layer") layer = std::atoi(arg_value(i, argc, argv));
     else if (a == "--no-graph") graph = false;
     else if (a == "--no-fuse") fuse = false;  // GpuOptions::fuse_decode off: the separate norm and SiLU kernels
+    else if (a == "--chain") chain = true;  // GpuOptions::chain_decode: the GEMVs between attentions in one launch
     else {
       std::fprintf(stderr,
                    "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] "
-                   "[--layer 1]\n");
+                   "[--chain] [--layer 1]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -124,6 +126,7 @@ int main(int argc, char** argv) {
     nibble::cuda::GpuOptions opts;
     opts.decode_graph = graph;
     opts.fuse_decode = fuse;
+    opts.chain_decode = chain;
     const int64_t prompt = 4;
     auto gpu = nibble::cuda::GpuModel::load(*dir, prompt + warmup + steps + 1, opts);
     const int64_t vocab = gpu->config().vocab_size;
@@ -193,7 +196,9 @@ int main(int argc, char** argv) {
     std::printf("decode trace: %s, %s, %s, %zu kernels per step, step span %.1f us (sum of extensions), gap between "
                 "steps %.1f us\n",
                 model.c_str(), graph ? "CUDA graph" : "no graph",
-                gpu->decode_fused() ? "GemvFusion" : "separate norm/SiLU kernels", (ks.size()) / steps, span / 1e3,
+                gpu->decode_chained() ? "GemvFusion in GEMV chains"
+                : gpu->decode_fused() ? "GemvFusion"
+                                      : "separate norm/SiLU kernels", (ks.size()) / steps, span / 1e3,
                 steps > 1 ? gap_sum / (steps - 1) / 1e3 : 0.0);
     std::vector<std::pair<std::string, Agg>> rows(agg.begin(), agg.end());
     std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ext > b.second.ext; });

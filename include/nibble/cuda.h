@@ -104,6 +104,21 @@ struct GemvFusion {
   bool fuses_output() const { return residual != nullptr || swiglu; }
 };
 
+// One gemv_prepared call of a chain (LinearKernel::gemv_chain).
+struct GemvCall {
+  const DeviceLinear* w = nullptr;
+  const void* prepared = nullptr;  // the call's prepared input, `prepared_bytes` long
+  size_t prepared_bytes = 0;
+  float* y = nullptr;  // f32 outputs; unused where `fuse` fuses the output
+  GemvFusion fuse;     // the work fused around it (default: none)
+};
+// The most calls of one chain, the counters a chain needs (`sync`), and the
+// widest input a chained call may have (its prepared input is staged in
+// shared memory).
+constexpr int kGemvChainMax = 8;
+constexpr int kGemvChainSync = kGemvChainMax + 1;
+constexpr int64_t kGemvChainMaxCols = 16384;
+
 // The CUDA kernel registry (DESIGN.md: kernels by format, backend, op): one row
 // per (format family, op). A format with no row falls back to "dequantize to
 // bf16 once, cuBLAS GEMM" (the reference path).
@@ -137,6 +152,13 @@ struct LinearKernel {
   // Writes one token's activation x (w.cols wide, of `act` type) in the
   // prepared form gemv_prepared takes (`bytes` long); null where gemv_prepared is.
   void (*prepare)(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t bytes, void* stream, bool pdl);
+  // Up to kGemvChainMax gemv_prepared calls (f32 y) in one persistent launch,
+  // in order: each call's outputs (y, or its fused outputs) are complete
+  // before the next call reads its prepared input, through counters in
+  // `sync` (kGemvChainSync unsigned, zero before the call and after it), while
+  // the weights of the later calls already stream in. All weights have this
+  // kernel and one group size. Null where the kernel has no chain.
+  void (*gemv_chain)(const GemvCall* calls, int count, unsigned* sync, void* stream, bool pdl);
 };
 const std::vector<const LinearKernel*>& linear_kernel_registry();
 // The kernel for a format, or nullptr when the reference path must be used.

@@ -40,6 +40,14 @@ struct GpuOptions {
   // ragged gate|up) decode keeps the separate kernels. Off: always separate
   // (the same values up to fp32 rounding).
   bool fuse_decode = true;
+  // With fuse_decode: the GEMVs between two attention kernels (o, gate|up,
+  // down and the next layer's q|k|v; the last layer's o, gate|up, down and
+  // the head) run as one persistent launch (LinearKernel::gemv_chain), whose
+  // weight stream goes on while each GEMV waits for the one before. The same
+  // values as one launch per GEMV (bit-identical where every lone GEMV splits
+  // K over 16 warps). Off by default: on the H200 it is still slower than the
+  // separate launches (docs/CUDA.md, "GEMV chains").
+  bool chain_decode = false;
 };
 
 class GpuModel {
@@ -71,7 +79,8 @@ class GpuModel {
                             const std::function<bool(int32_t)>& on_token);
 
   bool decode_graph() const;  // decode replays a captured graph
-  bool decode_fused() const;  // decode runs through GemvFusion (GpuOptions::fuse_decode)
+  bool decode_fused() const;    // decode runs through GemvFusion (GpuOptions::fuse_decode)
+  bool decode_chained() const;  // ... and its GEMVs in chains (GpuOptions::chain_decode)
   // Bytes of weights one decode step reads: every linear as stored on the
   // device (packed codes + group parameters, or bf16), biases, norms, the head
   // and one embedding row. The KV cache read grows with the position and is

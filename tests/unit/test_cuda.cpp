@@ -524,6 +524,169 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
   }
 }
 
+// LinearKernel::gemv_chain against the same calls launched one by one: a
+// decode layer's GEMVs (o with the residual output, gate|up with the input
+// norm and SiLU·up, down with the residual output, then q, k, v as three
+// plain calls with the input norm), each reading what the one before wrote,
+// and a last, wide call (about three items per block) on down's output.
+// The shapes keep every lone GEMV but the wide one at 16 warps per tile (8
+// for gate|up), as the chain's blocks split K, so those results must be
+// bit-identical: residual, sums of squares, outputs. The wide call splits K
+// differently alone; it is held to 1e-6 of Σ|w·x|.
+// The prepared bytes of the fused outputs must equal the lone calls', as one
+// chain and as three (each reading the one before through those bytes).
+// Ragged: hidden 1000 (a part group, a 16-row tile of 8 rows), F = 400 (a
+// unit of 2 tiles). Each way twice: the tickets and the counters must be back
+// at zero.
+TEST(Cuda, GemvChainMatchesSingleCalls) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  auto bytes_of = [](const cuda::DeviceBuffer& b) {
+    std::vector<uint8_t> v(b.bytes());
+    EXPECT_EQ(cudaMemcpy(v.data(), b.get(), v.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  };
+  auto up = [](const std::vector<float>& v) {
+    cuda::DeviceBuffer b(v.size() * 4);
+    EXPECT_EQ(cudaMemcpy(b.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    return b;
+  };
+  for (int g : {64, 128}) {
+    SCOPED_TRACE("group " + std::to_string(g));
+    const int64_t D = 1000, Q = 512, F = 400, NQ = 512, NKV = 128, WIDE = 5000;
+    std::mt19937 rng(70 + g);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> pos(0.5f, 2.0f);
+    const cuda::LinearKernel* kern = cuda::find_linear_kernel("int4_asym", g);
+    ASSERT_NE(kern->gemv_chain, nullptr);
+    const cuda::DeviceLinear wo = kern->upload(random_int4_parts(rng, D, Q, g), D, Q, g);
+    const cuda::DeviceLinear wgu = kern->upload(random_int4_parts(rng, 2 * F, D, g), 2 * F, D, g);
+    const cuda::DeviceLinear wd = kern->upload(random_int4_parts(rng, D, F, g), D, F, g);
+    const cuda::DeviceLinear wq = kern->upload(random_int4_parts(rng, NQ, D, g), NQ, D, g);
+    const cuda::DeviceLinear wk = kern->upload(random_int4_parts(rng, NKV, D, g), NKV, D, g);
+    const cuda::DeviceLinear wv = kern->upload(random_int4_parts(rng, NKV, D, g), NKV, D, g);
+    const auto parts_wide = random_int4_parts(rng, WIDE, D, g);
+    const cuda::DeviceLinear ww = kern->upload(parts_wide, WIDE, D, g);
+    std::vector<float> a(Q), x0(D), n1(D), n2(D);
+    for (auto& v : a) v = normal(rng);
+    for (auto& v : x0) v = normal(rng);
+    for (auto& v : n1) v = pos(rng);
+    for (auto& v : n2) v = pos(rng);
+    const cuda::DeviceBuffer da = up(a), dn1 = up(n1), dn2 = up(n2);
+    cuda::DeviceBuffer oq(cuda::w4a16_gemv_scratch_bytes(Q));
+    kern->prepare(wo, da.get(), cuda::Act::F32, oq.get(), oq.bytes(), nullptr, false);
+
+    // The state one run works on.
+    struct Run {
+      cuda::DeviceBuffer x, xq, hq, ss, stage, tickets, y, wide, sync;
+    };
+    auto make_run = [&] {
+      const size_t wide_bytes = static_cast<size_t>(std::max(D, F)) * 4;
+      Run r{up(x0),
+            cuda::DeviceBuffer(cuda::w4a16_gemv_scratch_bytes(std::max(D, F))),
+            cuda::DeviceBuffer(cuda::w4a16_gemv_scratch_bytes(F)),
+            cuda::DeviceBuffer(static_cast<size_t>((D + 15) / 16) * 4),
+            cuda::DeviceBuffer(wide_bytes),
+            cuda::DeviceBuffer(static_cast<size_t>((std::max(D, F) + 127) / 128) * 4),
+            cuda::DeviceBuffer(static_cast<size_t>(NQ + 2 * NKV) * 4),
+            cuda::DeviceBuffer(static_cast<size_t>(WIDE) * 4),
+            cuda::DeviceBuffer(cuda::kGemvChainSync * 4)};
+      for (cuda::DeviceBuffer* b : {&r.xq, &r.hq, &r.ss, &r.stage, &r.y, &r.wide})
+        EXPECT_EQ(cudaMemset(b->get(), 0xAB, b->bytes()), cudaSuccess);
+      EXPECT_EQ(cudaMemset(r.tickets.get(), 0, r.tickets.bytes()), cudaSuccess);
+      EXPECT_EQ(cudaMemset(r.sync.get(), 0, r.sync.bytes()), cudaSuccess);
+      return r;
+    };
+    auto calls_of = [&](Run& r) {
+      cuda::GemvFusion in;
+      in.in_ss = static_cast<const float*>(r.ss.get());
+      in.in_parts = static_cast<int>((D + 15) / 16);
+      in.in_width = D;
+      in.eps = 1e-5f;
+      auto out = [&](cuda::GemvFusion f, const cuda::DeviceBuffer& prep) {
+        f.prep_out = prep.get();
+        f.prep_bytes = prep.bytes();
+        f.prep_group = g;
+        f.stage = static_cast<float*>(r.stage.get());
+        f.tickets = static_cast<unsigned*>(r.tickets.get());
+        return f;
+      };
+      cuda::GemvFusion res1, res2, swiglu = in;
+      res1.residual = res2.residual = static_cast<float*>(r.x.get());
+      res1.ss_out = res2.ss_out = static_cast<float*>(r.ss.get());
+      res1.norm_w = static_cast<const float*>(dn1.get());
+      res2.norm_w = static_cast<const float*>(dn2.get());
+      swiglu.swiglu = true;
+      auto* y = static_cast<float*>(r.y.get());
+      std::vector<cuda::GemvCall> c(7);
+      c[0] = {&wo, oq.get(), oq.bytes(), nullptr, out(res1, r.xq)};
+      c[1] = {&wgu, r.xq.get(), r.xq.bytes(), nullptr, out(swiglu, r.hq)};
+      c[2] = {&wd, r.hq.get(), r.hq.bytes(), nullptr, out(res2, r.xq)};
+      c[3] = {&wq, r.xq.get(), r.xq.bytes(), y, in};
+      c[4] = {&wk, r.xq.get(), r.xq.bytes(), y + NQ, in};
+      c[5] = {&wv, r.xq.get(), r.xq.bytes(), y + NQ + NKV, in};
+      c[6] = {&ww, r.xq.get(), r.xq.bytes(), static_cast<float*>(r.wide.get()), in};
+      return c;
+    };
+    // Lone calls; the prepared bytes after o, gate|up and down.
+    Run single = make_run();
+    std::vector<std::vector<uint8_t>> prepared;
+    {
+      const auto calls = calls_of(single);
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const cuda::GemvCall& c = calls[i];
+        kern->gemv_prepared(*c.w, c.prepared, c.prepared_bytes, c.y, nullptr, false, false, &c.fuse);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        if (i == 0 || i == 2) prepared.push_back(bytes_of(single.xq));
+        if (i == 1) prepared.push_back(bytes_of(single.hq));
+      }
+    }
+    const std::vector<uint8_t> tickets_zero(single.tickets.bytes(), 0), sync_zero(single.sync.bytes(), 0);
+    EXPECT_EQ(bytes_of(single.tickets), tickets_zero);
+    std::vector<float> wide_single(WIDE);
+    ASSERT_EQ(cudaMemcpy(wide_single.data(), single.wide.get(), WIDE * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    // Σ|w·x| of the wide call's rows: x = residual · n2 / rms.
+    std::vector<float> xf(D);
+    ASSERT_EQ(cudaMemcpy(xf.data(), single.x.get(), D * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    double ssum = 0;
+    for (int64_t i = 0; i < D; ++i) ssum += double{xf[i]} * xf[i];
+    const double inv_rms = 1 / std::sqrt(ssum / D + 1e-5);
+    const std::vector<float> w_wide = weights_kernel(parts_wide, WIDE, D, g, cuda::Act::F32, true);
+    for (int pass = 0; pass < 4; ++pass) {
+      const bool split = pass >= 2;
+      SCOPED_TRACE(std::string(split ? "separate chains" : "one chain") + ", call " + std::to_string(pass % 2));
+      Run chained = make_run();
+      const auto calls = calls_of(chained);
+      auto* sync = static_cast<unsigned*>(chained.sync.get());
+      if (!split) {
+        kern->gemv_chain(calls.data(), 7, sync, nullptr, pass == 1);
+      } else {  // o | gate|up | the rest, each chain's fused output read by the next through its prepared bytes
+        kern->gemv_chain(calls.data(), 1, sync, nullptr, pass == 3);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(bytes_of(chained.xq), prepared[0]);
+        kern->gemv_chain(calls.data() + 1, 1, sync, nullptr, true);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(bytes_of(chained.hq), prepared[1]);
+        kern->gemv_chain(calls.data() + 2, 5, sync, nullptr, true);
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(bytes_of(chained.x), bytes_of(single.x));
+      EXPECT_EQ(bytes_of(chained.ss), bytes_of(single.ss));
+      EXPECT_EQ(bytes_of(chained.y), bytes_of(single.y));
+      EXPECT_EQ(bytes_of(chained.tickets), tickets_zero);
+      EXPECT_EQ(bytes_of(chained.sync), sync_zero);
+      EXPECT_EQ(bytes_of(chained.hq), prepared[1]);
+      EXPECT_EQ(bytes_of(chained.xq), prepared[2]);
+      std::vector<float> wide(WIDE);
+      ASSERT_EQ(cudaMemcpy(wide.data(), chained.wide.get(), WIDE * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int64_t r = 0; r < WIDE; ++r) {
+        double mag = 0;
+        for (int64_t k = 0; k < D; ++k) mag += std::fabs(double{w_wide[r * D + k]} * xf[k] * n2[k]) * inv_rms;
+        EXPECT_NEAR(wide[r], wide_single[r], 1e-6 * mag) << r;
+      }
+    }
+  }
+}
+
 // The GPU forward against the CPU forward on a real checkpoint: every
 // position's logits of a prompt (prefill), then token-by-token decode through
 // the KV cache. The GPU rounds the linears' inputs and outputs to bf16, so

@@ -100,24 +100,34 @@ std::vector<int32_t> some_ids(int n, int32_t vocab) {
 // differs; 1e-3 of the largest |logit|. `fusable`: whether the model allows it.
 void check_decode_graph(const std::filesystem::path& dir, int32_t vocab, bool fusable) {
   auto src = CheckpointDir::open(dir);
-  cuda::GpuOptions eager, graph, unfused, separate;
+  cuda::GpuOptions eager, graph, unfused, separate, chained;
   eager.decode_graph = false;
+  chained.decode_graph = false;
+  chained.chain_decode = true;
   unfused.decode_graph = false;
   unfused.fuse_linears = false;
   separate.decode_graph = false;
   separate.fuse_decode = false;
   EXPECT_EQ(cuda::GpuModel::load(*src, 8, eager)->decode_fused(), fusable) << dir;
   EXPECT_FALSE(cuda::GpuModel::load(*src, 8, separate)->decode_fused()) << dir;
+  EXPECT_EQ(cuda::GpuModel::load(*src, 8, chained)->decode_chained(), fusable) << dir;
+  EXPECT_FALSE(cuda::GpuModel::load(*src, 8, graph)->decode_chained()) << dir;
   const auto g = compare_decode(*src, eager, graph, some_ids(8, vocab), 40);
   EXPECT_LE(g.worst, 1e-6) << dir;
   const auto f = compare_decode(*src, unfused, eager, some_ids(8, vocab), 40);
   EXPECT_LE(f.worst, 1e-2) << dir;
   const auto n = compare_decode(*src, separate, eager, some_ids(8, vocab), 40);
   EXPECT_LE(n.worst, 1e-3) << dir;
+  // The GEMV chain against one launch per GEMV: the same arithmetic, except
+  // that a chain's block splits K over 16 warps (8 per tile for gate|up)
+  // where a lone GEMV may take fewer: fp32 order, 1e-5 of the largest |logit|.
+  const auto ch = compare_decode(*src, eager, chained, some_ids(8, vocab), 40);
+  EXPECT_LE(ch.worst, 1e-5) << dir;
   std::printf(
       "[decode graph] %s: graph vs eager worst %.3g (%d/%d rows bit-identical); fused vs separate linears worst %.3g; "
-      "GemvFusion vs norm/SiLU kernels worst %.3g\n",
-      dir.filename().c_str(), g.worst, g.exact, g.rows, f.worst, n.worst);
+      "GemvFusion vs norm/SiLU kernels worst %.3g; GEMV chains vs single GEMVs worst %.3g (%d/%d rows "
+      "bit-identical)\n",
+      dir.filename().c_str(), g.worst, g.exact, g.rows, f.worst, n.worst, ch.worst, ch.exact, ch.rows);
 }
 
 TEST(Cuda, DecodeGraphMatchesEagerOnStories) {

@@ -232,15 +232,55 @@ int prepared_group(const GpuLinear* ls, size_t count) {
   return g;
 }
 
+// Decode's GEMVs gathered for LinearKernel::gemv_chain (GpuOptions::
+// chain_decode): consecutive GEMVs of one kernel and group size become one
+// persistent launch, sent when the chain is full or before any other kernel
+// (flush).
+struct GemvChainer {
+  bool on = false;
+  unsigned* sync = nullptr;
+  cudaStream_t stream = nullptr;
+  std::vector<GemvCall> calls;
+  // Takes the call (true), or sends what it holds and leaves the call to the caller (false).
+  bool add(const GpuLinear& l, const void* prepared, size_t bytes, float* y, const GemvFusion* f) {
+    const DeviceLinear& w = l.packed;
+    if (!on || w.kernel == nullptr || w.kernel->gemv_chain == nullptr || l.bias.bytes() > 0 ||
+        w.cols > kGemvChainMaxCols) {
+      flush();
+      return false;
+    }
+    if (!calls.empty() && (calls[0].w->kernel != w.kernel || calls[0].w->group_size != w.group_size)) flush();
+    GemvCall c;
+    c.w = &w;
+    c.prepared = prepared;
+    c.prepared_bytes = bytes;
+    c.y = y;
+    if (f != nullptr) c.fuse = *f;
+    calls.push_back(c);
+    if (calls.size() == static_cast<size_t>(kGemvChainMax)) flush();
+    return true;
+  }
+  void flush() {
+    if (calls.empty()) return;
+    calls[0].w->kernel->gemv_chain(calls.data(), static_cast<int>(calls.size()), sync, stream, true);
+    calls.clear();
+  }
+};
+
 // Decode: y[1, Σ out] = the prepared activation · [W0; W1; ...]ᵀ + bias.
 // `after_norm`: the kernel before is the one-block RMSNorm (the GEMV may
 // prefetch deeper while it runs; LinearKernel::gemv_prepared). `in_norm`:
 // the input is an RMSNorm's z whose 1/rms each GEMV applies (GemvFusion's
 // input side; the bias is added after).
+// `chain` (or null): where it takes the GEMVs, they join its chain.
 void linears_prepared(const GpuLinear* ls, size_t count, const DeviceBuffer& prepared, float* y, cudaStream_t s,
-                      bool after_norm = false, const GemvFusion* in_norm = nullptr) {
+                      bool after_norm = false, const GemvFusion* in_norm = nullptr, GemvChainer* chain = nullptr) {
   for (size_t i = 0; i < count; ++i) {
     const GpuLinear& l = ls[i];
+    if (chain != nullptr && chain->add(l, prepared.get(), prepared.bytes(), y, in_norm)) {
+      y += l.out;
+      continue;
+    }
     l.packed.kernel->gemv_prepared(l.packed, prepared.get(), prepared.bytes(), y, s, true, after_norm && i == 0,
                                    in_norm);
     if (l.bias.bytes() > 0) {
@@ -272,6 +312,7 @@ struct Scratch {
   // Decode with GemvFusion: the fused outputs' f32 stage (max(hidden,
   // intermediate)), the residual's sums of squares per 16 rows, the tickets.
   DeviceBuffer stage, ss, tickets;
+  DeviceBuffer chain_sync;  // decode: LinearKernel::gemv_chain's counters (zero between calls)
 };
 
 }  // namespace
@@ -287,6 +328,7 @@ struct GpuModel::Impl {
   int prep_head = 0;
   // Decode through GemvFusion (GpuOptions::fuse_decode, where the model allows it).
   bool fuse_decode = false;
+  bool chain_decode = false;  // ... with its GEMVs in chains (GpuOptions::chain_decode)
   // Decode attention split over the keys (split_attention) when the row-wise
   // kernel's shared memory cannot hold the cache; 0: the row-wise kernel.
   int attn_splits = 0;
@@ -342,6 +384,8 @@ struct GpuModel::Impl {
       t.ss = DeviceBuffer((D + w4a16::kTileRows - 1) / w4a16::kTileRows * 4);
       t.tickets = DeviceBuffer((wide + w4a16::kPrepInputs - 1) / w4a16::kPrepInputs * 4);
       NIBBLE_CUDA_CHECK(cudaMemset(t.tickets.get(), 0, t.tickets.bytes()));
+      t.chain_sync = DeviceBuffer(kGemvChainSync * sizeof(unsigned));
+      NIBBLE_CUDA_CHECK(cudaMemset(t.chain_sync.get(), 0, t.chain_sync.bytes()));
     }
     return t;
   }
@@ -401,8 +445,13 @@ struct GpuModel::Impl {
       fused_out(f, sc.xq, group);
       return f;
     };
+    GemvChainer chain;
+    chain.on = fz && chain_decode;
+    chain.sync = fz ? static_cast<unsigned*>(sc.chain_sync.get()) : nullptr;
+    chain.stream = stream;
     auto gemv_fused = [&](const GpuLinear& l, const DeviceBuffer& prep, const GemvFusion& f) {
-      l.packed.kernel->gemv_prepared(l.packed, prep.get(), prep.bytes(), nullptr, stream, true, false, &f);
+      if (!chain.add(l, prep.get(), prep.bytes(), nullptr, &f))
+        l.packed.kernel->gemv_prepared(l.packed, prep.get(), prep.bytes(), nullptr, stream, true, false, &f);
     };
 
     // The step's first kernel waits for everything before it (no programmatic
@@ -423,7 +472,7 @@ struct GpuModel::Impl {
       const GpuLayer& L = layers[l];
       // x += the previous layer's MLP output (none before layer 0), then the input norm.
       if (fz && l > 0) {  // x and the norm's z: the previous layer's down GEMV
-        linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, false, &in_norm);
+        linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, false, &in_norm, &chain);
       } else if (one && L.prep_qkv) {
         if (l > 0)  // layer 0: embed_rmsnorm_prep_kernel did it
           pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(L.input_norm), eps,
@@ -438,6 +487,7 @@ struct GpuModel::Impl {
       // Decode: the row-wise attention kernel does the RoPE step itself (one launch less).
       const bool split = one && attn_splits > 0;
       const bool fused_rope = one && !split && hd <= kAttentionThreads / 2;
+      chain.flush();  // the GEMVs before attention
       if (!fused_rope) {
         pdl_launch(qkv_rope_kernel, static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream, qkv, qkv + H * hd,
                    qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H, KV, hd, p0, p0_dev,
@@ -503,7 +553,7 @@ struct GpuModel::Impl {
                    last ? residual_out(final_norm, prep_head) : residual_out(layers[l + 1].input_norm,
                                                                              layers[l + 1].prep_qkv));
       } else if (fz) {
-        linears_prepared(&L.down, 1, sc.hq, tmp, stream);
+        linears_prepared(&L.down, 1, sc.hq, tmp, stream, false, nullptr, &chain);
       } else if (one && L.prep_down) {
         pdl_launch(silu_mul_prep_kernel, blocks_of(w4a16::prep_warps(F) * 32, 256), 256, 0, stream, gu, gu + F, F,
                    sc.hq.get(), L.prep_down);
@@ -524,15 +574,19 @@ struct GpuModel::Impl {
     // other rows of x are not read again).
     const int64_t rows = all_logits ? n : 1, r0 = n - rows;
     if (fz && prep_head) {
-      linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream, false, &in_norm);
-    } else if (one && prep_head) {
-      pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(final_norm), eps, sc.xq.get(),
-                 prep_head);
-      linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream);
+      linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream, false, &in_norm, &chain);
+      chain.flush();
     } else {
-      norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, one && f32_head);
-      linears_forward(&head, 1, xn, act(one && f32_head), rows, ldD, static_cast<float*>(sc.logits.get()),
-                      c.vocab_size, stream);
+      chain.flush();
+      if (one && prep_head) {
+        pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(final_norm), eps, sc.xq.get(),
+                   prep_head);
+        linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream);
+      } else {
+        norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, one && f32_head);
+        linears_forward(&head, 1, xn, act(one && f32_head), rows, ldD, static_cast<float*>(sc.logits.get()),
+                        c.vocab_size, stream);
+      }
     }
     NIBBLE_CUDA_CHECK(cudaGetLastError());
   }
@@ -634,6 +688,7 @@ int64_t GpuModel::size() const { return impl_->len; }
 void GpuModel::reset() { impl_->len = 0; }
 bool GpuModel::decode_graph() const { return impl_->decode_graph != nullptr; }
 bool GpuModel::decode_fused() const { return impl_->fuse_decode; }
+bool GpuModel::decode_chained() const { return impl_->fuse_decode && impl_->chain_decode; }
 size_t GpuModel::decode_weight_bytes() const { return impl_->decode_weight_bytes(); }
 
 std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens, const GpuOptions& opts) {
@@ -702,6 +757,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.f32_head = takes_f32(m.head);
   m.prep_head = norm_prep_supported(c.hidden_size) ? prepared_group(&m.head, 1) : 0;
   m.fuse_decode = opts.fuse_decode && m.fusion_applies();
+  m.chain_decode = opts.chain_decode;
   const std::vector<float> inv = rope_inv_freq(c);
   m.inv_freq = upload(inv.data(), inv.size() * 4);
   // The row-wise attention kernel (decode) keeps q, its partial outputs and the

@@ -330,8 +330,10 @@ void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, v
 void w4a16_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t bytes, void* stream,
                    bool pdl);
 
+void w4a16_chain(const GemvCall* calls, int count, unsigned* sync, void* stream, bool pdl);
+
 const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
-                          &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare};
+                          &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   check_parts(parts, rows, cols, group_size);
@@ -467,6 +469,12 @@ void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, v
                     bool deep, const GemvFusion* fuse) {
   NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
   w4a16_gemv_prepared(w, prepared, bytes, y, static_cast<cudaStream_t>(stream), pdl, device_sm_count(), deep, fuse);
+}
+
+void w4a16_chain(const GemvCall* calls, int count, unsigned* sync, void* stream, bool pdl) {
+  for (int c = 0; c < count; ++c)
+    NIBBLE_CHECK(calls[c].w->kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
+  w4a16_gemv_chain(calls, count, sync, static_cast<cudaStream_t>(stream), pdl);
 }
 
 void w4a16_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t bytes, void* stream,

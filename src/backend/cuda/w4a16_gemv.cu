@@ -90,6 +90,106 @@ struct FuseArgs {
 constexpr int kPlain = 0, kResidual = 1, kSwiglu = 2;
 constexpr int kUnitTiles = kPrepInputs / kTileRows;  // 16-row tiles per prepared unit of 128 outputs
 
+// One warp finishes fused output rows b·16 + lane (lanes 0..15 where
+// row_lane; the others take part with zeros): a = the rows' sums times the
+// input's 1/rms (bu: up's, for swiglu), written to `stage` (and the residual
+// and its sums of squares); then the ticket of the rows' unit of 128 outputs,
+// and the last to arrive (ticket reset for the next call) prepares the unit.
+__device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, bool row_lane, float a, float bu,
+                                               float res, float norm_w) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = b * kTileRows + (lane & 15);
+  float ss = 0.0f;
+  if (row_lane) {
+    float v;
+    if (f.mode == kSwiglu) {
+      v = a / (1.0f + expf(-a)) * bu;
+    } else {
+      const float xn = res + a;
+      f.residual[r] = xn;
+      v = xn * norm_w;
+      ss = xn * xn;
+    }
+    f.stage[r] = v;
+  }
+  if (f.mode == kResidual) {
+    // Lanes 0..15 among themselves (16..31 hold zeros), in a fixed order.
+    for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (lane == 0) f.ss_out[b] = ss;
+  }
+  // The ticket (acquire-release: this warp's writes above go before it; the
+  // last to arrive sees every other block's).
+  __syncwarp();
+  const int unit = static_cast<int>(b) / kUnitTiles;
+  int last = 0;
+  if (lane == 0) {
+    const int tiles_out = (f.width + kTileRows - 1) / kTileRows;
+    const unsigned count = static_cast<unsigned>(min(kUnitTiles, tiles_out - unit * kUnitTiles));
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(f.tickets + unit) : "memory");
+    last = old == count - 1;
+    if (last) atomicExch(f.tickets + unit, 0u);
+  }
+  last = __shfl_sync(0xFFFFFFFFu, last, 0);
+  __syncwarp();
+  if (last) {
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = unit * kPrepInputs + 4 * lane + i;
+      v[i] = c < f.width ? __ldcg(f.stage + c) : 0.0f;
+    }
+    prep_warp_store(v, unit, f.prep_group, f.prep_out, f.width);
+  }
+}
+
+// The end of one work item (a 16-row tile b; swiglu: gate tile b and up tile
+// b + the item count): the warps' partial sums (rows gid and gid + 8 of the
+// warp's `tile`, in the lanes of tig 0 and 1) are summed in a fixed order and
+// written to y (plain) or as the fused output (warp 0). `red`: nwarps × 16
+// floats of shared memory. Every thread of the block calls it.
+template <typename OutT>
+__device__ __forceinline__ void gemv_item_out(const FuseArgs& f, OutT* __restrict__ y, int N, int64_t b,
+                                              int64_t tile, int nwarps, int wpt, float out_lo, float out_hi,
+                                              float scale, bool row_lane, float res, float norm_w, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+  out_lo += __shfl_xor_sync(0xFFFFFFFFu, out_lo, 1);  // tig 0 + tig 1 (tig 2, 3 hold zeros)
+  out_hi += __shfl_xor_sync(0xFFFFFFFFu, out_hi, 1);
+  const int64_t row0 = tile * kTileRows;
+  if (nwarps == 1 && f.mode == kPlain) {
+    if (tig == 0) {
+      if (row0 + gid < N) y[row0 + gid] = to_out<OutT>(out_lo * scale);
+      if (row0 + gid + 8 < N) y[row0 + gid + 8] = to_out<OutT>(out_hi * scale);
+    }
+    return;
+  }
+  if (tig == 0) {
+    red[warp * kTileRows + gid] = out_lo;
+    red[warp * kTileRows + gid + 8] = out_hi;
+  }
+  __syncthreads();
+  if (f.mode == kPlain) {
+    if (threadIdx.x < kTileRows) {
+      float s = 0.0f;
+      for (int w = 0; w < nwarps; ++w) s += red[w * kTileRows + threadIdx.x];
+      if (row0 + threadIdx.x < N) y[row0 + threadIdx.x] = to_out<OutT>(s * scale);
+    }
+    return;
+  }
+  if (warp == 0) {
+    float a = 0.0f, bu = 0.0f;
+    if (row_lane) {
+      for (int w = 0; w < wpt; ++w) a += red[w * kTileRows + lane];
+      a *= scale;
+      if (f.mode == kSwiglu) {
+        for (int w = 0; w < wpt; ++w) bu += red[(wpt + w) * kTileRows + lane];
+        bu *= scale;
+      }
+    }
+    fused_rows_out(f, b, row_lane, a, bu, res, norm_w);
+  }
+}
+
 // One block per 16-row tile (swiglu: per pair of tiles, gate tile b and up
 // tile b + gridDim.x); a tile's `wpt` warps take interleaved groups. CPG
 // chunks per group (1: groups of 64, 2: groups of 128), S ring stages per warp.
@@ -200,79 +300,294 @@ __global__ void __launch_bounds__(512)
     out_hi = fmaf(s_hi * gi.x, v_hi, fmaf(c_min * m_hi, gi.y, out_hi));
   }
   grid_dependents_launch();
-  out_lo += __shfl_xor_sync(0xFFFFFFFFu, out_lo, 1);  // tig 0 + tig 1 (tig 2, 3 hold zeros)
-  out_hi += __shfl_xor_sync(0xFFFFFFFFu, out_hi, 1);
-  const int64_t row0 = tile * kTileRows;
-  if (nwarps == 1 && f.mode == kPlain) {
-    if (tig == 0) {
-      if (row0 + gid < N) y[row0 + gid] = to_out<OutT>(out_lo * scale);
-      if (row0 + gid + 8 < N) y[row0 + gid + 8] = to_out<OutT>(out_hi * scale);
-    }
-    return;
-  }
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
-  if (tig == 0) {
-    red[warp * kTileRows + gid] = out_lo;
-    red[warp * kTileRows + gid + 8] = out_hi;
+  gemv_item_out(f, y, N, blockIdx.x, tile, nwarps, wpt, out_lo, out_hi, scale, row_lane, res, norm_w, red);
+}
+
+// A chain of GEMVs in one persistent launch (LinearKernel::gemv_chain).
+//
+// Work: each block takes items blockIdx.x, + gridDim.x, ... of every call in
+// turn (items: 16-row tiles, or for swiglu gate tile b with up tile b + the
+// item count). An item is cut in slices of 16 groups (8 of each tile for
+// swiglu): consumer warp w takes the slice's w-th group, the group
+// w4a16_gemv_kernel's warp w takes (wi + i·wpt), so the sums are the same.
+//
+// Three kinds of warps per block:
+//  * a producer warp streams the slices of all the block's items, call after
+//    call, into a ring of kChainStages stages in shared memory with bulk
+//    copies (cp.async.bulk: one for a tile's codes of the slice, one for its
+//    scale/min pairs, 8-17 KB a request) signalled through mbarriers; a stage
+//    is refilled once all consumer warps have released it. Weights depend on
+//    nothing, so the stream runs a whole ring ahead of the dot products,
+//    across items and calls;
+//  * kChainWarps consumer warps compute the dot products and hand each
+//    item's partial sums to an epilogue warp through that warp's buffer
+//    (named barriers: full, then free again), without waiting for it;
+//  * kChainEpi epilogue warps, taking items in turn, sum the partials in a fixed
+//    order and write the outputs: plain y, or the fused outputs with their
+//    tickets and prepared units, whose fences and atomics stay off the
+//    consumers' path.
+// Calls: before call c's first dot product the consumers wait until every
+// block has finished call c - 1 (sync[c - 1] = gridDim.x; the epilogue warps
+// add 1 per block when its outputs of call c - 1 are written), then copy
+// call c's prepared input whole into shared memory. The last block to finish
+// zeroes the counters. All blocks are resident at once (grid = occupancy ×
+// SMs), so the waits cannot deadlock.
+struct ChainPhase {
+  const uint4* codes;
+  const uint2* meta;
+  const uint4* frags;  // the prepared input: xbytes, (d, Σx) per group from byte xginfo
+  float* y;
+  int N, chunks, groups, groups_padded, items, tpb;
+  int xbytes, xginfo;
+  FuseArgs f;
+};
+struct ChainParams {
+  ChainPhase ph[kGemvChainMax];
+  int count;
+  unsigned* sync;
+};
+constexpr int kChainWarps = 16;  // consumer warps per block
+constexpr int kChainEpi = 4;     // epilogue warps
+constexpr int kChainThreads = (kChainWarps + kChainEpi + 1) * 32;
+constexpr int kChainStages = 8;  // ring stages, each a slice of 16 groups
+constexpr int kSliceGroups = 16;
+constexpr size_t kChainRedBytes = kChainEpi * kChainWarps * kTileRows * 4;
+__host__ __device__ constexpr size_t chain_stage_bytes(int cpg) {
+  return static_cast<size_t>(kSliceGroups) * (cpg * 512 + 64);
+}
+__host__ __device__ constexpr size_t chain_ring_bytes(int cpg, int stages) {
+  return static_cast<size_t>(stages) * chain_stage_bytes(cpg) + 2 * 8 * stages;  // + full/empty mbarriers
+}
+// Named barriers (0 is __syncthreads).
+constexpr int kBarConsumers = 1;              // the consumer warps
+constexpr int kBarFull = 2;                   // + e: buffer e holds an item's sums (consumers arrive, epilogue e waits)
+constexpr int kBarFree = kBarFull + kChainEpi;  // + e: epilogue e has read buffer e (it arrives, consumers wait)
+constexpr int kBarEpi = kBarFree + kChainEpi;   // the epilogue warps
+constexpr int kBarEnd = kBarEpi + 1;            // consumers and epilogue warps, at the end
+static_assert(kBarEnd < 16, "16 named barriers");
+
+__device__ inline unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ inline void mbar_init(uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ inline void mbar_expect_tx(uint32_t bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ inline void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ inline void mbar_wait(uint32_t bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ inline void bulk_copy(uint32_t dst, const void* src, unsigned bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+__device__ inline void bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int CPG, int S>
+__global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __grid_constant__ ChainParams p) {
+  constexpr int NW = kChainWarps, kPair = (NW + 1) * 32;
+  constexpr uint32_t kStage = static_cast<uint32_t>(chain_stage_bytes(CPG)), kMeta = kSliceGroups * CPG * 512;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ __align__(16) unsigned char sph_bytes[sizeof(ChainPhase) * kGemvChainMax];
+  auto* sph = reinterpret_cast<ChainPhase*>(sph_bytes);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int G = static_cast<int>(gridDim.x), count = p.count;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t full0 = ring + S * kStage, empty0 = full0 + 8 * S;
+  float* red0 = reinterpret_cast<float*>(smem + chain_ring_bytes(CPG, S));
+  if (threadIdx.x < count) sph[threadIdx.x] = p.ph[threadIdx.x];
+  if (threadIdx.x < S) {
+    mbar_init(full0 + 8 * threadIdx.x, 1);
+    mbar_init(empty0 + 8 * threadIdx.x, NW);
   }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncthreads();
-  if (f.mode == kPlain) {
-    if (threadIdx.x < kTileRows) {
-      float s = 0.0f;
-      for (int w = 0; w < nwarps; ++w) s += red[w * kTileRows + threadIdx.x];
-      if (row0 + threadIdx.x < N) y[row0 + threadIdx.x] = to_out<OutT>(s * scale);
+
+  if (warp == NW + kChainEpi) {  // the producer: every slice of every item of every call, in order
+    if (lane == 0) {
+      int seq = 0;
+      for (int c = 0; c < count; ++c) {
+        const ChainPhase& P = sph[c];
+        const int per = kSliceGroups / P.tpb;  // groups of each tile per slice
+        const int slices = (P.groups + per - 1) / per;
+        for (int b = static_cast<int>(blockIdx.x); b < P.items; b += G)
+          for (int i = 0; i < slices; ++i, ++seq) {
+            const int st = seq % S, use = seq / S;
+            const uint32_t full = full0 + 8 * st, dst = ring + st * kStage;
+            if (use > 0) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
+            const int g0 = i * per, ng = min(per, P.groups - g0);
+            const int nc = min(ng * CPG, P.chunks - g0 * CPG);
+            mbar_expect_tx(full, static_cast<unsigned>(P.tpb * (nc * 512 + ng * 64)));
+            for (int t = 0; t < P.tpb; ++t) {
+              const int64_t tile = b + static_cast<int64_t>(t) * P.items;
+              bulk_copy(dst + t * per * CPG * 512, P.codes + (tile * P.chunks + g0 * CPG) * 32,
+                        static_cast<unsigned>(nc * 512), full);
+              bulk_copy(dst + kMeta + t * per * 64, P.meta + (tile * P.groups_padded + g0) * 8,
+                        static_cast<unsigned>(ng * 64), full);
+            }
+          }
+      }
+      grid_dependents_launch();
     }
     return;
   }
-  // Fused output: lanes 0..15 of warp 0 finish output rows b·16 + lane
-  // (b = blockIdx.x) into `stage`; the last block of each unit of 128 outputs
-  // to get there (a ticket, reset for the next call) prepares the unit.
-  if (warp == 0) {
-    float ss = 0.0f;
-    if (row_lane) {
-      float a = 0.0f;
-      for (int w = 0; w < wpt; ++w) a += red[w * kTileRows + lane];
-      a *= scale;
-      float v;
-      if (f.mode == kSwiglu) {
-        float b = 0.0f;
-        for (int w = 0; w < wpt; ++w) b += red[(wpt + w) * kTileRows + lane];
-        v = a / (1.0f + expf(-a)) * (b * scale);
-      } else {
-        const float xn = res + a;
-        f.residual[r] = xn;
-        v = xn * norm_w;
-        ss = xn * xn;
-      }
-      f.stage[r] = v;
-    }
-    if (f.mode == kResidual) {
-      // Lanes 0..15 among themselves (16..31 hold zeros), in a fixed order.
-      for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-      if (lane == 0) f.ss_out[blockIdx.x] = ss;
-    }
-    __threadfence();
-  }
-  __syncthreads();
-  const int unit = static_cast<int>(blockIdx.x) / kUnitTiles;
-  int& s_last = reinterpret_cast<int*>(red)[nwarps * kTileRows];  // one int past the sums
-  if (threadIdx.x == 0) {
-    const int tiles_out = (f.width + kTileRows - 1) / kTileRows;
-    const unsigned count = static_cast<unsigned>(min(kUnitTiles, tiles_out - unit * kUnitTiles));
-    const bool last = atomicAdd(f.tickets + unit, 1u) == count - 1;
-    if (last) atomicExch(f.tickets + unit, 0u);
-    s_last = last;
-  }
-  __syncthreads();
-  if (s_last && warp == 0) {
-    __threadfence();
-    float v[4];
+
+  grid_dependency_wait();  // the first call's input, and what the epilogues read, come from the kernel before
+  if (warp >= NW) {  // epilogue warp e: items e, e + kChainEpi, ... of the block's sequence
+    const int e = warp - NW;
+    float* red = red0 + e * NW * kTileRows;
+    int k = 0;  // the block's item count so far
+    for (int c = 0; c < count; ++c) {
+      const ChainPhase& P = sph[c];
+      const FuseArgs& f = P.f;
+      const int wpt = kSliceGroups / P.tpb;
+      bool have_scale = false;
+      float scale = 1.0f;
+      for (int b = static_cast<int>(blockIdx.x); b < P.items; b += G, ++k) {
+        if (k % kChainEpi != e) continue;
+        const int64_t r = static_cast<int64_t>(b) * kTileRows + (lane & 15);
+        const bool row_lane = f.mode != kPlain && lane < kTileRows && r < f.width;
+        const float norm_w = row_lane && f.mode == kResidual ? __ldg(f.norm_w + r) : 0.0f;
+        bar_sync(kBarFull + e, kPair);  // the item's sums (and, before them, call c's input) are there
+        if (f.in_ss != nullptr && !have_scale) {  // the input's 1/rms, once per call
+          float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = unit * kPrepInputs + 4 * lane + i;
-      v[i] = c < f.width ? __ldcg(f.stage + c) : 0.0f;
+          for (int j = 0; j < GemvFusion::kMaxParts / 32; ++j)
+            if (lane + 32 * j < f.in_parts) ss += __ldcg(f.in_ss + lane + 32 * j);
+          for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+          scale = 1.0f / sqrtf(ss / f.in_width + f.eps);
+          have_scale = true;
+        }
+        float a = 0.0f, bu = 0.0f;
+        if (lane < kTileRows) {
+          const int n = f.mode == kPlain ? NW : wpt;
+          for (int w = 0; w < n; ++w) a += red[w * kTileRows + lane];
+          if (f.mode == kSwiglu)
+            for (int w = 0; w < wpt; ++w) bu += red[(wpt + w) * kTileRows + lane];
+        }
+        bar_arrive(kBarFree + e, kPair);
+        if (f.mode == kPlain) {
+          const int64_t row = static_cast<int64_t>(b) * kTileRows + lane;
+          if (lane < kTileRows && row < P.N) P.y[row] = a * scale;
+        } else {
+          const float res = row_lane && f.mode == kResidual ? __ldcg(f.residual + r) : 0.0f;
+          fused_rows_out(f, b, row_lane, a * scale, bu * scale, res, norm_w);
+        }
+      }
+      bar_sync(kBarEpi, kChainEpi * 32);  // both epilogue warps are done with call c
+      if (c + 1 < count && e == 0 && lane == 0)  // release: the block's outputs of call c go before it
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.sync + c) : "memory");
     }
-    prep_warp_store(v, unit, f.prep_group, f.prep_out, f.width);
+  } else {  // consumer warps
+    const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
+    const float c_min = tig == 0 ? 1.0f : 0.0f;
+    const bool b_lane = gid < 3;
+    // The call's prepared input, staged whole in shared memory by the block.
+    auto* xs = reinterpret_cast<uint4*>(smem + chain_ring_bytes(CPG, S) + kChainRedBytes);
+    const uint32_t xs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
+    int seq = 0, k = 0;  // slices consumed; the block's item count so far
+    for (int c = 0; c < count; ++c) {
+      const ChainPhase& P = sph[c];
+      const int per = kSliceGroups / P.tpb, slices = (P.groups + per - 1) / per;
+      const int sub = warp / per, wi = warp - sub * per;  // the warp's tile of the item, its slot in each slice
+      if (c > 0 && threadIdx.x == 0)  // call c - 1 finished in every block
+        while (ld_acquire(p.sync + c - 1) < static_cast<unsigned>(G)) __nanosleep(32);
+      bar_sync(kBarConsumers, NW * 32);
+      {
+        // Through the L2 (.cg): the input may have been written earlier in this launch.
+        const uint4* src = P.frags;
+        const int n16 = P.xbytes / 16;
+        constexpr int kT = NW * 32;
+        for (int i = threadIdx.x; i < n16; i += 4 * kT) {
+          uint4 v[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (i + u * kT < n16) v[u] = __ldcg(src + i + u * kT);
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (i + u * kT < n16) xs[i + u * kT] = v[u];
+        }
+      }
+      bar_sync(kBarConsumers, NW * 32);
+      const uint32_t xg_addr = xs_addr + static_cast<uint32_t>(P.xginfo);  // (d, Σx) per group
+      for (int b = static_cast<int>(blockIdx.x); b < P.items; b += G, ++k) {
+        float out_lo = 0.0f, out_hi = 0.0f;
+        for (int i = 0; i < slices; ++i, ++seq) {
+          const int st = seq % S, g = i * per + wi;
+          mbar_wait(full0 + 8 * st, (seq / S) & 1);
+          if (g < P.groups) {
+            const uint32_t codes = ring + st * kStage + warp * CPG * 512 + lane * 16;
+            int32_t acc[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int u = 0; u < CPG; ++u) {
+              if (CPG > 1 && g * CPG + u >= P.chunks) break;
+              const uint4 q = lds128(codes + u * 512);
+              const uint4 xf =
+                  b_lane ? lds128(xs_addr + ((((g * CPG + u) * 3 + gid) * 4 + tig) << 4)) : make_uint4(0, 0, 0, 0);
+              mma_u8s8(acc, q.x & 0x0F0F0F0Fu, q.x & 0xF0F0F0F0u, q.y & 0x0F0F0F0Fu, q.y & 0xF0F0F0F0u, xf.x,
+                       xf.y);
+              mma_u8s8(acc, q.z & 0x0F0F0F0Fu, q.z & 0xF0F0F0F0u, q.w & 0x0F0F0F0Fu, q.w & 0xF0F0F0F0u, xf.z,
+                       xf.w);
+            }
+            const uint2 sm = lds64(ring + st * kStage + kMeta + warp * 64 + gid * 8);
+            const uint2 gb = lds64(xg_addr + g * 8);
+            const float gd = __uint_as_float(gb.x), gs = __uint_as_float(gb.y);
+            const float v_lo = fmaf(c_odd, static_cast<float>(acc[1]), c_even * static_cast<float>(acc[0]));
+            const float v_hi =
+                fmaf(c_odd, static_cast<float>(acc[3] >> 4), c_even * static_cast<float>(acc[2] >> 4));
+            const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
+            const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
+            out_lo = fmaf(s_lo * gd, v_lo, fmaf(c_min * m_lo, gs, out_lo));
+            out_hi = fmaf(s_hi * gd, v_hi, fmaf(c_min * m_hi, gs, out_hi));
+          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty0 + 8 * st);
+        }
+        // Hand the item to epilogue warp k % kChainEpi (once it has read its item before).
+        const int e = k % kChainEpi;
+        out_lo += __shfl_xor_sync(0xFFFFFFFFu, out_lo, 1);  // tig 0 + tig 1 (tig 2, 3 hold zeros)
+        out_hi += __shfl_xor_sync(0xFFFFFFFFu, out_hi, 1);
+        if (k >= kChainEpi) bar_sync(kBarFree + e, kPair);
+        float* red = red0 + e * NW * kTileRows;
+        if (tig == 0) {
+          red[warp * kTileRows + gid] = out_lo;
+          red[warp * kTileRows + gid + 8] = out_hi;
+        }
+        bar_arrive(kBarFull + e, kPair);
+      }
+      bar_sync(kBarConsumers, NW * 32);  // the block's reads of xs for call c are done
+    }
+    // The epilogue warps' releases of the last items' buffers (no consumer waits for them otherwise).
+    for (int e = 0; e < kChainEpi; ++e)
+      if (k > e) bar_sync(kBarFree + e, kPair);
+  }
+  bar_sync(kBarEnd, (NW + kChainEpi) * 32);  // every warp of the block is past every wait
+  if (threadIdx.x == 0 && atomicAdd(p.sync + kGemvChainMax, 1u) == static_cast<unsigned>(G) - 1) {
+    for (int c = 0; c < count; ++c) p.sync[c] = 0;
+    p.sync[kGemvChainMax] = 0;
   }
 }
 
@@ -380,6 +695,58 @@ void launch_gemv_out(const DeviceLinear& w, const void* prepared, void* y, bool 
                        : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz);
 }
 
+template <int CPG>
+void launch_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t stream, bool pdl) {
+  constexpr int S = kChainStages;
+  ChainParams p = {};
+  size_t xbytes = 0;  // the largest prepared input
+  p.count = count;
+  p.sync = sync;
+  for (int c = 0; c < count; ++c) {
+    const GemvCall& call = calls[c];
+    const DeviceLinear& w = *call.w;
+    ChainPhase& P = p.ph[c];
+    P.f = fuse_args(w, &call.fuse);
+    NIBBLE_CHECK(P.f.mode != kPlain || call.y != nullptr, "w4a16 gemv chain: call {} has no output", c);
+    const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
+    P.codes = static_cast<const uint4*>(w.a.get());
+    P.meta = static_cast<const uint2*>(w.b.get());
+    NIBBLE_CHECK(w.cols <= kGemvChainMaxCols, "w4a16 gemv chain: {} inputs (at most {})", w.cols, kGemvChainMaxCols);
+    P.frags = static_cast<const uint4*>(call.prepared);
+    P.xbytes = static_cast<int>(prep_bytes(w.cols));
+    P.xginfo = static_cast<int>(prep_ginfo_offset(w.cols));
+    xbytes = std::max(xbytes, static_cast<size_t>(P.xbytes));
+    P.y = call.y;
+    P.N = static_cast<int>(w.rows);
+    P.chunks = static_cast<int>(chunks);
+    P.groups = static_cast<int>((chunks + CPG - 1) / CPG);
+    P.groups_padded = static_cast<int>((chunks * kChunk + w.group_size - 1) / w.group_size);
+    P.tpb = P.f.mode == kSwiglu ? 2 : 1;
+    P.items = static_cast<int>(tiles / P.tpb);
+  }
+  // Shared memory: the ring and its mbarriers, the warps' sums, the largest prepared input.
+  const size_t smem = chain_ring_bytes(CPG, S) + kChainRedBytes + xbytes;
+  static const int grid = [&] {
+    const size_t most = chain_ring_bytes(CPG, S) + kChainRedBytes + prep_bytes(kGemvChainMaxCols);
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_chain_kernel<CPG, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(most)));
+    int per_sm = 0;
+    NIBBLE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w4a16_chain_kernel<CPG, S>, kChainThreads, most));
+    NIBBLE_CHECK(per_sm >= 1, "w4a16 gemv chain: the kernel does not fit on an SM");
+    return device_sm_count() * per_sm;
+  }();
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kChainThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, w4a16_chain_kernel<CPG, S>, p));
+}
+
 template <typename T>
 void launch_prep(const T* x, int64_t cols, int group, void* prepared, cudaStream_t stream, bool pdl) {
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
@@ -421,6 +788,18 @@ void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32
   // always launches early after its own prep and waits for it.
   w4a16_gemv_prepare(w, x, act, w.scratch.get(), w.scratch.bytes(), stream, pdl);
   launch_gemv_out(w, w.scratch.get(), y, f32_out, stream, true, sms, act);
+}
+
+void w4a16_gemv_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t stream, bool pdl) {
+  NIBBLE_CHECK(count >= 1 && count <= kGemvChainMax, "w4a16 gemv chain: {} calls (1 to {})", count, kGemvChainMax);
+  NIBBLE_CHECK(sync != nullptr, "w4a16 gemv chain: no sync counters");
+  const int group = calls[0].w->group_size;
+  for (int c = 0; c < count; ++c) {
+    NIBBLE_CHECK(calls[c].w->group_size == group, "w4a16 gemv chain: call {} has group {}, call 0 {}", c,
+                 calls[c].w->group_size, group);
+    check_prepared(*calls[c].w, calls[c].prepared_bytes);
+  }
+  group == 64 ? launch_chain<1>(calls, count, sync, stream, pdl) : launch_chain<2>(calls, count, sync, stream, pdl);
 }
 
 void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,

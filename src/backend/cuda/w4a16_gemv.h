@@ -30,6 +30,8 @@ void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32
 void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
                          cudaStream_t stream, bool pdl, int sms, bool deep = false,
                          const GemvFusion* fuse = nullptr);
+// LinearKernel::gemv_chain: the calls in one persistent launch (groups of 64 or 128).
+void w4a16_gemv_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t stream, bool pdl);
 // Writes x (w.cols wide, `act` type) as the prepared activation (w4a16_prep.cuh).
 void w4a16_gemv_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t prepared_bytes,
                         cudaStream_t stream, bool pdl);
