@@ -235,8 +235,8 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
   check_w4a16({24, 172, 32}, cuda::Act::BF16, {1, 5, 64}, false, 9);  // K < one chunk beyond 128
   check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 4, 16, 64}, false, 10);
   check_w4a16({1032, 14336, 128}, cuda::Act::BF16, {1, 16}, false, 11);
-  check_w4a16({40, 4096, 128}, cuda::Act::BF16, {65, 130}, false, 12);  // M > 64: blocks of 32 tokens
-  check_w4a16({40, 4096, 128}, cuda::Act::BF16, {257, 300}, false, 16);  // M > 192, bf16: cuBLAS on dequantized weights
+  check_w4a16({40, 4096, 128}, cuda::Act::F16, {65, 130}, false, 12);  // M > 64, fp16: the kernel, blocks of 32 tokens
+  check_w4a16({40, 4096, 128}, cuda::Act::BF16, {65, 130, 257}, false, 16);  // M > 64, bf16: cuBLAS on dequantized weights
   check_w4a16({24, 4100, 128}, cuda::Act::BF16, {260}, false, 17);       // the same, a ragged row (scalar stores)
   check_w4a16({72, 4160, 64}, cuda::Act::BF16, {270}, true, 18);
   check_w4a16({40, 4096, 128}, cuda::Act::F16, {300}, false, 19);        // fp16 stays on the kernel

@@ -4,7 +4,7 @@
 //
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, x and y bf16 or fp16, fp32 accumulation.
 // Dispatch: M = 1 with groups of 64/128 takes the integer GEMV
-// (w4a16_gemv.cu); bf16 calls with M > 192 dequantize the weight and run
+// (w4a16_gemv.cu); bf16 calls with M > 64 dequantize the weight and run
 // cuBLAS; other calls with groups of 64/128 take the small-M kernel
 // (w4a16_small_m.cu); groups of 32 take the general kernel below.
 //
@@ -276,25 +276,31 @@ __global__ void relayout_meta_kernel(const uint16_t* __restrict__ scales, const 
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 // The layout back to a row-major bf16 matrix [rows][cols] (large M: cuBLAS
-// on the dequantized weights). One thread per lane's 16 bytes of a chunk: 16
-// consecutive inputs of rows gid and gid + 8, written as 16-byte stores. Each
-// weight is fl_bf16(c·s + m) with the fp32 fused multiply-add, the value the
-// rounded kernels use (FORMAT.md's value rounded once more, to bf16).
-__global__ void dequant_layout_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta,
-                                      __nv_bfloat16* __restrict__ out, int64_t rows, int64_t cols, int64_t chunks,
-                                      int64_t groups_padded, int g_shift) {
-  const int64_t n = ((rows + kTileRows - 1) / kTileRows) * chunks * 32;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= n) return;
-  const int lane = static_cast<int>(idx & 31), gid = lane >> 2, tig = lane & 3;
-  const int64_t c = (idx >> 5) % chunks, t = (idx >> 5) / chunks;
-  const uint4 q = codes[idx];
+// on the dequantized weights), a warp per (tile, chunk) of 16 rows × 64
+// inputs. Each weight is fl_bf16(c·s + m) with the fp32 fused multiply-add,
+// the value the rounded kernels use (FORMAT.md's value rounded once more, to
+// bf16). Each lane decodes its 16 inputs of rows gid and gid + 8 into the
+// warp's 16 × 64 tile in shared memory, then
+// the warp writes the tile out row by row, 128 bytes per row and 16 bytes per
+// lane, so every store instruction fills whole sectors. 32-bit index math
+// (tiles · chunks < 2^31, checked by the caller).
+constexpr int kDqWarps = 8, kDqPitch = kChunk + 8;  // a tile row in shared memory: 64 bf16 and 16 bytes of padding
+__global__ void __launch_bounds__(kDqWarps * 32)
+    dequant_tile_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta,
+                        __nv_bfloat16* __restrict__ out, int rows, int cols, int chunks, int groups_padded,
+                        int g_shift, int units) {
+  __shared__ __align__(16) __nv_bfloat16 tile_smem[kDqWarps][kTileRows * kDqPitch];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+  const int unit = blockIdx.x * kDqWarps + warp;
+  if (unit >= units) return;
+  const int t = unit / chunks, c = unit - t * chunks;
+  const uint4 q = codes[static_cast<int64_t>(unit) * 32 + lane];
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-  const int64_t col0 = c * kChunk + 16 * tig;  // the lane's 16 inputs lie in one group (groups of 32 or more)
-  const uint2 sm = meta[(t * groups_padded + (col0 >> g_shift)) * 8 + gid];
+  const int col0 = c * kChunk + 16 * tig;  // the lane's 16 inputs lie in one group (groups of 32 or more)
+  const uint2 sm = meta[(static_cast<int64_t>(t) * groups_padded + (col0 >> g_shift)) * 8 + gid];
+  __nv_bfloat16* tile = tile_smem[warp];
+#pragma unroll
   for (int h = 0; h < 2; ++h) {  // row gid + 8h: nibbles j = h, h + 2 of each word
-    const int64_t row = t * kTileRows + gid + 8 * h;
-    if (row >= rows) continue;
     const uint32_t pair = h ? sm.y : sm.x;
     const float sc = bf16_bits_to_float(pair & 0xFFFF), mn = bf16_bits_to_float(pair >> 16);
     __align__(16) __nv_bfloat16 v[16];
@@ -310,13 +316,24 @@ __global__ void dequant_layout_kernel(const uint4* __restrict__ codes, const uin
           v[4 * st + 2 * jh + e] =
               __float2bfloat16_rn(fmaf(static_cast<float>((words[st] >> (4 * p)) & 0xF), sc, mn));
         }
-    __nv_bfloat16* o = out + row * cols + col0;
-    if (col0 + 16 <= cols && cols % 8 == 0) {
-      reinterpret_cast<uint4*>(o)[0] = reinterpret_cast<const uint4*>(v)[0];
-      reinterpret_cast<uint4*>(o)[1] = reinterpret_cast<const uint4*>(v)[1];
-    } else {
-      for (int i = 0; i < 16 && col0 + i < cols; ++i) o[i] = v[i];
-    }
+    auto* dst = reinterpret_cast<uint4*>(tile + (gid + 8 * h) * kDqPitch + 16 * tig);
+    dst[0] = reinterpret_cast<const uint4*>(v)[0];
+    dst[1] = reinterpret_cast<const uint4*>(v)[1];
+  }
+  __syncwarp();
+  const int seg = lane & 7;  // 8 lanes per row, 16 bytes (8 inputs) each
+  const int col = c * kChunk + 8 * seg;
+  const bool whole = cols % 8 == 0 && col + 8 <= cols;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = 4 * i + (lane >> 3), row = t * kTileRows + r;
+    if (row >= rows) continue;
+    const __nv_bfloat16* src = tile + r * kDqPitch + 8 * seg;
+    __nv_bfloat16* o = out + static_cast<int64_t>(row) * cols + col;
+    if (whole)
+      *reinterpret_cast<uint4*>(o) = *reinterpret_cast<const uint4*>(src);
+    else
+      for (int k = 0; k < 8 && col + k < cols; ++k) o[k] = src[k];
   }
 }
 
@@ -366,13 +383,12 @@ bool w4a16_exact_weights(int group_size, int64_t M) { return group_size >= 64 &&
 
 namespace {
 // Above this many tokens a bf16 call dequantizes the weight and runs cuBLAS.
-// Measured on the H200 (session 12, bench_w4a16, fused 8B stack as CUDA graphs):
-// the kernels take 3.8 ms per 32 tokens (M = 128 15.4 ms, M = 256 31.0 ms,
-// M = 512 61.6 ms); dequantize + cuBLAS 19.7-20.0 ms at M = 80..128 and
-// 25.2-25.4 ms at M = 512, where cuBLAS alone on bf16 weights takes 11.9 ms.
-// The dequantization runs at about 1 TB/s of writes (15 GB written, 4 GB read)
-// and was not profiled; the crossover is near 180 tokens.
-constexpr int64_t kLargeM = 192;
+// Measured on the H200 (bench_w4a16, fused 8B stack as CUDA graphs): the
+// kernels take about 3.8 ms per block of 32 tokens (M = 64 7.7 ms, M = 96
+// 11.6 ms, M = 128 15.4 ms); dequantize + cuBLAS 9.2-9.6 ms at M = 48..128 and
+// 16.0 ms at M = 512 (session 13, dequant_tile_kernel; session 12's
+// one-thread-per-lane version wrote at about 1 TB/s and took 25.4 ms at 512).
+constexpr int64_t kLargeM = 64;
 }  // namespace
 
 namespace {
@@ -515,10 +531,13 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
     (void)pool_kept;
     void* wb = nullptr;
     NIBBLE_CUDA_CHECK(cudaMallocAsync(&wb, static_cast<size_t>(w.rows * w.cols) * 2, s));
-    dequant_layout_kernel<<<blocks_for(d.tiles * d.chunks * 32, 256), 256, 0, s>>>(
+    NIBBLE_CHECK(d.tiles * d.chunks < (int64_t{1} << 31), "w4a16: matrix too large");
+    const int units = static_cast<int>(d.tiles * d.chunks);
+    dequant_tile_kernel<<<blocks_for(units, kDqWarps), kDqWarps * 32, 0, s>>>(
         static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()),
-        static_cast<__nv_bfloat16*>(wb), w.rows, w.cols, d.chunks, d.groups_padded,
-        __builtin_ctz(static_cast<unsigned>(w.group_size)));
+        static_cast<__nv_bfloat16*>(wb), static_cast<int>(w.rows), static_cast<int>(w.cols),
+        static_cast<int>(d.chunks), static_cast<int>(d.groups_padded),
+        __builtin_ctz(static_cast<unsigned>(w.group_size)), units);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
     gemm_bf16_cublas(wb, w.rows, w.cols, x, M, ldx, y, ldy, stream, f32_out);
     NIBBLE_CUDA_CHECK(cudaFreeAsync(wb, s));
