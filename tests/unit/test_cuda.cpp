@@ -365,6 +365,23 @@ TEST(Cuda, CublasReferencePathAgrees) {
 }
 
 
+// Host <-> device copies for the GEMV tests.
+std::vector<float> download_f32(const cuda::DeviceBuffer& b, size_t n) {
+  std::vector<float> v(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), b.get(), n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+cuda::DeviceBuffer upload_f32(const std::vector<float>& v) {
+  cuda::DeviceBuffer b(v.size() * 4);
+  EXPECT_EQ(cudaMemcpy(b.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
+}
+std::vector<uint8_t> download_bytes(const cuda::DeviceBuffer& b) {
+  std::vector<uint8_t> v(b.bytes());
+  EXPECT_EQ(cudaMemcpy(v.data(), b.get(), v.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
 // GemvFusion (GpuModel's decode without norm and SiLU kernels) against the
 // same steps done separately: the plain GEMV, then the residual add, the
 // norm's z and SiLU(gate)·up on the host, prepared by the prepare kernel.
@@ -372,21 +389,9 @@ TEST(Cuda, CublasReferencePathAgrees) {
 // 16-row tile; the second unit of 128 outputs has 5 tiles), F = 208.
 TEST(Cuda, GemvFusionMatchesSeparateSteps) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-  auto down = [](const cuda::DeviceBuffer& b, size_t n) {
-    std::vector<float> v(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), b.get(), n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  };
-  auto up = [](const std::vector<float>& v) {
-    cuda::DeviceBuffer b(v.size() * 4);
-    EXPECT_EQ(cudaMemcpy(b.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    return b;
-  };
-  auto bytes_of = [](const cuda::DeviceBuffer& b) {
-    std::vector<uint8_t> v(b.bytes());
-    EXPECT_EQ(cudaMemcpy(v.data(), b.get(), v.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  };
+  const auto down = download_f32;
+  const auto up = upload_f32;
+  const auto bytes_of = download_bytes;
   for (int g : {64, 128}) {
     SCOPED_TRACE("group " + std::to_string(g));
     const int64_t K = 4160, N = 200, F = 208;
@@ -540,16 +545,8 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
 // at zero.
 TEST(Cuda, GemvChainMatchesSingleCalls) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-  auto bytes_of = [](const cuda::DeviceBuffer& b) {
-    std::vector<uint8_t> v(b.bytes());
-    EXPECT_EQ(cudaMemcpy(v.data(), b.get(), v.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  };
-  auto up = [](const std::vector<float>& v) {
-    cuda::DeviceBuffer b(v.size() * 4);
-    EXPECT_EQ(cudaMemcpy(b.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    return b;
-  };
+  const auto up = upload_f32;
+  const auto bytes_of = download_bytes;
   for (int g : {64, 128}) {
     SCOPED_TRACE("group " + std::to_string(g));
     const int64_t D = 1000, Q = 512, F = 400, NQ = 512, NKV = 128, WIDE = 5000;

@@ -90,6 +90,32 @@ struct FuseArgs {
 constexpr int kPlain = 0, kResidual = 1, kSwiglu = 2;
 constexpr int kUnitTiles = kPrepInputs / kTileRows;  // 16-row tiles per prepared unit of 128 outputs
 
+// The input's 1 / rms (GemvFusion's input side), by one whole warp: every
+// lane ends with the same bits (a butterfly: a + b == b + a).
+__device__ __forceinline__ float input_inv_rms(const FuseArgs& f) {
+  const int lane = threadIdx.x & 31;
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < GemvFusion::kMaxParts / 32; ++j)
+    if (lane + 32 * j < f.in_parts) ss += __ldcg(f.in_ss + lane + 32 * j);
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+  return 1.0f / sqrtf(ss / f.in_width + f.eps);
+}
+
+// One group's int32 sums (acc: rows gid and gid + 8, the latter 16×) into
+// the lane's outputs: s·d·(65536·A + 256·B + C) + m·Σx, with the lane's
+// column constants (planes a, b, c in columns 0..2; the min term once per row).
+__device__ __forceinline__ void group_combine(const int32_t (&acc)[4], uint2 sm, float d, float sx, float c_even,
+                                              float c_odd, float c_min, float& out_lo, float& out_hi) {
+  // Rows gid + 8 are 16× (their nibbles were not shifted down): exact shift.
+  const float v_lo = fmaf(c_odd, static_cast<float>(acc[1]), c_even * static_cast<float>(acc[0]));
+  const float v_hi = fmaf(c_odd, static_cast<float>(acc[3] >> 4), c_even * static_cast<float>(acc[2] >> 4));
+  const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
+  const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
+  out_lo = fmaf(s_lo * d, v_lo, fmaf(c_min * m_lo, sx, out_lo));
+  out_hi = fmaf(s_hi * d, v_hi, fmaf(c_min * m_hi, sx, out_hi));
+}
+
 // One warp finishes fused output rows b·16 + lane (lanes 0..15 where
 // row_lane; the others take part with zeros): a = the rows' sums times the
 // input's 1/rms (bu: up's, for swiglu), written to `stage` (and the residual
@@ -243,16 +269,7 @@ __global__ void __launch_bounds__(512)
   if (row_lane && f.mode == kResidual) res = f.residual[r];
 
   // The input's 1 / rms (GemvFusion), in warp 0, which writes the outputs.
-  float scale = 1.0f;
-  if (f.in_ss != nullptr && warp == 0) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < GemvFusion::kMaxParts / 32; ++j)
-      if (lane + 32 * j < f.in_parts) ss += __ldcg(f.in_ss + lane + 32 * j);
-    // A butterfly: every lane ends with the same bits (a + b == b + a).
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-    scale = 1.0f / sqrtf(ss / f.in_width + f.eps);
-  }
+  const float scale = f.in_ss != nullptr && warp == 0 ? input_inv_rms(f) : 1.0f;
 
   // Lanes of column 2tig (d0, d2) and 2tig + 1 (d1, d3): columns 0, 1, 2 are
   // planes a, b, c; columns 3..7 are zero.
@@ -290,14 +307,7 @@ __global__ void __launch_bounds__(512)
       mma_u8s8(acc, q.x & 0x0F0F0F0Fu, q.x & 0xF0F0F0F0u, q.y & 0x0F0F0F0Fu, q.y & 0xF0F0F0F0u, xf[u].x, xf[u].y);
       mma_u8s8(acc, q.z & 0x0F0F0F0Fu, q.z & 0xF0F0F0F0u, q.w & 0x0F0F0F0Fu, q.w & 0xF0F0F0F0u, xf[u].z, xf[u].w);
     }
-    const uint2 sm = lds64(rm + st * 256);
-    // Rows gid + 8 are 16× (their nibbles were not shifted down): exact shift.
-    const float v_lo = fmaf(c_odd, static_cast<float>(acc[1]), c_even * static_cast<float>(acc[0]));
-    const float v_hi = fmaf(c_odd, static_cast<float>(acc[3] >> 4), c_even * static_cast<float>(acc[2] >> 4));
-    const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
-    const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
-    out_lo = fmaf(s_lo * gi.x, v_lo, fmaf(c_min * m_lo, gi.y, out_lo));
-    out_hi = fmaf(s_hi * gi.x, v_hi, fmaf(c_min * m_hi, gi.y, out_hi));
+    group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
   }
   grid_dependents_launch();
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
@@ -472,13 +482,8 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
         const bool row_lane = f.mode != kPlain && lane < kTileRows && r < f.width;
         const float norm_w = row_lane && f.mode == kResidual ? __ldg(f.norm_w + r) : 0.0f;
         bar_sync(kBarFull + e, kPair);  // the item's sums (and, before them, call c's input) are there
-        if (f.in_ss != nullptr && !have_scale) {  // the input's 1/rms, once per call
-          float ss = 0.0f;
-#pragma unroll
-          for (int j = 0; j < GemvFusion::kMaxParts / 32; ++j)
-            if (lane + 32 * j < f.in_parts) ss += __ldcg(f.in_ss + lane + 32 * j);
-          for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-          scale = 1.0f / sqrtf(ss / f.in_width + f.eps);
+        if (f.in_ss != nullptr && !have_scale) {  // once per call
+          scale = input_inv_rms(f);
           have_scale = true;
         }
         float a = 0.0f, bu = 0.0f;
@@ -552,16 +557,9 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
               mma_u8s8(acc, q.z & 0x0F0F0F0Fu, q.z & 0xF0F0F0F0u, q.w & 0x0F0F0F0Fu, q.w & 0xF0F0F0F0u, xf.z,
                        xf.w);
             }
-            const uint2 sm = lds64(ring + st * kStage + kMeta + warp * 64 + gid * 8);
-            const uint2 gb = lds64(xg_addr + g * 8);
-            const float gd = __uint_as_float(gb.x), gs = __uint_as_float(gb.y);
-            const float v_lo = fmaf(c_odd, static_cast<float>(acc[1]), c_even * static_cast<float>(acc[0]));
-            const float v_hi =
-                fmaf(c_odd, static_cast<float>(acc[3] >> 4), c_even * static_cast<float>(acc[2] >> 4));
-            const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
-            const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
-            out_lo = fmaf(s_lo * gd, v_lo, fmaf(c_min * m_lo, gs, out_lo));
-            out_hi = fmaf(s_hi * gd, v_hi, fmaf(c_min * m_hi, gs, out_hi));
+            const uint2 gb = lds64(xg_addr + g * 8);  // (d, Σx)
+            group_combine(acc, lds64(ring + st * kStage + kMeta + warp * 64 + gid * 8), __uint_as_float(gb.x),
+                          __uint_as_float(gb.y), c_even, c_odd, c_min, out_lo, out_hi);
           }
           __syncwarp();
           if (lane == 0) mbar_arrive(empty0 + 8 * st);
