@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
     for (int c = 0; c < count; ++c) {
       const ChainPhase& P = sph[c];
       const int per = kSliceGroups / P.tpb, slices = (P.groups + per - 1) / per;
-      const int sub = warp / per, wi = warp - sub * per;  // the warp's tile of the item, its slot in each slice
+      const int wi = warp % per;  // the warp's slot in each slice (its tile: warp / per)
       if (c > 0 && threadIdx.x == 0)  // call c - 1 finished in every block
         while (ld_acquire(p.sync + c - 1) < static_cast<unsigned>(G)) __nanosleep(32);
       bar_sync(kBarConsumers, NW * 32);
@@ -651,7 +651,7 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const int64_t warps =
       std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, std::min<int64_t>(16 / tpb, groups));
   const int stages = deep ? kDeepStages : kStages;
-  const size_t smem = static_cast<size_t>(tpb * warps) * (stages * stage_bytes(CPG) + kTileRows * 4) + 16;
+  const size_t smem = static_cast<size_t>(tpb * warps) * (stages * stage_bytes(CPG) + kTileRows * 4);
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles / tpb));
