@@ -81,9 +81,9 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
 // (rope_qkv) and the prepared output as the row-wise kernel. Reads the
 // position from `p0_dev` (when set) before waiting for the previous kernel:
 // the decode step's first kernel must be launched without programmatic
-// dependence (GpuModel's is). Scores of max_positions / 4 keys per block in
-// shared memory (the same limit as the row-wise kernel's, four times the
-// positions). head_dim: 32, 64, 128 or 256.
+// dependence (GpuModel's is). Shared memory does not grow with the length;
+// max_positions only bounds a.p0 when p0_dev is null. head_dim: 32, 64, 128
+// or 256.
 bool decode_attention_supported(int64_t head_dim);
 void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream);
 

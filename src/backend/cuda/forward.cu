@@ -950,16 +950,6 @@ namespace {
 template <int HD>
 void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size_t smem, const RopeIn& rope,
                              void* stream) {
-  // The attribute is per kernel: raised outside capture (the decode step's
-  // warm-up launch asks for the largest size first), never lowered.
-  static size_t smem_allowed = 0;
-  if (smem > smem_allowed) {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<bf16, HD>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(decode_attention_kernel<float, HD>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    smem_allowed = smem;
-  }
   cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), {}};
   attr[1].id = cudaLaunchAttributeClusterDimension;
   attr[1].val.clusterDim.x = kDecodeRanks;
@@ -1004,10 +994,7 @@ void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max
                "decode_attention: a prepared output needs head_dim a multiple of 128 and groups of 64 or 128");
   NIBBLE_CHECK(p0_dev != nullptr || a.p0 + 1 <= max_positions,
                "decode_attention: position {} is past the {} it is sized for", a.p0, max_positions);
-  const size_t smem = decode_attention_smem(a.head_dim, max_positions);
-  NIBBLE_CHECK(smem <= rowwise_attention_smem_limit(),
-               "decode_attention: {} positions need {} bytes of shared memory, more than the kernel's {}",
-               max_positions, smem, rowwise_attention_smem_limit());
+  const size_t smem = decode_attention_smem(a.head_dim);  // under the 48 KB a launch gets without asking
   const RopeIn rope = rope_in(a);
   switch (a.head_dim) {
     case 32: return launch_decode_attention<32>(a, p0_dev, smem, rope, stream);

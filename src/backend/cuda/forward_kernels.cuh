@@ -472,29 +472,29 @@ __global__ void __launch_bounds__(kAttentionThreads)
 // - Then warps 0, 1, 2 take q, k and v of the new position from the qkv row
 //   (norms, RoPE); the new key and value are used from shared memory, and one
 //   block per kv head writes them into the caches.
-// - Scores: 8 lanes per key, each hd/8 dimensions (16-byte loads), summed by
-//   three shuffles; the rows of several rounds of 32 keys are loaded before
-//   any is used. P·V: G = threads / (hd/4) groups of a thread per four
-//   dimensions, each group every G-th key of the range, 8 value rows loaded
-//   before any is used. (Without that batching the loads of a long range
-//   ran one round trip at a time: 22.6 µs at 1000 positions against 13.4.)
-// Measured (bench_decode_trace, 8B shape, H200): 9.8 µs per layer at 250
-// positions (the row-wise kernel: 12.4 µs at 70), 14.7 µs at 1000. Tried:
-// clusters of 8 (16.3 µs at 250), an L2 prefetch of the rank's K/V rows
-// before the wait (no faster at 250, slower at 1000), letting the next
-// kernel launch only after the P·V step (no change), the first batch of K
-// and V rows loaded into registers before the wait (160 registers; 13.0 µs
-// at 250 positions, 21.3 at 1000, and the next kernel launched later).
+// - Each warp runs its own online softmax over chunks of 1024/hd keys (keys
+//   and values of a chunk loaded together, 32 floats of each per lane), and
+//   the block's eight warps meet once in shared memory (session 14; before,
+//   the block scored every key, took a block-wide max and sum, then ran P·V:
+//   five barriers and a second round trip to memory between the scores and
+//   P·V, and a scores buffer sized by the longest context).
+// Measured (bench_decode_trace, 8B shape, H200), session 10's block-wide
+// kernel: 9.8 µs per layer at 250 positions (the row-wise kernel: 12.4 µs at
+// 70), 14.7 µs at 1000. Tried on that kernel: clusters of 8 (16.3 µs at 250),
+// an L2 prefetch of the rank's K/V rows before the wait (no faster at 250,
+// slower at 1000), letting the next kernel launch only after the P·V step (no
+// change), the first batch of K and V rows loaded into registers before the
+// wait (160 registers; 13.0 µs at 250 positions, 21.3 at 1000, and the next
+// kernel launched later).
 // hd: 32, 64, 128 or 256 (a template argument).
 constexpr int kDecodeRanks = 4;
 constexpr int kDecodeThreads = 256;
 constexpr int kDecodeMaxHd = 256;
 // Shared memory (floats): q, k, v, q/k norm weights [hd each], cos/sin [hd/2
-// each], the result (o [hd], m, l; padded to 4), the P·V partials [4·threads],
-// scores [chunk].
-inline size_t decode_attention_smem(int64_t hd, int64_t max_positions) {
-  const int64_t chunk = (max_positions + kDecodeRanks - 1) / kDecodeRanks;
-  return static_cast<size_t>(7 * hd + 4 + 4 * kDecodeThreads + chunk) * 4;
+// each], the result (o [hd], m, l; padded to 4), the warps' outputs [warps·hd]
+// and their m and l [2·warps]: at most 15.4 KB, whatever the length.
+inline size_t decode_attention_smem(int64_t hd) {
+  return static_cast<size_t>(7 * hd + 4 + (kDecodeThreads / 32) * (hd + 2)) * 4;
 }
 template <typename OutT, int HD>
 __global__ void __launch_bounds__(kDecodeThreads)
@@ -516,9 +516,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float* cs = kn + hd;
   float* sn = cs + hd / 2;
   float* res = sn + hd / 2;  // o [hd], m, l
-  float* part = res + hd + 4;  // 16-byte aligned (float4 stores)
-  float* sc = part + 4 * kDecodeThreads;
-  __shared__ float scratch[32];
+  float* wo = res + hd + 4;  // the warps' outputs [warps][hd]; 16-byte aligned
+  float* wml = wo + (kDecodeThreads / 32) * hd;  // the warps' m [warps], then l [warps]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t p0 = position_of(p0_host, p0_dev);
   const bool fresh = rope.qkv != nullptr;  // the new key and value come from the qkv row
@@ -586,91 +585,121 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qf[h * hd + d];
   }
   __syncthreads();
-  // This rank's keys: lo .. hi-1.
+  // This rank's keys: lo .. hi-1, in chunks of KB keys (8, or 4 for hd 256); warp w takes chunks
+  // w, w + 8, ... with its own running max m, sum l and output o (online
+  // softmax), so no block barrier separates the scores from P·V and a chunk's
+  // key and value rows are loaded together. Scores: LK lanes per key, lane
+  // `sub` holding q's float4s sub, sub + LK, ... (a key's LK lanes read
+  // contiguous 16·LK bytes), summed by log2(LK) shuffles. P·V: lane j holds
+  // dimensions j·VD .. j·VD + VD - 1 of every key in the chunk. A lane loads
+  // KB·hd/32 floats of keys and as many of values per chunk (32 each from
+  // hd 128 up).
   const int64_t chunk = (T - t0 + kDecodeRanks - 1) / kDecodeRanks;
   const int64_t lo = t0 + rank * chunk, hi = lo + chunk < T ? lo + chunk : T;
-  // Scores: lane j of an 8-lane group holds dims j·HD/8 .. (j+1)·HD/8 - 1
-  // (q in registers). The K rows of R rounds of 32 keys are loaded before any
-  // is used (16 float4 per lane in flight); rounds past the range re-read row lo.
-  constexpr int PER4 = HD / 32, R = 16 / PER4;
-  const int sub = threadIdx.x & 7;
-  float4 qr[PER4];
+  constexpr int KB = HD >= 128 ? 1024 / HD : 8, LK = 32 / KB, SD4 = HD / LK / 4, VD = HD / 32;
+  constexpr int kWarps = kDecodeThreads / 32;
+  const int sub = lane % LK, kk = lane / LK;
+  float4 qr[SD4];
 #pragma unroll
-  for (int e = 0; e < PER4; ++e) qr[e] = reinterpret_cast<const float4*>(qs + sub * (HD / 8))[e];
-  float mx = -INFINITY;
-  for (int64_t base = lo; base < hi; base += R * (kDecodeThreads / 8)) {
-    float4 kb[R][PER4];
+  for (int e = 0; e < SD4; ++e) qr[e] = reinterpret_cast<const float4*>(qs)[e * LK + sub];
+  float m = -INFINITY, l = 0.0f, o[VD];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t t = base + r * (kDecodeThreads / 8) + (threadIdx.x >> 3);
-      const float4* k4 = reinterpret_cast<const float4*>(
-          fresh && t == p0 ? ks + sub * (HD / 8) : kc + (t < hi ? t : lo) * row + kvh * HD + sub * (HD / 8));
+  for (int j = 0; j < VD; ++j) o[j] = 0.0f;
+  for (int64_t c0 = lo + warp * KB; c0 < hi; c0 += kWarps * KB) {
+    const int64_t tk = c0 + kk;
+    const bool okk = tk < hi;
+    float4 kb[SD4];
+    {
+      const float4* k4 = reinterpret_cast<const float4*>(fresh && tk == p0 ? ks : kc + tk * row + kvh * HD);
 #pragma unroll
-      for (int e = 0; e < PER4; ++e) kb[r][e] = k4[e];
+      for (int e = 0; e < SD4; ++e) kb[e] = okk ? k4[e * LK + sub] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    float vr[KB][VD];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t t = base + r * (kDecodeThreads / 8) + (threadIdx.x >> 3);
-      float s0 = 0.0f, s1 = 0.0f;
+    for (int k = 0; k < KB; ++k) {
+      const int64_t tv = c0 + k;
+      const float* vsrc = fresh && tv == p0 ? vs : vc + tv * row + kvh * HD;
+      if (tv < hi) {
+        if constexpr (VD >= 4) {
 #pragma unroll
-      for (int e = 0; e < PER4; ++e) {
-        s0 = fmaf(qr[e].x, kb[r][e].x, s0);
-        s1 = fmaf(qr[e].y, kb[r][e].y, s1);
-        s0 = fmaf(qr[e].z, kb[r][e].z, s0);
-        s1 = fmaf(qr[e].w, kb[r][e].w, s1);
+          for (int j = 0; j < VD; j += 4) {
+            const float4 v = reinterpret_cast<const float4*>(vsrc + lane * VD)[j / 4];
+            vr[k][j] = v.x;
+            vr[k][j + 1] = v.y;
+            vr[k][j + 2] = v.z;
+            vr[k][j + 3] = v.w;
+          }
+        } else if constexpr (VD == 2) {
+          const float2 v = reinterpret_cast<const float2*>(vsrc)[lane];
+          vr[k][0] = v.x;
+          vr[k][1] = v.y;
+        } else {
+          vr[k][0] = vsrc[lane];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < VD; ++j) vr[k][j] = 0.0f;
       }
-      float s = s0 + s1;
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      s += __shfl_xor_sync(0xffffffffu, s, 4);
-      s *= scale;
-      if (t < hi) {
-        if (sub == 0) sc[t - lo] = s;
-        mx = fmaxf(mx, s);
-      }
+    }
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int e = 0; e < SD4; ++e) {
+      s0 = fmaf(qr[e].x, kb[e].x, s0);
+      s1 = fmaf(qr[e].y, kb[e].y, s1);
+      s0 = fmaf(qr[e].z, kb[e].z, s0);
+      s1 = fmaf(qr[e].w, kb[e].w, s1);
+    }
+    float s = s0 + s1;
+#pragma unroll
+    for (int off = 1; off < LK; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    s = okk ? s * scale : -INFINITY;
+    float cm = s;
+#pragma unroll
+    for (int off = LK; off < 32; off <<= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+    const float m_new = fmaxf(m, cm);  // finite: key c0 is in range
+    const float alpha = expf(m - m_new), p = okk ? expf(s - m_new) : 0.0f;
+    float ps = p;
+#pragma unroll
+    for (int off = LK; off < 32; off <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+    l = fmaf(l, alpha, ps);
+    m = m_new;
+#pragma unroll
+    for (int j = 0; j < VD; ++j) o[j] *= alpha;
+#pragma unroll
+    for (int k = 0; k < KB; ++k) {
+      const float pk = __shfl_sync(0xffffffffu, p, k * LK);
+#pragma unroll
+      for (int j = 0; j < VD; ++j) o[j] = fmaf(pk, vr[k][j], o[j]);
     }
   }
-  mx = block_max(mx, scratch);  // its barriers also publish sc; -inf for an empty range
-  float sum = 0.0f;
-  for (int64_t t = lo + threadIdx.x; t < hi; t += blockDim.x) sum += (sc[t - lo] = expf(sc[t - lo] - mx));
-  sum = block_sum(sum, scratch);  // its barriers also publish sc
-  // P·V: G groups of HD/4 threads (a thread per four dimensions), group g
-  // every G-th key; the value rows of U keys are loaded before any is used.
-  constexpr int64_t hd4 = HD / 4, G = kDecodeThreads / hd4;
-  constexpr int U = 8;
-  {
-    const int64_t g = threadIdx.x / hd4, d4 = threadIdx.x % hd4;
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int64_t t = lo + g; t < hi; t += U * G) {
-      float4 v[U];
-      float p[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t tu = t + u * G;
-        const bool ok = tu < hi;
-        p[u] = ok ? sc[tu - lo] : 0.0f;
-        v[u] = fresh && tu == p0 ? reinterpret_cast<const float4*>(vs)[d4]
-                                 : reinterpret_cast<const float4*>(vc + (ok ? tu : lo) * row + kvh * HD)[d4];
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        o.x = fmaf(p[u], v[u].x, o.x);
-        o.y = fmaf(p[u], v[u].y, o.y);
-        o.z = fmaf(p[u], v[u].z, o.z);
-        o.w = fmaf(p[u], v[u].w, o.w);
-      }
-    }
-    reinterpret_cast<float4*>(part)[g * hd4 + d4] = o;
+  // The block's warps meet: res = (Σ_w e^(m_w − M)·o_w, M, Σ_w e^(m_w − M)·l_w).
+  if (lane == 0) {
+    wml[warp] = m;
+    wml[kWarps + warp] = l;
   }
+#pragma unroll
+  for (int j = 0; j < VD; ++j) wo[warp * HD + lane * VD + j] = o[j];
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.0f;
-    for (int64_t g = 0; g < G; ++g) o += part[g * hd + d];
-    res[d] = o;
-  }
-  if (threadIdx.x == 0) {
-    res[hd] = mx;
-    res[hd + 1] = sum;
+  {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wml[w]);
+    float ww[kWarps], L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      ww[w] = wml[w] == -INFINITY ? 0.0f : expf(wml[w] - M);  // a warp without keys weighs nothing
+      L = fmaf(ww[w], wml[kWarps + w], L);
+    }
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) acc = fmaf(ww[w], wo[w * HD + d], acc);
+      res[d] = acc;
+    }
+    if (threadIdx.x == 0) {
+      res[hd] = M;
+      res[hd + 1] = L;
+    }
   }
   cluster.sync();  // every rank's (o, m, l) is in its shared memory
   if (rank == 0) {
@@ -695,7 +724,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       for (int r = 0; r < kDecodeRanks; ++r) o = fmaf(w[r], rr[r][d], o);
       o /= L;
       if (prepared != nullptr)
-        part[d] = o;
+        wo[d] = o;  // warp 0's slot: every warp's output has been read
       else
         store_act(out + h * hd + d, o);
     }
@@ -703,7 +732,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
   if (rank == 0 && prepared != nullptr) {
     __syncthreads();
-    prep_store_head(part, h, hd, H, prep_group, prepared);
+    prep_store_head(wo, h, hd, H, prep_group, prepared);
   }
 #else
   __trap();  // launched only on sm_90 and later (decode_attention checks the device)
