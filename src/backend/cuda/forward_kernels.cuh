@@ -532,9 +532,64 @@ __global__ void __launch_bounds__(kDecodeThreads)
       kn[d] = rope.k_norm != nullptr ? rope.k_norm[d] : 1.0f;
     }
   }
+  // This rank's keys: lo .. hi-1, in chunks of KB keys (8, or 4 for hd 256);
+  // warp w takes chunks w, w + 8, ... with its own running max m, sum l and
+  // output o (online softmax), so no block barrier separates the scores from
+  // P·V and a chunk's key and value rows are loaded together. Scores: LK
+  // lanes per key, lane `sub` holding q's float4s sub, sub + LK, ... (a key's
+  // LK lanes read contiguous 16·LK bytes), summed by log2(LK) shuffles. P·V:
+  // lane j holds dimensions j·VD .. j·VD + VD - 1 of every key in the chunk.
+  // A lane loads KB·hd/32 floats of keys and as many of values per chunk (32
+  // each from hd 128 up). The warp's first chunk is loaded before the wait:
+  // rows before p0 were written by earlier steps (the step's first kernel
+  // waits for the step before); row p0 is filled in after the wait.
+  const int64_t T = p0 + 1, t0 = (window > 0 && T > window) ? T - window : 0;
+  const int64_t chunk = (T - t0 + kDecodeRanks - 1) / kDecodeRanks;
+  const int64_t lo = t0 + rank * chunk, hi = lo + chunk < T ? lo + chunk : T;
+  constexpr int KB = HD >= 128 ? 1024 / HD : 8, LK = 32 / KB, SD4 = HD / LK / 4, VD = HD / 32;
+  constexpr int kWarps = kDecodeThreads / 32;
+  const int sub = lane % LK, kk = lane / LK;
+  float4 kb[SD4];
+  float vr[KB][VD];
+  // Rows c0 .. c0 + KB - 1 of the range (zeros past hi; row p0 skipped when
+  // `skip_p0`), keys from kbase, values from vbase.
+  auto load_chunk = [&](int64_t c0, bool skip_p0, const float* kbase, const float* vbase) {
+    const int64_t tk = c0 + kk;
+    const bool okk = tk < hi && !(skip_p0 && tk == p0);
+    const float4* k4 = reinterpret_cast<const float4*>(kbase + tk * row + kvh * HD);
+#pragma unroll
+    for (int e = 0; e < SD4; ++e) kb[e] = okk ? k4[e * LK + sub] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < KB; ++k) {
+      const int64_t tv = c0 + k;
+      const float* vsrc = vbase + tv * row + kvh * HD;
+      if (tv < hi && !(skip_p0 && tv == p0)) {
+        if constexpr (VD >= 4) {
+#pragma unroll
+          for (int j = 0; j < VD; j += 4) {
+            const float4 v = reinterpret_cast<const float4*>(vsrc + lane * VD)[j / 4];
+            vr[k][j] = v.x;
+            vr[k][j + 1] = v.y;
+            vr[k][j + 2] = v.z;
+            vr[k][j + 3] = v.w;
+          }
+        } else if constexpr (VD == 2) {
+          const float2 v = reinterpret_cast<const float2*>(vsrc)[lane];
+          vr[k][0] = v.x;
+          vr[k][1] = v.y;
+        } else {
+          vr[k][0] = vsrc[lane];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < VD; ++j) vr[k][j] = 0.0f;
+      }
+    }
+  };
+  const int64_t c_first = lo + warp * KB;
+  if (c_first < hi) load_chunk(c_first, true, kc, vc);
   w4a16::grid_dependents_launch();
   w4a16::grid_dependency_wait();
-  const int64_t T = p0 + 1, t0 = (window > 0 && T > window) ? T - window : 0;
   const bool writer = fresh && rank == 0 && h % (H / KV) == 0;  // one block per kv head fills the caches
   if (fresh) {
     __syncthreads();  // the tables
@@ -585,61 +640,31 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qf[h * hd + d];
   }
   __syncthreads();
-  // This rank's keys: lo .. hi-1, in chunks of KB keys (8, or 4 for hd 256); warp w takes chunks
-  // w, w + 8, ... with its own running max m, sum l and output o (online
-  // softmax), so no block barrier separates the scores from P·V and a chunk's
-  // key and value rows are loaded together. Scores: LK lanes per key, lane
-  // `sub` holding q's float4s sub, sub + LK, ... (a key's LK lanes read
-  // contiguous 16·LK bytes), summed by log2(LK) shuffles. P·V: lane j holds
-  // dimensions j·VD .. j·VD + VD - 1 of every key in the chunk. A lane loads
-  // KB·hd/32 floats of keys and as many of values per chunk (32 each from
-  // hd 128 up).
-  const int64_t chunk = (T - t0 + kDecodeRanks - 1) / kDecodeRanks;
-  const int64_t lo = t0 + rank * chunk, hi = lo + chunk < T ? lo + chunk : T;
-  constexpr int KB = HD >= 128 ? 1024 / HD : 8, LK = 32 / KB, SD4 = HD / LK / 4, VD = HD / 32;
-  constexpr int kWarps = kDecodeThreads / 32;
-  const int sub = lane % LK, kk = lane / LK;
   float4 qr[SD4];
 #pragma unroll
   for (int e = 0; e < SD4; ++e) qr[e] = reinterpret_cast<const float4*>(qs)[e * LK + sub];
   float m = -INFINITY, l = 0.0f, o[VD];
 #pragma unroll
   for (int j = 0; j < VD; ++j) o[j] = 0.0f;
-  for (int64_t c0 = lo + warp * KB; c0 < hi; c0 += kWarps * KB) {
+  for (int64_t c0 = c_first; c0 < hi; c0 += kWarps * KB) {
     const int64_t tk = c0 + kk;
     const bool okk = tk < hi;
-    float4 kb[SD4];
-    {
-      const float4* k4 = reinterpret_cast<const float4*>(fresh && tk == p0 ? ks : kc + tk * row + kvh * HD);
+    if (c0 != c_first) load_chunk(c0, true, kc, vc);
+    if (p0 >= c0 && p0 < c0 + KB) {
+      // Row p0: the new key and value from shared memory (fresh), else from
+      // the caches, which the kernel before wrote.
+      if (tk == p0) {
+        const float4* k4 = reinterpret_cast<const float4*>(fresh ? ks : kc + p0 * row + kvh * HD);
 #pragma unroll
-      for (int e = 0; e < SD4; ++e) kb[e] = okk ? k4[e * LK + sub] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    float vr[KB][VD];
-#pragma unroll
-    for (int k = 0; k < KB; ++k) {
-      const int64_t tv = c0 + k;
-      const float* vsrc = fresh && tv == p0 ? vs : vc + tv * row + kvh * HD;
-      if (tv < hi) {
-        if constexpr (VD >= 4) {
-#pragma unroll
-          for (int j = 0; j < VD; j += 4) {
-            const float4 v = reinterpret_cast<const float4*>(vsrc + lane * VD)[j / 4];
-            vr[k][j] = v.x;
-            vr[k][j + 1] = v.y;
-            vr[k][j + 2] = v.z;
-            vr[k][j + 3] = v.w;
-          }
-        } else if constexpr (VD == 2) {
-          const float2 v = reinterpret_cast<const float2*>(vsrc)[lane];
-          vr[k][0] = v.x;
-          vr[k][1] = v.y;
-        } else {
-          vr[k][0] = vsrc[lane];
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < VD; ++j) vr[k][j] = 0.0f;
+        for (int e = 0; e < SD4; ++e) kb[e] = k4[e * LK + sub];
       }
+      const float* vsrc = fresh ? vs : vc + p0 * row + kvh * HD;
+#pragma unroll
+      for (int k = 0; k < KB; ++k)
+        if (c0 + k == p0) {
+#pragma unroll
+          for (int j = 0; j < VD; ++j) vr[k][j] = vsrc[lane * VD + j];
+        }
     }
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
