@@ -463,29 +463,45 @@ __global__ void __launch_bounds__(kAttentionThreads)
 // (12.4 µs per layer of the 8B shape at ~70 positions, measured). Here block
 // r of head h's cluster takes the r-th of kDecodeRanks equal ranges of the
 // keys t0 .. p0 (the length read at run time: one captured step serves every
-// position), with its own max and sum; rank 0 then reads the others'
-// (m, l, o) through distributed shared memory and combines them:
+// position), with its own max and sum; the other ranks send their (o, m, l)
+// to rank 0, which combines them:
 // out = Σ_r e^(m_r − M)·o_r / Σ_r e^(m_r − M)·l_r.
-// - Before waiting for the previous kernel (only constants and the position,
-//   which the step's first kernel was launched after): the q/k norm weights
-//   and RoPE's cos/sin at p0 into shared memory.
+// - Before waiting for the previous kernel (only constants, the position,
+//   which the step's first kernel was launched after, and cache rows before
+//   p0, which earlier steps wrote): the q/k norm weights and RoPE's cos/sin at
+//   p0 into shared memory, each warp's first chunk of keys and values into
+//   registers, and rank 0's mbarrier for the ranks' results (one cluster
+//   barrier, so the other ranks see it initialised).
 // - Then warps 0, 1, 2 take q, k and v of the new position from the qkv row
-//   (norms, RoPE); the new key and value are used from shared memory, and one
-//   block per kv head writes them into the caches.
+//   (each lane's loads issued together: one round trip; norms, RoPE); the
+//   new key and value are used from shared memory, and one block per kv head
+//   writes them into the caches.
 // - Each warp runs its own online softmax over chunks of 1024/hd keys (keys
 //   and values of a chunk loaded together, 32 floats of each per lane), and
-//   the block's eight warps meet once in shared memory (session 14; before,
-//   the block scored every key, took a block-wide max and sum, then ran P·V:
-//   five barriers and a second round trip to memory between the scores and
-//   P·V, and a scores buffer sized by the longest context).
-// Measured (bench_decode_trace, 8B shape, H200), session 10's block-wide
-// kernel: 9.8 µs per layer at 250 positions (the row-wise kernel: 12.4 µs at
-// 70), 14.7 µs at 1000. Tried on that kernel: clusters of 8 (16.3 µs at 250),
-// an L2 prefetch of the rank's K/V rows before the wait (no faster at 250,
-// slower at 1000), letting the next kernel launch only after the P·V step (no
-// change), the first batch of K and V rows loaded into registers before the
-// wait (160 registers; 13.0 µs at 250 positions, 21.3 at 1000, and the next
-// kernel launched later).
+//   the block's eight warps meet once in shared memory.
+// - Ranks 1.. write their (o, m, l) into rank 0's shared memory with st.async,
+//   which completes the transaction count of rank 0's mbarrier, and exit;
+//   rank 0 waits on the mbarrier alone (no cluster-wide barrier, no remote
+//   reads), combines, and writes the prepared output.
+// Session 14, globaltimer stamps in the kernel (8-layer 8B-shaped copy, 64
+// positions, ns after the wait returns): before its last two changes, q/k/v
+// ready 1460, the chunk loop done 1990, the cluster barrier 2860, rank 0's
+// combine 2980, the second cluster barrier 3590, the prepared output 4130;
+// after, q/k/v ready 700-900, the loop done 1260-1440, the prepared output
+// 2730-2870. Before session 14 the block scored every key, took a block-wide
+// max and sum, then ran P·V (five barriers, a second round trip between the
+// scores and P·V, a scores buffer sized by the longest context): 8.5 µs per
+// layer at 64 positions against 4.8 now (bench_decode_trace extensions).
+// Tried on the session-10 kernel: clusters of 8 (16.3 µs at 250 positions
+// against 9.8), an L2 prefetch of the rank's K/V rows before the wait (no
+// faster at 250, slower at 1000), letting the next kernel launch only after
+// the P·V step (no change), the first batch of K and V rows loaded into
+// registers before the wait (160 registers; 13.0 µs at 250 positions, 21.3
+// at 1000, and the next kernel launched later). Tried in session 14: the
+// next chunk's rows in flight while one is used (206 registers: 8.3 µs at
+// 64 positions, the kernel no longer fits beside the GEMV before it), at
+// most 80 registers (spills; 6.3 µs at 64), an L2 prefetch of the next GEMVs'
+// weights from this kernel (slower at every size: 8, 16, 32 MB).
 // hd: 32, 64, 128 or 256 (a template argument).
 constexpr int kDecodeRanks = 4;
 constexpr int kDecodeThreads = 256;
@@ -519,6 +535,20 @@ __global__ void __launch_bounds__(kDecodeThreads)
   float* wo = res + hd + 4;  // the warps' outputs [warps][hd]; 16-byte aligned
   float* wml = wo + (kDecodeThreads / 32) * hd;  // the warps' m [warps], then l [warps]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // Ranks 1.. send their (o, m, l) into rank 0's `remote` with st.async,
+  // counted by rank 0's mbarrier `arrived`; set up before the wait (the
+  // cluster barrier here makes it visible to every rank before any sends).
+  __shared__ __align__(16) float remote[kDecodeRanks - 1][kDecodeMaxHd + 4];
+  __shared__ __align__(8) unsigned long long arrived;
+  const uint32_t arrived_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&arrived));
+  if (rank == 0 && threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(arrived_addr) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(arrived_addr),
+                 "r"(static_cast<unsigned>((kDecodeRanks - 1) * (hd + 2) * 4))
+                 : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  cluster.sync();
   const int64_t p0 = position_of(p0_host, p0_dev);
   const bool fresh = rope.qkv != nullptr;  // the new key and value come from the qkv row
   if (fresh) {
@@ -598,11 +628,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const float* nw = warp == 0 ? rope.q_norm : rope.k_norm;
       const float* w = warp == 0 ? qn : kn;
       float* buf = warp == 0 ? qs : ks;
-      float ss = 0.0f;
-      for (int64_t d = lane; d < hd; d += 32) {
-        const float x = src[d];
-        buf[d] = x;
-        ss += x * x;
+      // All of the lane's loads first (one round trip: the stores below could
+      // alias them for all the compiler knows).
+      float xr[HD / 32 > 0 ? HD / 32 : 1], ss = 0.0f;
+#pragma unroll
+      for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
+#pragma unroll
+      for (int i = 0; i < HD / 32; ++i) {
+        buf[lane + 32 * i] = xr[i];
+        ss += xr[i] * xr[i];
       }
       float inv = 1.0f;
       if (nw != nullptr) {
@@ -610,20 +644,26 @@ __global__ void __launch_bounds__(kDecodeThreads)
         inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + rope.eps);
       }
       __syncwarp();
-      const int64_t half = hd / 2;
-      float rot[kDecodeMaxHd / 32];
-      int n = 0;
-      for (int64_t d = lane; d < half; d += 32, ++n) {
-        const float a = nw != nullptr ? buf[d] * inv * w[d] : buf[d];
-        const float b = nw != nullptr ? buf[d + half] * inv * w[d + half] : buf[d + half];
-        rot[2 * n] = a * cs[d] - b * sn[d];
-        rot[2 * n + 1] = b * cs[d] + a * sn[d];
+      constexpr int half = HD / 2, kRot = (half + 31) / 32;
+      float rot[2 * kRot];
+#pragma unroll
+      for (int n = 0; n < kRot; ++n) {
+        const int d = lane + 32 * n;
+        if (d < half) {
+          const float a = nw != nullptr ? buf[d] * inv * w[d] : buf[d];
+          const float b = nw != nullptr ? buf[d + half] * inv * w[d + half] : buf[d + half];
+          rot[2 * n] = a * cs[d] - b * sn[d];
+          rot[2 * n + 1] = b * cs[d] + a * sn[d];
+        }
       }
       __syncwarp();
-      n = 0;
-      for (int64_t d = lane; d < half; d += 32, ++n) {
-        buf[d] = rot[2 * n];
-        buf[d + half] = rot[2 * n + 1];
+#pragma unroll
+      for (int n = 0; n < kRot; ++n) {
+        const int d = lane + 32 * n;
+        if (d < half) {
+          buf[d] = rot[2 * n];
+          buf[d + half] = rot[2 * n + 1];
+        }
       }
       if (warp == 1 && writer) {
         __syncwarp();
@@ -631,9 +671,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     } else if (warp == 2) {
       const float* src = rope.qkv + (H + KV) * hd + kvh * hd;
-      for (int64_t d = lane; d < hd; d += 32) {
-        vs[d] = src[d];
-        if (writer) rope.vc[p0 * row + kvh * hd + d] = src[d];
+      float xr[HD / 32 > 0 ? HD / 32 : 1];
+#pragma unroll
+      for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
+#pragma unroll
+      for (int i = 0; i < HD / 32; ++i) {
+        vs[lane + 32 * i] = xr[i];
+        if (writer) rope.vc[p0 * row + kvh * hd + lane + 32 * i] = xr[i];
       }
     }
   } else {
@@ -715,6 +759,27 @@ __global__ void __launch_bounds__(kDecodeThreads)
       ww[w] = wml[w] == -INFINITY ? 0.0f : expf(wml[w] - M);  // a warp without keys weighs nothing
       L = fmaf(ww[w], wml[kWarps + w], L);
     }
+    if (rank > 0) {
+      // Into rank 0's remote[rank - 1]: o [hd], then m and l.
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(&remote[rank - 1][0]));
+      uint32_t rdst, rbar;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(rdst) : "r"(dst));
+      asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(rbar) : "r"(arrived_addr));
+      for (int64_t d = threadIdx.x; d < hd + 2; d += blockDim.x) {
+        float v = 0.0f;
+        if (d < hd) {
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) v = fmaf(ww[w], wo[w * HD + d], v);
+        } else {
+          v = d == hd ? M : L;
+        }
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+                         rdst + static_cast<uint32_t>(d) * 4),
+                     "r"(__float_as_uint(v)), "r"(rbar)
+                     : "memory");
+      }
+      return;  // nothing reads this block's shared memory
+    }
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
       float acc = 0.0f;
 #pragma unroll
@@ -726,14 +791,23 @@ __global__ void __launch_bounds__(kDecodeThreads)
       res[hd + 1] = L;
     }
   }
-  cluster.sync();  // every rank's (o, m, l) is in its shared memory
-  if (rank == 0) {
+  // Rank 0: the other ranks' (o, m, l) have arrived when the barrier's phase 0 completes.
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(arrived_addr)
+      : "memory");
+  __syncthreads();  // res
+  {
     float m[kDecodeRanks], w[kDecodeRanks];
     const float* rr[kDecodeRanks];
     float M = -INFINITY;
 #pragma unroll
     for (int r = 0; r < kDecodeRanks; ++r) {
-      rr[r] = cluster.map_shared_rank(res, r);
+      rr[r] = r == 0 ? res : remote[r - 1];
       m[r] = rr[r][hd];
       M = fmaxf(M, m[r]);
     }
@@ -754,8 +828,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
         store_act(out + h * hd + d, o);
     }
   }
-  cluster.sync();  // the other ranks' shared memory stays alive until rank 0 has read it
-  if (rank == 0 && prepared != nullptr) {
+  if (prepared != nullptr) {
     __syncthreads();
     prep_store_head(wo, h, hd, H, prep_group, prepared);
   }
