@@ -35,6 +35,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
@@ -338,6 +340,29 @@ __global__ void __launch_bounds__(kDqWarps * 32)
 }
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+// The memory pool of the prefill path's dequantized-weight scratch, one per
+// device: it keeps freed memory mapped (no unmapping at each synchronisation),
+// leaving the default pool and its release threshold to the rest of the process.
+cudaMemPool_t dequant_pool() {
+  static std::mutex mu;
+  static std::map<int, cudaMemPool_t> pools;
+  int dev = 0;
+  NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  cudaMemPool_t& p = pools[dev];
+  if (p == nullptr) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    NIBBLE_CUDA_CHECK(cudaMemPoolCreate(&p, &props));
+    uint64_t keep = ~uint64_t{0};
+    NIBBLE_CUDA_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+  return p;
+}
+
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
                 bool f32_out, void* stream, bool pdl);
 
@@ -519,18 +544,12 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
     // most 32 tokens, so dequantize once into a stream-ordered scratch and let
     // cuBLAS take all M tokens (bf16, fp32 accumulation).
     const Dims d = dims_of(w.rows, w.cols, w.group_size);
-    static const bool pool_kept = [] {  // keep the freed scratch in the pool rather than unmapping it at each sync
-      int dev = 0;
-      cudaMemPool_t pool;
-      NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
-      NIBBLE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
-      uint64_t keep = ~uint64_t{0};
-      NIBBLE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-      return true;
-    }();
-    (void)pool_kept;
+    // The scratch comes from a pool of its own that keeps freed memory
+    // mapped (no unmapping at each synchronisation), leaving the device's
+    // default pool and its release threshold to the rest of the process.
+    const cudaMemPool_t pool = dequant_pool();
     void* wb = nullptr;
-    NIBBLE_CUDA_CHECK(cudaMallocAsync(&wb, static_cast<size_t>(w.rows * w.cols) * 2, s));
+    NIBBLE_CUDA_CHECK(cudaMallocFromPoolAsync(&wb, static_cast<size_t>(w.rows * w.cols) * 2, pool, s));
     NIBBLE_CHECK(d.tiles * d.chunks < (int64_t{1} << 31), "w4a16: matrix too large");
     const int units = static_cast<int>(d.tiles * d.chunks);
     dequant_tile_kernel<<<blocks_for(units, kDqWarps), kDqWarps * 32, 0, s>>>(
