@@ -581,19 +581,19 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int sub = lane % LK, kk = lane / LK;
   float4 kb[SD4];
   float vr[KB][VD];
-  // Rows c0 .. c0 + KB - 1 of the range (zeros past hi; row p0 skipped when
-  // `skip_p0`), keys from kbase, values from vbase.
-  auto load_chunk = [&](int64_t c0, bool skip_p0, const float* kbase, const float* vbase) {
+  // Rows c0 .. c0 + KB - 1 of the range from the caches into kb / vr (zeros
+  // past hi and for row p0, which the loop fills in after the wait).
+  auto load_chunk = [&](int64_t c0) {
     const int64_t tk = c0 + kk;
-    const bool okk = tk < hi && !(skip_p0 && tk == p0);
-    const float4* k4 = reinterpret_cast<const float4*>(kbase + tk * row + kvh * HD);
+    const bool okk = tk < hi && tk != p0;
+    const float4* k4 = reinterpret_cast<const float4*>(kc + tk * row + kvh * HD);
 #pragma unroll
     for (int e = 0; e < SD4; ++e) kb[e] = okk ? k4[e * LK + sub] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int k = 0; k < KB; ++k) {
       const int64_t tv = c0 + k;
-      const float* vsrc = vbase + tv * row + kvh * HD;
-      if (tv < hi && !(skip_p0 && tv == p0)) {
+      const float* vsrc = vc + tv * row + kvh * HD;
+      if (tv < hi && tv != p0) {
         if constexpr (VD >= 4) {
 #pragma unroll
           for (int j = 0; j < VD; j += 4) {
@@ -617,7 +617,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
   };
   const int64_t c_first = lo + warp * KB;
-  if (c_first < hi) load_chunk(c_first, true, kc, vc);
+  if (c_first < hi) load_chunk(c_first);
   w4a16::grid_dependents_launch();
   w4a16::grid_dependency_wait();
   const bool writer = fresh && rank == 0 && h % (H / KV) == 0;  // one block per kv head fills the caches
@@ -630,7 +630,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       float* buf = warp == 0 ? qs : ks;
       // All of the lane's loads first (one round trip: the stores below could
       // alias them for all the compiler knows).
-      float xr[HD / 32 > 0 ? HD / 32 : 1], ss = 0.0f;
+      float xr[HD / 32], ss = 0.0f;
 #pragma unroll
       for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
 #pragma unroll
@@ -671,7 +671,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     } else if (warp == 2) {
       const float* src = rope.qkv + (H + KV) * hd + kvh * hd;
-      float xr[HD / 32 > 0 ? HD / 32 : 1];
+      float xr[HD / 32];
 #pragma unroll
       for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
 #pragma unroll
@@ -693,7 +693,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int64_t c0 = c_first; c0 < hi; c0 += kWarps * KB) {
     const int64_t tk = c0 + kk;
     const bool okk = tk < hi;
-    if (c0 != c_first) load_chunk(c0, true, kc, vc);
+    if (c0 != c_first) load_chunk(c0);
     if (p0 >= c0 && p0 < c0 + KB) {
       // Row p0: the new key and value from shared memory (fresh), else from
       // the caches, which the kernel before wrote.
