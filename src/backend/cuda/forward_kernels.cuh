@@ -542,10 +542,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   __shared__ __align__(8) unsigned long long arrived;
   const uint32_t arrived_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&arrived));
   if (rank == 0 && threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(arrived_addr) : "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(arrived_addr),
-                 "r"(static_cast<unsigned>((kDecodeRanks - 1) * (hd + 2) * 4))
-                 : "memory");
+    w4a16::mbar_init(arrived_addr, 1);
+    w4a16::mbar_expect_tx(arrived_addr, static_cast<unsigned>((kDecodeRanks - 1) * (hd + 2) * 4));
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   cluster.sync();
@@ -759,47 +757,33 @@ __global__ void __launch_bounds__(kDecodeThreads)
       ww[w] = wml[w] == -INFINITY ? 0.0f : expf(wml[w] - M);  // a warp without keys weighs nothing
       L = fmaf(ww[w], wml[kWarps + w], L);
     }
+    // The block's (o [hd], m, l): rank 0 keeps it in res, the others write it
+    // into rank 0's remote[rank - 1].
+    uint32_t rdst = 0, rbar = 0;
     if (rank > 0) {
-      // Into rank 0's remote[rank - 1]: o [hd], then m and l.
       const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(&remote[rank - 1][0]));
-      uint32_t rdst, rbar;
       asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(rdst) : "r"(dst));
       asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n" : "=r"(rbar) : "r"(arrived_addr));
-      for (int64_t d = threadIdx.x; d < hd + 2; d += blockDim.x) {
-        float v = 0.0f;
-        if (d < hd) {
+    }
+    for (int64_t d = threadIdx.x; d < hd + 2; d += blockDim.x) {
+      float v = d == hd ? M : L;
+      if (d < hd) {
+        v = 0.0f;
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) v = fmaf(ww[w], wo[w * HD + d], v);
-        } else {
-          v = d == hd ? M : L;
-        }
+        for (int w = 0; w < kWarps; ++w) v = fmaf(ww[w], wo[w * HD + d], v);
+      }
+      if (rank == 0)
+        res[d] = v;
+      else
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
                          rdst + static_cast<uint32_t>(d) * 4),
                      "r"(__float_as_uint(v)), "r"(rbar)
                      : "memory");
-      }
-      return;  // nothing reads this block's shared memory
     }
-    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-      float acc = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) acc = fmaf(ww[w], wo[w * HD + d], acc);
-      res[d] = acc;
-    }
-    if (threadIdx.x == 0) {
-      res[hd] = M;
-      res[hd + 1] = L;
-    }
+    if (rank > 0) return;  // nothing reads this block's shared memory
   }
   // Rank 0: the other ranks' (o, m, l) have arrived when the barrier's phase 0 completes.
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(arrived_addr)
-      : "memory");
+  w4a16::mbar_wait_cluster(arrived_addr, 0);
   __syncthreads();  // res
   {
     float m[kDecodeRanks], w[kDecodeRanks];

@@ -544,12 +544,8 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
     // most 32 tokens, so dequantize once into a stream-ordered scratch and let
     // cuBLAS take all M tokens (bf16, fp32 accumulation).
     const Dims d = dims_of(w.rows, w.cols, w.group_size);
-    // The scratch comes from a pool of its own that keeps freed memory
-    // mapped (no unmapping at each synchronisation), leaving the device's
-    // default pool and its release threshold to the rest of the process.
-    const cudaMemPool_t pool = dequant_pool();
     void* wb = nullptr;
-    NIBBLE_CUDA_CHECK(cudaMallocFromPoolAsync(&wb, static_cast<size_t>(w.rows * w.cols) * 2, pool, s));
+    NIBBLE_CUDA_CHECK(cudaMallocFromPoolAsync(&wb, static_cast<size_t>(w.rows * w.cols) * 2, dequant_pool(), s));
     NIBBLE_CHECK(d.tiles * d.chunks < (int64_t{1} << 31), "w4a16: matrix too large");
     const int units = static_cast<int>(d.tiles * d.chunks);
     dequant_tile_kernel<<<blocks_for(units, kDqWarps), kDqWarps * 32, 0, s>>>(
