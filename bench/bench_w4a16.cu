@@ -7,6 +7,9 @@
 // Stacks: "unfused" = q, k, v, o, gate, up, down per layer (7 launches, as the
 // torch reference in bench/torch_int4_stack.py times it); "fused" = qkv and
 // gate|up concatenated (4 launches per layer, what the GPU forward does).
+// With M = 1, the fused stack again with each input already prepared (the
+// decode path: LinearKernel::gemv_prepared, one launch per linear), as GEMV
+// chains, and per shape.
 // Weights are random (codes, scales, mins), never zeros.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -271,6 +274,66 @@ int main(int argc, char** argv) {
       std::printf("%-8s %3d %12.3f %10.3f %10.3f %10.3f %12.3f %9.1f%%\n", fused ? "fused" : "unfused", M,
                   int4_bytes / 1e9, t_pdl, t_plain, t_cublas, bf16_bytes / 1e9,
                   100.0 * int4_bytes / (t_pdl * 1e-3) / (read_gbs * 1e9));
+    }
+    if (fused && std::find(ms.begin(), ms.end(), 1) != ms.end() && w[0].kernel->prepare != nullptr &&
+        w[0].kernel->gemv_prepared != nullptr) {
+      // M = 1 with the input already prepared (what decode does: the kernel
+      // before writes it): one gemv_prepared launch per linear, and the same
+      // linears as persistent chains (gemv_chain) of kGemvChainMax calls.
+      const auto* k = w[0].kernel;
+      // Each linear's prepared input in its own workspace (DeviceLinear::scratch).
+      for (const DeviceLinear& l : w) k->prepare(l, x.get(), Act::BF16, l.scratch.get(), l.scratch.bytes(), s, false);
+      DeviceBuffer sync(nibble::cuda::kGemvChainSync * sizeof(unsigned));
+      CK(cudaMemset(sync.get(), 0, sync.bytes()));
+      CK(cudaStreamSynchronize(s));
+      auto report = [&](const char* what, float t) {
+        std::printf("%-24s %10.3f ms %9.1f%% of read BW\n", what, t,
+                    100.0 * int4_bytes / (t * 1e-3) / (read_gbs * 1e9));
+      };
+      report("M=1 prepared", time_captured(s, reps, [&] {
+               for (const DeviceLinear& l : w)
+                 k->gemv_prepared(l, l.scratch.get(), l.scratch.bytes(), y.get(), s, true, false, nullptr);
+             }));
+      auto chains = [&](const std::vector<const DeviceLinear*>& ls) {
+        for (size_t i = 0; i < ls.size(); i += nibble::cuda::kGemvChainMax) {
+          std::vector<nibble::cuda::GemvCall> calls;
+          for (size_t j = i; j < std::min(ls.size(), i + nibble::cuda::kGemvChainMax); ++j) {
+            nibble::cuda::GemvCall c;
+            c.w = ls[j];
+            c.prepared = ls[j]->scratch.get();
+            c.prepared_bytes = ls[j]->scratch.bytes();
+            c.y = static_cast<float*>(y.get());
+            calls.push_back(c);
+          }
+          k->gemv_chain(calls.data(), static_cast<int>(calls.size()), static_cast<unsigned*>(sync.get()), s, true);
+        }
+      };
+      std::vector<const DeviceLinear*> all;
+      for (const DeviceLinear& l : w) all.push_back(&l);
+      if (k->gemv_chain != nullptr) report("M=1 chains of 8", time_captured(s, reps, [&] { chains(all); }));
+      // Per distinct shape: all its copies in the stack.
+      std::vector<std::pair<int64_t, int64_t>> seen;
+      for (const DeviceLinear& l0 : w) {
+        if (std::find(seen.begin(), seen.end(), std::make_pair(l0.rows, l0.cols)) != seen.end()) continue;
+        seen.emplace_back(l0.rows, l0.cols);
+        std::vector<const DeviceLinear*> same;
+        double bytes = 0;
+        for (const DeviceLinear& l : w)
+          if (l.rows == l0.rows && l.cols == l0.cols) {
+            same.push_back(&l);
+            bytes += static_cast<double>(l.weight_bytes());
+          }
+        auto pr = [&](const char* what, float t) {
+          std::printf("  shape %6lld x %5lld x%-3zu %-12s %8.2f us each %5.1f%% of read BW\n",
+                      static_cast<long long>(l0.rows), static_cast<long long>(l0.cols), same.size(), what,
+                      1e3 * t / same.size(), 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
+        };
+        pr("prepared", time_captured(s, reps, [&] {
+             for (const DeviceLinear* l : same)
+               k->gemv_prepared(*l, l->scratch.get(), l->scratch.bytes(), y.get(), s, true, false, nullptr);
+           }));
+        if (k->gemv_chain != nullptr) pr("chains of 8", time_captured(s, reps, [&] { chains(same); }));
+      }
     }
     CK(cudaDeviceSynchronize());
   }

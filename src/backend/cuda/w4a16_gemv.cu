@@ -24,6 +24,10 @@
 //    (one stage per group), as in the mma kernel; the warps of a block split K
 //    by groups and meet in shared memory. Programmatic dependent launch: the
 //    ring's first stages are in flight before the kernel waits for x.
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_prep.cuh"
@@ -219,11 +223,13 @@ __device__ __forceinline__ void gemv_item_out(const FuseArgs& f, OutT* __restric
 // One block per 16-row tile (swiglu: per pair of tiles, gate tile b and up
 // tile b + gridDim.x); a tile's `wpt` warps take interleaved groups. CPG
 // chunks per group (1: groups of 64, 2: groups of 128), S ring stages per warp.
+// `early`: the dependent launch is triggered once the ring's first stages are
+// issued, else after the main loop (w4a16_gemv_prepared says why).
 template <typename OutT, int CPG, int S>
 __global__ void __launch_bounds__(512)
     w4a16_gemv_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const uint4* __restrict__ frags,
                       const float2* __restrict__ ginfo, OutT* __restrict__ y, int N, int chunks, int groups,
-                      int groups_padded, int wpt, FuseArgs f) {
+                      int groups_padded, int wpt, FuseArgs f, bool early) {
   static_assert((S & (S - 1)) == 0 && S >= 2, "ring stages: a power of two");
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -258,6 +264,7 @@ __global__ void __launch_bounds__(512)
     issue(i);
     cp_async_commit();
   }
+  if (early) grid_dependents_launch();  // the next kernel may become resident and stream its weights
   // The residual output's operands of warp 0's lanes 0..15 (output row r),
   // loaded now rather than after the main loop: the norm weight before the
   // wait, the residual (the kernel before may write it) after.
@@ -309,7 +316,7 @@ __global__ void __launch_bounds__(512)
     }
     group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
   }
-  grid_dependents_launch();
+  grid_dependents_launch();  // a no-op where `early` triggered it already
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
   gemv_item_out(f, y, N, blockIdx.x, tile, nwarps, wpt, out_lo, out_hi, scale, row_lane, res, norm_w, red);
 }
@@ -620,26 +627,13 @@ FuseArgs fuse_args(const DeviceLinear& w, const GemvFusion* fz) {
 
 template <typename OutT, int CPG>
 void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms,
-                 bool deep, const GemvFusion* fz) {
+                 bool deep, const GemvFusion* fz, bool early) {
   const FuseArgs fa = fuse_args(w, fz);
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
   const int64_t groups = (chunks + CPG - 1) / CPG;
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
-  // Warps per tile: ~32 resident per SM over the whole grid, at most 16 (8
-  // where a block takes two tiles) and at most one per group.
   const int tpb = fa.mode == kSwiglu ? 2 : 1;
-  const int64_t warps =
-      std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, std::min<int64_t>(16 / tpb, groups));
   const int stages = deep ? kDeepStages : kStages;
-  const size_t smem = static_cast<size_t>(tpb * warps) * (stages * stage_bytes(CPG) + kTileRows * 4);
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles / tpb));
-  cfg.blockDim = dim3(static_cast<unsigned>(tpb * warps * 32));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
   auto kernel = deep ? w4a16_gemv_kernel<OutT, CPG, kDeepStages> : w4a16_gemv_kernel<OutT, CPG, kStages>;
   static const bool attr_set = [&] {
     NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_gemv_kernel<OutT, CPG, kStages>,
@@ -649,28 +643,44 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
     return true;
   }();
   (void)attr_set;
+  // Warps per tile: at most 16 (8 where a block takes two tiles) and at most
+  // one per group; as many as keep the whole grid resident at once
+  // (one_wave_warps), else ~32 resident per SM over the grid.
+  const size_t smem_warp = stages * stage_bytes(CPG) + kTileRows * 4;
+  const int64_t most = std::min<int64_t>(16 / tpb, groups);
+  int64_t warps = one_wave_warps(reinterpret_cast<const void*>(kernel), tiles / tpb, most, groups, tpb, smem_warp, sms);
+  if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, most);
+  const size_t smem = static_cast<size_t>(tpb * warps) * smem_warp;
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles / tpb));
+  cfg.blockDim = dim3(static_cast<unsigned>(tpb * warps * 32));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
   const auto* frags = static_cast<const uint4*>(prepared);
   const auto* ginfo =
       reinterpret_cast<const float2*>(static_cast<const unsigned char*>(prepared) + prep_ginfo_offset(w.cols));
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), frags, ginfo, y, static_cast<int>(w.rows),
                                        static_cast<int>(chunks), static_cast<int>(groups),
-                                       static_cast<int>(groups_padded), static_cast<int>(warps), fa));
+                                       static_cast<int>(groups_padded), static_cast<int>(warps), fa, early));
 }
 
 void launch_gemv_out(const DeviceLinear& w, const void* prepared, void* y, bool f32_out, cudaStream_t s, bool pdl,
-                     int sms, Act out, bool deep = false, const GemvFusion* fz = nullptr) {
+                     int sms, Act out, bool early, bool deep = false, const GemvFusion* fz = nullptr) {
   // y is f32, or the activation type (fp32 for f32 activations).
   if (f32_out || out == Act::F32)
-    w.group_size == 64 ? launch_gemv<float, 1>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep, fz)
-                       : launch_gemv<float, 2>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep, fz);
+    w.group_size == 64 ? launch_gemv<float, 1>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep, fz, early)
+                       : launch_gemv<float, 2>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep, fz, early);
   else if (out == Act::BF16)
     w.group_size == 64
-        ? launch_gemv<__nv_bfloat16, 1>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep, fz)
-        : launch_gemv<__nv_bfloat16, 2>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep, fz);
+        ? launch_gemv<__nv_bfloat16, 1>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep, fz, early)
+        : launch_gemv<__nv_bfloat16, 2>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep, fz, early);
   else
-    w.group_size == 64 ? launch_gemv<__half, 1>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz)
-                       : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz);
+    w.group_size == 64 ? launch_gemv<__half, 1>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz, early)
+                       : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz, early);
 }
 
 template <int CPG>
@@ -745,6 +755,41 @@ void check_prepared(const DeviceLinear& w, size_t bytes) {
 
 }  // namespace
 
+namespace {
+// Blocks of `kernel` resident on one SM at `threads` threads and `smem` bytes
+// of dynamic shared memory (cached; the answer depends only on these).
+int resident_blocks(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, threads, smem);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int n = 0;
+    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    it = cache.emplace(key, n).first;
+  }
+  return it->second;
+}
+}  // namespace
+
+// Measured on the H200 (bench_w4a16, M = 1 with prepared inputs, session 15):
+// the q|k|v shape 6144 × 4096 (384 tiles) took 7.52 µs with 11 warps per tile
+// (352-thread blocks, two per SM: 1.45 waves) and 5.36 µs with 8 (four per SM,
+// one wave).
+int64_t one_wave_warps(const void* kernel, int64_t blocks, int64_t most, int64_t groups, int unit, size_t smem_per_warp,
+                       int sms) {
+  for (int64_t w = most; w >= 1; --w) {
+    const int per_sm =
+        resident_blocks(kernel, static_cast<int>(unit * w * 32), static_cast<size_t>(unit * w) * smem_per_warp);
+    if (blocks <= int64_t{sms} * per_sm) {
+      const int64_t iters = (groups + w - 1) / w;
+      return (groups + iters - 1) / iters;
+    }
+  }
+  return 0;
+}
+
 bool w4a16_gemv_applies(int group_size) { return group_size == 64 || group_size == 128; }
 
 size_t w4a16_gemv_scratch_bytes(int64_t cols) { return prep_bytes(cols); }
@@ -765,7 +810,7 @@ void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32
   // The prep kernel honours `pdl` towards the kernel before it; the GEMV
   // always launches early after its own prep and waits for it.
   w4a16_gemv_prepare(w, x, act, w.scratch.get(), w.scratch.bytes(), stream, pdl);
-  launch_gemv_out(w, w.scratch.get(), y, f32_out, stream, true, sms, act);
+  launch_gemv_out(w, w.scratch.get(), y, f32_out, stream, true, sms, act, false);
 }
 
 void w4a16_gemv_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t stream, bool pdl) {
@@ -780,10 +825,18 @@ void w4a16_gemv_chain(const GemvCall* calls, int count, unsigned* sync, cudaStre
   group == 64 ? launch_chain<1>(calls, count, sync, stream, pdl) : launch_chain<2>(calls, count, sync, stream, pdl);
 }
 
+// Decode's GEMVs let the next kernel launch as soon as every block has put
+// its first weights in flight (`early`), not after the main loop: the next
+// GEMV's blocks then become resident wherever an SM has room and stream their
+// weights before they wait. Measured on the H200 (session 15): 8B decode step
+// 1496.5 -> 1457.9 µs (bench_decode_trace, 64 positions), 674.8 -> 694.8
+// tok/s; the stack of gemv_prepared calls 1.204 -> 1.179 ms. Behind the
+// prepare kernel (w4a16_gemv, the gemm path) it was slower (fused stack 1.277
+// -> 1.299 ms), so that path keeps the late trigger.
 void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
                          cudaStream_t stream, bool pdl, int sms, bool deep, const GemvFusion* fuse) {
   check_prepared(w, prepared_bytes);
-  launch_gemv_out(w, prepared, y, true, stream, pdl, sms, Act::F32, deep, fuse);
+  launch_gemv_out(w, prepared, y, true, stream, pdl, sms, Act::F32, true, deep, fuse);
 }
 
 }  // namespace nibble::cuda

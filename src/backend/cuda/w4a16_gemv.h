@@ -45,5 +45,12 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
                    bool f32_out, cudaStream_t stream, bool pdl, int sms);
 // The device's SM count (cached).
 int device_sm_count();
+// Warps per block for a kernel whose blocks hold `unit` × warps warps that
+// split each tile's K by interleaved groups (unit × warps × `smem_per_warp`
+// bytes of dynamic shared memory): the most, up to `most`, for which all
+// `blocks` blocks are resident at once (one wave), then the fewest that keep
+// the same groups per warp. 0 where no warp count gives one wave.
+int64_t one_wave_warps(const void* kernel, int64_t blocks, int64_t most, int64_t groups, int unit, size_t smem_per_warp,
+                       int sms);
 
 }  // namespace nibble::cuda

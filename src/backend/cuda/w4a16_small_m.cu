@@ -297,14 +297,26 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
   const int64_t groups = (chunks + CPG - 1) / CPG;
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
   const int64_t blocks = (tiles + R - 1) / R;
-  // Warps per block: ~32 resident per SM over the whole grid, at most one per
-  // group, at most 16 for one token tile and 8 for two (whose warps hold 116-128
-  // registers: two blocks of 8 warps per SM), within 110 KiB of shared memory.
+  // Warps per block: at most one per group, at most 16 for one token tile and
+  // 8 for more (whose warps hold 116-128 registers: two blocks of 8 warps per
+  // SM), within 110 KiB of shared memory. With more than one token tile, as
+  // many as keep the whole grid resident at once (one_wave_warps); else, and
+  // for one token tile, ~32 resident per SM over the grid. Measured on the
+  // H200 (bench_w4a16 fused stack, session 15): one wave took M = 16 from 2.186
+  // to 2.052 ms, 32 from 3.730 to 3.567, 64 from 7.597 to 7.217, but M = 2..8
+  // from 1.669-1.718 to 1.737-1.803 ms.
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = 2 * R * stage_bytes(CPG) + NT * 8 * R * kTileRows * 4;  // ring + reduction
-  const int64_t warps =
-      std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(blocks, 1), 1,
-                          std::min<int64_t>({kMaxWarps, groups, static_cast<int64_t>((110 << 10) / smem_warp)}));
+  auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>;
+  static const bool attr_set = [&] {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    return true;
+  }();
+  (void)attr_set;
+  const int64_t most = std::min<int64_t>({kMaxWarps, groups, static_cast<int64_t>((110 << 10) / smem_warp)});
+  int64_t warps =
+      NT > 1 ? one_wave_warps(reinterpret_cast<const void*>(kernel), blocks, most, groups, 1, smem_warp, sms) : 0;
+  if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(blocks, 1), 1, most);
   const size_t smem = static_cast<size_t>(warps) * smem_warp;
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
@@ -314,12 +326,6 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = EXACT || pdl ? 1 : 0;  // the exact path always follows its own Σx kernel
-  auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>;
-  static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
-    return true;
-  }();
-  (void)attr_set;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), x, ldx, xsum, y, ldy, M,
                                        static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(tiles),
