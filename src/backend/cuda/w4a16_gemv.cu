@@ -625,6 +625,22 @@ FuseArgs fuse_args(const DeviceLinear& w, const GemvFusion* fz) {
   return a;
 }
 
+// Blocks of `kernel` resident on one SM at `threads` threads and `smem` bytes
+// of dynamic shared memory (cached; the answer depends only on these).
+int resident_blocks(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, threads, smem);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int n = 0;
+    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    it = cache.emplace(key, n).first;
+  }
+  return it->second;
+}
+
 template <typename OutT, int CPG>
 void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms,
                  bool deep, const GemvFusion* fz, bool early) {
@@ -753,24 +769,6 @@ void check_prepared(const DeviceLinear& w, size_t bytes) {
                prep_bytes(w.cols));
 }
 
-}  // namespace
-
-namespace {
-// Blocks of `kernel` resident on one SM at `threads` threads and `smem` bytes
-// of dynamic shared memory (cached; the answer depends only on these).
-int resident_blocks(const void* kernel, int threads, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, size_t>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kernel, threads, smem);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    int n = 0;
-    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    it = cache.emplace(key, n).first;
-  }
-  return it->second;
-}
 }  // namespace
 
 // Measured on the H200 (bench_w4a16, M = 1 with prepared inputs, session 15):
