@@ -177,6 +177,29 @@ TEST(Cuda, W4A16RegistryRows) {
   EXPECT_EQ(cuda::find_linear_kernel("no_such_format", 128), nullptr);
 }
 
+// The GEMV's warps per tile (one_wave_warps) on the Llama-3-8B shapes, worked
+// by hand for 132 SMs and a kernel of 64 registers a thread: 32 warps fit on
+// an SM, so per_sm(w) = 32 / (unit · w) blocks, at most 32. No device needed.
+TEST(Cuda, W4A16OneWaveWarpsWorkedExamples) {
+  auto on_132 = [](int64_t blocks, int64_t most, int64_t groups, int unit) {
+    return cuda::one_wave_warps_for(blocks, most, groups, 132,
+                                    [&](int64_t w) { return std::min<int64_t>(32 / (unit * w), 32); });
+  };
+  // q|k|v, 384 tiles of 32 groups: 16 and 11 warps fit 2 blocks per SM (264 <
+  // 384); 10 fit 3 (396), i.e. 4 groups per warp, which 8 warps also give.
+  EXPECT_EQ(on_132(384, 16, 32, 1), 8);
+  // o, 256 tiles: 16 warps, 2 blocks per SM (264 >= 256), 2 groups each.
+  EXPECT_EQ(on_132(256, 16, 32, 1), 16);
+  // down, 256 tiles of 112 groups: 16 warps, 7 groups each.
+  EXPECT_EQ(on_132(256, 16, 112, 1), 16);
+  // gate|up with SwiGLU, 896 blocks of two tiles: 2 warps per tile, 8 blocks per SM (1056 >= 896).
+  EXPECT_EQ(on_132(896, 8, 32, 2), 2);
+  // The head, 8016 tiles: even one warp per tile is two waves (32 blocks per SM).
+  EXPECT_EQ(on_132(8016, 16, 32, 1), 0);
+  // Fewer groups than warps: one group per warp.
+  EXPECT_EQ(on_132(64, 16, 3, 1), 3);
+}
+
 // f32 activations are a single-token feature: any other M is refused.
 TEST(Cuda, W4A16F32ActivationsOnlyForOneToken) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

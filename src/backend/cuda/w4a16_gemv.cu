@@ -777,15 +777,9 @@ void check_prepared(const DeviceLinear& w, size_t bytes) {
 // one wave).
 int64_t one_wave_warps(const void* kernel, int64_t blocks, int64_t most, int64_t groups, int unit, size_t smem_per_warp,
                        int sms) {
-  for (int64_t w = most; w >= 1; --w) {
-    const int per_sm =
-        resident_blocks(kernel, static_cast<int>(unit * w * 32), static_cast<size_t>(unit * w) * smem_per_warp);
-    if (blocks <= int64_t{sms} * per_sm) {
-      const int64_t iters = (groups + w - 1) / w;
-      return (groups + iters - 1) / iters;
-    }
-  }
-  return 0;
+  return one_wave_warps_for(blocks, most, groups, sms, [&](int64_t w) {
+    return resident_blocks(kernel, static_cast<int>(unit * w * 32), static_cast<size_t>(unit * w) * smem_per_warp);
+  });
 }
 
 bool w4a16_gemv_applies(int group_size) { return group_size == 64 || group_size == 128; }

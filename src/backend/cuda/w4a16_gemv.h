@@ -52,5 +52,16 @@ int device_sm_count();
 // the same groups per warp. 0 where no warp count gives one wave.
 int64_t one_wave_warps(const void* kernel, int64_t blocks, int64_t most, int64_t groups, int unit, size_t smem_per_warp,
                        int sms);
+// The same rule on a given occupancy: per_sm(w) blocks of w warps per tile
+// are resident on one SM (one_wave_warps asks the CUDA occupancy API).
+template <typename PerSm>
+int64_t one_wave_warps_for(int64_t blocks, int64_t most, int64_t groups, int sms, PerSm per_sm) {
+  for (int64_t w = most; w >= 1; --w)
+    if (blocks <= int64_t{sms} * per_sm(w)) {
+      const int64_t iters = (groups + w - 1) / w;
+      return (groups + iters - 1) / iters;
+    }
+  return 0;
+}
 
 }  // namespace nibble::cuda
