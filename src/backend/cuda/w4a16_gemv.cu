@@ -625,22 +625,6 @@ FuseArgs fuse_args(const DeviceLinear& w, const GemvFusion* fz) {
   return a;
 }
 
-// Blocks of `kernel` resident on one SM at `threads` threads and `smem` bytes
-// of dynamic shared memory (cached; the answer depends only on these).
-int resident_blocks(const void* kernel, int threads, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, size_t>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kernel, threads, smem);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    int n = 0;
-    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-    it = cache.emplace(key, n).first;
-  }
-  return it->second;
-}
-
 template <typename OutT, int CPG>
 void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms,
                  bool deep, const GemvFusion* fz, bool early) {
@@ -775,11 +759,26 @@ void check_prepared(const DeviceLinear& w, size_t bytes) {
 // the q|k|v shape 6144 × 4096 (384 tiles) took 7.52 µs with 11 warps per tile
 // (352-thread blocks, two per SM: 1.45 waves) and 5.36 µs with 8 (four per SM,
 // one wave).
+// The answer depends only on the arguments, so it is cached: a launch costs
+// one lookup, not an occupancy query per warp count (eager decode launches
+// every GEMV from the host).
 int64_t one_wave_warps(const void* kernel, int64_t blocks, int64_t most, int64_t groups, int unit, size_t smem_per_warp,
                        int sms) {
-  return one_wave_warps_for(blocks, most, groups, sms, [&](int64_t w) {
-    return resident_blocks(kernel, static_cast<int>(unit * w * 32), static_cast<size_t>(unit * w) * smem_per_warp);
-  });
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int64_t, int, size_t, int>, int64_t> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, blocks, most, groups, unit, smem_per_warp, sms);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const int64_t warps = one_wave_warps_for(blocks, most, groups, sms, [&](int64_t w) {
+      int n = 0;  // blocks resident on one SM
+      NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &n, kernel, static_cast<int>(unit * w * 32), static_cast<size_t>(unit * w) * smem_per_warp));
+      return n;
+    });
+    it = cache.emplace(key, warps).first;
+  }
+  return it->second;
 }
 
 bool w4a16_gemv_applies(int group_size) { return group_size == 64 || group_size == 128; }
