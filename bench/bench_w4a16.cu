@@ -9,7 +9,8 @@
 // gate|up concatenated (4 launches per layer, what the GPU forward does).
 // With M = 1, the fused stack again with each input already prepared (the
 // decode path: LinearKernel::gemv_prepared, one launch per linear), as GEMV
-// chains, and per shape.
+// chains, and per shape; and, as their reference, the same weights read by
+// plain kernels launched the same way (read-only: no arithmetic at all).
 // Weights are random (codes, scales, mins), never zeros.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,6 +48,50 @@ __global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* ou
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x12345678u) out[0] = acc;  // keeps the loads; practically never taken
+}
+
+// The same bytes a GEMV reads, and nothing else (the "read-only" rows): a
+// weight's two buffers, read by a grid of `blocks_per_sm` × SMs blocks of 512
+// threads, four 16-byte loads in flight per thread, launched like a decode
+// GEMV (programmatic dependent launch: the next kernel may start at once, and
+// this one waits for the one before only after its reads). What one kernel
+// per weight could stream if its arithmetic cost nothing.
+__global__ void __launch_bounds__(512) read_weight_kernel(const uint4* __restrict__ a, int64_t na,
+                                                          const uint4* __restrict__ b, int64_t nb, unsigned* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  unsigned acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int pass = 0; pass < 2; ++pass) {
+    const uint4* p = pass == 0 ? a : b;
+    const int64_t n = pass == 0 ? na : nb;
+    int64_t i = t;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+      const uint4 v0 = __ldcs(p + i), v1 = __ldcs(p + i + stride), v2 = __ldcs(p + i + 2 * stride),
+                  v3 = __ldcs(p + i + 3 * stride);
+      acc ^= v0.x ^ v1.y ^ v2.z ^ v3.w;
+    }
+    for (; i < n; i += stride) acc ^= __ldcs(p + i).x;
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  if (acc == 0x12345678u) out[0] = acc;
+}
+void read_weight(const DeviceLinear& l, int blocks_per_sm, int sms, unsigned* sink, cudaStream_t s) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks_per_sm * sms));
+  cfg.blockDim = dim3(512);
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CK(cudaLaunchKernelEx(&cfg, read_weight_kernel, static_cast<const uint4*>(l.a.get()),
+                        static_cast<int64_t>(l.a.bytes() / 16), static_cast<const uint4*>(l.b.get()),
+                        static_cast<int64_t>(l.b.bytes() / 16), sink));
 }
 
 __global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint32_t seed) {
@@ -311,6 +356,18 @@ int main(int argc, char** argv) {
       std::vector<const DeviceLinear*> all;
       for (const DeviceLinear& l : w) all.push_back(&l);
       if (k->gemv_chain != nullptr) report("M=1 chains of 8", time_captured(s, reps, [&] { chains(all); }));
+      // The reference for the rows above: the same weights read by one
+      // plain kernel each, at 4 (whole SMs) and 2 (room for the next) blocks of
+      // 16 warps per SM.
+      DeviceBuffer sink(64);
+      auto* sk = static_cast<unsigned*>(sink.get());
+      const int sms = prop.multiProcessorCount;
+      for (int bps : {4, 2}) {
+        const std::string what = "M=1 read-only, " + std::to_string(bps) + "/SM";
+        report(what.c_str(), time_captured(s, reps, [&] {
+                 for (const DeviceLinear& l : w) read_weight(l, bps, sms, sk, s);
+               }));
+      }
       // Per distinct shape: all its copies in the stack.
       std::vector<std::pair<int64_t, int64_t>> seen;
       for (const DeviceLinear& l0 : w) {
@@ -333,6 +390,12 @@ int main(int argc, char** argv) {
                k->gemv_prepared(*l, l->scratch.get(), l->scratch.bytes(), y.get(), s, true, false, nullptr);
            }));
         if (k->gemv_chain != nullptr) pr("chains of 8", time_captured(s, reps, [&] { chains(same); }));
+        for (int bps : {4, 2}) {
+          const std::string what = "read-only " + std::to_string(bps);
+          pr(what.c_str(), time_captured(s, reps, [&] {
+               for (const DeviceLinear* l : same) read_weight(*l, bps, sms, sk, s);
+             }));
+        }
       }
     }
     CK(cudaDeviceSynchronize());
