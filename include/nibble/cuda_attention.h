@@ -87,6 +87,19 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
 bool decode_attention_supported(int64_t head_dim);
 void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream);
 
+// Decode attention for one query (n = 1) with each kv head's keys and values
+// read once for all of its query heads (GQA): block (kv head, r) takes the
+// r-th of R equal key ranges (R = SMs / kv_heads, at most 64) for every query
+// head of the kv head, and the last block of each kv head (a ticket) combines
+// the ranges in a fixed order. The RoPE step (rope_qkv), the outputs (out,
+// out_f32) and the prepared output as decode_attention; p0_dev read before
+// the wait, as there. Any sm; head_dim 64 or 128; heads / kv_heads 1, 2, 4 or
+// 8. `scratch`: kv_shared_attention_scratch_bytes(...) bytes, zero before the
+// first call (the tickets; each call leaves them at zero).
+bool kv_shared_attention_supported(int64_t head_dim, int64_t heads, int64_t kv_heads);
+size_t kv_shared_attention_scratch_bytes(int64_t heads, int64_t kv_heads, int64_t head_dim);
+void kv_shared_attention(const AttentionArgs& a, const int32_t* p0_dev, void* scratch, void* stream);
+
 // Decode attention split over the keys ("flash-decoding"): one query (n = 1)
 // at position p0 (or *p0_dev, as rowwise_attention reads it); the keys are
 // cut into `splits` equal ranges, each handled by one block with its own

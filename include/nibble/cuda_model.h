@@ -48,6 +48,14 @@ struct GpuOptions {
   // K over 16 warps). Off by default: on the H200 it is still slower than the
   // separate launches (docs/CUDA.md, "GEMV chains").
   bool chain_decode = false;
+  // Decode attention from this position on through kv_shared_attention, which
+  // reads each kv head's cache rows once for all of its query heads, where the
+  // model allows it (head_dim 64 / 128, 1, 2, 4 or 8 query heads per kv head)
+  // and the cache is longer; before it, decode_attention. -1: never. With a
+  // graph, the step is captured once per kernel. On the H200 (8B shape) the
+  // kv-shared kernel is slower up to ~3000 positions and faster beyond (step
+  // 2951 -> 2485 µs at 8000; docs/results/decode-long-context-s17.md).
+  int64_t kv_shared_from = 3072;
 };
 
 class GpuModel {

@@ -75,13 +75,20 @@ std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const std
   a.window = c.window;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   cuda::DeviceBuffer scratch(cuda::split_attention_scratch_bytes(c.heads, c.head_dim, 7));
+  if (kernel == "shared") {
+    scratch = cuda::DeviceBuffer(cuda::kv_shared_attention_scratch_bytes(c.heads, c.kv_heads, c.head_dim));
+    EXPECT_EQ(cudaMemset(scratch.get(), 0, scratch.bytes()), cudaSuccess);
+  }
   if (kernel == "flash")
     cuda::flash_attention(a, nullptr);
   else if (kernel == "split")
     cuda::split_attention(a, nullptr, 7, scratch.get(), nullptr);
   else if (kernel == "decode")
     cuda::decode_attention(a, nullptr, T, nullptr);
-  else
+  else if (kernel == "shared") {
+    cuda::kv_shared_attention(a, nullptr, scratch.get(), nullptr);
+    cuda::kv_shared_attention(a, nullptr, scratch.get(), nullptr);  // again: the tickets are back at zero
+  } else
     cuda::rowwise_attention(a, nullptr, T, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint16_t> raw(static_cast<size_t>(c.n * ldo));
@@ -198,10 +205,11 @@ TEST(Cuda, FlashAttentionMatchesReference) {
   for (const AttnCase& c : cases) {
     const AttnData d = random_attention(c, seed++);
     const int64_t ldo = c.heads * c.head_dim + 6;  // padded rows, as the forward's ldQ can be
-    for (const char* kernel : {"flash", "rowwise", "split", "decode"}) {
+    for (const char* kernel : {"flash", "rowwise", "split", "decode", "shared"}) {
       const std::string k = kernel;
-      if ((k == "split" || k == "decode") && c.n != 1) continue;  // decode only
+      if ((k == "split" || k == "decode" || k == "shared") && c.n != 1) continue;  // decode only
       if (k == "decode" && !cuda::decode_attention_supported(c.head_dim)) continue;
+      if (k == "shared" && !cuda::kv_shared_attention_supported(c.head_dim, c.heads, c.kv_heads)) continue;
       const auto got = run_attention(c, d, kernel, ldo);
       check_attention(c, d, got, ldo, std::string(kernel) + " " + describe(c));
     }
@@ -251,6 +259,9 @@ TEST(Cuda, SplitDecodeAttentionMatchesReference) {
     // shared memory does not depend on the length, so 70000 positions as well).
     if (cuda::decode_attention_supported(c.head_dim))
       check_attention(c, d, run_attention(c, d, "decode", ldo), ldo, "decode " + describe(c));
+    // The kv-shared kernel (a range per SM over the kv heads: empty ranges at short lengths).
+    if (cuda::kv_shared_attention_supported(c.head_dim, c.heads, c.kv_heads))
+      check_attention(c, d, run_attention(c, d, "shared", ldo), ldo, "shared " + describe(c));
   }
 }
 
@@ -283,8 +294,9 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
       inv[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(hd));
     cuda::DeviceBuffer dqkv = cuda::upload(qkv.data(), qkv.size() * 4), dqn = cuda::upload(qn.data(), qn.size() * 4),
                        dkn = cuda::upload(kn.data(), kn.size() * 4), dinv = cuda::upload(inv.data(), inv.size() * 4);
-    std::vector<float> out[2], krow[2], vrow[2];
-    for (int kernel = 0; kernel < 2; ++kernel) {
+    std::vector<float> out[3], krow[3], vrow[3];
+    const bool shared = cuda::kv_shared_attention_supported(hd, H, KV);
+    for (int kernel = 0; kernel < (shared ? 3 : 2); ++kernel) {
       cuda::DeviceBuffer dk = cuda::upload(cache.data(), cache.size() * 4);
       std::vector<float> vcache(cache.rbegin(), cache.rend());
       cuda::DeviceBuffer dv = cuda::upload(vcache.data(), vcache.size() * 4);
@@ -307,10 +319,14 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
       a.head_dim = hd;
       a.window = c.window;
       a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      cuda::DeviceBuffer scratch(cuda::kv_shared_attention_scratch_bytes(H, KV, hd));
+      ASSERT_EQ(cudaMemset(scratch.get(), 0, scratch.bytes()), cudaSuccess);
       if (kernel == 0)
         cuda::rowwise_attention(a, nullptr, P, nullptr);
-      else
+      else if (kernel == 1)
         cuda::decode_attention(a, nullptr, P, nullptr);
+      else
+        cuda::kv_shared_attention(a, nullptr, scratch.get(), nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       out[kernel].resize(static_cast<size_t>(H * hd));
       ASSERT_EQ(cudaMemcpy(out[kernel].data(), dout.get(), out[kernel].size() * 4, cudaMemcpyDeviceToHost),
@@ -328,22 +344,25 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
       krow[kernel].assign(kc.begin() + c.p0 * row, kc.begin() + (c.p0 + 1) * row);
       vrow[kernel].assign(vc.begin() + c.p0 * row, vc.begin() + (c.p0 + 1) * row);
     }
-    double scale = 0, diff = 0, rdiff = 0;
-    for (size_t i = 0; i < out[0].size(); ++i) {
-      ASSERT_TRUE(std::isfinite(out[1][i])) << i;
-      scale = std::max(scale, std::fabs(static_cast<double>(out[0][i])));
-      diff = std::max(diff, std::fabs(static_cast<double>(out[0][i]) - out[1][i]));
+    for (int kernel = 1; kernel < (shared ? 3 : 2); ++kernel) {
+      double scale = 0, diff = 0, rdiff = 0;
+      for (size_t i = 0; i < out[0].size(); ++i) {
+        ASSERT_TRUE(std::isfinite(out[kernel][i])) << i;
+        scale = std::max(scale, std::fabs(static_cast<double>(out[0][i])));
+        diff = std::max(diff, std::fabs(static_cast<double>(out[0][i]) - out[kernel][i]));
+      }
+      for (size_t i = 0; i < krow[0].size(); ++i) {
+        rdiff = std::max(rdiff, std::fabs(static_cast<double>(krow[0][i]) - krow[kernel][i]) /
+                                    std::max(1.0, std::fabs(static_cast<double>(krow[0][i]))));
+        EXPECT_EQ(vrow[0][i], vrow[kernel][i]) << i;
+      }
+      const char* name = kernel == 1 ? "decode" : "kv-shared";
+      EXPECT_LE(diff, 1e-5 * scale) << name << " p0 " << c.p0 << " hd " << hd;
+      EXPECT_LE(rdiff, 1e-6) << name << " p0 " << c.p0 << " hd " << hd;
+      std::printf("[%s attention rope] p0 %lld H %lld KV %lld hd %lld: max |Δout| %.3g of %.3g, k row %.3g\n", name,
+                  static_cast<long long>(c.p0), static_cast<long long>(H), static_cast<long long>(KV),
+                  static_cast<long long>(hd), diff, scale, rdiff);
     }
-    for (size_t i = 0; i < krow[0].size(); ++i) {
-      rdiff = std::max(rdiff, std::fabs(static_cast<double>(krow[0][i]) - krow[1][i]) /
-                                  std::max(1.0, std::fabs(static_cast<double>(krow[0][i]))));
-      EXPECT_EQ(vrow[0][i], vrow[1][i]) << i;
-    }
-    EXPECT_LE(diff, 1e-5 * scale) << "p0 " << c.p0 << " hd " << hd;
-    EXPECT_LE(rdiff, 1e-6) << "p0 " << c.p0 << " hd " << hd;
-    std::printf("[decode attention rope] p0 %lld H %lld KV %lld hd %lld: max |Δout| %.3g of %.3g, k row %.3g\n",
-                static_cast<long long>(c.p0), static_cast<long long>(H), static_cast<long long>(KV),
-                static_cast<long long>(hd), diff, scale, rdiff);
   }
 }
 

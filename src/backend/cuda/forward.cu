@@ -31,6 +31,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/forward_kernels.cuh"
+#include "backend/cuda/w4a16_gemv.h"
 #include "nibble/arch.h"
 #include "nibble/cuda.h"
 #include "nibble/cuda_attention.h"
@@ -333,6 +334,13 @@ struct GpuModel::Impl {
   // kernel's shared memory cannot hold the cache; 0: the row-wise kernel.
   int attn_splits = 0;
   DeviceBuffer attn_part;
+  // Decode attention from position kv_shared_from on (-1: never) through
+  // kv_shared_attention, which reads each kv head's cache rows once for all of
+  // its query heads; before it, decode_attention (faster at short lengths).
+  // With a graph, the step is captured once per kernel (decode_graph_long).
+  int64_t kv_shared_from = -1;
+  bool kv_shared_now = false;  // what enqueue launches
+  DeviceBuffer kv_shared_scratch;
   DeviceBuffer embed, final_norm, inv_freq;
   GpuLinear head;
   std::vector<GpuLayer> layers;
@@ -341,7 +349,7 @@ struct GpuModel::Impl {
   Scratch dec;  // decode: one token, never reallocated (the graph holds its pointers)
   cudaStream_t stream = nullptr;
   int32_t* host_step = nullptr;  // pinned {token, position}: a decode step's input from the host
-  cudaGraphExec_t decode_graph = nullptr;
+  cudaGraphExec_t decode_graph = nullptr, decode_graph_long = nullptr;
   // Greedy decode (argmax_kernel): the blocks' partial results and ticket,
   // and the chosen ids, written by the device into mapped pinned memory at
   // slot position % kGreedySlots, each step followed by an event.
@@ -354,6 +362,7 @@ struct GpuModel::Impl {
 
   ~Impl() {
     if (decode_graph != nullptr) cudaGraphExecDestroy(decode_graph);
+    if (decode_graph_long != nullptr) cudaGraphExecDestroy(decode_graph_long);
     for (cudaEvent_t e : greedy_done)
       if (e != nullptr) cudaEventDestroy(e);
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -485,7 +494,7 @@ struct GpuModel::Impl {
       auto* kc = static_cast<float*>(kcache[l].get());
       auto* vc = static_cast<float*>(vcache[l].get());
       // Decode: the row-wise attention kernel does the RoPE step itself (one launch less).
-      const bool split = one && attn_splits > 0;
+      const bool split = one && attn_splits > 0 && !kv_shared_now;
       const bool fused_rope = one && !split && hd <= kAttentionThreads / 2;
       chain.flush();  // the GEMVs before attention
       if (!fused_rope) {
@@ -522,6 +531,8 @@ struct GpuModel::Impl {
         flash_attention(a, stream);
       else if (split)
         split_attention(a, p0_dev, attn_splits, attn_part.get(), stream);
+      else if (fused_rope && kv_shared_now)
+        kv_shared_attention(a, p0_dev, kv_shared_scratch.get(), stream);
       else if (fused_rope && decode_attention_supported(hd))
         decode_attention(a, p0_dev, att_positions, stream);
       else
@@ -619,12 +630,16 @@ struct GpuModel::Impl {
   }
   // One decode step for `token` at position len (graph or eager), len + 1.
   void enqueue_step(int32_t token);
-  // The decode step over dec.tokens as it stands (graph or eager).
-  void launch_step() {
-    if (decode_graph != nullptr)
-      NIBBLE_CUDA_CHECK(cudaGraphLaunch(decode_graph, stream));
-    else
+  // The decode step over dec.tokens as it stands (graph or eager), for
+  // position `pos` (which attention kernel: kv_shared_from).
+  void launch_step(int64_t pos) {
+    const bool lng = kv_shared_from >= 0 && pos >= kv_shared_from;
+    if (decode_graph != nullptr) {
+      NIBBLE_CUDA_CHECK(cudaGraphLaunch(lng ? decode_graph_long : decode_graph, stream));
+    } else {
+      kv_shared_now = lng;
       enqueue_decode();
+    }
   }
   // After a step: its greedy id among 0 .. limit-1 into dec.tokens (the next
   // step's token and position) and the mapped slot of its position.
@@ -651,6 +666,15 @@ struct GpuModel::Impl {
   // during capture), then captures it. The warm-up writes cache row 0, which
   // is harmless: every row is written by its own step before any step reads it.
   void capture_decode_graph() {
+    kv_shared_now = false;
+    capture_decode_graph(decode_graph);
+    if (kv_shared_from >= 0) {
+      kv_shared_now = true;
+      capture_decode_graph(decode_graph_long);
+      kv_shared_now = false;
+    }
+  }
+  void capture_decode_graph(cudaGraphExec_t& exec) {
     set_step_input(0, 0);
     enqueue_decode();
     NIBBLE_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -664,7 +688,7 @@ struct GpuModel::Impl {
       throw;
     }
     NIBBLE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    const cudaError_t err = cudaGraphInstantiate(&decode_graph, graph, 0);
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     NIBBLE_CUDA_CHECK(err);
   }
@@ -773,6 +797,15 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     m.attn_splits = static_cast<int>(std::clamp<int64_t>((max_tokens + 1023) / 1024, 1, 256));
     m.attn_part = DeviceBuffer(split_attention_scratch_bytes(c.num_heads, c.head_dim, m.attn_splits));
   }
+  {
+    const int64_t from = opts.kv_shared_from;
+    if (from >= 0 && m.max_tokens > from && kv_shared_attention_supported(c.head_dim, c.num_heads, c.num_kv_heads)) {
+      m.kv_shared_from = from;
+      m.kv_shared_scratch =
+          DeviceBuffer(kv_shared_attention_scratch_bytes(c.num_heads, c.num_kv_heads, c.head_dim));
+      NIBBLE_CUDA_CHECK(cudaMemset(m.kv_shared_scratch.get(), 0, m.kv_shared_scratch.bytes()));
+    }
+  }
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
   NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
@@ -801,7 +834,7 @@ void GpuModel::Impl::enqueue_step(int32_t token) {
   // Decode: the same kernels whether replayed from the graph or launched
   // here, all reading the token and the position from dec.tokens.
   set_step_input(token, len);
-  launch_step();
+  launch_step(len);
   ++len;
 }
 
@@ -825,7 +858,7 @@ int64_t GpuModel::Impl::greedy_run(int32_t token, int64_t limit, int64_t steps,
     while (go && done < steps) {
       for (; enqueued < steps && enqueued <= done + kGreedyLookahead; ++enqueued) {
         if (enqueued == 0) set_step_input(token, len0);
-        launch_step();
+        launch_step(len0 + enqueued);
         enqueue_argmax(limit);
         NIBBLE_CUDA_CHECK(cudaEventRecord(greedy_done[(len0 + enqueued) % kGreedySlots], stream));
       }
@@ -1002,6 +1035,62 @@ void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max
     case 128: return launch_decode_attention<128>(a, p0_dev, smem, rope, stream);
     default: return launch_decode_attention<256>(a, p0_dev, smem, rope, stream);
   }
+}
+
+namespace {
+int kv_shared_ranks(int64_t kv_heads) {
+  return static_cast<int>(std::clamp<int64_t>(device_sm_count() / std::max<int64_t>(kv_heads, 1), 1, kSharedMaxRanks));
+}
+template <typename OutT, int HD, int G>
+void launch_kv_shared(const AttentionArgs& a, const int32_t* p0_dev, const RopeIn& rope, float* part, unsigned* tickets,
+                      int R, cudaStream_t st) {
+  pdl_launch(kv_shared_attention_kernel<OutT, HD, G>, static_cast<unsigned>(a.kv_heads * R), kSharedThreads,
+             kv_shared_smem_floats<HD, G>() * 4, st, a.q, a.k, a.v, static_cast<OutT*>(a.out), a.heads, a.kv_heads, R,
+             a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope, part, tickets);
+}
+template <typename OutT, int HD>
+void launch_kv_shared_g(const AttentionArgs& a, const int32_t* p0_dev, const RopeIn& rope, float* part,
+                        unsigned* tickets, int R, cudaStream_t st) {
+  switch (a.heads / a.kv_heads) {
+    case 1: return launch_kv_shared<OutT, HD, 1>(a, p0_dev, rope, part, tickets, R, st);
+    case 2: return launch_kv_shared<OutT, HD, 2>(a, p0_dev, rope, part, tickets, R, st);
+    case 4: return launch_kv_shared<OutT, HD, 4>(a, p0_dev, rope, part, tickets, R, st);
+    default: return launch_kv_shared<OutT, HD, 8>(a, p0_dev, rope, part, tickets, R, st);
+  }
+}
+}  // namespace
+
+bool kv_shared_attention_supported(int64_t head_dim, int64_t heads, int64_t kv_heads) {
+  if (kv_heads <= 0 || heads % kv_heads != 0) return false;
+  const int64_t g = heads / kv_heads;
+  return (head_dim == 64 || head_dim == 128) && (g == 1 || g == 2 || g == 4 || g == 8);
+}
+
+size_t kv_shared_attention_scratch_bytes(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return static_cast<size_t>(heads * kv_shared_ranks(kv_heads) * (head_dim + 2)) * 4 +
+         static_cast<size_t>(kv_heads) * sizeof(unsigned);
+}
+
+void kv_shared_attention(const AttentionArgs& a, const int32_t* p0_dev, void* scratch, void* stream) {
+  NIBBLE_CHECK(a.n == 1 && kv_shared_attention_supported(a.head_dim, a.heads, a.kv_heads),
+               "kv_shared_attention: one query, head_dim 64 or 128 and 1, 2, 4 or 8 query heads per kv head (n {}, "
+               "head_dim {}, heads {}, kv_heads {})",
+               a.n, a.head_dim, a.heads, a.kv_heads);
+  NIBBLE_CHECK(a.prepared == nullptr || (a.head_dim % w4a16::kPrepInputs == 0 &&
+                                         (a.prep_group == 64 || a.prep_group == 128)),
+               "kv_shared_attention: a prepared output needs head_dim a multiple of 128 and groups of 64 or 128");
+  NIBBLE_CHECK(scratch != nullptr, "kv_shared_attention: no scratch");
+  const int R = kv_shared_ranks(a.kv_heads);
+  auto* part = static_cast<float*>(scratch);
+  auto* tickets = reinterpret_cast<unsigned*>(part + a.heads * R * (a.head_dim + 2));
+  const RopeIn rope = rope_in(a);
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (a.head_dim == 64)
+    a.out_f32 ? launch_kv_shared_g<float, 64>(a, p0_dev, rope, part, tickets, R, st)
+              : launch_kv_shared_g<bf16, 64>(a, p0_dev, rope, part, tickets, R, st);
+  else
+    a.out_f32 ? launch_kv_shared_g<float, 128>(a, p0_dev, rope, part, tickets, R, st)
+              : launch_kv_shared_g<bf16, 128>(a, p0_dev, rope, part, tickets, R, st);
 }
 
 size_t split_attention_scratch_bytes(int64_t heads, int64_t head_dim, int splits) {

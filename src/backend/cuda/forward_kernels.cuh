@@ -456,6 +456,184 @@ __global__ void __launch_bounds__(kAttentionThreads)
   prep_store_head(qs, h, hd, H, prep_group, prepared);
 }
 
+// Decode attention's per-warp helpers (decode_attention_kernel and
+// kv_shared_attention_kernel below).
+//
+// One head of HD values from src: RMS-normalised where nw is set (qwen3's q/k
+// norm, weights w in shared memory), then rotated by RoPE (cos/sin tables
+// cs/sn), into buf (shared memory); one warp. All of the lane's loads go first
+// (one round trip: the stores could alias them for all the compiler knows).
+template <int HD>
+__device__ __forceinline__ void decode_rope_head(const float* src, const float* nw, const float* w, float* buf,
+                                                 const float* cs, const float* sn, float eps) {
+  const int lane = threadIdx.x & 31;
+  float xr[HD / 32], ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
+#pragma unroll
+  for (int i = 0; i < HD / 32; ++i) {
+    buf[lane + 32 * i] = xr[i];
+    ss += xr[i] * xr[i];
+  }
+  float inv = 1.0f;
+  if (nw != nullptr) {
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    inv = 1.0f / sqrtf(ss / static_cast<float>(HD) + eps);
+  }
+  __syncwarp();
+  constexpr int half = HD / 2, kRot = (half + 31) / 32;
+  float rot[2 * kRot];
+#pragma unroll
+  for (int n = 0; n < kRot; ++n) {
+    const int d = lane + 32 * n;
+    if (d < half) {
+      const float a = nw != nullptr ? buf[d] * inv * w[d] : buf[d];
+      const float b = nw != nullptr ? buf[d + half] * inv * w[d + half] : buf[d + half];
+      rot[2 * n] = a * cs[d] - b * sn[d];
+      rot[2 * n + 1] = b * cs[d] + a * sn[d];
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < kRot; ++n) {
+    const int d = lane + 32 * n;
+    if (d < half) {
+      buf[d] = rot[2 * n];
+      buf[d + half] = rot[2 * n + 1];
+    }
+  }
+}
+
+// Keys c0 .. c0 + KB - 1 of kv head kvh from the caches into a warp's
+// registers: LK lanes per key, lane `sub` of key kk holding the key's float4s
+// sub, sub + LK, ... (kb); lane j holding dimensions j·VD .. j·VD + VD - 1 of
+// every key's value (vr). Zeros past hi and for row p0 (filled in later).
+template <int HD, int KB, int LK, int SD4 = HD / LK / 4, int VD = HD / 32>
+__device__ __forceinline__ void decode_load_chunk(float4 (&kb)[SD4], float (&vr)[KB][VD], const float* kc,
+                                                  const float* vc, int64_t row, int64_t kvh, int64_t c0, int64_t hi,
+                                                  int64_t p0, int lane, int kk, int sub) {
+  const int64_t tk = c0 + kk;
+  const bool okk = tk < hi && tk != p0;
+  const float4* k4 = reinterpret_cast<const float4*>(kc + tk * row + kvh * HD);
+#pragma unroll
+  for (int e = 0; e < SD4; ++e) kb[e] = okk ? k4[e * LK + sub] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int k = 0; k < KB; ++k) {
+    const int64_t tv = c0 + k;
+    const float* vsrc = vc + tv * row + kvh * HD;
+    if (tv < hi && tv != p0) {
+      if constexpr (VD >= 4) {
+#pragma unroll
+        for (int j = 0; j < VD; j += 4) {
+          const float4 v = reinterpret_cast<const float4*>(vsrc + lane * VD)[j / 4];
+          vr[k][j] = v.x;
+          vr[k][j + 1] = v.y;
+          vr[k][j + 2] = v.z;
+          vr[k][j + 3] = v.w;
+        }
+      } else if constexpr (VD == 2) {
+        const float2 v = reinterpret_cast<const float2*>(vsrc)[lane];
+        vr[k][0] = v.x;
+        vr[k][1] = v.y;
+      } else {
+        vr[k][0] = vsrc[lane];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VD; ++j) vr[k][j] = 0.0f;
+    }
+  }
+}
+
+// The new value row from src into vs (shared memory) and, where set, into
+// the cache row dst; one warp, its loads first.
+template <int HD>
+__device__ __forceinline__ void decode_value_row(const float* src, float* vs, float* dst) {
+  const int lane = threadIdx.x & 31;
+  float xr[HD / 32];
+#pragma unroll
+  for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
+#pragma unroll
+  for (int i = 0; i < HD / 32; ++i) {
+    vs[lane + 32 * i] = xr[i];
+    if (dst != nullptr) dst[lane + 32 * i] = xr[i];
+  }
+}
+
+// RoPE's cos/sin at position p0 and the q/k norm weights (1 where unset)
+// into shared memory; the whole block.
+__device__ __forceinline__ void decode_rope_tables(const RopeIn& rope, int64_t p0, int64_t hd, float* cs, float* sn,
+                                                   float* qn, float* kn) {
+  for (int64_t d = threadIdx.x; d < hd / 2; d += blockDim.x) {
+    const float angle = static_cast<float>(p0) * rope.inv_freq[d];
+    cs[d] = cosf(angle);
+    sn[d] = sinf(angle);
+  }
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    qn[d] = rope.q_norm != nullptr ? rope.q_norm[d] : 1.0f;
+    kn[d] = rope.k_norm != nullptr ? rope.k_norm[d] : 1.0f;
+  }
+}
+
+// Row p0 of a chunk starting at c0 (decode_load_chunk left it zero): the new
+// key and value from ksrc / vsrc (shared memory, or the caches' row p0).
+template <int HD, int KB, int LK, int SD4 = HD / LK / 4, int VD = HD / 32>
+__device__ __forceinline__ void decode_fill_row_p0(float4 (&kb)[SD4], float (&vr)[KB][VD], const float* ksrc,
+                                                   const float* vsrc, int64_t c0, int64_t p0, int lane, int kk,
+                                                   int sub) {
+  if (c0 + kk == p0) {
+    const float4* k4 = reinterpret_cast<const float4*>(ksrc);
+#pragma unroll
+    for (int e = 0; e < SD4; ++e) kb[e] = k4[e * LK + sub];
+  }
+#pragma unroll
+  for (int k = 0; k < KB; ++k)
+    if (c0 + k == p0) {
+#pragma unroll
+      for (int j = 0; j < VD; ++j) vr[k][j] = vsrc[lane * VD + j];
+    }
+}
+
+// One chunk of a warp's online softmax for one query: the scores of the
+// chunk's KB keys (LK lanes per key, q's float4s as the key's), the running
+// max m and sum l, and o (this lane's VD dimensions) rescaled and added to.
+// okk: this lane's key is in range (its first key always is).
+template <int KB, int LK, int SD4, int VD>
+__device__ __forceinline__ void decode_softmax_step(const float4 (&q)[SD4], const float4 (&kb)[SD4],
+                                                    const float (&vr)[KB][VD], bool okk, float scale, float& m,
+                                                    float& l, float (&o)[VD]) {
+  float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+  for (int e = 0; e < SD4; ++e) {
+    s0 = fmaf(q[e].x, kb[e].x, s0);
+    s1 = fmaf(q[e].y, kb[e].y, s1);
+    s0 = fmaf(q[e].z, kb[e].z, s0);
+    s1 = fmaf(q[e].w, kb[e].w, s1);
+  }
+  float s = s0 + s1;
+#pragma unroll
+  for (int off = 1; off < LK; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  s = okk ? s * scale : -INFINITY;
+  float cm = s;
+#pragma unroll
+  for (int off = LK; off < 32; off <<= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+  const float m_new = fmaxf(m, cm);  // finite: the chunk's first key is in range
+  const float alpha = expf(m - m_new), p = okk ? expf(s - m_new) : 0.0f;
+  float ps = p;
+#pragma unroll
+  for (int off = LK; off < 32; off <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+  l = fmaf(l, alpha, ps);
+  m = m_new;
+#pragma unroll
+  for (int j = 0; j < VD; ++j) o[j] *= alpha;
+#pragma unroll
+  for (int k = 0; k < KB; ++k) {
+    const float pk = __shfl_sync(0xffffffffu, p, k * LK);
+#pragma unroll
+    for (int j = 0; j < VD; ++j) o[j] = fmaf(pk, vr[k][j], o[j]);
+  }
+}
+
 // Decode attention on a cluster of kDecodeRanks blocks per head
 // (decode_attention, include/nibble/cuda_attention.h; sm_90). The row-wise
 // kernel above gives a head one block, so a decode step's attention ran on
@@ -549,17 +727,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   cluster.sync();
   const int64_t p0 = position_of(p0_host, p0_dev);
   const bool fresh = rope.qkv != nullptr;  // the new key and value come from the qkv row
-  if (fresh) {
-    for (int64_t d = threadIdx.x; d < hd / 2; d += blockDim.x) {
-      const float angle = static_cast<float>(p0) * rope.inv_freq[d];
-      cs[d] = cosf(angle);
-      sn[d] = sinf(angle);
-    }
-    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-      qn[d] = rope.q_norm != nullptr ? rope.q_norm[d] : 1.0f;
-      kn[d] = rope.k_norm != nullptr ? rope.k_norm[d] : 1.0f;
-    }
-  }
+  if (fresh) decode_rope_tables(rope, p0, hd, cs, sn, qn, kn);
   // This rank's keys: lo .. hi-1, in chunks of KB keys (8, or 4 for hd 256);
   // warp w takes chunks w, w + 8, ... with its own running max m, sum l and
   // output o (online softmax), so no block barrier separates the scores from
@@ -582,37 +750,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // Rows c0 .. c0 + KB - 1 of the range from the caches into kb / vr (zeros
   // past hi and for row p0, which the loop fills in after the wait).
   auto load_chunk = [&](int64_t c0) {
-    const int64_t tk = c0 + kk;
-    const bool okk = tk < hi && tk != p0;
-    const float4* k4 = reinterpret_cast<const float4*>(kc + tk * row + kvh * HD);
-#pragma unroll
-    for (int e = 0; e < SD4; ++e) kb[e] = okk ? k4[e * LK + sub] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int k = 0; k < KB; ++k) {
-      const int64_t tv = c0 + k;
-      const float* vsrc = vc + tv * row + kvh * HD;
-      if (tv < hi && tv != p0) {
-        if constexpr (VD >= 4) {
-#pragma unroll
-          for (int j = 0; j < VD; j += 4) {
-            const float4 v = reinterpret_cast<const float4*>(vsrc + lane * VD)[j / 4];
-            vr[k][j] = v.x;
-            vr[k][j + 1] = v.y;
-            vr[k][j + 2] = v.z;
-            vr[k][j + 3] = v.w;
-          }
-        } else if constexpr (VD == 2) {
-          const float2 v = reinterpret_cast<const float2*>(vsrc)[lane];
-          vr[k][0] = v.x;
-          vr[k][1] = v.y;
-        } else {
-          vr[k][0] = vsrc[lane];
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < VD; ++j) vr[k][j] = 0.0f;
-      }
-    }
+    decode_load_chunk<HD, KB, LK>(kb, vr, kc, vc, row, kvh, c0, hi, p0, lane, kk, sub);
   };
   const int64_t c_first = lo + warp * KB;
   if (c_first < hi) load_chunk(c_first);
@@ -626,57 +764,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const float* nw = warp == 0 ? rope.q_norm : rope.k_norm;
       const float* w = warp == 0 ? qn : kn;
       float* buf = warp == 0 ? qs : ks;
-      // All of the lane's loads first (one round trip: the stores below could
-      // alias them for all the compiler knows).
-      float xr[HD / 32], ss = 0.0f;
-#pragma unroll
-      for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
-#pragma unroll
-      for (int i = 0; i < HD / 32; ++i) {
-        buf[lane + 32 * i] = xr[i];
-        ss += xr[i] * xr[i];
-      }
-      float inv = 1.0f;
-      if (nw != nullptr) {
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + rope.eps);
-      }
-      __syncwarp();
-      constexpr int half = HD / 2, kRot = (half + 31) / 32;
-      float rot[2 * kRot];
-#pragma unroll
-      for (int n = 0; n < kRot; ++n) {
-        const int d = lane + 32 * n;
-        if (d < half) {
-          const float a = nw != nullptr ? buf[d] * inv * w[d] : buf[d];
-          const float b = nw != nullptr ? buf[d + half] * inv * w[d + half] : buf[d + half];
-          rot[2 * n] = a * cs[d] - b * sn[d];
-          rot[2 * n + 1] = b * cs[d] + a * sn[d];
-        }
-      }
-      __syncwarp();
-#pragma unroll
-      for (int n = 0; n < kRot; ++n) {
-        const int d = lane + 32 * n;
-        if (d < half) {
-          buf[d] = rot[2 * n];
-          buf[d + half] = rot[2 * n + 1];
-        }
-      }
+      decode_rope_head<HD>(src, nw, w, buf, cs, sn, rope.eps);
       if (warp == 1 && writer) {
         __syncwarp();
         for (int64_t d = lane; d < hd; d += 32) rope.kc[p0 * row + kvh * hd + d] = buf[d];
       }
     } else if (warp == 2) {
-      const float* src = rope.qkv + (H + KV) * hd + kvh * hd;
-      float xr[HD / 32];
-#pragma unroll
-      for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
-#pragma unroll
-      for (int i = 0; i < HD / 32; ++i) {
-        vs[lane + 32 * i] = xr[i];
-        if (writer) rope.vc[p0 * row + kvh * hd + lane + 32 * i] = xr[i];
-      }
+      decode_value_row<HD>(rope.qkv + (H + KV) * hd + kvh * hd, vs, writer ? rope.vc + p0 * row + kvh * hd : nullptr);
     }
   } else {
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qf[h * hd + d];
@@ -695,49 +789,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (p0 >= c0 && p0 < c0 + KB) {
       // Row p0: the new key and value from shared memory (fresh), else from
       // the caches, which the kernel before wrote.
-      if (tk == p0) {
-        const float4* k4 = reinterpret_cast<const float4*>(fresh ? ks : kc + p0 * row + kvh * HD);
-#pragma unroll
-        for (int e = 0; e < SD4; ++e) kb[e] = k4[e * LK + sub];
-      }
-      const float* vsrc = fresh ? vs : vc + p0 * row + kvh * HD;
-#pragma unroll
-      for (int k = 0; k < KB; ++k)
-        if (c0 + k == p0) {
-#pragma unroll
-          for (int j = 0; j < VD; ++j) vr[k][j] = vsrc[lane * VD + j];
-        }
+      decode_fill_row_p0<HD, KB, LK>(kb, vr, fresh ? ks : kc + p0 * row + kvh * HD,
+                                     fresh ? vs : vc + p0 * row + kvh * HD, c0, p0, lane, kk, sub);
     }
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int e = 0; e < SD4; ++e) {
-      s0 = fmaf(qr[e].x, kb[e].x, s0);
-      s1 = fmaf(qr[e].y, kb[e].y, s1);
-      s0 = fmaf(qr[e].z, kb[e].z, s0);
-      s1 = fmaf(qr[e].w, kb[e].w, s1);
-    }
-    float s = s0 + s1;
-#pragma unroll
-    for (int off = 1; off < LK; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    s = okk ? s * scale : -INFINITY;
-    float cm = s;
-#pragma unroll
-    for (int off = LK; off < 32; off <<= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
-    const float m_new = fmaxf(m, cm);  // finite: key c0 is in range
-    const float alpha = expf(m - m_new), p = okk ? expf(s - m_new) : 0.0f;
-    float ps = p;
-#pragma unroll
-    for (int off = LK; off < 32; off <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
-    l = fmaf(l, alpha, ps);
-    m = m_new;
-#pragma unroll
-    for (int j = 0; j < VD; ++j) o[j] *= alpha;
-#pragma unroll
-    for (int k = 0; k < KB; ++k) {
-      const float pk = __shfl_sync(0xffffffffu, p, k * LK);
-#pragma unroll
-      for (int j = 0; j < VD; ++j) o[j] = fmaf(pk, vr[k][j], o[j]);
-    }
+    decode_softmax_step<KB, LK>(qr, kb, vr, okk, scale, m, l, o);
   }
   // The block's warps meet: res = (Σ_w e^(m_w − M)·o_w, M, Σ_w e^(m_w − M)·l_w).
   if (lane == 0) {
@@ -819,6 +874,236 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #else
   __trap();  // launched only on sm_90 and later (decode_attention checks the device)
 #endif
+}
+
+// Decode attention with each kv head's keys read once for all of its G query
+// heads (kv_shared_attention, include/nibble/cuda_attention.h; session 17).
+// decode_attention_kernel above gives every query head its own cluster, so
+// each key and value row is read G times (4 for Llama-3-8B): at 8000
+// positions its attention took 50 µs per layer of the 8B shape, against 15 µs
+// for one read of the f32 cache at the read bandwidth. Here block (kvh, r)
+// takes the r-th of R equal ranges of the keys t0 .. p0 for every query head
+// of kv head kvh (R ranks, ~one block per SM over the grid):
+// - before the wait, as above: RoPE's cos/sin and the q/k norm weights into
+//   shared memory, each warp's first chunk of keys and values into registers;
+// - after it, warps take the G query heads, the key and the value of the new
+//   position (norms, RoPE; rank 0 writes the key and value rows), q stays in
+//   shared memory (G·hd floats: too many registers for G > 1);
+// - each warp runs an online softmax per query head over its chunks of KB keys
+//   (the chunk's key and value registers serve all G heads), the block's
+//   warps meet in shared memory, and the block leaves (o [hd], m, l) per head
+//   in `part`;
+// - the block that takes the kv head's last ticket combines the R ranges in
+//   rank order (so the result does not depend on which block is last),
+//   writes the G heads' outputs (or their prepared activation) and resets the
+//   ticket.
+// hd: 64 or 128; G: 1, 2, 4 or 8.
+constexpr int kSharedThreads = 256;
+constexpr int kSharedMaxRanks = 64;
+constexpr int kSharedMinKeys = 128;
+template <int HD, int G>
+constexpr size_t kv_shared_smem_floats() {
+  return G * HD + 4 * HD + HD + (kSharedThreads / 32) * G * (HD + 2) + G * kSharedMaxRanks + G;
+}
+template <typename OutT, int HD, int G>
+__global__ void __launch_bounds__(kSharedThreads)
+    kv_shared_attention_kernel(const float* __restrict__ qf, const float* kc, const float* vc, OutT* out, int64_t H,
+                               int64_t KV, int R, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
+                               void* prepared, int prep_group, RopeIn rope, float* part, unsigned* tickets) {
+  constexpr int64_t hd = HD;
+  constexpr int kWarps = kSharedThreads / 32;
+  const int64_t kvh = blockIdx.x / R, row = KV * hd;
+  const int r = static_cast<int>(blockIdx.x % R);
+  extern __shared__ __align__(16) float sm[];
+  float* qs = sm;              // q of the G heads [G][HD]
+  float* ks = qs + G * HD;     // the new key and value [HD] each
+  float* vs = ks + HD;
+  float* qn = vs + HD;         // q / k norm weights
+  float* kn = qn + HD;
+  float* cs = kn + HD;         // cos, sin [HD / 2] each
+  float* sn = cs + HD / 2;
+  float* wo = sn + HD / 2;     // the warps' (o [HD], m, l) per head: [kWarps][G][HD + 2]
+  float* wts = wo + kWarps * G * (HD + 2);  // the combine's weights [G][kSharedMaxRanks], then L [G]
+  __shared__ int last;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t p0 = position_of(p0_host, p0_dev);
+  const bool fresh = rope.qkv != nullptr;
+  if (fresh) decode_rope_tables(rope, p0, hd, cs, sn, qn, kn);
+  // Keys lo .. hi-1 of this rank, chunks of KB, warp w taking chunks w, w + 8,
+  // ...: the same lane layout as decode_attention_kernel.
+  // Ranks with keys: at least kSharedMinKeys each (short contexts use fewer
+  // blocks, and fewer partial results to combine); the others leave at once.
+  const int64_t T = p0 + 1, t0 = (window > 0 && T > window) ? T - window : 0;
+  const int Ra = static_cast<int>(min(static_cast<int64_t>(R), (T - t0 + kSharedMinKeys - 1) / kSharedMinKeys));
+  if (r >= Ra) {
+    w4a16::grid_dependents_launch();
+    return;
+  }
+  const int64_t chunk = (T - t0 + Ra - 1) / Ra;
+  const int64_t lo = t0 + r * chunk, hi = lo + chunk < T ? lo + chunk : T;
+  constexpr int KB = HD >= 128 ? 1024 / HD : 8, LK = 32 / KB, SD4 = HD / LK / 4, VD = HD / 32;
+  const int sub = lane % LK, kk = lane / LK;
+  // An L2 prefetch of chunk c0 (each lane one 128-byte line of a key row and
+  // one of a value row), issued a chunk ahead of its loads.
+  auto prefetch_chunk = [&](int64_t c0) {
+    const int64_t t = c0 + lane / (32 / KB);
+    if (t < hi) {
+      const int seg = lane % (32 / KB);  // 128-byte segments: a row of HD floats has HD / 32 of them
+      if (seg < HD / 32) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + t * row + kvh * HD + seg * 32));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + t * row + kvh * HD + seg * 32));
+      }
+    }
+  };
+  float4 kb[SD4];
+  float vr[KB][VD];
+  auto load_chunk = [&](int64_t c0) {
+    decode_load_chunk<HD, KB, LK>(kb, vr, kc, vc, row, kvh, c0, hi, p0, lane, kk, sub);
+  };
+  const int64_t c_first = lo + warp * KB;
+  if (c_first < hi) load_chunk(c_first);
+  prefetch_chunk(c_first + kWarps * KB);
+  w4a16::grid_dependents_launch();
+  w4a16::grid_dependency_wait();
+  if (fresh) {
+    const bool writer = r == 0;  // one block per kv head fills the caches' row p0
+    __syncthreads();             // the tables
+    for (int item = warp; item < G + 2; item += kWarps) {
+      if (item <= G) {  // q of head item, or (item G) the key: RMS norm where set, then RoPE
+        const bool key = item == G;
+        const float* src = rope.qkv + (key ? H * hd + kvh * hd : (kvh * G + item) * hd);
+        const float* nw = key ? rope.k_norm : rope.q_norm;
+        const float* w = key ? kn : qn;
+        float* buf = key ? ks : qs + item * HD;
+        decode_rope_head<HD>(src, nw, w, buf, cs, sn, rope.eps);
+        if (key && writer) {
+          __syncwarp();
+          for (int64_t d = lane; d < hd; d += 32) rope.kc[p0 * row + kvh * hd + d] = buf[d];
+        }
+      } else {  // the value
+        decode_value_row<HD>(rope.qkv + (H + KV) * hd + kvh * hd, vs,
+                             writer ? rope.vc + p0 * row + kvh * hd : nullptr);
+      }
+    }
+  } else {
+    for (int64_t d = threadIdx.x; d < G * hd; d += blockDim.x) qs[d] = qf[kvh * G * hd + d];
+  }
+  __syncthreads();
+  float m[G], l[G], o[G][VD];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VD; ++j) o[g][j] = 0.0f;
+  }
+  for (int64_t c0 = c_first; c0 < hi; c0 += kWarps * KB) {
+    const int64_t tk = c0 + kk;
+    const bool okk = tk < hi;
+    if (c0 != c_first) load_chunk(c0);
+    prefetch_chunk(c0 + kWarps * KB);
+    if (p0 >= c0 && p0 < c0 + KB) {  // row p0: the new key and value (shared memory), or the caches
+      decode_fill_row_p0<HD, KB, LK>(kb, vr, fresh ? ks : kc + p0 * row + kvh * HD,
+                                     fresh ? vs : vc + p0 * row + kvh * HD, c0, p0, lane, kk, sub);
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float4* q4 = reinterpret_cast<const float4*>(qs + g * HD);
+      float4 qg[SD4];
+#pragma unroll
+      for (int e = 0; e < SD4; ++e) qg[e] = q4[e * LK + sub];
+      decode_softmax_step<KB, LK>(qg, kb, vr, okk, scale, m[g], l[g], o[g]);
+    }
+  }
+  // The block's warps meet: per head, (Σ_w e^(m_w − M)·o_w, M, Σ_w e^(m_w − M)·l_w).
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float* wg = wo + (warp * G + g) * (HD + 2);
+#pragma unroll
+    for (int j = 0; j < VD; ++j) wg[lane * VD + j] = o[g][j];
+    if (lane == 0) {
+      wg[HD] = m[g];
+      wg[HD + 1] = l[g];
+    }
+  }
+  __syncthreads();
+  float* mine = part + (kvh * R + r) * G * (hd + 2);
+  for (int64_t i = threadIdx.x; i < G * (hd + 2); i += blockDim.x) {
+    const int g = static_cast<int>(i / (hd + 2)), d = static_cast<int>(i % (hd + 2));
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wo[(w * G + g) * (HD + 2) + HD]);
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float* wg = wo + (w * G + g) * (HD + 2);
+      const float ww = wg[HD] == -INFINITY ? 0.0f : expf(wg[HD] - M);  // a warp without keys weighs nothing
+      v = fmaf(ww, d == HD ? 0.0f : (d == HD + 1 ? wg[HD + 1] : wg[d]), v);
+    }
+    mine[i] = d == HD ? M : v;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned t = atomicAdd(tickets + kvh, 1u);
+    last = t == static_cast<unsigned>(Ra - 1);
+    if (last) tickets[kvh] = 0;  // every rank with keys has arrived: ready for the next call
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // The kv head's last block: out = Σ_r e^(m_r − M)·o_r / Σ_r e^(m_r − M)·l_r,
+  // summed in rank order. Warp g: head g's weights (lane: ranks lane and
+  // lane + 32, m and l loaded at once); then each thread its elements' o_r,
+  // 16 ranks' loads at a time.
+  const float* all = part + kvh * R * G * (hd + 2);
+  for (int g = warp; g < G; g += kWarps) {
+    float mr[2], lr[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int rr = lane + 32 * u;
+      const float* pr = all + (rr * G + g) * (hd + 2);
+      mr[u] = rr < Ra ? __ldcg(pr + hd) : -INFINITY;
+      lr[u] = rr < Ra ? __ldcg(pr + hd + 1) : 0.0f;
+    }
+    float M = fmaxf(mr[0], mr[1]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+    float L = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int rr = lane + 32 * u;
+      const float w = mr[u] == -INFINITY ? 0.0f : expf(mr[u] - M);  // an empty range weighs nothing
+      wts[g * kSharedMaxRanks + rr] = w;
+      L = fmaf(w, lr[u], L);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
+    if (lane == 0) wts[G * kSharedMaxRanks + g] = L;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < G * hd; i += blockDim.x) {
+    const int g = static_cast<int>(i / hd), d = static_cast<int>(i % hd);
+    float pv[kSharedMaxRanks / 4];  // the ranks' values, loaded 16 at a time, then added in rank order
+    float v = 0.0f;
+    for (int r0 = 0; r0 < Ra; r0 += kSharedMaxRanks / 4) {
+#pragma unroll
+      for (int u = 0; u < kSharedMaxRanks / 4; ++u)
+        pv[u] = r0 + u < Ra ? __ldcg(all + ((r0 + u) * G + g) * (hd + 2) + d) : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kSharedMaxRanks / 4; ++u)
+        if (r0 + u < Ra) v = fmaf(wts[g * kSharedMaxRanks + r0 + u], pv[u], v);
+    }
+    v /= wts[G * kSharedMaxRanks + g];
+    if (prepared != nullptr)
+      qs[i] = v;  // q is no longer needed
+    else
+      store_act(out + (kvh * G + g) * hd + d, v);
+  }
+  if (prepared != nullptr) {
+    __syncthreads();
+    for (int g = 0; g < G; ++g) prep_store_head(qs + g * HD, kvh * G + g, hd, H, prep_group, prepared);
+  }
 }
 
 // Decode attention split over the keys (split_attention, include/nibble/
