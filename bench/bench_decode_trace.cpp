@@ -7,7 +7,7 @@
 // predecessor ends). The extensions of a step sum to its span, so the table
 // below says which kernels the step's time is spent waiting for.
 //
-//   bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--chain]
+//   bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--chain] [--kv-shared-from N]
 //                      [--layer 1]
 //
 // Prints: the step span and the gap between steps; per kernel name, calls per
@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   std::string model;
   int steps = 8, warmup = 64, layer = 1;
   bool graph = true, fuse = true, chain = false;
+  int64_t kv_shared_from = nibble::cuda::GpuOptions{}.kv_shared_from;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model") model = arg_value(i, argc, argv);
@@ -110,10 +111,12 @@ int main(int argc, char** argv) {
     else if (a == "--no-graph") graph = false;
     else if (a == "--no-fuse") fuse = false;  // GpuOptions::fuse_decode off: the separate norm and SiLU kernels
     else if (a == "--chain") chain = true;  // GpuOptions::chain_decode: the GEMVs between attentions in one launch
+    else if (a == "--kv-shared-from")  // GpuOptions::kv_shared_from: -1 never, 0 always
+      kv_shared_from = std::atoll(arg_value(i, argc, argv));
     else {
       std::fprintf(stderr,
                    "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] "
-                   "[--chain] [--layer 1]\n");
+                   "[--chain] [--kv-shared-from 3072] [--layer 1]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -127,6 +130,7 @@ int main(int argc, char** argv) {
     opts.decode_graph = graph;
     opts.fuse_decode = fuse;
     opts.chain_decode = chain;
+    opts.kv_shared_from = kv_shared_from;
     const int64_t prompt = 4;
     auto gpu = nibble::cuda::GpuModel::load(*dir, prompt + warmup + steps + 1, opts);
     const int64_t vocab = gpu->config().vocab_size;
