@@ -929,8 +929,6 @@ __global__ void __launch_bounds__(kSharedThreads)
   const int64_t p0 = position_of(p0_host, p0_dev);
   const bool fresh = rope.qkv != nullptr;
   if (fresh) decode_rope_tables(rope, p0, hd, cs, sn, qn, kn);
-  // Keys lo .. hi-1 of this rank, chunks of KB, warp w taking chunks w, w + 8,
-  // ...: the same lane layout as decode_attention_kernel.
   // Ranks with keys: at least kSharedMinKeys each (short contexts use fewer
   // blocks, and fewer partial results to combine); the others leave at once.
   const int64_t T = p0 + 1, t0 = (window > 0 && T > window) ? T - window : 0;
@@ -939,20 +937,20 @@ __global__ void __launch_bounds__(kSharedThreads)
     w4a16::grid_dependents_launch();
     return;
   }
+  // Keys lo .. hi-1 of this rank, chunks of KB, warp w taking chunks w, w + 8,
+  // ...: the same lane layout as decode_attention_kernel.
   const int64_t chunk = (T - t0 + Ra - 1) / Ra;
   const int64_t lo = t0 + r * chunk, hi = lo + chunk < T ? lo + chunk : T;
   constexpr int KB = HD >= 128 ? 1024 / HD : 8, LK = 32 / KB, SD4 = HD / LK / 4, VD = HD / 32;
   const int sub = lane % LK, kk = lane / LK;
-  // An L2 prefetch of chunk c0 (each lane one 128-byte line of a key row and
-  // one of a value row), issued a chunk ahead of its loads.
+  // An L2 prefetch of chunk c0, issued a chunk ahead of its loads: lane sub of
+  // key kk takes the sub-th 128-byte line of that key's row and value row
+  // (a row of HD floats has HD / 32 lines).
   auto prefetch_chunk = [&](int64_t c0) {
-    const int64_t t = c0 + lane / (32 / KB);
-    if (t < hi) {
-      const int seg = lane % (32 / KB);  // 128-byte segments: a row of HD floats has HD / 32 of them
-      if (seg < HD / 32) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + t * row + kvh * HD + seg * 32));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + t * row + kvh * HD + seg * 32));
-      }
+    const int64_t t = c0 + kk;
+    if (t < hi && sub < HD / 32) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + t * row + kvh * HD + sub * 32));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + t * row + kvh * HD + sub * 32));
     }
   };
   float4 kb[SD4];
@@ -1038,7 +1036,7 @@ __global__ void __launch_bounds__(kSharedThreads)
     for (int w = 0; w < kWarps; ++w) {
       const float* wg = wo + (w * G + g) * (HD + 2);
       const float ww = wg[HD] == -INFINITY ? 0.0f : expf(wg[HD] - M);  // a warp without keys weighs nothing
-      v = fmaf(ww, d == HD ? 0.0f : (d == HD + 1 ? wg[HD + 1] : wg[d]), v);
+      v = fmaf(ww, wg[d], v);  // o (d < HD) or l (d = HD + 1); m (d = HD) is M instead
     }
     mine[i] = d == HD ? M : v;
   }
