@@ -98,7 +98,9 @@ std::vector<int32_t> some_ids(int n, int32_t vocab) {
 // Decode through GemvFusion against the separate norm and SiLU kernels: the
 // norm's 1/rms applied after the GEMV instead of before, so fp32 rounding
 // differs; 1e-3 of the largest |logit|. `fusable`: whether the model allows it.
-void check_decode_graph(const std::filesystem::path& dir, int32_t vocab, bool fusable) {
+// `bf16_linears`: the model's linears run on cuBLAS in bf16, so their inputs
+// (the attention output among them) are rounded to bf16 (see kv_shared below).
+void check_decode_graph(const std::filesystem::path& dir, int32_t vocab, bool fusable, bool bf16_linears = false) {
   auto src = CheckpointDir::open(dir);
   cuda::GpuOptions eager, graph, unfused, separate, chained;
   eager.decode_graph = false;
@@ -125,12 +127,15 @@ void check_decode_graph(const std::filesystem::path& dir, int32_t vocab, bool fu
   EXPECT_LE(ch.worst, 1e-5) << dir;
   // kv_shared_attention from position 20 on (graph and eager): against the
   // default kernel the attention sums run over other key ranges, so fp32
-  // rounding differs (1e-4 of the largest |logit|); graph against eager with
+  // rounding differs: 1e-4 of the largest |logit| where the linears take f32
+  // inputs; where they take bf16 (the bf16 checkpoint: measured 1.5e-3 on the
+  // H200) a last-bit difference can flip an input's bf16 rounding (2^-9), as
+  // between fused and separate linears above: 1e-2. Graph against eager with
   // the switch is the same kernels (1e-6), both graphs replayed.
   cuda::GpuOptions kvs_eager = eager, kvs_graph = graph;
   kvs_eager.kv_shared_from = kvs_graph.kv_shared_from = 20;
   const auto ke = compare_decode(*src, eager, kvs_eager, some_ids(8, vocab), 40);
-  EXPECT_LE(ke.worst, 1e-4) << dir;
+  EXPECT_LE(ke.worst, bf16_linears ? 1e-2 : 1e-4) << dir;
   const auto kg = compare_decode(*src, kvs_eager, kvs_graph, some_ids(8, vocab), 40);
   EXPECT_LE(kg.worst, 1e-6) << dir;
   std::printf("[decode graph] %s: kv-shared attention from position 20 vs default worst %.3g; its graph vs eager %.3g\n",
@@ -157,7 +162,7 @@ TEST(Cuda, DecodeGraphMatchesEagerOnStories) {
 TEST(Cuda, DecodeGraphMatchesEagerOnQwen3) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   const auto dir = test::model_dir("qwen3-26M-linux");
-  check_decode_graph(dir, 2000, false);  // bf16, q/k norms
+  check_decode_graph(dir, 2000, false, true);  // bf16, q/k norms
   test::TempDir tmp("nibble-gpu-graph");
   QuantizeOptions q;
   quantize_model(dir, tmp.path() / "rtn", q);
