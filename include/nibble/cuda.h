@@ -182,5 +182,9 @@ W4A16HostLayout w4a16_layout_host(const std::vector<Tensor>& parts, int64_t rows
 DeviceBuffer dequantize_to_bf16_device(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
 void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
                       int64_t ldy, void* stream, bool f32_out = false);
+// y[M, rows] (f32) = x[M, cols] (f32) · W[rows, cols]ᵀ (f32), every product
+// and sum in fp32 (no TF32): the yardstick's forward (GpuOptions::f32_linears).
+void gemm_f32_cublas(const float* w, int64_t rows, int64_t cols, const float* x, int64_t M, int64_t ldx, float* y,
+                     int64_t ldy, void* stream);
 
 }  // namespace nibble::cuda

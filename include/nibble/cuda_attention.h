@@ -19,7 +19,7 @@ struct AttentionArgs {
   const float* k = nullptr;  // f32 [positions, kv_heads, head_dim], the key cache, rows 0 .. p0+n-1 filled
   const float* v = nullptr;  // f32, same layout: the value cache
   void* out = nullptr;       // bf16 [n, ldo]: head h at columns h*head_dim .. (h+1)*head_dim-1
-  bool out_f32 = false;      // out is f32 instead (the row-wise kernel only)
+  bool out_f32 = false;      // out is f32 instead (ldo a multiple of 4 for the flash kernel)
   // Row-wise kernel, one query, head_dim a multiple of 128: instead of `out`,
   // write the output as the single-token W4A16 GEMV's prepared activation
   // (src/backend/cuda/w4a16_prep.cuh) with this group size (64 or 128).

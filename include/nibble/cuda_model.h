@@ -1,7 +1,7 @@
 // The Llama-family forward pass on an NVIDIA GPU (CUDA builds only; see
 // docs/CUDA.md). Linears of a format with a CUDA kernel (int4_asym: w4a16_mma)
 // stay packed on the device; everything else is held as bf16 and runs through
-// cuBLAS. Inputs of linears are bf16 (f32 in decode when every linear takes
+// cuBLAS (GpuOptions::f32_linears: every linear in f32 instead). Inputs of linears are bf16 (f32 in decode when every linear takes
 // f32 single-token inputs: the integer W4A16 GEMV); their outputs, the residual stream,
 // norms, RoPE, attention and the KV cache are fp32.
 // Not yet: simulated activation quantizers (ModelSource::activation_quant(),
@@ -56,6 +56,15 @@ struct GpuOptions {
   // kv-shared kernel is slower up to ~3000 positions and faster beyond (step
   // 2951 -> 2485 µs at 8000; docs/results/decode-long-context-s17.md).
   int64_t kv_shared_from = 3072;
+  // The yardstick's forward (nibble eval --device cuda): every linear is held
+  // as f32 (each format dequantized at load to the values the CPU forward
+  // computes with; 4 bytes per weight) and runs through cuBLAS in fp32 (no
+  // TF32) on f32 inputs, so the logits are the CPU forward's up to fp32
+  // summation order. Slower than the int4 kernels, and off by default.
+  bool f32_linears = false;
+  // With f32_linears: every linear's input is rounded to bf16 first, as the
+  // CPU forward's bf16_activations (the KL noise floor's second computation).
+  bool bf16_inputs = false;
 };
 
 class GpuModel {

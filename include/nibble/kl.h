@@ -36,6 +36,11 @@ struct KlOptions {
   int bootstrap = 1000;  // resamples of chunks for the 95 % intervals
   uint64_t seed = 0;
   bool progress = true;
+  // Where the forward runs: "cpu" (one decoder layer at a time, any model
+  // size), or "cuda" (CUDA builds: the whole model on the GPU with f32 weights,
+  // cuda::GpuOptions::f32_linears; the same numbers up to fp32 summation
+  // order; no --kv or simulated activation quantization).
+  std::string device = "cpu";
 };
 
 // The reference's scored positions of one corpus: its fp32 log-probabilities

@@ -14,6 +14,9 @@
 #include "nibble/model.h"
 #include "nibble/safetensors.h"
 #include "nibble/util.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda_model.h"
+#endif
 
 namespace nibble::eval {
 namespace fs = std::filesystem;
@@ -62,9 +65,9 @@ RunSetup exact(bool bf16_activations) {
   return r;
 }
 
-// Runs `src` over the windows one decoder layer at a time (only one layer's
-// weights in memory; LayerStream gives the same logits as Model::forward) and
-// calls fn(k, logits [ctx, vocab]) for every window k.
+// CPU: runs `src` over the windows one decoder layer at a time (only one
+// layer's weights in memory; LayerStream gives the same logits as
+// Model::forward) and calls fn(k, logits [ctx, vocab]) for every window k.
 void for_each_window(const ModelSource& src, const std::vector<std::vector<int32_t>>& ws, const RunSetup& setup,
                      Progress& bar, const std::function<void(size_t, const float*)>& fn) {
   const bool bf16_activations = setup.bf16_activations;
@@ -93,36 +96,102 @@ void for_each_window(const ModelSource& src, const std::vector<std::vector<int32
   }
 }
 
-void run(const ModelSource& src, const RunSetup& setup, const std::vector<std::vector<int32_t>>& ws, int64_t ctx,
-         const ReferenceCorpus* ref, ReferenceCorpus* out, Positions* pos, Progress& bar) {
-  const int64_t V = src.config().vocab_size, per = scored_per_window(ctx);
-  std::vector<double> lp(static_cast<size_t>(V));
-  for_each_window(src, ws, setup, bar, [&](size_t k, const float* logits) {
-    for (int64_t j = ctx / 2; j < ctx - 1; ++j) {
-      const float* l = logits + j * V;
-      log_softmax(l, V, lp.data());
-      const int64_t p = static_cast<int64_t>(k) * per + (j - ctx / 2);
-      const int32_t target = ws[k][j + 1];
-      const int32_t top = static_cast<int32_t>(std::max_element(l, l + V) - l);
-      if (out) {
-        float* dst = out->logprobs.data_mut<float>() + p * V;
-        for (int64_t v = 0; v < V; ++v) dst[v] = static_cast<float>(lp[v]);
-        out->target[p] = target;
-        out->top1[p] = top;
-        out->nll[p] = static_cast<float>(-lp[target]);
-      } else {
-        const float* r = ref->logprobs.data<float>() + p * V;
-        double kl = 0;
-        // Both log-softmaxes as fp32 values (the reference's are stored so),
-        // the sum in fp64: a model against itself gives exactly 0.
-        for (int64_t v = 0; v < V; ++v) {
-          const double lr = r[v], lc = static_cast<float>(lp[v]);
-          kl += std::exp(lr) * (lr - lc);
-        }
-        pos->kl.push_back(std::max(kl, 0.0));  // rounding can leave -1e-17 where the two agree
-        pos->nll.push_back(-lp[target]);
-        pos->agree.push_back(top == ref->top1[p]);
+// One source run over windows in one way (RunSetup), on the CPU (the layer
+// stream, for_each_window) or on the GPU (KlOptions::device "cuda": the
+// model loaded once with f32 linears, cuda::GpuOptions::f32_linears, and
+// each window run from an empty cache). Its lifetime bounds the GPU's copy.
+class WindowRunner {
+ public:
+  WindowRunner(const ModelSource& src, const RunSetup& setup, const KlOptions& o) : src_(src), setup_(setup) {
+    if (o.device == "cpu") return;
+    NIBBLE_CHECK(o.device == "cuda", "eval: --device '{}' (cpu or cuda)", o.device);
+#ifdef NIBBLE_HAVE_CUDA
+    NIBBLE_CHECK(setup.cand.kv_quant == nullptr,
+                 "eval --device cuda: quantized KV caches (--kv) are simulated on the CPU only; use --device cpu");
+    const std::string act = !setup.cand.act_quant     ? src.activation_quant()
+                            : *setup.cand.act_quant ? std::string((*setup.cand.act_quant)->name)
+                                                    : std::string();
+    NIBBLE_CHECK(act.empty(),
+                 "eval --device cuda: {} runs with simulated activation quantization '{}', which the GPU forward "
+                 "does not do; use --device cpu (or --act-quant none)",
+                 src.describe(), act);
+    cuda::GpuOptions g;
+    g.f32_linears = true;
+    g.bf16_inputs = setup.bf16_activations;
+    g.decode_graph = false;  // prefill only
+    g.kv_shared_from = -1;
+    gpu_ = cuda::GpuModel::load(src, o.ctx, g);
+#else
+    NIBBLE_FAIL("eval: --device cuda needs a CUDA build of nibble (make build NIBBLE_CUDA=on)");
+#endif
+  }
+  void each(const std::vector<std::vector<int32_t>>& ws, Progress& bar,
+            const std::function<void(size_t, const float*)>& fn) {
+#ifdef NIBBLE_HAVE_CUDA
+    if (gpu_) {
+      for (size_t k = 0; k < ws.size(); ++k) {
+        gpu_->reset();
+        const Tensor logits = gpu_->forward(ws[k], true);
+        fn(k, logits.data<float>());
+        bar.advance();
       }
+      return;
+    }
+#endif
+    for_each_window(src_, ws, setup_, bar, fn);
+  }
+
+ private:
+  const ModelSource& src_;
+  RunSetup setup_;
+#ifdef NIBBLE_HAVE_CUDA
+  std::unique_ptr<cuda::GpuModel> gpu_;
+#endif
+};
+
+void run(WindowRunner& runner, int64_t V, const std::vector<std::vector<int32_t>>& ws, int64_t ctx,
+         const ReferenceCorpus* ref, ReferenceCorpus* out, Positions* pos, Progress& bar) {
+  const int64_t per = scored_per_window(ctx);
+  std::vector<double> kls(static_cast<size_t>(per)), nlls(static_cast<size_t>(per));
+  std::vector<uint8_t> agrees(static_cast<size_t>(per));
+  runner.each(ws, bar, [&](size_t k, const float* logits) {
+    // Positions are independent: scored in parallel, collected in order.
+#pragma omp parallel
+    {
+      std::vector<double> lp(static_cast<size_t>(V));
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < per; ++i) {
+        const int64_t j = ctx / 2 + i;
+        const float* l = logits + j * V;
+        log_softmax(l, V, lp.data());
+        const int64_t p = static_cast<int64_t>(k) * per + i;
+        const int32_t target = ws[k][j + 1];
+        const int32_t top = static_cast<int32_t>(std::max_element(l, l + V) - l);
+        if (out) {
+          float* dst = out->logprobs.data_mut<float>() + p * V;
+          for (int64_t v = 0; v < V; ++v) dst[v] = static_cast<float>(lp[v]);
+          out->target[p] = target;
+          out->top1[p] = top;
+          out->nll[p] = static_cast<float>(-lp[target]);
+        } else {
+          const float* r = ref->logprobs.data<float>() + p * V;
+          double kl = 0;
+          // Both log-softmaxes as fp32 values (the reference's are stored so),
+          // the sum in fp64: a model against itself gives exactly 0.
+          for (int64_t v = 0; v < V; ++v) {
+            const double lr = r[v], lc = static_cast<float>(lp[v]);
+            kl += std::exp(lr) * (lr - lc);
+          }
+          kls[i] = std::max(kl, 0.0);  // rounding can leave -1e-17 where the two agree
+          nlls[i] = -lp[target];
+          agrees[i] = top == ref->top1[p];
+        }
+      }
+    }
+    if (pos) {
+      pos->kl.insert(pos->kl.end(), kls.begin(), kls.end());
+      pos->nll.insert(pos->nll.end(), nlls.begin(), nlls.end());
+      pos->agree.insert(pos->agree.end(), agrees.begin(), agrees.end());
     }
   });
 }
@@ -132,13 +201,15 @@ ojson fingerprint(const ModelSource& src, const std::vector<Corpus>& corpora, co
   for (const auto& n : src.names()) names[n] = shape_str(src.meta(n).shape);
   ojson cs = ojson::array();
   for (const auto& c : corpora) cs.push_back({{"name", c.name}, {"sha256", c.sha256}, {"tokens", c.tokens.size()}});
-  return {{"reference", src.describe()},
+  ojson fp = {{"reference", src.describe()},
           {"tensors", names},
           {"corpora", cs},
           {"ctx", o.ctx},
           {"chunks", o.chunks},
           {"bos", o.bos ? ojson(*o.bos) : ojson()},
           {"version", 1}};
+  if (o.device != "cpu") fp["device"] = o.device;  // cpu caches keep their fingerprint
+  return fp;
 }
 
 double mean_of(const std::vector<double>& v) {
@@ -192,6 +263,7 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
   }
   {
     Progress bar("reference", total, o.progress, "windows");
+    WindowRunner runner(src, exact(false), o);
     for (size_t i = 0; i < corpora.size(); ++i) {
       ReferenceCorpus rc;
       rc.name = corpora[i].name;
@@ -203,7 +275,7 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
       rc.target.resize(n);
       rc.top1.resize(n);
       rc.nll.resize(n);
-      run(src, exact(false), ws[i], o.ctx, nullptr, &rc, nullptr, bar);
+      run(runner, V, ws[i], o.ctx, nullptr, &rc, nullptr, bar);
       ref.corpora.push_back(std::move(rc));
     }
     bar.finish();
@@ -211,11 +283,12 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
   // The noise floor: the same reference, computed a second honest way.
   {
     Progress bar("noise floor", total, o.progress, "windows");
+    WindowRunner runner(src, exact(true), o);
     double sum = 0;
     int64_t count = 0;
     for (size_t i = 0; i < corpora.size(); ++i) {
       Positions p;
-      run(src, exact(true), ws[i], o.ctx, &ref.corpora[i], nullptr, &p, bar);
+      run(runner, V, ws[i], o.ctx, &ref.corpora[i], nullptr, &p, bar);
       ref.noise_floor.push_back(mean_of(p.kl));
       for (double k : p.kl) sum += k;
       count += static_cast<int64_t>(p.kl.size());
@@ -311,12 +384,13 @@ std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference&
     return s;
   };
 
+  WindowRunner runner(cand, RunSetup{false, co}, o);
   for (size_t i = 0; i < corpora.size(); ++i) {
     const ReferenceCorpus& rc = ref.corpora[i];
     NIBBLE_CHECK(rc.chunks == static_cast<int64_t>(ws[i].size()), "eval: reference and corpus '{}' disagree",
                  corpora[i].name);
     Positions p;
-    run(cand, RunSetup{false, co}, ws[i], o.ctx, &rc, nullptr, &p, bar);
+    run(runner, cand.config().vocab_size, ws[i], o.ctx, &rc, nullptr, &p, bar);
     std::vector<Chunk> chunks(static_cast<size_t>(rc.chunks));
     double agree = 0, nll_r = 0, nll_c = 0;
     for (size_t k = 0; k < p.kl.size(); ++k) {

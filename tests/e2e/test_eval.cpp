@@ -183,6 +183,16 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
   r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --corpus ts=" + (tmp / "t.txt").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--candidate"), std::string::npos) << r.err;
+  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                        " --corpus ts=" + (tmp / "t.txt").string() + " --device tpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+#ifndef NIBBLE_HAVE_CUDA
+  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                        " --corpus ts=" + (tmp / "t.txt").string() + " --device cuda");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("CUDA build"), std::string::npos) << r.err;
+#endif
 }
 
 TEST(KlEval, CliWritesAnHtmlReportWithTheTableItPrints) {

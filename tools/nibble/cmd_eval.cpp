@@ -138,6 +138,12 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
                   "Simulated activation quantization of the candidates (repeatable or comma-separated), replacing "
                   "what a checkpoint declares: none, " + act_quant_names() + ". The reference stays exact")
       ->delimiter(',');
+  cmd->add_option("--device", o->opt.device,
+                  "Where the forward runs: cpu (one layer at a time, any model size) or cuda (the whole model on the "
+                  "GPU with f32 weights: the same numbers up to fp32 summation order; no --kv, no simulated "
+                  "activation quantization)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_flag("--match-rows", o->match_rows,
                 "Check every candidate tensor against the reference row by row; report layout differences and undo "
                 "row permutations before scoring");
@@ -147,7 +153,8 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       "Scores positions ctx/2 .. ctx-2 of each window (llama.cpp's protocol). The noise floor is the KL between\n"
       "the reference and itself computed with bf16 activations; candidates within 3x of it are marked.\n"
       "--kv int4 scores each candidate with a quantized KV cache (each query reads the cache as a\n"
-      "token-by-token decode would); --act-quant int8_token with simulated W8A8 activations.");
+      "token-by-token decode would); --act-quant int8_token with simulated W8A8 activations.\n"
+      "--device cuda runs every forward on the GPU (f32 weights: about 4 bytes per parameter of GPU memory).");
   cmd->callback([o, &global] {
     NIBBLE_CHECK(o->noise_floor_only || !o->candidates.empty(), "eval: give at least one --candidate (or --noise-floor)");
     o->opt.progress = !global.quiet;
@@ -173,15 +180,17 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     if (!global.quiet)
       for (const auto& n : notes) std::fprintf(stderr, "nibble: %s\n", n.c_str());
 
-    std::printf("reference %s; %lld-token windows, positions %lld..%lld scored\n", o->reference.c_str(),
+    std::printf("reference %s; %lld-token windows, positions %lld..%lld scored%s\n", o->reference.c_str(),
                 static_cast<long long>(o->opt.ctx), static_cast<long long>(o->opt.ctx / 2),
-                static_cast<long long>(o->opt.ctx - 2));
+                static_cast<long long>(o->opt.ctx - 2),
+                o->opt.device == "cuda" ? "; forward on the GPU (f32 weights)" : "");
     for (size_t i = 0; i < corpora.size(); ++i)
       std::printf("noise floor (bf16 activations vs f32), %s: KL %.3g over %lld windows\n", corpora[i].name.c_str(),
                   reference.noise_floor[i], static_cast<long long>(reference.corpora[i].chunks));
     nlohmann::ordered_json report;
     report["reference"] = o->reference;
     report["ctx"] = o->opt.ctx;
+    report["device"] = o->opt.device;
     {
       nlohmann::ordered_json nf = {{"kl_mean", reference.noise_floor_all},
                                    {"method", "reference with bf16 activations vs f32"},

@@ -31,6 +31,8 @@
 // kv head are adjacent in launch order and share K/V tiles through the L2.
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include <cmath>
 
 #include "backend/cuda/check.h"
@@ -68,10 +70,10 @@ __device__ inline void load_tile(float* tile, int pitch, const float* cache, int
   }
 }
 
-template <int D>
+template <int D, typename OutT>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1)
     flash_attention_kernel(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-                           __nv_bfloat16* __restrict__ out, int64_t ldo, int64_t n, int64_t p0, int64_t H,
+                           OutT* __restrict__ out, int64_t ldo, int64_t n, int64_t p0, int64_t H,
                            int64_t KV, int64_t window, float qscale) {
   using L = FlashLayout<D>;
   extern __shared__ __align__(16) float sm[];
@@ -217,33 +219,46 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1)
     const int64_t r = 4 * ty + i;
     if (r >= rows) continue;
     const float inv = 1.0f / sum;
-    __nv_bfloat16* dst = out + (q0 + r) * ldo + h * D;
+    OutT* dst = out + (q0 + r) * ldo + h * D;
 #pragma unroll
     for (int j = 0; j < kOut; ++j) {
       const int d = 4 * tx + 64 * j;
-      *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(o[i][j].x * inv, o[i][j].y * inv);
-      *reinterpret_cast<__nv_bfloat162*>(dst + d + 2) = __floats2bfloat162_rn(o[i][j].z * inv, o[i][j].w * inv);
+      if constexpr (std::is_same_v<OutT, float>) {
+        *reinterpret_cast<float4*>(dst + d) =
+            make_float4(o[i][j].x * inv, o[i][j].y * inv, o[i][j].z * inv, o[i][j].w * inv);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(dst + d) = __floats2bfloat162_rn(o[i][j].x * inv, o[i][j].y * inv);
+        *reinterpret_cast<__nv_bfloat162*>(dst + d + 2) = __floats2bfloat162_rn(o[i][j].z * inv, o[i][j].w * inv);
+      }
     }
   }
 }
 
-template <int D>
+template <int D, typename OutT>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once.
   static const bool attribute_set = [] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D, OutT>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(FlashLayout<D>::bytes)));
     return true;
   }();
   (void)attribute_set;
-  NIBBLE_CHECK(!a.out_f32 && a.prepared == nullptr,
-               "flash_attention: the output is bf16 (out_f32 and prepared are the row-wise kernel's)");
   const int64_t tiles = (a.n + kBr - 1) / kBr;
   const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(tiles));
   const float qscale = a.scale * 1.4426950408889634f;  // log2(e): scores in log2 units for exp2
-  flash_attention_kernel<D><<<grid, kThreads, FlashLayout<D>::bytes, stream>>>(
-      a.q, a.k, a.v, static_cast<__nv_bfloat16*>(a.out), a.ldo, a.n, a.p0, a.heads, a.kv_heads, a.window, qscale);
+  flash_attention_kernel<D, OutT><<<grid, kThreads, FlashLayout<D>::bytes, stream>>>(
+      a.q, a.k, a.v, static_cast<OutT*>(a.out), a.ldo, a.n, a.p0, a.heads, a.kv_heads, a.window, qscale);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D>
+void launch(const AttentionArgs& a, cudaStream_t stream) {
+  NIBBLE_CHECK(a.prepared == nullptr, "flash_attention: no prepared output (the decode kernels' alone)");
+  if (a.out_f32)
+    launch<D, float>(a, stream);
+  else
+    launch<D, __nv_bfloat16>(a, stream);
 }
 
 }  // namespace
@@ -255,8 +270,8 @@ void flash_attention(const AttentionArgs& a, void* stream) {
                a.head_dim);
   NIBBLE_CHECK(a.n > 0 && a.p0 >= 0 && a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
                "flash_attention: bad shape (n {}, p0 {}, heads {}, kv_heads {})", a.n, a.p0, a.heads, a.kv_heads);
-  NIBBLE_CHECK(a.ldo >= a.heads * a.head_dim && a.ldo % 2 == 0, "flash_attention: ldo {} (heads × head_dim = {})",
-               a.ldo, a.heads * a.head_dim);
+  NIBBLE_CHECK(a.ldo >= a.heads * a.head_dim && a.ldo % (a.out_f32 ? 4 : 2) == 0,
+               "flash_attention: ldo {} (heads × head_dim = {})", a.ldo, a.heads * a.head_dim);
   NIBBLE_CHECK((a.n + kBr - 1) / kBr <= 65535 && a.heads <= 65535, "flash_attention: grid too large");
   auto s = static_cast<cudaStream_t>(stream);
   switch (a.head_dim) {

@@ -5,6 +5,8 @@
 // the W4A16 kernels take (the CPU's bf16_activations mode, the noise floor's
 // second computation, does the same). Linear outputs (fp32 accumulation), the
 // residual stream, RMSNorm, q/k norms, RoPE, softmax and the KV cache are fp32.
+// With GpuOptions::f32_linears (the yardstick's forward) there is no such
+// difference: f32 weights, f32 inputs, the fp32 GEMM.
 //
 // Per layer: residual add + RMSNorm, q|k|v (one linear: rows concatenated at
 // load), q/k norm + RoPE + cache write, attention, o, residual add + RMSNorm,
@@ -66,6 +68,9 @@ struct GpuLinear {
   int64_t out = 0, in = 0;
   DeviceLinear packed;
   DeviceBuffer dense, bias;  // bias: f32 [out], empty when none
+  // dense holds f32 values (GpuOptions::f32_linears), run through the fp32
+  // GEMM on f32 inputs, first rounded to bf16 where round_in (bf16_inputs).
+  bool f32 = false, round_in = false;
   size_t bytes() const { return (packed.kernel ? packed.weight_bytes() : dense.bytes()) + bias.bytes(); }
 };
 
@@ -99,14 +104,32 @@ bool same_layout(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   return true;
 }
 
-GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix) {
+// How linears are held (GpuOptions::f32_linears, bf16_inputs).
+struct LinearPrecision {
+  bool f32 = false, round_in = false;
+};
+
+// A dense linear from f32 values: bf16 on the device, or f32 with p.f32.
+GpuLinear dense_linear(const Tensor& w, LinearPrecision p) {
+  GpuLinear l;
+  l.out = w.shape()[0];
+  l.in = w.shape()[1];
+  l.dense = p.f32 ? upload(w.to_f32()) : upload_bf16(w);
+  l.f32 = p.f32;
+  l.round_in = p.f32 && p.round_in;
+  return l;
+}
+
+GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix, LinearPrecision p) {
   const std::string wname = prefix + ".weight";
   const TensorMeta meta = src.meta(wname);
   NIBBLE_CHECK(meta.shape.size() == 2, "{}: expected a matrix, found shape {}", wname, shape_str(meta.shape));
   GpuLinear l;
   l.out = meta.shape[0];
   l.in = meta.shape[1];
-  if (const LinearKernel* k = kernel_of(meta))
+  if (p.f32)  // every format dequantized to its f32 values, as the CPU forward computes with them
+    l = dense_linear(src.load(wname).to_f32(), p);
+  else if (const LinearKernel* k = kernel_of(meta))
     l.packed = k->upload(src.parts(wname), l.out, l.in, meta.format->group_size);
   else
     l.dense = upload_bf16(src.load(wname));  // any other format: dequantized once (the registry's fallback)
@@ -119,17 +142,18 @@ GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix) {
 // same values (each row keeps its own codes and group parameters, or its own
 // bf16 weights). When the linears are not all packed for the same kernel and
 // group size, or all dense, they stay separate (a mixed-format checkpoint).
-std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<std::string>& prefixes) {
+std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<std::string>& prefixes,
+                                    LinearPrecision prec) {
   std::vector<TensorMeta> metas;
   for (const std::string& p : prefixes) {
     metas.push_back(src.meta(p + ".weight"));
     NIBBLE_CHECK(metas.back().shape.size() == 2, "{}.weight: expected a matrix, found shape {}", p,
                  shape_str(metas.back().shape));
   }
-  const LinearKernel* k0 = kernel_of(metas[0]);
+  const LinearKernel* k0 = prec.f32 ? nullptr : kernel_of(metas[0]);
   bool fuse = prefixes.size() > 1;
   for (const TensorMeta& m : metas)
-    fuse = fuse && m.shape[1] == metas[0].shape[1] && kernel_of(m) == k0 &&
+    fuse = fuse && m.shape[1] == metas[0].shape[1] && (prec.f32 || kernel_of(m) == k0) &&
            (k0 == nullptr || m.format->group_size == metas[0].format->group_size);
   std::vector<std::vector<Tensor>> parts;
   if (fuse && k0 != nullptr)
@@ -140,12 +164,10 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
     }
   std::vector<GpuLinear> out;
   if (!fuse) {
-    for (const std::string& p : prefixes) out.push_back(load_linear_gpu(src, p));
+    for (const std::string& p : prefixes) out.push_back(load_linear_gpu(src, p, prec));
     return out;
   }
   GpuLinear l;
-  l.in = metas[0].shape[1];
-  for (const TensorMeta& m : metas) l.out += m.shape[0];
   if (k0 != nullptr) {
     std::vector<Tensor> fused;
     for (size_t j = 0; j < parts[0].size(); ++j) {
@@ -153,11 +175,13 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
       for (const auto& p : parts) column.push_back(p[j]);
       fused.push_back(concat_rows(column));
     }
+    l.in = metas[0].shape[1];
+    for (const TensorMeta& m : metas) l.out += m.shape[0];
     l.packed = k0->upload(fused, l.out, l.in, metas[0].format->group_size);
   } else {
     std::vector<Tensor> ws;
     for (const std::string& p : prefixes) ws.push_back(src.load(p + ".weight").to_f32());
-    l.dense = upload_bf16(concat_rows(ws));
+    l = dense_linear(concat_rows(ws), prec);
   }
   bool any_bias = false;
   for (const std::string& p : prefixes) any_bias = any_bias || src.contains(p + ".bias");
@@ -179,13 +203,6 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
   return out;
 }
 
-GpuLinear dense_linear(const Tensor& w) {
-  GpuLinear l;
-  l.out = w.shape()[0];
-  l.in = w.shape()[1];
-  l.dense = upload_bf16(w);
-  return l;
-}
 
 // y[M, Σ out] (f32, leading dimension ldy) = x[M, in] (bf16, or f32 where
 // every linear takes it; leading dimension ldx) · [W0; W1; ...]ᵀ + bias: each
@@ -198,6 +215,14 @@ void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, 
     // before it waits for the kernel that writes x (and only then writes y).
     if (l.packed.kernel != nullptr) {
       l.packed.kernel->gemm(l.packed, x, M, ldx, y, ldy, act, true, s, true);
+    } else if (l.f32) {
+      NIBBLE_CHECK(act == Act::F32, "GpuModel: an f32 linear was given bf16 inputs");
+      auto* xf = static_cast<float*>(const_cast<void*>(x));
+      if (l.round_in) {  // in place: the buffer is this linear's input alone, and rounding twice changes nothing
+        pdl_launch(round_bf16_kernel, blocks_of(M * l.in, 256), 256, 0, s, xf, M, l.in, ldx);
+        NIBBLE_CUDA_CHECK(cudaGetLastError());
+      }
+      gemm_f32_cublas(static_cast<const float*>(l.dense.get()), l.out, l.in, xf, M, ldx, y, ldy, s);
     } else {
       NIBBLE_CHECK(act == Act::BF16, "GpuModel: a bf16 (cuBLAS) linear was given f32 inputs");
       gemm_bf16_cublas(l.dense.get(), l.out, l.in, x, M, ldx, y, ldy, s, true);
@@ -412,6 +437,9 @@ struct GpuModel::Impl {
     // The linears' inputs as the kernels write them: f32 (decode, where the
     // linears take it) or bf16.
     const bool one = n == 1;
+    // f32 linears (GpuOptions::f32_linears) take f32 inputs at every n;
+    // otherwise decode's where `decode_f32` says so.
+    auto f32_in = [&](bool decode_f32) { return opts.f32_linears || (one && decode_f32); };
     auto act = [](bool f32) { return f32 ? Act::F32 : Act::BF16; };
     auto norm = [&](unsigned rows, float* xr, const float* y, const float* w, void* out, bool f32) {
       if (f32)
@@ -488,8 +516,8 @@ struct GpuModel::Impl {
                      sc.xq.get(), L.prep_qkv);
         linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, true);
       } else {
-        norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, one && L.f32_qkv);
-        linears_forward(L.qkv, xn, act(one && L.f32_qkv), n, ldD, qkv, QKV, stream);
+        norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, f32_in(L.f32_qkv));
+        linears_forward(L.qkv, xn, act(f32_in(L.f32_qkv)), n, ldD, qkv, QKV, stream);
       }
       auto* kc = static_cast<float*>(kcache[l].get());
       auto* vc = static_cast<float*>(vcache[l].get());
@@ -514,7 +542,7 @@ struct GpuModel::Impl {
       a.k = kc;
       a.v = vc;
       a.out = att;
-      a.out_f32 = one && L.f32_o;
+      a.out_f32 = f32_in(L.f32_o);
       if (one && L.prep_o) {
         a.prepared = sc.oq.get();
         a.prep_group = L.prep_o;
@@ -544,7 +572,7 @@ struct GpuModel::Impl {
       } else if (one && L.prep_o)
         linears_prepared(&L.o, 1, sc.oq, tmp, stream);
       else
-        linears_forward(&L.o, 1, att, act(one && L.f32_o), n, ldQ, tmp, D, stream);
+        linears_forward(&L.o, 1, att, act(f32_in(L.f32_o)), n, ldQ, tmp, D, stream);
       if (fz) {
         GemvFusion f = in_norm;
         f.swiglu = true;
@@ -555,8 +583,8 @@ struct GpuModel::Impl {
                                                                 L.prep_gate_up);
         linears_prepared(L.gate_up.data(), L.gate_up.size(), sc.xq, gu, stream, true);
       } else {
-        norm(rows_n, x, tmp, f32p(L.post_norm), xn, one && L.f32_gate_up);
-        linears_forward(L.gate_up, xn, act(one && L.f32_gate_up), n, ldD, gu, 2 * F, stream);
+        norm(rows_n, x, tmp, f32p(L.post_norm), xn, f32_in(L.f32_gate_up));
+        linears_forward(L.gate_up, xn, act(f32_in(L.f32_gate_up)), n, ldD, gu, 2 * F, stream);
       }
       const bool last = l + 1 == layers.size();
       if (fz && (!last || prep_head)) {  // x += down's output, then the next norm's z
@@ -571,14 +599,14 @@ struct GpuModel::Impl {
         NIBBLE_CUDA_CHECK(cudaGetLastError());
         linears_prepared(&L.down, 1, sc.hq, tmp, stream);
       } else {
-        if (one && L.f32_down)
+        if (f32_in(L.f32_down))
           pdl_launch(silu_mul_kernel<float>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F,
                      static_cast<float*>(h), ldF, n, F);
         else
           pdl_launch(silu_mul_kernel<bf16>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F,
                      static_cast<bf16*>(h), ldF, n, F);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
-        linears_forward(&L.down, 1, h, act(one && L.f32_down), n, ldF, tmp, D, stream);
+        linears_forward(&L.down, 1, h, act(f32_in(L.f32_down)), n, ldF, tmp, D, stream);
       }
     }
     // The last MLP output joins only the rows whose logits are wanted (the
@@ -594,8 +622,8 @@ struct GpuModel::Impl {
                    prep_head);
         linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream);
       } else {
-        norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, one && f32_head);
-        linears_forward(&head, 1, xn, act(one && f32_head), rows, ldD, static_cast<float*>(sc.logits.get()),
+        norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, f32_in(f32_head));
+        linears_forward(&head, 1, xn, act(f32_in(f32_head)), rows, ldD, static_cast<float*>(sc.logits.get()),
                         c.vocab_size, stream);
       }
     }
@@ -738,7 +766,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   const Tensor embed = src.load("model.embed_tokens.weight").to_f32();
   m.embed = upload(embed);
   m.final_norm = upload(src.load("model.norm.weight").to_f32());
-  m.head = c.tie_word_embeddings ? dense_linear(embed) : load_linear_gpu(src, "lm_head");
+  const LinearPrecision prec{opts.f32_linears, opts.bf16_inputs};
+  m.head = c.tie_word_embeddings ? dense_linear(embed, prec) : load_linear_gpu(src, "lm_head", prec);
   const bool qk_norm = find_arch(c.model_type).qk_norm;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
@@ -752,14 +781,14 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     }
     const std::string a = p + "self_attn.", f = p + "mlp.";
     if (opts.fuse_linears) {
-      L.qkv = load_linears(src, {a + "q_proj", a + "k_proj", a + "v_proj"});
-      L.gate_up = load_linears(src, {f + "gate_proj", f + "up_proj"});
+      L.qkv = load_linears(src, {a + "q_proj", a + "k_proj", a + "v_proj"}, prec);
+      L.gate_up = load_linears(src, {f + "gate_proj", f + "up_proj"}, prec);
     } else {
-      for (const char* n : {"q_proj", "k_proj", "v_proj"}) L.qkv.push_back(load_linear_gpu(src, a + n));
-      for (const char* n : {"gate_proj", "up_proj"}) L.gate_up.push_back(load_linear_gpu(src, f + n));
+      for (const char* n : {"q_proj", "k_proj", "v_proj"}) L.qkv.push_back(load_linear_gpu(src, a + n, prec));
+      for (const char* n : {"gate_proj", "up_proj"}) L.gate_up.push_back(load_linear_gpu(src, f + n, prec));
     }
-    L.o = load_linear_gpu(src, a + "o_proj");
-    L.down = load_linear_gpu(src, f + "down_proj");
+    L.o = load_linear_gpu(src, a + "o_proj", prec);
+    L.down = load_linear_gpu(src, f + "down_proj", prec);
     m.layers.push_back(std::move(L));
     const size_t cache_bytes = static_cast<size_t>(max_tokens * c.num_kv_heads * c.head_dim) * 4;
     m.kcache.emplace_back(cache_bytes);

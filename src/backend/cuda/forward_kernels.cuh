@@ -290,6 +290,18 @@ __global__ void bias_add_kernel(float* y, int64_t ldy, const float* bias, int64_
   if (j < n * N) y[(j / N) * ldy + j % N] += bias[j % N];
 }
 
+// x[i, j] = bf16(x[i, j]) (round to nearest even, kept as f32) for an [n, N]
+// block with leading dimension ldx: the bf16 inputs of the f32 linears
+// (GpuOptions::bf16_inputs), as the CPU forward's bf16_activations rounds them.
+__global__ void round_bf16_kernel(float* x, int64_t n, int64_t N, int64_t ldx) {
+  pdl_prologue();
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j < n * N) {
+    float* p = x + (j / N) * ldx + j % N;
+    *p = __bfloat162float(__float2bfloat16_rn(*p));
+  }
+}
+
 // One warp per (token, head): optional per-head RMSNorm (qwen3), RoPE
 // (rotate_half), then q to qf (f32) and k, v into the cache rows at p0 + i.
 // One warp: RMS-normalizes one head (when nw is set: qwen3's q/k norm),

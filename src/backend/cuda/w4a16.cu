@@ -626,13 +626,13 @@ DeviceBuffer dequantize_to_bf16_device(const std::vector<Tensor>& parts, int64_t
   return upload_bf16(dequantize_parts(find_format("int4_asym", group_size), parts, rows, cols));
 }
 
-void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
-                      int64_t ldy, void* stream, bool f32_out) {
-  // One handle and one workspace for the process (never freed). The workspace
-  // is ours, not cuBLAS's pool: a call captured into a CUDA graph (the GPU
-  // forward's decode step) then gets the same workspace, and so the same
-  // algorithm, as the same call launched directly. 32 MiB is what the cuBLAS
-  // documentation recommends for Hopper.
+namespace {
+// One handle and one workspace for the process (never freed), set to `stream`.
+// The workspace is ours, not cuBLAS's pool: a call captured into a CUDA graph
+// (the GPU forward's decode step) then gets the same workspace, and so the
+// same algorithm, as the same call launched directly. 32 MiB is what the
+// cuBLAS documentation recommends for Hopper.
+cublasHandle_t cublas_on(void* stream) {
   constexpr size_t kWorkspaceBytes = size_t{32} << 20;
   struct Cublas {
     cublasHandle_t handle = nullptr;
@@ -644,20 +644,35 @@ void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void
     NIBBLE_CUDA_CHECK(cudaMalloc(&c.workspace, kWorkspaceBytes));
     return c;
   }();
-  cublasHandle_t handle = lib.handle;
   // cublasSetStream resets the workspace to the library's pool: set ours after it.
-  NIBBLE_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(stream)) == CUBLAS_STATUS_SUCCESS,
+  NIBBLE_CHECK(cublasSetStream(lib.handle, static_cast<cudaStream_t>(stream)) == CUBLAS_STATUS_SUCCESS,
                "cuBLAS: cublasSetStream failed");
-  NIBBLE_CHECK(cublasSetWorkspace(handle, lib.workspace, kWorkspaceBytes) == CUBLAS_STATUS_SUCCESS,
+  NIBBLE_CHECK(cublasSetWorkspace(lib.handle, lib.workspace, kWorkspaceBytes) == CUBLAS_STATUS_SUCCESS,
                "cuBLAS: cublasSetWorkspace failed");
+  return lib.handle;
+}
+}  // namespace
+
+void gemm_bf16_cublas(const void* w_bf16, int64_t rows, int64_t cols, const void* x, int64_t M, int64_t ldx, void* y,
+                      int64_t ldy, void* stream, bool f32_out) {
   const float alpha = 1.0f, beta = 0.0f;
   // Column-major view: Yᵀ[rows, M] = W[rows, cols] (row-major = colmajor Wᵀ) · Xᵀ[cols, M].
   const cublasStatus_t st = cublasGemmEx(
-      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M), static_cast<int>(cols), &alpha,
-      w_bf16, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF, static_cast<int>(ldx), &beta, y,
-      f32_out ? CUDA_R_32F : CUDA_R_16BF,
-      static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      cublas_on(stream), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M), static_cast<int>(cols),
+      &alpha, w_bf16, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF, static_cast<int>(ldx), &beta, y,
+      f32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   NIBBLE_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS: bf16 GEMM failed (status {})", static_cast<int>(st));
+}
+
+void gemm_f32_cublas(const float* w, int64_t rows, int64_t cols, const float* x, int64_t M, int64_t ldx, float* y,
+                     int64_t ldy, void* stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  // fp32 throughout: the pedantic compute type rules out TF32 and any other reduced-precision path.
+  const cublasStatus_t st = cublasGemmEx(
+      cublas_on(stream), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(M), static_cast<int>(cols),
+      &alpha, w, CUDA_R_32F, static_cast<int>(cols), x, CUDA_R_32F, static_cast<int>(ldx), &beta, y, CUDA_R_32F,
+      static_cast<int>(ldy), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT);
+  NIBBLE_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS: f32 GEMM failed (status {})", static_cast<int>(st));
 }
 
 }  // namespace nibble::cuda

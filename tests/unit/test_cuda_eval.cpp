@@ -1,0 +1,167 @@
+// The KL yardstick on the GPU (nibble eval --device cuda) against the CPU's:
+// the f32-linear GPU forward (cuda::GpuOptions::f32_linears) against
+// Model::forward, and build_reference / score_candidate on both devices.
+// Compiled whenever the build has CUDA (CI compiles it); run where a GPU is
+// present, skipped elsewhere.
+#include <gtest/gtest.h>
+
+#ifdef NIBBLE_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "nibble/convert.h"
+#include "nibble/cuda.h"
+#include "nibble/cuda_model.h"
+#include "nibble/error.h"
+#include "nibble/kl.h"
+#include "nibble/kv_quant.h"
+#include "nibble/model.h"
+#include "nibble/source.h"
+#include "nibble/tokenizer.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Per row: max |Δlogit| / max |logit| between the CPU's and the GPU's logits; the worst row.
+double worst_row(const Tensor& cpu, const Tensor& gpu, int64_t V) {
+  EXPECT_EQ(cpu.shape(), gpu.shape());
+  double worst = 0;
+  for (int64_t r = 0; r < cpu.shape()[0]; ++r) {
+    const float* a = cpu.data<float>() + r * V;
+    const float* b = gpu.data<float>() + r * V;
+    double scale = 0, diff = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      scale = std::max(scale, std::fabs(static_cast<double>(a[j])));
+      diff = std::max(diff, std::fabs(static_cast<double>(a[j]) - b[j]));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+std::vector<int32_t> some_ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (auto& t : ids) {
+    s = s * 1664525u + 1013904223u;
+    t = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(vocab));
+  }
+  return ids;
+}
+
+// f32 weights, f32 inputs, the fp32 GEMM: the CPU forward's logits up to fp32
+// summation order (measured on the H200: see the printed figures), in prefill
+// and in decode through the KV cache.
+void check_f32_forward(const fs::path& dir, int64_t n, int decode_steps) {
+  auto src = CheckpointDir::open(dir);
+  auto cpu = Model::load(*src);
+  const ModelConfig& c = cpu->config();
+  const int64_t V = c.vocab_size;
+  cuda::GpuOptions g;
+  g.f32_linears = true;
+  auto gpu = cuda::GpuModel::load(*src, n + decode_steps, g);
+  const std::vector<int32_t> prompt = some_ids(n, V, 7);
+  KVCache cache(c, n + decode_steps);
+  const double prefill = worst_row(cpu->forward(prompt, cache, true), gpu->forward(prompt, true), V);
+  EXPECT_LT(prefill, 2e-5) << dir;
+  double decode = 0;
+  for (int step = 0; step < decode_steps; ++step) {
+    const int32_t t = prompt[static_cast<size_t>(step) % prompt.size()];
+    decode = std::max(decode, worst_row(cpu->forward({t}, cache, false), gpu->forward({t}, false), V));
+  }
+  EXPECT_LT(decode, 2e-5) << dir;
+  std::printf("[f32 forward] %s: worst row max|dlogit|/max|logit| prefill %.3g, decode %.3g\n",
+              dir.filename().c_str(), prefill, decode);
+}
+
+TEST(CudaEval, F32LinearsMatchTheCpuForward) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir tmp("nibble-cuda-eval");
+  const fs::path stories = test::model_dir("stories260K"), qwen = test::model_dir("qwen3-26M-linux");
+  QuantizeOptions q;
+  q.group_size = 64;
+  q.progress = false;
+  quantize_model(stories, tmp / "stories-rtn", q);
+  q.group_size = 128;
+  quantize_model(qwen, tmp / "qwen-rtn", q);
+  check_f32_forward(stories, 200, 8);  // head_dim 8: prefill through the row-wise attention kernel
+  check_f32_forward(tmp / "stories-rtn", 200, 8);
+  check_f32_forward(qwen, 300, 8);  // head_dim 128: the flash kernel with f32 output
+  check_f32_forward(tmp / "qwen-rtn", 300, 8);
+}
+
+// build_reference and score_candidate with device "cuda" against "cpu" on the
+// qwen3 fixture: the reference's log-probabilities, its noise floor (bf16
+// inputs of every linear on both devices) and an RTN candidate's summary.
+TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir tmp("nibble-cuda-eval");
+  const fs::path model = test::model_dir("qwen3-26M-linux");
+  QuantizeOptions q;
+  q.progress = false;
+  quantize_model(model, tmp / "rtn", q);
+  const Tokenizer tok = Tokenizer::from_file(model / "tokenizer.json");
+  const std::string text = test::read_file(test::shared_dir() / "data/corpora/linux-eval.txt").substr(0, 60000);
+  const eval::Corpus corpus{"linux", tok.encode(text, true), "x"};
+  eval::KlOptions o;
+  o.ctx = 256;
+  o.chunks = 6;
+  o.bos = leading_bos(tok);
+  o.progress = false;
+  o.bootstrap = 100;
+  auto ref = CheckpointDir::open(model);
+  auto cand = CheckpointDir::open(tmp / "rtn");
+  std::vector<std::string> notes;
+  eval::KlOptions og = o;
+  og.device = "cuda";
+  const eval::Reference rc = eval::build_reference(*ref, {corpus}, o, "", notes);
+  const eval::Reference rg = eval::build_reference(*ref, {corpus}, og, "", notes);
+  ASSERT_EQ(rc.corpora[0].logprobs.shape(), rg.corpora[0].logprobs.shape());
+  // Log-probabilities: the same up to fp32 order (per position, the largest |Δ|
+  // among tokens with p > 1e-6; far tails carry no weight in the KL).
+  const int64_t V = rc.corpora[0].vocab, P = rc.corpora[0].logprobs.size(0);
+  double worst = 0;
+  for (int64_t p = 0; p < P; ++p) {
+    const float* a = rc.corpora[0].logprobs.data<float>() + p * V;
+    const float* b = rg.corpora[0].logprobs.data<float>() + p * V;
+    for (int64_t v = 0; v < V; ++v)
+      if (a[v] > std::log(1e-6f)) worst = std::max(worst, std::fabs(static_cast<double>(a[v]) - b[v]));
+  }
+  EXPECT_LT(worst, 1e-3);
+  EXPECT_EQ(rc.corpora[0].top1, rg.corpora[0].top1);
+  // The noise floor: the same definition on both, so the same size (the bf16
+  // rounding of inputs that differ in their last fp32 bits can differ).
+  EXPECT_GT(rg.noise_floor[0], 0.0);
+  EXPECT_NEAR(rg.noise_floor[0], rc.noise_floor[0], 0.1 * rc.noise_floor[0]);
+  const auto sc = eval::score_candidate(*cand, rc, {corpus}, o);
+  const auto sg = eval::score_candidate(*cand, rg, {corpus}, og);
+  ASSERT_EQ(sc.size(), 1u);
+  ASSERT_EQ(sg.size(), 1u);
+  EXPECT_EQ(sc[0].positions, sg[0].positions);
+  EXPECT_NEAR(sg[0].kl.mean, sc[0].kl.mean, 1e-3 * sc[0].kl.mean);
+  EXPECT_NEAR(sg[0].kl.p99, sc[0].kl.p99, 1e-2 * sc[0].kl.p99);
+  EXPECT_NEAR(sg[0].top1, sc[0].top1, 2.0 / static_cast<double>(sc[0].positions));
+  EXPECT_NEAR(sg[0].ppl_cand, sc[0].ppl_cand, 1e-4 * sc[0].ppl_cand);
+  std::printf("[gpu eval] logprob max|d| %.3g; noise floor cpu %.4g gpu %.4g; RTN KL cpu %.6g gpu %.6g, top-1 %.4f %.4f\n",
+              worst, rc.noise_floor[0], rg.noise_floor[0], sc[0].kl.mean, sg[0].kl.mean, sc[0].top1, sg[0].top1);
+  // The reference against itself on the GPU: nothing lost.
+  const auto same = eval::score_candidate(*ref, rg, {corpus}, og);
+  EXPECT_EQ(same[0].kl.max, 0.0);
+  // What the GPU forward does not simulate is refused, by name.
+  eval::CandidateOptions kv;
+  kv.kv_quant = find_kv_quant("int4");
+  try {
+    eval::score_candidate(*cand, rg, {corpus}, og, kv);
+    ADD_FAILURE() << "a quantized KV cache on the GPU was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace nibble
+#endif
