@@ -114,7 +114,7 @@ GpuLinear dense_linear(const Tensor& w, LinearPrecision p) {
   GpuLinear l;
   l.out = w.shape()[0];
   l.in = w.shape()[1];
-  l.dense = p.f32 ? upload(w.to_f32()) : upload_bf16(w);
+  l.dense = !p.f32 ? upload_bf16(w) : w.dtype() == DType::F32 ? upload(w) : upload(w.to_f32());  // no f32 copy of f32
   l.f32 = p.f32;
   l.round_in = p.f32 && p.round_in;
   return l;
