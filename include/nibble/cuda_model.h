@@ -1,12 +1,14 @@
 // The Llama-family forward pass on an NVIDIA GPU (CUDA builds only; see
 // docs/CUDA.md). Linears of a format with a CUDA kernel (int4_asym: w4a16_mma)
 // stay packed on the device; everything else is held as bf16 and runs through
-// cuBLAS (GpuOptions::f32_linears: every linear in f32 instead). Inputs of linears are bf16 (f32 in decode when every linear takes
-// f32 single-token inputs: the integer W4A16 GEMV); their outputs, the residual stream,
-// norms, RoPE, attention and the KV cache are fp32.
+// cuBLAS. Inputs of linears are bf16 (f32 in decode when every linear takes
+// f32 single-token inputs: the integer W4A16 GEMV); their outputs, the
+// residual stream, norms, RoPE, attention and the KV cache are fp32.
+// GpuOptions::f32_linears instead holds every linear as f32 with f32 inputs
+// (the KL yardstick's forward).
 // Not yet: simulated activation quantizers (ModelSource::activation_quant(),
-// which this forward does not apply) and quantized KV caches; nibble run
-// refuses both on --device cuda.
+// which this forward does not apply) and quantized KV caches; nibble run and
+// nibble eval refuse both on --device cuda.
 #pragma once
 
 #include <cstddef>
