@@ -187,6 +187,15 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
                         " --corpus ts=" + (tmp / "t.txt").string() + " --device tpu");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+  // Simulations the GPU forward does not do are refused at once, on any build and any machine.
+  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                        " --corpus ts=" + (tmp / "t.txt").string() + " --device cuda --kv none,int4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--kv int4 is simulated on the CPU only"), std::string::npos) << r.err;
+  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                        " --corpus ts=" + (tmp / "t.txt").string() + " --device cuda --act-quant int8_token");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--act-quant int8_token is simulated on the CPU only"), std::string::npos) << r.err;
 #ifndef NIBBLE_HAVE_CUDA
   r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
                         " --corpus ts=" + (tmp / "t.txt").string() + " --device cuda");

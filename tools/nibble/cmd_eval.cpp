@@ -169,6 +169,14 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
         variants.push_back({kv, a});
       }
     }
+    if (o->opt.device == "cuda")  // refused before any work, not after the reference has run
+      for (const RunVariant& v : variants) {
+        NIBBLE_CHECK(v.kv == "none", "eval --device cuda: --kv {} is simulated on the CPU only; use --device cpu",
+                     v.kv);
+        NIBBLE_CHECK(!v.act_quant || *v.act_quant == "none",
+                     "eval --device cuda: --act-quant {} is simulated on the CPU only; use --device cpu",
+                     v.act_quant.value_or(""));
+      }
     auto ref = open_model_source(o->reference);
     std::unique_ptr<Tokenizer> tok;
     if (const auto tj = ref->tokenizer_json(); !tj.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tj));
