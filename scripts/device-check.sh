@@ -5,12 +5,14 @@
 #   gptq:          GPTQ on the GPU: the Cuda.Gptq* / Cuda.Calibration* tests (solve, calibration forward,
 #                  end-to-end runs) and bench_gptq_cuda (GPU vs CPU solve);
 #   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
+#   eval:          the KL yardstick on the GPU: the CudaEval.* tests, nibble eval on qwen3-26M-linux with
+#                  --device cpu and --device cuda (same numbers, both times), and the 8B-shaped model on the GPU;
 #   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate.
 # Usage on this machine: scripts/device-check.sh --bundle [--models]
 #          (builds build-cuda/ for sm_90a and assembles devrun/: binaries, the shared
 #           libraries a bare CUDA image may lack, and with --models the two fixtures;
 #           then packs it as devrun.tar.xz, the path to carry)
-#        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [gptq] [transformers]
+#        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${NIBBLE_SHARED:-../shared}
@@ -39,6 +41,8 @@ if [ "${1:-}" = "--bundle" ]; then
     # The calibration text of the GPU GPTQ end-to-end tests (Cuda.GptqOnGpu*).
     mkdir -p devrun/data/corpora
     cp "$SHARED/data/corpora/tinystories-valid-sample.txt" "$SHARED/data/corpora/linux-calib.txt" devrun/data/corpora/
+    # The eval check's corpus: the first 400 KB of linux-eval.txt (about 100 000 tokens) keeps the bundle small.
+    head -c 400000 "$SHARED/data/corpora/linux-eval.txt" >devrun/data/corpora/linux-eval.txt
   fi
   # The device tool carries at most 64 MiB: ship one compressed archive (carry devrun.tar.xz).
   tar -cf - devrun | xz -T2 -9 >devrun.tar.xz  # -9: with the goldens, -3 no longer fits
@@ -46,7 +50,7 @@ if [ "${1:-}" = "--bundle" ]; then
   exit 0
 fi
 
-[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [gptq] [attention] [transformers]" >&2; exit 2; }
+[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers]" >&2; exit 2; }
 OUT=$2
 shift 2
 [ -d devrun ] || tar -xJf devrun.tar.xz
@@ -68,6 +72,23 @@ for what in "${@:-gpu}"; do
     attention)
       devrun/bin/nibble_tests --gtest_filter='Cuda.FlashAttention*' 2>&1 | tee "$OUT/cuda_attention_tests.txt" | tail -25
       devrun/bin/bench_attention 2>&1 | tee "$OUT/bench_attention.txt"
+      ;;
+    eval)
+      devrun/bin/nibble_tests --gtest_filter='CudaEval.*:KlEval.*' 2>&1 | tee "$OUT/cuda_eval_tests.txt" | tail -12
+      m=devrun/models/qwen3-26M-linux c=linux=devrun/data/corpora/linux-eval.txt
+      devrun/bin/nibble -q quantize --method rtn --model $m --out /tmp/nibble-q-eval --force
+      for d in cpu cuda; do
+        { time devrun/bin/nibble eval -q --device $d --reference $m --candidate /tmp/nibble-q-eval --corpus $c \
+            --ctx 512 --chunks 40 --json "$OUT/eval-qwen3-$d.json"; } 2>&1 | tee "$OUT/eval-qwen3-$d.txt" | tail -8
+      done
+      # The 8B shape on the GPU: reference and noise floor (cached), then the candidate, timed apart.
+      devrun/bin/nibble -q synth --out /tmp/nibble-l8b --tokenizer-from $m --force
+      devrun/bin/nibble -q quantize --method rtn --model /tmp/nibble-l8b --out /tmp/nibble-l8b-rtn --force
+      { time devrun/bin/nibble eval -q --device cuda --noise-floor --reference /tmp/nibble-l8b --corpus $c --ctx 512 \
+          --chunks 16 --reference-cache /tmp/nibble-l8b-ref; } 2>&1 | tee "$OUT/eval-l8b-reference.txt" | tail -5
+      { time devrun/bin/nibble eval -q --device cuda --reference /tmp/nibble-l8b --candidate /tmp/nibble-l8b-rtn \
+          --corpus $c --ctx 512 --chunks 16 --reference-cache /tmp/nibble-l8b-ref; } 2>&1 |
+        tee "$OUT/eval-l8b-candidate.txt" | tail -8
       ;;
     transformers)
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" |
