@@ -183,24 +183,19 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
   r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --corpus ts=" + (tmp / "t.txt").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--candidate"), std::string::npos) << r.err;
-  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
-                        " --corpus ts=" + (tmp / "t.txt").string() + " --device tpu");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+  // The model against itself on the corpus, with `args` added: each of these fails, with `error` in stderr.
+  auto refused = [&](const std::string& args, const std::string& error) {
+    const auto f = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                                     " --corpus ts=" + (tmp / "t.txt").string() + " " + args);
+    EXPECT_NE(f.exit_code, 0) << args;
+    EXPECT_NE(f.err.find(error), std::string::npos) << args << ": " << f.err;
+  };
+  refused("--device tpu", "--device");
   // Simulations the GPU forward does not do are refused at once, on any build and any machine.
-  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
-                        " --corpus ts=" + (tmp / "t.txt").string() + " --device cuda --kv none,int4");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("--kv int4 is simulated on the CPU only"), std::string::npos) << r.err;
-  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
-                        " --corpus ts=" + (tmp / "t.txt").string() + " --device cuda --act-quant int8_token");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("--act-quant int8_token is simulated on the CPU only"), std::string::npos) << r.err;
+  refused("--device cuda --kv none,int4", "--kv int4 is simulated on the CPU only");
+  refused("--device cuda --act-quant int8_token", "--act-quant int8_token is simulated on the CPU only");
 #ifndef NIBBLE_HAVE_CUDA
-  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
-                        " --corpus ts=" + (tmp / "t.txt").string() + " --device cuda");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("CUDA build"), std::string::npos) << r.err;
+  refused("--device cuda", "CUDA build");
 #endif
 }
 
