@@ -5,7 +5,7 @@
 #   gptq:          GPTQ on the GPU: the Cuda.Gptq* / Cuda.Calibration* tests (solve, calibration forward,
 #                  end-to-end runs) and bench_gptq_cuda (GPU vs CPU solve);
 #   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
-#   eval:          the KL yardstick on the GPU: the CudaEval.* tests, nibble eval on qwen3-26M-linux with
+#   eval:          the KL yardstick on the GPU: the CudaEval.* tests (and the GPU forward's), nibble eval on qwen3-26M-linux with
 #                  --device cpu and --device cuda (same numbers, both times), and the 8B-shaped model on the GPU;
 #   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate.
 # Usage on this machine: scripts/device-check.sh --bundle [--models]
@@ -74,7 +74,7 @@ for what in "${@:-gpu}"; do
       devrun/bin/bench_attention 2>&1 | tee "$OUT/bench_attention.txt"
       ;;
     eval)
-      devrun/bin/nibble_tests --gtest_filter='CudaEval.*:KlEval.*' 2>&1 | tee "$OUT/cuda_eval_tests.txt" | tail -12
+      devrun/bin/nibble_tests --gtest_filter='CudaEval.*:KlEval.*:Cuda.GpuForward*:Cuda.DecodeGraph*' 2>&1 | tee "$OUT/cuda_eval_tests.txt" | tail -12
       m=devrun/models/qwen3-26M-linux c=linux=devrun/data/corpora/linux-eval.txt
       devrun/bin/nibble -q quantize --method rtn --model $m --out /tmp/nibble-q-eval --force
       for d in cpu cuda; do

@@ -58,14 +58,18 @@ struct GpuOptions {
   // kv-shared kernel is slower up to ~3000 positions and faster beyond (step
   // 2951 -> 2485 µs at 8000; docs/results/decode-long-context-s17.md).
   int64_t kv_shared_from = 3072;
-  // The yardstick's forward (nibble eval --device cuda): every linear is held
-  // as f32 (each format dequantized at load to the values the CPU forward
-  // computes with; 4 bytes per weight) and runs through cuBLAS in fp32 (no
-  // TF32) on f32 inputs, so the logits are the CPU forward's up to fp32
-  // summation order. Slower than the int4 kernels, and off by default.
+  // The yardstick's forward (nibble eval --device cuda): every linear runs
+  // through cuBLAS in fp32 (no TF32) on f32 inputs with the f32 values the CPU
+  // forward computes with, so the logits are the CPU forward's up to fp32
+  // summation order. bf16 / fp16 / f32 and int4_asym matrices stay on the
+  // device as stored and are widened (int4_asym: dequantized bit-exactly)
+  // into one f32 scratch, the size of the largest linear, just before their
+  // GEMM; other formats are dequantized on the host at load and held as f32.
+  // Slower than the int4 kernels, and off by default.
   bool f32_linears = false;
   // With f32_linears: every linear's input is rounded to bf16 first, as the
   // CPU forward's bf16_activations (the KL noise floor's second computation).
+  // Switchable on a loaded model: GpuModel::set_bf16_inputs.
   bool bf16_inputs = false;
 };
 
@@ -105,6 +109,10 @@ class GpuModel {
   // and one embedding row. The KV cache read grows with the position and is
   // not counted.
   size_t decode_weight_bytes() const;
+  // GpuOptions::bf16_inputs on a model loaded with f32_linears (the noise
+  // floor reuses the reference's load); a captured decode graph is captured
+  // again.
+  void set_bf16_inputs(bool on);
 
  private:
   GpuModel();

@@ -125,6 +125,13 @@ class WindowRunner {
     NIBBLE_FAIL("eval: --device cuda needs a CUDA build of nibble (make build NIBBLE_CUDA=on)");
 #endif
   }
+  // The noise floor's second computation on the same load (RunSetup::bf16_activations).
+  void set_bf16_activations(bool on) {
+    setup_.bf16_activations = on;
+#ifdef NIBBLE_HAVE_CUDA
+    if (gpu_) gpu_->set_bf16_inputs(on);
+#endif
+  }
   void each(const std::vector<std::vector<int32_t>>& ws, Progress& bar,
             const std::function<void(size_t, const float*)>& fn) {
 #ifdef NIBBLE_HAVE_CUDA
@@ -261,9 +268,10 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
     ws.push_back(windows_of(c, o));
     total += static_cast<int64_t>(ws.back().size());
   }
+  // One load for both runs (on the GPU the reference's weights stay loaded).
+  WindowRunner runner(src, exact(false), o);
   {
     Progress bar("reference", total, o.progress, "windows");
-    WindowRunner runner(src, exact(false), o);
     for (size_t i = 0; i < corpora.size(); ++i) {
       ReferenceCorpus rc;
       rc.name = corpora[i].name;
@@ -283,7 +291,7 @@ Reference build_reference(const ModelSource& src, const std::vector<Corpus>& cor
   // The noise floor: the same reference, computed a second honest way.
   {
     Progress bar("noise floor", total, o.progress, "windows");
-    WindowRunner runner(src, exact(true), o);
+    runner.set_bf16_activations(true);
     double sum = 0;
     int64_t count = 0;
     for (size_t i = 0; i < corpora.size(); ++i) {

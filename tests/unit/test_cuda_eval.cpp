@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "nibble/convert.h"
 #include "nibble/cuda.h"
@@ -92,6 +93,47 @@ TEST(CudaEval, F32LinearsMatchTheCpuForward) {
   check_f32_forward(tmp / "stories-rtn", 200, 8);
   check_f32_forward(qwen, 300, 8);  // head_dim 128: the flash kernel with f32 output
   check_f32_forward(tmp / "qwen-rtn", 300, 8);
+}
+
+// GpuModel::set_bf16_inputs on a loaded f32 model: the logits of a model
+// loaded with GpuOptions::bf16_inputs, bit for bit, and back again; the
+// rounding changes them (the noise floor is not zero).
+TEST(CudaEval, Bf16InputsSwitchOnALoadedModel) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir tmp("nibble-cuda-eval");
+  QuantizeOptions q;
+  q.progress = false;
+  quantize_model(test::model_dir("qwen3-26M-linux"), tmp / "rtn", q);
+  auto src = CheckpointDir::open(tmp / "rtn");
+  const std::vector<int32_t> prompt = some_ids(64, src->config().vocab_size, 11);
+  cuda::GpuOptions g;
+  g.f32_linears = true;
+  g.decode_graph = true;  // captured again on each switch
+  auto a = cuda::GpuModel::load(*src, 80, g);
+  g.bf16_inputs = true;
+  auto b = cuda::GpuModel::load(*src, 80, g);
+  auto run = [&](cuda::GpuModel& m) {
+    m.reset();
+    Tensor out = m.forward(prompt, true);
+    const Tensor step = m.forward({prompt[3]}, true);  // decode, through the graph
+    return std::make_pair(out, step);
+  };
+  const auto plain = run(*a), rounded = run(*b);
+  auto same = [](const Tensor& x, const Tensor& y) {
+    return x.shape() == y.shape() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+  };
+  EXPECT_FALSE(same(plain.first, rounded.first));
+  a->set_bf16_inputs(true);
+  const auto switched = run(*a);
+  EXPECT_TRUE(same(switched.first, rounded.first));
+  EXPECT_TRUE(same(switched.second, rounded.second));
+  a->set_bf16_inputs(false);
+  const auto back = run(*a);
+  EXPECT_TRUE(same(back.first, plain.first));
+  EXPECT_TRUE(same(back.second, plain.second));
+  // Only an f32 model takes the switch.
+  auto packed = cuda::GpuModel::load(*src, 80);
+  EXPECT_THROW(packed->set_bf16_inputs(true), Error);
 }
 
 // build_reference and score_candidate with device "cuda" against "cpu" on the

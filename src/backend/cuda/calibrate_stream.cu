@@ -49,14 +49,9 @@ __global__ void scaled_bf16_kernel(const float* __restrict__ in, int64_t n, floa
 __device__ inline float to_float(bf16 v) { return __bfloat162float(v); }
 __device__ inline float to_float(__half v) { return __half2float(v); }
 __device__ inline float to_float(float v) { return v; }
-template <typename T>
-__global__ void widen_kernel(const T* __restrict__ in, int64_t n, float* __restrict__ out) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = to_float(in[i]);
-}
-
 // A host tensor of a float dtype as f32 in device memory: uploaded as stored
-// (half the bytes for bf16 / fp16), widened on the device.
+// (half the bytes for bf16 / fp16), widened on the device (widen_kernel,
+// forward_kernels.cuh).
 DeviceBuffer upload_f32(const Tensor& t) {
   if (t.dtype() == DType::F32) return upload(t);
   NIBBLE_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F16, "GPU calibration: unsupported dtype {}",

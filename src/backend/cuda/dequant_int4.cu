@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dequant_int4.h"
 #include "nibble/cuda.h"
 
 namespace nibble::cuda {
@@ -32,20 +33,25 @@ __global__ void dequant_int4_asym_kernel(const uint8_t* __restrict__ qweight, co
 
 }  // namespace
 
+void dequant_int4_asym_launch(const uint8_t* qweight, const void* scales, const void* mins, int64_t rows, int64_t cols,
+                              int group_size, float* out, cudaStream_t s) {
+  const int64_t n = rows * ((cols + 1) / 2);
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  dequant_int4_asym_kernel<<<blocks, kThreads, 0, s>>>(qweight, static_cast<const __nv_bfloat16*>(scales),
+                                                        static_cast<const __nv_bfloat16*>(mins), out, rows, cols,
+                                                        group_size);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+}
+
 Tensor dequantize_int4_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   check_parts(find_format("int4_asym", group_size), parts, rows, cols);  // shapes and dtypes are the format's
   const DeviceBuffer d_qw = upload(parts[0]), d_sc = upload(parts[1]), d_mn = upload(parts[2]);
   Tensor out = Tensor::zeros(DType::F32, {rows, cols});
   DeviceBuffer d_out(out.nbytes());
-  const int64_t n = rows * ((cols + 1) / 2);
-  if (n > 0) {
-    constexpr int kThreads = 256;
-    const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-    dequant_int4_asym_kernel<<<blocks, kThreads>>>(
-        static_cast<const uint8_t*>(d_qw.get()), static_cast<const __nv_bfloat16*>(d_sc.get()),
-        static_cast<const __nv_bfloat16*>(d_mn.get()), static_cast<float*>(d_out.get()), rows, cols, group_size);
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
-  }
+  dequant_int4_asym_launch(static_cast<const uint8_t*>(d_qw.get()), d_sc.get(), d_mn.get(), rows, cols, group_size,
+                           static_cast<float*>(d_out.get()), nullptr);
   NIBBLE_CUDA_CHECK(cudaMemcpy(out.raw_mut(), d_out.get(), out.nbytes(), cudaMemcpyDeviceToHost));
   return out;
 }

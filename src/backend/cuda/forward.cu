@@ -32,6 +32,7 @@
 #include <functional>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/dequant_int4.h"
 #include "backend/cuda/forward_kernels.cuh"
 #include "backend/cuda/w4a16_gemv.h"
 #include "nibble/arch.h"
@@ -63,15 +64,69 @@ void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
-// A linear on the device: packed (a registered kernel) or dense bf16 (cuBLAS).
+// One matrix of an f32 linear (GpuOptions::f32_linears), held as stored and
+// widened to f32 just before each GEMM: bf16 / fp16 / f32 values (`dtype`),
+// or int4_asym's parts (group > 0: codes in `values`, scales, mins),
+// dequantized there bit-identically to the CPU. Other formats are
+// dequantized on the host at load and held as f32.
+struct F32Matrix {
+  int64_t rows = 0, cols = 0;
+  DType dtype = DType::F32;
+  int group = 0;
+  DeviceBuffer values, scales, mins;
+  const void* shared = nullptr;  // f32 values owned elsewhere (a tied head: the embedding)
+  const void* data() const { return shared != nullptr ? shared : values.get(); }
+  bool as_f32() const { return group == 0 && dtype == DType::F32; }
+  size_t bytes() const { return values.bytes() + scales.bytes() + mins.bytes(); }
+  // Writes the f32 values [rows, cols] at out, on stream s.
+  void widen(float* out, cudaStream_t s) const {
+    const int64_t n = rows * cols;
+    if (group > 0) {
+      dequant_int4_asym_launch(static_cast<const uint8_t*>(values.get()), scales.get(), mins.get(), rows, cols, group,
+                               out, s);
+      return;
+    }
+    if (n == 0) return;
+    if (dtype == DType::F32)
+      NIBBLE_CUDA_CHECK(cudaMemcpyAsync(out, data(), static_cast<size_t>(n) * 4, cudaMemcpyDeviceToDevice, s));
+    else if (dtype == DType::BF16)
+      widen_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(
+          static_cast<const __nv_bfloat16*>(data()), n, out);
+    else
+      widen_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(static_cast<const __half*>(data()), n,
+                                                                          out);
+    NIBBLE_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+// A linear on the device: packed (a registered kernel), dense bf16 (cuBLAS),
+// or f32 (GpuOptions::f32_linears).
 struct GpuLinear {
   int64_t out = 0, in = 0;
   DeviceLinear packed;
-  DeviceBuffer dense, bias;  // bias: f32 [out], empty when none
-  // dense holds f32 values (GpuOptions::f32_linears), run through the fp32
-  // GEMM on f32 inputs, first rounded to bf16 where round_in (bf16_inputs).
+  DeviceBuffer dense, bias;  // dense: bf16 [out, in]; bias: f32 [out], empty when none
+  // f32: the matrices (rows concatenated in order) run through the fp32 GEMM
+  // on f32 inputs, first rounded to bf16 where round_in (bf16_inputs). One
+  // f32 matrix is used in place; otherwise they are widened into `widen_to`
+  // (the model's scratch, shared by every linear: one stream runs them).
   bool f32 = false, round_in = false;
-  size_t bytes() const { return (packed.kernel ? packed.weight_bytes() : dense.bytes()) + bias.bytes(); }
+  std::vector<F32Matrix> f32m;
+  float* widen_to = nullptr;
+  bool needs_widening() const { return f32 && !(f32m.size() == 1 && f32m[0].as_f32()); }
+  const float* f32_weights(cudaStream_t s) const {
+    if (!needs_widening()) return static_cast<const float*>(f32m[0].data());
+    float* dst = widen_to;
+    for (const F32Matrix& m : f32m) {
+      m.widen(dst, s);
+      dst += m.rows * m.cols;
+    }
+    return widen_to;
+  }
+  size_t bytes() const {
+    size_t b = packed.kernel ? packed.weight_bytes() : dense.bytes();
+    for (const F32Matrix& m : f32m) b += m.bytes();
+    return b + bias.bytes();
+  }
 };
 
 const LinearKernel* kernel_of(const TensorMeta& meta) {
@@ -109,14 +164,48 @@ struct LinearPrecision {
   bool f32 = false, round_in = false;
 };
 
-// A dense linear from f32 values: bf16 on the device, or f32 with p.f32.
-GpuLinear dense_linear(const Tensor& w, LinearPrecision p) {
+// A dense linear from f32 values, held as bf16 (cuBLAS).
+GpuLinear dense_linear(const Tensor& w) {
   GpuLinear l;
   l.out = w.shape()[0];
   l.in = w.shape()[1];
-  l.dense = !p.f32 ? upload_bf16(w) : w.dtype() == DType::F32 ? upload(w) : upload(w.to_f32());  // no f32 copy of f32
-  l.f32 = p.f32;
-  l.round_in = p.f32 && p.round_in;
+  l.dense = upload_bf16(w);
+  return l;
+}
+
+// One matrix of an f32 linear as the source stores it (F32Matrix).
+F32Matrix f32_matrix(const ModelSource& src, const std::string& name) {
+  const TensorMeta meta = src.meta(name);
+  F32Matrix m;
+  m.rows = meta.shape[0];
+  m.cols = meta.shape[1];
+  if (meta.format && meta.format->spec->family == "int4_asym") {
+    const std::vector<Tensor> parts = src.parts(name);
+    check_parts(*meta.format, parts, m.rows, m.cols);
+    m.group = meta.format->group_size;
+    m.values = upload(parts[0]);
+    m.scales = upload(parts[1]);
+    m.mins = upload(parts[2]);
+    return m;
+  }
+  const Tensor t = src.load(name);
+  const bool stored = !meta.format && (t.dtype() == DType::BF16 || t.dtype() == DType::F16 || t.dtype() == DType::F32);
+  m.dtype = stored ? t.dtype() : DType::F32;
+  m.values = stored ? upload(t) : upload(t.to_f32());
+  return m;
+}
+
+// An f32 linear (GpuOptions::f32_linears) of the matrices `names`, rows
+// concatenated in order (their columns agree).
+GpuLinear f32_linear(const ModelSource& src, const std::vector<std::string>& names, LinearPrecision p) {
+  GpuLinear l;
+  l.f32 = true;
+  l.round_in = p.round_in;
+  for (const std::string& n : names) {
+    l.f32m.push_back(f32_matrix(src, n));
+    l.in = l.f32m.back().cols;
+    l.out += l.f32m.back().rows;
+  }
   return l;
 }
 
@@ -127,8 +216,8 @@ GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix, Lin
   GpuLinear l;
   l.out = meta.shape[0];
   l.in = meta.shape[1];
-  if (p.f32)  // every format dequantized to its f32 values, as the CPU forward computes with them
-    l = dense_linear(src.load(wname).to_f32(), p);
+  if (p.f32)  // every format's f32 values, as the CPU forward computes with them
+    l = f32_linear(src, {wname}, p);
   else if (const LinearKernel* k = kernel_of(meta))
     l.packed = k->upload(src.parts(wname), l.out, l.in, meta.format->group_size);
   else
@@ -178,10 +267,14 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
     l.in = metas[0].shape[1];
     for (const TensorMeta& m : metas) l.out += m.shape[0];
     l.packed = k0->upload(fused, l.out, l.in, metas[0].format->group_size);
+  } else if (prec.f32) {
+    std::vector<std::string> names;
+    for (const std::string& p : prefixes) names.push_back(p + ".weight");
+    l = f32_linear(src, names, prec);
   } else {
     std::vector<Tensor> ws;
     for (const std::string& p : prefixes) ws.push_back(src.load(p + ".weight").to_f32());
-    l = dense_linear(concat_rows(ws), prec);
+    l = dense_linear(concat_rows(ws));
   }
   bool any_bias = false;
   for (const std::string& p : prefixes) any_bias = any_bias || src.contains(p + ".bias");
@@ -222,7 +315,7 @@ void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, 
         pdl_launch(round_bf16_kernel, blocks_of(M * l.in, 256), 256, 0, s, xf, M, l.in, ldx);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
       }
-      gemm_f32_cublas(static_cast<const float*>(l.dense.get()), l.out, l.in, xf, M, ldx, y, ldy, s);
+      gemm_f32_cublas(l.f32_weights(s), l.out, l.in, xf, M, ldx, y, ldy, s);
     } else {
       NIBBLE_CHECK(act == Act::BF16, "GpuModel: a bf16 (cuBLAS) linear was given f32 inputs");
       gemm_bf16_cublas(l.dense.get(), l.out, l.in, x, M, ldx, y, ldy, s, true);
@@ -368,6 +461,7 @@ struct GpuModel::Impl {
   DeviceBuffer kv_shared_scratch;
   DeviceBuffer embed, final_norm, inv_freq;
   GpuLinear head;
+  DeviceBuffer f32_widen;  // f32 linears: the matrix widened for the current GEMM (GpuLinear::widen_to)
   std::vector<GpuLayer> layers;
   std::vector<DeviceBuffer> kcache, vcache;  // per layer, f32 [max_tokens, KV*hd]
   Scratch s;    // prefill, grows to the largest n seen
@@ -721,6 +815,17 @@ struct GpuModel::Impl {
     NIBBLE_CUDA_CHECK(err);
   }
 
+  template <typename Fn>
+  void for_each_linear(Fn&& fn) {
+    fn(head);
+    for (GpuLayer& L : layers) {
+      for (GpuLinear& l : L.qkv) fn(l);
+      for (GpuLinear& l : L.gate_up) fn(l);
+      fn(L.o);
+      fn(L.down);
+    }
+  }
+
   size_t decode_weight_bytes() const {
     size_t b = final_norm.bytes() + head.bytes() + static_cast<size_t>(c.hidden_size) * 4;  // + one embedding row
     for (const GpuLayer& L : layers) {
@@ -742,6 +847,22 @@ bool GpuModel::decode_graph() const { return impl_->decode_graph != nullptr; }
 bool GpuModel::decode_fused() const { return impl_->fuse_decode; }
 bool GpuModel::decode_chained() const { return impl_->fuse_decode && impl_->chain_decode; }
 size_t GpuModel::decode_weight_bytes() const { return impl_->decode_weight_bytes(); }
+
+void GpuModel::set_bf16_inputs(bool on) {
+  Impl& m = *impl_;
+  NIBBLE_CHECK(m.opts.f32_linears, "GpuModel::set_bf16_inputs: the model was loaded without f32 linears");
+  if (m.opts.bf16_inputs == on) return;
+  NIBBLE_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.opts.bf16_inputs = on;
+  m.for_each_linear([&](GpuLinear& l) { l.round_in = on; });
+  if (m.decode_graph != nullptr) {  // the captured step holds the linears' launches as they were
+    NIBBLE_CUDA_CHECK(cudaGraphExecDestroy(m.decode_graph));
+    m.decode_graph = nullptr;
+    if (m.decode_graph_long != nullptr) NIBBLE_CUDA_CHECK(cudaGraphExecDestroy(m.decode_graph_long));
+    m.decode_graph_long = nullptr;
+    m.capture_decode_graph();
+  }
+}
 
 std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens, const GpuOptions& opts) {
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible");
@@ -767,7 +888,21 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.embed = upload(embed);
   m.final_norm = upload(src.load("model.norm.weight").to_f32());
   const LinearPrecision prec{opts.f32_linears, opts.bf16_inputs};
-  m.head = c.tie_word_embeddings ? dense_linear(embed, prec) : load_linear_gpu(src, "lm_head", prec);
+  if (!c.tie_word_embeddings) {
+    m.head = load_linear_gpu(src, "lm_head", prec);
+  } else if (prec.f32) {  // the embedding's f32 copy on the device, used in place
+    m.head.f32 = true;
+    m.head.round_in = prec.round_in;
+    m.head.out = c.vocab_size;
+    m.head.in = c.hidden_size;
+    F32Matrix e;
+    e.rows = c.vocab_size;
+    e.cols = c.hidden_size;
+    e.shared = m.embed.get();
+    m.head.f32m.push_back(std::move(e));
+  } else {
+    m.head = dense_linear(embed);
+  }
   const bool qk_norm = find_arch(c.model_type).qk_norm;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
@@ -806,6 +941,14 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     L.prep_down = prepared_group(&L.down, 1);
     // The attention kernel writes o's prepared input per head: whole prep warps of 128.
     L.prep_o = c.head_dim % w4a16::kPrepInputs == 0 ? prepared_group(&L.o, 1) : 0;
+  }
+  {  // f32 linears held as stored: one scratch for the largest, widened into before each GEMM
+    size_t most = 0;
+    m.for_each_linear([&](GpuLinear& l) {
+      if (l.needs_widening()) most = std::max(most, static_cast<size_t>(l.out * l.in) * 4);
+    });
+    if (most > 0) m.f32_widen = DeviceBuffer(most);
+    m.for_each_linear([&](GpuLinear& l) { l.widen_to = static_cast<float*>(m.f32_widen.get()); });
   }
   m.f32_head = takes_f32(m.head);
   m.prep_head = norm_prep_supported(c.hidden_size) ? prepared_group(&m.head, 1) : 0;

@@ -10,6 +10,7 @@
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_prep.cuh"
@@ -288,6 +289,16 @@ __global__ void bias_add_kernel(float* y, int64_t ldy, const float* bias, int64_
   pdl_prologue();
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (j < n * N) y[(j / N) * ldy + j % N] += bias[j % N];
+}
+
+// out[i] = in[i] as f32 (exact) for bf16 / fp16 values: an f32 linear's
+// matrix widened just before its GEMM (GpuOptions::f32_linears).
+__device__ inline float widen_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float widen_f32(__half v) { return __half2float(v); }
+template <typename T>
+__global__ void widen_kernel(const T* __restrict__ in, int64_t n, float* __restrict__ out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = widen_f32(in[i]);
 }
 
 // x[i, j] = bf16(x[i, j]) (round to nearest even, kept as f32) for an [n, N]
