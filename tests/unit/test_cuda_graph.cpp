@@ -11,6 +11,7 @@
 #include "nibble/convert.h"
 #include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
+#include "nibble/error.h"
 #include "nibble/source.h"
 #include "test_util.h"
 
@@ -252,6 +253,31 @@ TEST(Cuda, DecodeGreedyRunMatchesStepByStep) {
   test::TempDir tmp("nibble-gpu-greedy-run");
   quantize_model(dir, tmp.path() / "rtn", QuantizeOptions{});
   for (bool graph : {true, false}) check_greedy_run(tmp.path() / "rtn", 2000, graph);
+}
+
+// Too little GPU memory is an error that says so, and leaves the device
+// usable: one allocation too large, and a model whose KV cache cannot fit,
+// refused before any upload (GpuModel::load's check against the free memory).
+TEST(Cuda, OutOfMemoryIsAClearError) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  try {
+    cuda::DeviceBuffer huge(size_t{1} << 50);
+    ADD_FAILURE() << "a 1 PiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GPU out of memory: 1048576.00 GiB asked for"), std::string::npos) << e.what();
+  }
+  const cuda::DeviceBuffer fine(size_t{1} << 20);
+  auto src = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
+  try {
+    cuda::GpuModel::load(*src, int64_t{1} << 30);
+    ADD_FAILURE() << "a KV cache of 2^30 positions was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("needs at least"), std::string::npos) << what;
+    EXPECT_NE(what.find("KV cache of 1073741824 positions 6144.00 GiB"), std::string::npos) << what;  // 6144 B each
+  }
+  auto m = cuda::GpuModel::load(*src, 64);
+  EXPECT_EQ(m->forward({1, 2, 3}, false).shape()[1], src->config().vocab_size);
 }
 
 // The read-bandwidth measurement behind nibble run's roofline line.

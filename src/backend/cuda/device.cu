@@ -65,7 +65,17 @@ void DeviceBuffer::Free::operator()(void* p) const { cudaFree(p); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   void* p = nullptr;
-  NIBBLE_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+  const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clears the error: the device stays usable
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    NIBBLE_FAIL("GPU out of memory: {:.2f} GiB asked for, {:.2f} GiB free of {:.2f} GiB",
+                static_cast<double>(bytes) / kGiB, static_cast<double>(free) / kGiB,
+                static_cast<double>(total) / kGiB);
+  }
+  NIBBLE_CUDA_CHECK(err);
   ptr_.reset(p);
 }
 

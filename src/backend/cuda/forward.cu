@@ -864,6 +864,31 @@ void GpuModel::set_bf16_inputs(bool on) {
   }
 }
 
+namespace {
+// Before any upload: what the model needs at the least (every tensor as
+// stored, the embedding as f32, the KV cache; other formats and f32 linears
+// take more) against the device's free memory, so that a model too large
+// fails at once, by name, rather than layers into its load.
+void check_fits(const ModelSource& src, int64_t max_tokens) {
+  const ModelConfig& c = src.config();
+  uint64_t weights = 0;
+  for (const std::string& n : src.names())
+    if (n != "model.embed_tokens.weight") weights += src.meta(n).stored_bytes;
+  const uint64_t embed = 4ull * static_cast<uint64_t>(c.vocab_size * c.hidden_size);
+  const uint64_t kv = 8ull * static_cast<uint64_t>(c.num_layers * c.num_kv_heads * c.head_dim) *
+                      static_cast<uint64_t>(max_tokens);
+  size_t free = 0, total = 0;
+  NIBBLE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  auto gib = [&](uint64_t b) { return static_cast<double>(b) / kGiB; };
+  NIBBLE_CHECK(weights + embed + kv <= free,
+               "--device cuda: {} needs at least {:.2f} GiB of GPU memory (weights as stored {:.2f} GiB, f32 "
+               "embedding {:.2f} GiB, KV cache of {} positions {:.2f} GiB); {:.2f} GiB of {:.2f} GiB are free",
+               src.describe(), gib(weights + embed + kv), gib(weights), gib(embed), max_tokens, gib(kv), gib(free),
+               gib(total));
+}
+}  // namespace
+
 std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens, const GpuOptions& opts) {
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible");
   NIBBLE_CHECK(max_tokens > 0, "GpuModel: the KV cache needs at least one position");
@@ -872,6 +897,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
                "--device cuda: {} rotates down_proj's input online (--method rotate+...), which the GPU forward does "
                "not do yet; run it on the CPU",
                src.describe());
+  check_fits(src, max_tokens);
   std::unique_ptr<GpuModel> model(new GpuModel());
   Impl& m = *model->impl_;
   m.c = src.config();
