@@ -37,7 +37,7 @@ struct KlOptions {
   uint64_t seed = 0;
   bool progress = true;
   // Where the forward runs: "cpu" (one decoder layer at a time, any model
-  // size), or "cuda" (CUDA builds: the whole model on the GPU with f32 weights,
+  // size), or "cuda" (CUDA builds: the whole model on the GPU in fp32,
   // cuda::GpuOptions::f32_linears; the same numbers up to fp32 summation
   // order; no --kv or simulated activation quantization).
   std::string device = "cpu";

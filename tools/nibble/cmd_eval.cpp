@@ -140,8 +140,8 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       ->delimiter(',');
   cmd->add_option("--device", o->opt.device,
                   "Where the forward runs: cpu (one layer at a time, any model size) or cuda (the whole model on the "
-                  "GPU with f32 weights: the same numbers up to fp32 summation order; no --kv, no simulated "
-                  "activation quantization)")
+                  "GPU in fp32: the same numbers up to fp32 summation order; no --kv, no simulated activation "
+                  "quantization)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_flag("--match-rows", o->match_rows,
@@ -154,7 +154,8 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       "the reference and itself computed with bf16 activations; candidates within 3x of it are marked.\n"
       "--kv int4 scores each candidate with a quantized KV cache (each query reads the cache as a\n"
       "token-by-token decode would); --act-quant int8_token with simulated W8A8 activations.\n"
-      "--device cuda runs every forward on the GPU (f32 weights: about 4 bytes per parameter of GPU memory).");
+      "--device cuda runs every forward on the GPU in fp32, with the weights held as stored (bf16: 2 bytes per\n"
+      "parameter, int4 g128 about 0.53) and each linear widened to f32 just before its GEMM.");
   cmd->callback([o, &global] {
     NIBBLE_CHECK(o->noise_floor_only || !o->candidates.empty(), "eval: give at least one --candidate (or --noise-floor)");
     o->opt.progress = !global.quiet;
@@ -191,7 +192,7 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     std::printf("reference %s; %lld-token windows, positions %lld..%lld scored%s\n", o->reference.c_str(),
                 static_cast<long long>(o->opt.ctx), static_cast<long long>(o->opt.ctx / 2),
                 static_cast<long long>(o->opt.ctx - 2),
-                o->opt.device == "cuda" ? "; forward on the GPU (f32 weights)" : "");
+                o->opt.device == "cuda" ? "; forward on the GPU (fp32)" : "");
     for (size_t i = 0; i < corpora.size(); ++i)
       std::printf("noise floor (bf16 activations vs f32), %s: KL %.3g over %lld windows\n", corpora[i].name.c_str(),
                   reference.noise_floor[i], static_cast<long long>(reference.corpora[i].chunks));
