@@ -106,10 +106,10 @@ struct GpuLinear {
   DeviceLinear packed;
   DeviceBuffer dense, bias;  // dense: bf16 [out, in]; bias: f32 [out], empty when none
   // f32: the matrices (rows concatenated in order) run through the fp32 GEMM
-  // on f32 inputs, first rounded to bf16 where round_in (bf16_inputs). One
+  // on f32 inputs (first rounded to bf16 with GpuOptions::bf16_inputs). One
   // f32 matrix is used in place; otherwise they are widened into `widen_to`
   // (the model's scratch, shared by every linear: one stream runs them).
-  bool f32 = false, round_in = false;
+  bool f32 = false;
   std::vector<F32Matrix> f32m;
   float* widen_to = nullptr;
   bool needs_widening() const { return f32 && !(f32m.size() == 1 && f32m[0].as_f32()); }
@@ -159,11 +159,6 @@ bool same_layout(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   return true;
 }
 
-// How linears are held (GpuOptions::f32_linears, bf16_inputs).
-struct LinearPrecision {
-  bool f32 = false, round_in = false;
-};
-
 // A dense linear from f32 values, held as bf16 (cuBLAS).
 GpuLinear dense_linear(const Tensor& w) {
   GpuLinear l;
@@ -197,10 +192,9 @@ F32Matrix f32_matrix(const ModelSource& src, const std::string& name) {
 
 // An f32 linear (GpuOptions::f32_linears) of the matrices `names`, rows
 // concatenated in order (their columns agree).
-GpuLinear f32_linear(const ModelSource& src, const std::vector<std::string>& names, LinearPrecision p) {
+GpuLinear f32_linear(const ModelSource& src, const std::vector<std::string>& names) {
   GpuLinear l;
   l.f32 = true;
-  l.round_in = p.round_in;
   for (const std::string& n : names) {
     l.f32m.push_back(f32_matrix(src, n));
     l.in = l.f32m.back().cols;
@@ -209,15 +203,16 @@ GpuLinear f32_linear(const ModelSource& src, const std::vector<std::string>& nam
   return l;
 }
 
-GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix, LinearPrecision p) {
+// f32: GpuOptions::f32_linears.
+GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix, bool f32) {
   const std::string wname = prefix + ".weight";
   const TensorMeta meta = src.meta(wname);
   NIBBLE_CHECK(meta.shape.size() == 2, "{}: expected a matrix, found shape {}", wname, shape_str(meta.shape));
   GpuLinear l;
   l.out = meta.shape[0];
   l.in = meta.shape[1];
-  if (p.f32)  // every format's f32 values, as the CPU forward computes with them
-    l = f32_linear(src, {wname}, p);
+  if (f32)  // every format's f32 values, as the CPU forward computes with them
+    l = f32_linear(src, {wname});
   else if (const LinearKernel* k = kernel_of(meta))
     l.packed = k->upload(src.parts(wname), l.out, l.in, meta.format->group_size);
   else
@@ -232,17 +227,17 @@ GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix, Lin
 // bf16 weights). When the linears are not all packed for the same kernel and
 // group size, or all dense, they stay separate (a mixed-format checkpoint).
 std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<std::string>& prefixes,
-                                    LinearPrecision prec) {
+                                    bool f32) {
   std::vector<TensorMeta> metas;
   for (const std::string& p : prefixes) {
     metas.push_back(src.meta(p + ".weight"));
     NIBBLE_CHECK(metas.back().shape.size() == 2, "{}.weight: expected a matrix, found shape {}", p,
                  shape_str(metas.back().shape));
   }
-  const LinearKernel* k0 = prec.f32 ? nullptr : kernel_of(metas[0]);
+  const LinearKernel* k0 = f32 ? nullptr : kernel_of(metas[0]);
   bool fuse = prefixes.size() > 1;
   for (const TensorMeta& m : metas)
-    fuse = fuse && m.shape[1] == metas[0].shape[1] && (prec.f32 || kernel_of(m) == k0) &&
+    fuse = fuse && m.shape[1] == metas[0].shape[1] && (f32 || kernel_of(m) == k0) &&
            (k0 == nullptr || m.format->group_size == metas[0].format->group_size);
   std::vector<std::vector<Tensor>> parts;
   if (fuse && k0 != nullptr)
@@ -253,7 +248,7 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
     }
   std::vector<GpuLinear> out;
   if (!fuse) {
-    for (const std::string& p : prefixes) out.push_back(load_linear_gpu(src, p, prec));
+    for (const std::string& p : prefixes) out.push_back(load_linear_gpu(src, p, f32));
     return out;
   }
   GpuLinear l;
@@ -267,10 +262,10 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
     l.in = metas[0].shape[1];
     for (const TensorMeta& m : metas) l.out += m.shape[0];
     l.packed = k0->upload(fused, l.out, l.in, metas[0].format->group_size);
-  } else if (prec.f32) {
+  } else if (f32) {
     std::vector<std::string> names;
     for (const std::string& p : prefixes) names.push_back(p + ".weight");
-    l = f32_linear(src, names, prec);
+    l = f32_linear(src, names);
   } else {
     std::vector<Tensor> ws;
     for (const std::string& p : prefixes) ws.push_back(src.load(p + ".weight").to_f32());
@@ -300,8 +295,9 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
 // y[M, Σ out] (f32, leading dimension ldy) = x[M, in] (bf16, or f32 where
 // every linear takes it; leading dimension ldx) · [W0; W1; ...]ᵀ + bias: each
 // linear writes its own columns.
+// round_in: f32 linears round their inputs to bf16 first (GpuOptions::bf16_inputs).
 void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, int64_t M, int64_t ldx, float* y,
-                     int64_t ldy, cudaStream_t s) {
+                     int64_t ldy, cudaStream_t s, bool round_in) {
   for (size_t i = 0; i < count; ++i) {
     const GpuLinear& l = ls[i];
     // Programmatic dependent launch: the W4A16 kernel streams its weights in
@@ -311,7 +307,7 @@ void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, 
     } else if (l.f32) {
       NIBBLE_CHECK(act == Act::F32, "GpuModel: an f32 linear was given bf16 inputs");
       auto* xf = static_cast<float*>(const_cast<void*>(x));
-      if (l.round_in) {  // in place: the buffer is this linear's input alone, and rounding twice changes nothing
+      if (round_in) {  // in place: the buffer is this linear's input alone, and rounding twice changes nothing
         pdl_launch(round_bf16_kernel, blocks_of(M * l.in, 256), 256, 0, s, xf, M, l.in, ldx);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
       }
@@ -329,8 +325,8 @@ void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, 
   }
 }
 void linears_forward(const std::vector<GpuLinear>& ls, const void* x, Act act, int64_t M, int64_t ldx, float* y,
-                     int64_t ldy, cudaStream_t s) {
-  linears_forward(ls.data(), ls.size(), x, act, M, ldx, y, ldy, s);
+                     int64_t ldy, cudaStream_t s, bool round_in) {
+  linears_forward(ls.data(), ls.size(), x, act, M, ldx, y, ldy, s, round_in);
 }
 
 // Whether a linear takes f32 inputs for one token.
@@ -534,6 +530,7 @@ struct GpuModel::Impl {
     // f32 linears (GpuOptions::f32_linears) take f32 inputs at every n;
     // otherwise decode's where `decode_f32` says so.
     auto f32_in = [&](bool decode_f32) { return opts.f32_linears || (one && decode_f32); };
+    const bool round_in = opts.f32_linears && opts.bf16_inputs;
     auto act = [](bool f32) { return f32 ? Act::F32 : Act::BF16; };
     auto norm = [&](unsigned rows, float* xr, const float* y, const float* w, void* out, bool f32) {
       if (f32)
@@ -611,7 +608,7 @@ struct GpuModel::Impl {
         linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, true);
       } else {
         norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, f32_in(L.f32_qkv));
-        linears_forward(L.qkv, xn, act(f32_in(L.f32_qkv)), n, ldD, qkv, QKV, stream);
+        linears_forward(L.qkv, xn, act(f32_in(L.f32_qkv)), n, ldD, qkv, QKV, stream, round_in);
       }
       auto* kc = static_cast<float*>(kcache[l].get());
       auto* vc = static_cast<float*>(vcache[l].get());
@@ -666,7 +663,7 @@ struct GpuModel::Impl {
       } else if (one && L.prep_o)
         linears_prepared(&L.o, 1, sc.oq, tmp, stream);
       else
-        linears_forward(&L.o, 1, att, act(f32_in(L.f32_o)), n, ldQ, tmp, D, stream);
+        linears_forward(&L.o, 1, att, act(f32_in(L.f32_o)), n, ldQ, tmp, D, stream, round_in);
       if (fz) {
         GemvFusion f = in_norm;
         f.swiglu = true;
@@ -678,7 +675,7 @@ struct GpuModel::Impl {
         linears_prepared(L.gate_up.data(), L.gate_up.size(), sc.xq, gu, stream, true);
       } else {
         norm(rows_n, x, tmp, f32p(L.post_norm), xn, f32_in(L.f32_gate_up));
-        linears_forward(L.gate_up, xn, act(f32_in(L.f32_gate_up)), n, ldD, gu, 2 * F, stream);
+        linears_forward(L.gate_up, xn, act(f32_in(L.f32_gate_up)), n, ldD, gu, 2 * F, stream, round_in);
       }
       const bool last = l + 1 == layers.size();
       if (fz && (!last || prep_head)) {  // x += down's output, then the next norm's z
@@ -700,7 +697,7 @@ struct GpuModel::Impl {
           pdl_launch(silu_mul_kernel<bf16>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F,
                      static_cast<bf16*>(h), ldF, n, F);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
-        linears_forward(&L.down, 1, h, act(f32_in(L.f32_down)), n, ldF, tmp, D, stream);
+        linears_forward(&L.down, 1, h, act(f32_in(L.f32_down)), n, ldF, tmp, D, stream, round_in);
       }
     }
     // The last MLP output joins only the rows whose logits are wanted (the
@@ -718,7 +715,7 @@ struct GpuModel::Impl {
       } else {
         norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, f32_in(f32_head));
         linears_forward(&head, 1, xn, act(f32_in(f32_head)), rows, ldD, static_cast<float*>(sc.logits.get()),
-                        c.vocab_size, stream);
+                        c.vocab_size, stream, round_in);
       }
     }
     NIBBLE_CUDA_CHECK(cudaGetLastError());
@@ -854,7 +851,6 @@ void GpuModel::set_bf16_inputs(bool on) {
   if (m.opts.bf16_inputs == on) return;
   NIBBLE_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   m.opts.bf16_inputs = on;
-  m.for_each_linear([&](GpuLinear& l) { l.round_in = on; });
   if (m.decode_graph != nullptr) {  // the captured step holds the linears' launches as they were
     NIBBLE_CUDA_CHECK(cudaGraphExecDestroy(m.decode_graph));
     m.decode_graph = nullptr;
@@ -865,6 +861,11 @@ void GpuModel::set_bf16_inputs(bool on) {
 }
 
 namespace {
+// One layer's key (or value) cache: f32 [positions, kv_heads · head_dim].
+size_t kv_cache_bytes(const ModelConfig& c, int64_t positions) {
+  return static_cast<size_t>(positions * c.num_kv_heads * c.head_dim) * 4;
+}
+
 // Before any upload: what the model needs at the least (every tensor as
 // stored, the embedding as f32, the KV cache; other formats and f32 linears
 // take more) against the device's free memory, so that a model too large
@@ -875,8 +876,7 @@ void check_fits(const ModelSource& src, int64_t max_tokens) {
   for (const std::string& n : src.names())
     if (n != "model.embed_tokens.weight") weights += src.meta(n).stored_bytes;
   const uint64_t embed = 4ull * static_cast<uint64_t>(c.vocab_size * c.hidden_size);
-  const uint64_t kv = 8ull * static_cast<uint64_t>(c.num_layers * c.num_kv_heads * c.head_dim) *
-                      static_cast<uint64_t>(max_tokens);
+  const uint64_t kv = 2ull * static_cast<uint64_t>(c.num_layers) * kv_cache_bytes(c, max_tokens);  // k and v
   size_t free = 0, total = 0;
   NIBBLE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -913,12 +913,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   const Tensor embed = src.load("model.embed_tokens.weight").to_f32();
   m.embed = upload(embed);
   m.final_norm = upload(src.load("model.norm.weight").to_f32());
-  const LinearPrecision prec{opts.f32_linears, opts.bf16_inputs};
+  const bool f32 = opts.f32_linears;
   if (!c.tie_word_embeddings) {
-    m.head = load_linear_gpu(src, "lm_head", prec);
-  } else if (prec.f32) {  // the embedding's f32 copy on the device, used in place
+    m.head = load_linear_gpu(src, "lm_head", f32);
+  } else if (f32) {  // the embedding's f32 copy on the device, used in place
     m.head.f32 = true;
-    m.head.round_in = prec.round_in;
     m.head.out = c.vocab_size;
     m.head.in = c.hidden_size;
     F32Matrix e;
@@ -942,18 +941,17 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     }
     const std::string a = p + "self_attn.", f = p + "mlp.";
     if (opts.fuse_linears) {
-      L.qkv = load_linears(src, {a + "q_proj", a + "k_proj", a + "v_proj"}, prec);
-      L.gate_up = load_linears(src, {f + "gate_proj", f + "up_proj"}, prec);
+      L.qkv = load_linears(src, {a + "q_proj", a + "k_proj", a + "v_proj"}, f32);
+      L.gate_up = load_linears(src, {f + "gate_proj", f + "up_proj"}, f32);
     } else {
-      for (const char* n : {"q_proj", "k_proj", "v_proj"}) L.qkv.push_back(load_linear_gpu(src, a + n, prec));
-      for (const char* n : {"gate_proj", "up_proj"}) L.gate_up.push_back(load_linear_gpu(src, f + n, prec));
+      for (const char* n : {"q_proj", "k_proj", "v_proj"}) L.qkv.push_back(load_linear_gpu(src, a + n, f32));
+      for (const char* n : {"gate_proj", "up_proj"}) L.gate_up.push_back(load_linear_gpu(src, f + n, f32));
     }
-    L.o = load_linear_gpu(src, a + "o_proj", prec);
-    L.down = load_linear_gpu(src, f + "down_proj", prec);
+    L.o = load_linear_gpu(src, a + "o_proj", f32);
+    L.down = load_linear_gpu(src, f + "down_proj", f32);
     m.layers.push_back(std::move(L));
-    const size_t cache_bytes = static_cast<size_t>(max_tokens * c.num_kv_heads * c.head_dim) * 4;
-    m.kcache.emplace_back(cache_bytes);
-    m.vcache.emplace_back(cache_bytes);
+    m.kcache.emplace_back(kv_cache_bytes(c, max_tokens));
+    m.vcache.emplace_back(kv_cache_bytes(c, max_tokens));
   }
   for (GpuLayer& L : m.layers) {
     L.f32_qkv = std::all_of(L.qkv.begin(), L.qkv.end(), takes_f32);
