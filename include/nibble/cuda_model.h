@@ -104,6 +104,9 @@ class GpuModel {
   bool decode_graph() const;  // decode replays a captured graph
   bool decode_fused() const;    // decode runs through GemvFusion (GpuOptions::fuse_decode)
   bool decode_chained() const;  // ... and its GEMVs in chains (GpuOptions::chain_decode)
+  // Device bytes of the embedding table: as stored (f32, bf16 or fp16; other
+  // formats as f32), f32 where f32_linears uses it as a tied head.
+  size_t embedding_bytes() const;
   // Bytes of weights one decode step reads: every linear as stored on the
   // device (packed codes + group parameters, or bf16), biases, norms, the head
   // and one embedding row. The KV cache read grows with the position and is

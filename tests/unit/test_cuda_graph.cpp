@@ -12,7 +12,9 @@
 #include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
 #include "nibble/error.h"
+#include "nibble/model.h"
 #include "nibble/source.h"
+#include "nibble/synth.h"
 #include "test_util.h"
 
 namespace nibble {
@@ -170,6 +172,53 @@ TEST(Cuda, DecodeGraphMatchesEagerOnQwen3) {
   check_decode_graph(tmp.path() / "rtn", 2000, true);  // int4 g128: GemvFusion (o prepared by its own kernel)
 }
 
+// A random-weight model of head_dim 128 (synthesize_model; the fixtures'
+// head dims are 8 and 64), packed in int4 groups of 128 and 64: decode
+// attention writes o's prepared input per head (prep_store_head). Graph,
+// chains and the separate kernels as above, and the decode against the CPU
+// forward.
+TEST(Cuda, DecodeMatchesCpuAtHeadDim128) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir tmp("nibble-gpu-o");
+  SynthOptions so;
+  so.hidden = 512;
+  so.intermediate = 1024;
+  so.layers = 2;
+  so.heads = 4;
+  so.kv_heads = 2;
+  so.vocab = 1000;
+  so.init_std = 0.05f;
+  so.progress = false;
+  synthesize_model(tmp.path() / "bf16", so);
+  for (int group : {128, 64}) {
+    QuantizeOptions q;
+    q.group_size = group;
+    const auto dir = tmp.path() / ("rtn" + std::to_string(group));
+    quantize_model(tmp.path() / "bf16", dir, q);
+    auto src = CheckpointDir::open(dir);
+    check_decode_graph(dir, 1000, true);
+    // Against the CPU: every decode row within 1 % of the largest |logit|
+    // (the fixtures' GPU-vs-CPU bound is 3 %), the same argmax.
+    auto cpu = Model::load(*src);
+    auto gpu = cuda::GpuModel::load(*src, 32);
+    KVCache cache(cpu->config(), 32);
+    const auto prompt = some_ids(8, 1000);
+    Tensor lc = cpu->forward(prompt, cache, false), lg = gpu->forward(prompt, false);
+    double worst = 0;
+    for (int step = 0; step < 16; ++step) {
+      RowDiff d;
+      accumulate(lc, lg, d, "step " + std::to_string(step));
+      worst = std::max(worst, d.worst);
+      EXPECT_EQ(argmax(lc), argmax(lg)) << dir << " step " << step;
+      const int32_t next = argmax(lc);
+      lc = cpu->forward({next}, cache, false);
+      lg = gpu->forward({next}, false);
+    }
+    EXPECT_LE(worst, 0.01) << dir;
+    std::printf("[decode graph] %s: GPU vs CPU worst row %.4f\n", dir.filename().c_str(), worst);
+  }
+}
+
 // decode_greedy (the argmax on the device, nibble run's greedy decode) against
 // the argmax of forward()'s logits on a second copy of the model fed the same
 // tokens: the same kernels on the same data, so the ids must be equal; every
@@ -278,6 +327,25 @@ TEST(Cuda, OutOfMemoryIsAClearError) {
   }
   auto m = cuda::GpuModel::load(*src, 64);
   EXPECT_EQ(m->forward({1, 2, 3}, false).shape()[1], src->config().vocab_size);
+}
+
+// The embedding table stays as stored on the device (bf16 for qwen3, f32 for
+// stories260K), except as the f32 yardstick's tied head (stories260K), which
+// multiplies by it in place in f32. Values: the GPU-vs-CPU tests.
+TEST(Cuda, EmbeddingHeldAsStored) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  cuda::GpuOptions f32;
+  f32.f32_linears = true;
+  for (const char* name : {"qwen3-26M-linux", "stories260K"}) {
+    auto src = CheckpointDir::open(test::model_dir(name));
+    const ModelConfig& c = src->config();
+    const size_t stored = src->meta("model.embed_tokens.weight").stored_bytes;
+    EXPECT_EQ(stored, static_cast<size_t>(c.vocab_size * c.hidden_size) * (c.tie_word_embeddings ? 4 : 2)) << name;
+    EXPECT_EQ(cuda::GpuModel::load(*src, 8)->embedding_bytes(), stored) << name;
+    EXPECT_EQ(cuda::GpuModel::load(*src, 8, f32)->embedding_bytes(),
+              c.tie_word_embeddings ? static_cast<size_t>(c.vocab_size * c.hidden_size) * 4 : stored)
+        << name;
+  }
 }
 
 // The read-bandwidth measurement behind nibble run's roofline line.

@@ -455,7 +455,11 @@ struct GpuModel::Impl {
   int64_t kv_shared_from = -1;
   bool kv_shared_now = false;  // what enqueue launches
   DeviceBuffer kv_shared_scratch;
+  // The embedding table as stored (f32, bf16 or fp16; other formats as f32);
+  // f32 with f32_linears and a tied head, which uses it in place.
   DeviceBuffer embed, final_norm, inv_freq;
+  int embed_dtype = kEmbedF32;
+  EmbedTable embed_table() const { return EmbedTable{embed.get(), embed_dtype}; }
   GpuLinear head;
   DeviceBuffer f32_widen;  // f32 linears: the matrix widened for the current GEMM (GpuLinear::widen_to)
   std::vector<GpuLayer> layers;
@@ -590,11 +594,10 @@ struct GpuModel::Impl {
     const bool embed_norm = one && !layers.empty() && layers[0].prep_qkv;
     if (embed_norm)
       embed_rmsnorm_prep_kernel<<<1, kNormThreads, 0, stream>>>(
-          static_cast<const int32_t*>(sc.tokens.get()), static_cast<const float*>(embed.get()), x, D,
+          static_cast<const int32_t*>(sc.tokens.get()), embed_table(), x, D,
           f32p(layers[0].input_norm), eps, sc.xq.get(), layers[0].prep_qkv);
     else
-      embed_kernel<<<rows_n, 256, 0, stream>>>(static_cast<const int32_t*>(sc.tokens.get()),
-                                              static_cast<const float*>(embed.get()), x, D);
+      embed_kernel<<<rows_n, 256, 0, stream>>>(static_cast<const int32_t*>(sc.tokens.get()), embed_table(), x, D);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
     for (size_t l = 0; l < layers.size(); ++l) {
       const GpuLayer& L = layers[l];
@@ -843,6 +846,7 @@ void GpuModel::reset() { impl_->len = 0; }
 bool GpuModel::decode_graph() const { return impl_->decode_graph != nullptr; }
 bool GpuModel::decode_fused() const { return impl_->fuse_decode; }
 bool GpuModel::decode_chained() const { return impl_->fuse_decode && impl_->chain_decode; }
+size_t GpuModel::embedding_bytes() const { return impl_->embed.bytes(); }
 size_t GpuModel::decode_weight_bytes() const { return impl_->decode_weight_bytes(); }
 
 void GpuModel::set_bf16_inputs(bool on) {
@@ -866,23 +870,32 @@ size_t kv_cache_bytes(const ModelConfig& c, int64_t positions) {
   return static_cast<size_t>(positions * c.num_kv_heads * c.head_dim) * 4;
 }
 
+// The embedding table's dtype on the device: as stored where that is f32,
+// bf16 or fp16, else f32 (GpuModel::Impl::embed).
+DType embed_device_dtype(DType stored, bool f32_tied) {
+  if (f32_tied) return DType::F32;
+  return stored == DType::BF16 || stored == DType::F16 ? stored : DType::F32;
+}
+
 // Before any upload: what the model needs at the least (every tensor as
-// stored, the embedding as f32, the KV cache; other formats and f32 linears
-// take more) against the device's free memory, so that a model too large
-// fails at once, by name, rather than layers into its load.
-void check_fits(const ModelSource& src, int64_t max_tokens) {
+// stored, the embedding as it will be held, the KV cache; other formats and
+// f32 linears take more) against the device's free memory, so that a model
+// too large fails at once, by name, rather than layers into its load.
+void check_fits(const ModelSource& src, int64_t max_tokens, bool f32_tied) {
   const ModelConfig& c = src.config();
+  const std::string kEmbed = "model.embed_tokens.weight";
   uint64_t weights = 0;
   for (const std::string& n : src.names())
-    if (n != "model.embed_tokens.weight") weights += src.meta(n).stored_bytes;
-  const uint64_t embed = 4ull * static_cast<uint64_t>(c.vocab_size * c.hidden_size);
+    if (n != kEmbed) weights += src.meta(n).stored_bytes;
+  const uint64_t embed = dtype_size(embed_device_dtype(src.meta(kEmbed).dtype, f32_tied)) *
+                         static_cast<uint64_t>(c.vocab_size * c.hidden_size);
   const uint64_t kv = 2ull * static_cast<uint64_t>(c.num_layers) * kv_cache_bytes(c, max_tokens);  // k and v
   size_t free = 0, total = 0;
   NIBBLE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   auto gib = [&](uint64_t b) { return static_cast<double>(b) / kGiB; };
   NIBBLE_CHECK(weights + embed + kv <= free,
-               "--device cuda: {} needs at least {:.2f} GiB of GPU memory (weights as stored {:.2f} GiB, f32 "
+               "--device cuda: {} needs at least {:.2f} GiB of GPU memory (weights as stored {:.2f} GiB, "
                "embedding {:.2f} GiB, KV cache of {} positions {:.2f} GiB); {:.2f} GiB of {:.2f} GiB are free",
                src.describe(), gib(weights + embed + kv), gib(weights), gib(embed), max_tokens, gib(kv), gib(free),
                gib(total));
@@ -897,7 +910,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
                "--device cuda: {} rotates down_proj's input online (--method rotate+...), which the GPU forward does "
                "not do yet; run it on the CPU",
                src.describe());
-  check_fits(src, max_tokens);
+  check_fits(src, max_tokens, opts.f32_linears && src.config().tie_word_embeddings);
   std::unique_ptr<GpuModel> model(new GpuModel());
   Impl& m = *model->impl_;
   m.c = src.config();
@@ -910,10 +923,13 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.ldD = pad8(c.hidden_size);
   m.ldQ = pad8(c.num_heads * c.head_dim);
   m.ldF = pad8(c.intermediate_size);
-  const Tensor embed = src.load("model.embed_tokens.weight").to_f32();
-  m.embed = upload(embed);
-  m.final_norm = upload(src.load("model.norm.weight").to_f32());
   const bool f32 = opts.f32_linears;
+  Tensor embed = src.load("model.embed_tokens.weight");
+  const DType edt = embed_device_dtype(embed.dtype(), f32 && c.tie_word_embeddings);
+  if (embed.dtype() != edt) embed = embed.to_f32();
+  m.embed = upload(embed);
+  m.embed_dtype = edt == DType::BF16 ? kEmbedBf16 : edt == DType::F16 ? kEmbedF16 : kEmbedF32;
+  m.final_norm = upload(src.load("model.norm.weight").to_f32());
   if (!c.tie_word_embeddings) {
     m.head = load_linear_gpu(src, "lm_head", f32);
   } else if (f32) {  // the embedding's f32 copy on the device, used in place

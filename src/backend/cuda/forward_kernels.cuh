@@ -75,14 +75,37 @@ __device__ inline void prep_store_head(const float* vals, int64_t h, int64_t hd,
 __device__ inline void store_act(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ inline void store_act(float* p, float v) { *p = v; }
 
+// The embedding table as the checkpoint stores it (GpuModel keeps it so):
+// f32, bf16 or fp16 values, widened (exactly) as rows are read.
+struct EmbedTable {
+  const void* p = nullptr;
+  int dtype = 0;  // kEmbedF32, kEmbedBf16, kEmbedF16
+};
+constexpr int kEmbedF32 = 0, kEmbedBf16 = 1, kEmbedF16 = 2;
+__device__ inline float embed_at(EmbedTable t, int64_t i) {
+  if (t.dtype == kEmbedBf16) return __bfloat162float(static_cast<const bf16*>(t.p)[i]);
+  if (t.dtype == kEmbedF16) return __half2float(static_cast<const __half*>(t.p)[i]);
+  return static_cast<const float*>(t.p)[i];
+}
+// Elements i .. i + 3 (i a multiple of 4).
+__device__ inline float4 embed_at4(EmbedTable t, int64_t i) {
+  if (t.dtype == kEmbedF32) return *reinterpret_cast<const float4*>(static_cast<const float*>(t.p) + i);
+  const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(t.p) + i);
+  if (t.dtype == kEmbedBf16)
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xFFFF0000u));
+  const __half2 a = *reinterpret_cast<const __half2*>(&u.x), b = *reinterpret_cast<const __half2*>(&u.y);
+  const float2 fa = __half22float2(a), fb = __half22float2(b);
+  return make_float4(fa.x, fa.y, fb.x, fb.y);
+}
+
 // __restrict__ lets the loads run ahead of the stores (as in the norm kernels
 // below). Decode with a prepared q|k|v input uses embed_rmsnorm_prep_kernel.
-__global__ void embed_kernel(const int32_t* __restrict__ tokens, const float* __restrict__ embed,
-                             float* __restrict__ x, int64_t D) {
+__global__ void embed_kernel(const int32_t* __restrict__ tokens, EmbedTable embed, float* __restrict__ x, int64_t D) {
   pdl_prologue();
   const int64_t i = blockIdx.x;
-  const float* row = embed + static_cast<int64_t>(tokens[i]) * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) x[i * D + d] = row[d];
+  const int64_t row = static_cast<int64_t>(tokens[i]) * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) x[i * D + d] = embed_at(embed, row + d);
 }
 
 // One block per row: first x[i] += y[i] when y is set (the residual add of the
@@ -125,7 +148,7 @@ inline bool norm_prep_supported(int64_t D) { return D % 4 == 0 && D <= kNormPrep
 // x = table[tokens[0]] instead of x (+ y) where `table` is set (the step's
 // embedding, below).
 __device__ inline void rmsnorm_prep_row(float* __restrict__ x, const float* __restrict__ y,
-                                        const int32_t* __restrict__ tokens, const float* __restrict__ table,
+                                        const int32_t* __restrict__ tokens, EmbedTable table,
                                         int64_t D, const float* __restrict__ w, float eps, void* __restrict__ prepared,
                                         int group) {
   // The norm's weights do not depend on the previous kernel: loaded before
@@ -139,19 +162,19 @@ __device__ inline void rmsnorm_prep_row(float* __restrict__ x, const float* __re
     wv[j] = d < D ? __ldg(reinterpret_cast<const float4*>(w + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   w4a16::grid_dependency_wait();
-  const float* src = table != nullptr ? table + static_cast<int64_t>(tokens[0]) * D : x;
+  const int64_t trow = table.p != nullptr ? static_cast<int64_t>(tokens[0]) * D : 0;
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormPrepIters; ++j) {
     const int64_t d = 4 * (threadIdx.x + static_cast<int64_t>(j) * kNormThreads);
     xv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (d < D) {
-      xv[j] = *reinterpret_cast<const float4*>(src + d);
+      xv[j] = table.p != nullptr ? embed_at4(table, trow + d) : *reinterpret_cast<const float4*>(x + d);
       if (y != nullptr) {
         const float4 yv = *reinterpret_cast<const float4*>(y + d);
         xv[j] = make_float4(xv[j].x + yv.x, xv[j].y + yv.y, xv[j].z + yv.z, xv[j].w + yv.w);
       }
-      if (y != nullptr || table != nullptr) *reinterpret_cast<float4*>(x + d) = xv[j];
+      if (y != nullptr || table.p != nullptr) *reinterpret_cast<float4*>(x + d) = xv[j];
     }
     ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
   }
@@ -170,13 +193,13 @@ __device__ inline void rmsnorm_prep_row(float* __restrict__ x, const float* __re
 __global__ void __launch_bounds__(kNormThreads)
     add_rmsnorm_prep_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t D, const float* __restrict__ w,
                             float eps, void* __restrict__ prepared, int group) {
-  rmsnorm_prep_row(x, y, nullptr, nullptr, D, w, eps, prepared, group);
+  rmsnorm_prep_row(x, y, nullptr, EmbedTable{}, D, w, eps, prepared, group);
 }
 // Decode, layer 0: the step's embedding row becomes x and, through the input
 // norm, q|k|v's prepared activation (one kernel instead of two). The step's
 // first kernel: launched without programmatic dependence.
 __global__ void __launch_bounds__(kNormThreads)
-    embed_rmsnorm_prep_kernel(const int32_t* __restrict__ tokens, const float* __restrict__ table,
+    embed_rmsnorm_prep_kernel(const int32_t* __restrict__ tokens, EmbedTable table,
                               float* __restrict__ x, int64_t D, const float* __restrict__ w, float eps,
                               void* __restrict__ prepared, int group) {
   rmsnorm_prep_row(x, nullptr, tokens, table, D, w, eps, prepared, group);
