@@ -176,7 +176,8 @@ TEST(Cuda, DecodeGraphMatchesEagerOnQwen3) {
 // head dims are 8 and 64), packed in int4 groups of 128 and 64: decode
 // attention writes o's prepared input per head (prep_store_head). Graph,
 // chains and the separate kernels as above, and the decode against the CPU
-// forward.
+// forward. The groups-of-64 copy has its head tied to the bf16 embedding,
+// which the GPU then multiplies by in place (no second copy).
 TEST(Cuda, DecodeMatchesCpuAtHeadDim128) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir tmp("nibble-gpu-o");
@@ -190,11 +191,13 @@ TEST(Cuda, DecodeMatchesCpuAtHeadDim128) {
   so.init_std = 0.05f;
   so.progress = false;
   synthesize_model(tmp.path() / "bf16", so);
+  so.tie_embeddings = true;
+  synthesize_model(tmp.path() / "bf16-tied", so);
   for (int group : {128, 64}) {
     QuantizeOptions q;
     q.group_size = group;
     const auto dir = tmp.path() / ("rtn" + std::to_string(group));
-    quantize_model(tmp.path() / "bf16", dir, q);
+    quantize_model(tmp.path() / (group == 64 ? "bf16-tied" : "bf16"), dir, q);
     auto src = CheckpointDir::open(dir);
     check_decode_graph(dir, 1000, true);
     // Against the CPU: every decode row within 1 % of the largest |logit|

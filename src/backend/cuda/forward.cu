@@ -105,6 +105,8 @@ struct GpuLinear {
   int64_t out = 0, in = 0;
   DeviceLinear packed;
   DeviceBuffer dense, bias;  // dense: bf16 [out, in]; bias: f32 [out], empty when none
+  const void* dense_shared = nullptr;  // bf16 [out, in] owned elsewhere (a tied head: the bf16 embedding)
+  const void* dense_data() const { return dense_shared != nullptr ? dense_shared : dense.get(); }
   // f32: the matrices (rows concatenated in order) run through the fp32 GEMM
   // on f32 inputs (first rounded to bf16 with GpuOptions::bf16_inputs). One
   // f32 matrix is used in place; otherwise they are widened into `widen_to`
@@ -123,7 +125,9 @@ struct GpuLinear {
     return widen_to;
   }
   size_t bytes() const {
-    size_t b = packed.kernel ? packed.weight_bytes() : dense.bytes();
+    size_t b = packed.kernel            ? packed.weight_bytes()
+               : dense_shared != nullptr ? static_cast<size_t>(out * in) * 2
+                                         : dense.bytes();
     for (const F32Matrix& m : f32m) b += m.bytes();
     return b + bias.bytes();
   }
@@ -314,7 +318,7 @@ void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, 
       gemm_f32_cublas(l.f32_weights(s), l.out, l.in, xf, M, ldx, y, ldy, s);
     } else {
       NIBBLE_CHECK(act == Act::BF16, "GpuModel: a bf16 (cuBLAS) linear was given f32 inputs");
-      gemm_bf16_cublas(l.dense.get(), l.out, l.in, x, M, ldx, y, ldy, s, true);
+      gemm_bf16_cublas(l.dense_data(), l.out, l.in, x, M, ldx, y, ldy, s, true);
     }
     if (l.bias.bytes() > 0) {
       pdl_launch(bias_add_kernel, blocks_of(M * l.out, 256), 256, 0, s, y, ldy, static_cast<const float*>(l.bias.get()),
@@ -941,6 +945,10 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     e.cols = c.hidden_size;
     e.shared = m.embed.get();
     m.head.f32m.push_back(std::move(e));
+  } else if (m.embed_dtype == kEmbedBf16) {  // the bf16 table, used in place
+    m.head.out = c.vocab_size;
+    m.head.in = c.hidden_size;
+    m.head.dense_shared = m.embed.get();
   } else {
     m.head = dense_linear(embed);
   }
