@@ -30,7 +30,8 @@ Tensor dequantize_int4_asym(const std::vector<Tensor>& parts, int64_t rows, int6
 // kernel is bytes / this.
 double read_bandwidth_gbs(size_t bytes = size_t{1} << 30, int passes = 10);
 
-// Device memory owned by one object (cudaFree on destruction).
+// Device memory owned by one object (cudaFree on destruction). Every live
+// DeviceBuffer counts towards device_bytes_live() and its peak.
 struct DeviceBuffer {
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes);
@@ -39,11 +40,21 @@ struct DeviceBuffer {
 
  private:
   struct Free {
+    Free() noexcept : bytes(0) {}
+    explicit Free(size_t b) noexcept : bytes(b) {}
+    size_t bytes;
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Free> ptr_;
   size_t bytes_ = 0;
 };
+// Bytes held by live DeviceBuffers in this process (all devices), and the
+// most held at once since the start or the last reset: what nibble's own
+// buffers take (weights, KV caches, scratch), without the CUDA context and
+// libraries' workspaces.
+size_t device_bytes_live();
+size_t device_bytes_peak();
+void reset_device_bytes_peak();
 
 // Host to device copies: raw bytes, a tensor's bytes (made contiguous), and a
 // tensor's values converted to bf16 (round to nearest even) on the host.

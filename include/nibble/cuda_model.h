@@ -107,6 +107,7 @@ class GpuModel {
   // Device bytes of the embedding table: as stored (f32, bf16 or fp16; other
   // formats as f32), f32 where f32_linears uses it as a tied head.
   size_t embedding_bytes() const;
+  size_t cache_bytes() const;  // the KV cache: the keys and values of every layer, f32, for max_tokens positions
   // Bytes of weights one decode step reads: every linear as stored on the
   // device (packed codes + group parameters, or bf16), biases, norms, the head
   // and one embedding row. The KV cache read grows with the position and is

@@ -351,6 +351,37 @@ TEST(Cuda, EmbeddingHeldAsStored) {
   }
 }
 
+// The count of bytes held by live DeviceBuffers (nibble run's memory line):
+// exact across allocation, moves and frees; a loaded model holds at least its
+// embedding, its decode weights and its KV cache, and gives them all back.
+TEST(Cuda, DeviceBytesAreCounted) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const size_t base = cuda::device_bytes_live();
+  cuda::reset_device_bytes_peak();
+  EXPECT_EQ(cuda::device_bytes_peak(), base);
+  {
+    cuda::DeviceBuffer a(1000), b(5000);
+    EXPECT_EQ(cuda::device_bytes_live(), base + 6000);
+    cuda::DeviceBuffer c = std::move(a);
+    a = cuda::DeviceBuffer(300);  // a moved-from buffer takes a new allocation
+    EXPECT_EQ(cuda::device_bytes_live(), base + 6300);
+    b = cuda::DeviceBuffer(10);  // the old 5000 bytes are freed
+    EXPECT_EQ(cuda::device_bytes_live(), base + 1310);
+    EXPECT_EQ(cuda::device_bytes_peak(), base + 6300 + 10);  // b's new buffer came before its old one went
+  }
+  EXPECT_EQ(cuda::device_bytes_live(), base);
+  auto src = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
+  {
+    auto m = cuda::GpuModel::load(*src, 256);
+    const size_t held = cuda::device_bytes_live() - base;
+    const ModelConfig& c = src->config();
+    EXPECT_EQ(m->cache_bytes(), static_cast<size_t>(2 * c.num_layers * 256 * c.num_kv_heads * c.head_dim * 4));
+    EXPECT_GE(held, m->embedding_bytes() + m->decode_weight_bytes() + m->cache_bytes());
+    EXPECT_LT(held, 2 * (m->embedding_bytes() + m->decode_weight_bytes() + m->cache_bytes()) + (size_t{64} << 20));
+  }
+  EXPECT_EQ(cuda::device_bytes_live(), base);
+}
+
 // The read-bandwidth measurement behind nibble run's roofline line.
 TEST(Cuda, ReadBandwidthIsPlausible) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

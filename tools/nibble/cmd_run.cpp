@@ -61,7 +61,10 @@ class Runner {
 #ifdef NIBBLE_HAVE_CUDA
       cuda::GpuOptions g;
       g.decode_graph = cuda_graph;
+      const size_t before = cuda::device_bytes_live();
       gpu_ = cuda::GpuModel::load(*dir_, positions, g);
+      model_bytes_ = cuda::device_bytes_live() - before;
+      positions_ = positions;
 #else
       (void)cuda_graph;
 #endif
@@ -88,6 +91,23 @@ class Runner {
     (void)token, (void)limit, (void)steps, (void)emit;
 #endif
   }
+  // For the GPU: what nibble's buffers hold on the device (the model as
+  // loaded, and the peak of the run so far), or "" on the CPU. Call it
+  // before roofline(), whose bandwidth probe allocates 1 GiB.
+  std::string memory() const {
+#ifdef NIBBLE_HAVE_CUDA
+    if (cuda_) {
+      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+      const double kv = static_cast<double>(gpu_->cache_bytes());
+      return fmt::format("cuda memory: the model {:.2f} GiB (weights and scratch {:.2f} GiB, KV cache of {} "
+                         "positions {:.2f} GiB); peak {:.2f} GiB in nibble's buffers (without the CUDA context and "
+                         "cuBLAS workspace)\n",
+                         model_bytes_ / kGiB, (model_bytes_ - kv) / kGiB, positions_, kv / kGiB,
+                         cuda::device_bytes_peak() / kGiB);
+    }
+#endif
+    return "";
+  }
   // For the GPU: a line on what one decode step reads against the device's
   // read bandwidth (measured now), or "" on the CPU.
   std::string roofline(double decode_tok_s) const {
@@ -111,6 +131,8 @@ class Runner {
   const KvQuantSpec* kv_ = nullptr;
   std::unique_ptr<Tokenizer> tok_;
   bool cuda_ = false;
+  double model_bytes_ = 0;  // device bytes the GPU model took at load
+  int64_t positions_ = 0;
   std::unique_ptr<Model> cpu_;
   std::unique_ptr<KVCache> cache_;
 #ifdef NIBBLE_HAVE_CUDA
@@ -218,6 +240,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
       const double decode_tok_s = generated > 0 ? generated / decode_s : 0.0;
       std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s); decode: %d tokens in %.1f ms (%.1f tok/s)\n",
                    ids.size(), 1e3 * prefill_s, ids.size() / prefill_s, generated, 1e3 * decode_s, decode_tok_s);
+      std::fprintf(stderr, "%s", m.memory().c_str());
       if (generated > 0) std::fprintf(stderr, "%s", m.roofline(decode_tok_s).c_str());
     }
   });

@@ -1,6 +1,7 @@
 // Device memory (DeviceBuffer), the host-to-device copies every CUDA file uses,
 // and the read-bandwidth measurement (the roofline of memory-bound kernels).
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -61,7 +62,18 @@ double read_bandwidth_gbs(size_t bytes, int passes) {
   return static_cast<double>(bytes) * kReads / (ms[ms.size() / 2] * 1e-3) / 1e9;
 }
 
-void DeviceBuffer::Free::operator()(void* p) const { cudaFree(p); }
+namespace {
+std::atomic<size_t> g_live{0}, g_peak{0};
+}  // namespace
+
+size_t device_bytes_live() { return g_live.load(); }
+size_t device_bytes_peak() { return g_peak.load(); }
+void reset_device_bytes_peak() { g_peak.store(g_live.load()); }
+
+void DeviceBuffer::Free::operator()(void* p) const {
+  cudaFree(p);
+  g_live.fetch_sub(bytes);
+}
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   void* p = nullptr;
@@ -76,7 +88,11 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
                 static_cast<double>(total) / kGiB);
   }
   NIBBLE_CUDA_CHECK(err);
-  ptr_.reset(p);
+  ptr_ = std::unique_ptr<void, Free>(p, Free{bytes});
+  const size_t live = g_live.fetch_add(bytes) + bytes;
+  size_t peak = g_peak.load();
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
+  }
 }
 
 DeviceBuffer upload(const void* host, size_t bytes) {

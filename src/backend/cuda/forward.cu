@@ -851,6 +851,11 @@ bool GpuModel::decode_graph() const { return impl_->decode_graph != nullptr; }
 bool GpuModel::decode_fused() const { return impl_->fuse_decode; }
 bool GpuModel::decode_chained() const { return impl_->fuse_decode && impl_->chain_decode; }
 size_t GpuModel::embedding_bytes() const { return impl_->embed.bytes(); }
+size_t GpuModel::cache_bytes() const {
+  size_t b = 0;
+  for (size_t l = 0; l < impl_->kcache.size(); ++l) b += impl_->kcache[l].bytes() + impl_->vcache[l].bytes();
+  return b;
+}
 size_t GpuModel::decode_weight_bytes() const { return impl_->decode_weight_bytes(); }
 
 void GpuModel::set_bf16_inputs(bool on) {
