@@ -164,7 +164,8 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
   cmd->add_flag("--no-cuda-graph", o->no_cuda_graph,
                 "--device cuda: launch the decode step's kernels one by one instead of replaying a CUDA graph");
   cmd->add_option("--device", o->device,
-                  "cpu, or cuda (CUDA builds: int4 linears through the W4A16 kernels, the rest through cuBLAS)")
+                  "cpu, or cuda (CUDA builds: int4 linears through the W4A16 kernels, the rest through cuBLAS; stderr "
+                  "then also gives the model's GPU memory and decode tok/s against the roofline)")
       ->capture_default_str();
   cmd->add_option("--kv", o->kv, "KV-cache quantization (CPU): none, " + kv_quant_names())->capture_default_str();
   cmd->add_option("--act-quant", o->act_quant,
