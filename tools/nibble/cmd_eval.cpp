@@ -17,6 +17,9 @@
 #include "nibble/match_rows.h"
 #include "nibble/report.h"
 #include "nibble/calibration.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda.h"
+#endif
 #include "nibble/tokenizer.h"
 #include "nibble/util.h"
 
@@ -280,6 +283,18 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     }
     // The comparison table: one row per candidate, pooled over the corpora.
     if (!summary.candidates.empty()) std::printf("\n%s", eval::comparison_markdown(summary).c_str());
+#ifdef NIBBLE_HAVE_CUDA
+    if (o->opt.device == "cuda") {  // one model on the GPU at a time: the largest sets the peak
+      const size_t peak = cuda::device_bytes_peak();
+      report["gpu_peak_bytes"] = peak;
+      std::fflush(stdout);  // the report first
+      if (!global.quiet)
+        std::fprintf(stderr,
+                     "cuda memory: peak %.2f GiB in nibble's buffers (without the CUDA context and cuBLAS "
+                     "workspace)\n",
+                     static_cast<double>(peak) / (1024.0 * 1024.0 * 1024.0));
+    }
+#endif
     if (!o->json.empty()) write_file_atomic(o->json, report.dump(2) + "\n");
     if (!o->html.empty()) eval::write_html_report(o->html, summary);
   });
