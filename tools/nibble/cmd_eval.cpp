@@ -289,10 +289,8 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       report["gpu_peak_bytes"] = peak;
       std::fflush(stdout);  // the report first
       if (!global.quiet)
-        std::fprintf(stderr,
-                     "cuda memory: peak %.2f GiB in nibble's buffers (without the CUDA context and cuBLAS "
-                     "workspace)\n",
-                     static_cast<double>(peak) / (1024.0 * 1024.0 * 1024.0));
+        std::fprintf(stderr, "cuda memory: peak %s in nibble's buffers (without the CUDA context and cuBLAS workspace)\n",
+                     human_bytes(peak).c_str());
     }
 #endif
     if (!o->json.empty()) write_file_atomic(o->json, report.dump(2) + "\n");

@@ -13,6 +13,7 @@
 #include "nibble/model.h"
 #include "nibble/sampler.h"
 #include "nibble/tokenizer.h"
+#include "nibble/util.h"
 #ifdef NIBBLE_HAVE_CUDA
 #include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
@@ -97,13 +98,11 @@ class Runner {
   std::string memory() const {
 #ifdef NIBBLE_HAVE_CUDA
     if (cuda_) {
-      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-      const double kv = static_cast<double>(gpu_->cache_bytes());
-      return fmt::format("cuda memory: the model {:.2f} GiB (weights and scratch {:.2f} GiB, KV cache of {} "
-                         "positions {:.2f} GiB); peak {:.2f} GiB in nibble's buffers (without the CUDA context and "
-                         "cuBLAS workspace)\n",
-                         model_bytes_ / kGiB, (model_bytes_ - kv) / kGiB, positions_, kv / kGiB,
-                         cuda::device_bytes_peak() / kGiB);
+      const size_t kv = gpu_->cache_bytes();
+      return fmt::format("cuda memory: the model {} (weights and scratch {}, KV cache of {} positions {}); peak {} "
+                         "in nibble's buffers (without the CUDA context and cuBLAS workspace)\n",
+                         human_bytes(model_bytes_), human_bytes(model_bytes_ - kv), positions_, human_bytes(kv),
+                         human_bytes(cuda::device_bytes_peak()));
     }
 #endif
     return "";
@@ -131,7 +130,7 @@ class Runner {
   const KvQuantSpec* kv_ = nullptr;
   std::unique_ptr<Tokenizer> tok_;
   bool cuda_ = false;
-  double model_bytes_ = 0;  // device bytes the GPU model took at load
+  size_t model_bytes_ = 0;  // device bytes the GPU model took at load
   int64_t positions_ = 0;
   std::unique_ptr<Model> cpu_;
   std::unique_ptr<KVCache> cache_;

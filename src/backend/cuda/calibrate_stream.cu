@@ -46,9 +46,6 @@ __global__ void scaled_bf16_kernel(const float* __restrict__ in, int64_t n, floa
   if (i < n) out[i] = __float2bfloat16_rn(in[i] * scale);
 }
 
-__device__ inline float to_float(bf16 v) { return __bfloat162float(v); }
-__device__ inline float to_float(__half v) { return __half2float(v); }
-__device__ inline float to_float(float v) { return v; }
 // A host tensor of a float dtype as f32 in device memory: uploaded as stored
 // (half the bytes for bf16 / fp16), widened on the device (widen_kernel,
 // forward_kernels.cuh).
@@ -76,7 +73,7 @@ __global__ void embed_kernel(const T* __restrict__ table, const int32_t* __restr
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tokens * dim) return;
   const int64_t t = i / dim, d = i % dim;
-  out[i] = to_float(table[static_cast<int64_t>(ids[t]) * dim + d]);
+  out[i] = widen_f32(table[static_cast<int64_t>(ids[t]) * dim + d]);
 }
 // out = a + b (the residual add that moves the stream).
 __global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b, int64_t n,

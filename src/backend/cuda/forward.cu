@@ -462,7 +462,7 @@ struct GpuModel::Impl {
   // The embedding table as stored (f32, bf16 or fp16; other formats as f32);
   // f32 with f32_linears and a tied head, which uses it in place.
   DeviceBuffer embed, final_norm, inv_freq;
-  int embed_dtype = kEmbedF32;
+  DType embed_dtype = DType::F32;
   EmbedTable embed_table() const { return EmbedTable{embed.get(), embed_dtype}; }
   GpuLinear head;
   DeviceBuffer f32_widen;  // f32 linears: the matrix widened for the current GEMM (GpuLinear::widen_to)
@@ -934,10 +934,9 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.ldF = pad8(c.intermediate_size);
   const bool f32 = opts.f32_linears;
   Tensor embed = src.load("model.embed_tokens.weight");
-  const DType edt = embed_device_dtype(embed.dtype(), f32 && c.tie_word_embeddings);
-  if (embed.dtype() != edt) embed = embed.to_f32();
+  m.embed_dtype = embed_device_dtype(embed.dtype(), f32 && c.tie_word_embeddings);
+  if (embed.dtype() != m.embed_dtype) embed = embed.to_f32();
   m.embed = upload(embed);
-  m.embed_dtype = edt == DType::BF16 ? kEmbedBf16 : edt == DType::F16 ? kEmbedF16 : kEmbedF32;
   m.final_norm = upload(src.load("model.norm.weight").to_f32());
   if (!c.tie_word_embeddings) {
     m.head = load_linear_gpu(src, "lm_head", f32);
@@ -950,7 +949,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     e.cols = c.hidden_size;
     e.shared = m.embed.get();
     m.head.f32m.push_back(std::move(e));
-  } else if (m.embed_dtype == kEmbedBf16) {  // the bf16 table, used in place
+  } else if (m.embed_dtype == DType::BF16) {  // the bf16 table, used in place
     m.head.out = c.vocab_size;
     m.head.in = c.hidden_size;
     m.head.dense_shared = m.embed.get();

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_prep.cuh"
+#include "nibble/dtype.h"
 
 #include <cmath>
 #include <cstdint>
@@ -75,23 +76,27 @@ __device__ inline void prep_store_head(const float* vals, int64_t h, int64_t hd,
 __device__ inline void store_act(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ inline void store_act(float* p, float v) { *p = v; }
 
+// bf16 / fp16 / f32 values as f32 (exact).
+__device__ inline float widen_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ inline float widen_f32(__half v) { return __half2float(v); }
+__device__ inline float widen_f32(float v) { return v; }
+
 // The embedding table as the checkpoint stores it (GpuModel keeps it so):
 // f32, bf16 or fp16 values, widened (exactly) as rows are read.
 struct EmbedTable {
   const void* p = nullptr;
-  int dtype = 0;  // kEmbedF32, kEmbedBf16, kEmbedF16
+  DType dtype = DType::F32;  // F32, BF16 or F16
 };
-constexpr int kEmbedF32 = 0, kEmbedBf16 = 1, kEmbedF16 = 2;
 __device__ inline float embed_at(EmbedTable t, int64_t i) {
-  if (t.dtype == kEmbedBf16) return __bfloat162float(static_cast<const bf16*>(t.p)[i]);
-  if (t.dtype == kEmbedF16) return __half2float(static_cast<const __half*>(t.p)[i]);
-  return static_cast<const float*>(t.p)[i];
+  if (t.dtype == DType::BF16) return widen_f32(static_cast<const bf16*>(t.p)[i]);
+  if (t.dtype == DType::F16) return widen_f32(static_cast<const __half*>(t.p)[i]);
+  return widen_f32(static_cast<const float*>(t.p)[i]);
 }
 // Elements i .. i + 3 (i a multiple of 4).
 __device__ inline float4 embed_at4(EmbedTable t, int64_t i) {
-  if (t.dtype == kEmbedF32) return *reinterpret_cast<const float4*>(static_cast<const float*>(t.p) + i);
+  if (t.dtype == DType::F32) return *reinterpret_cast<const float4*>(static_cast<const float*>(t.p) + i);
   const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(t.p) + i);
-  if (t.dtype == kEmbedBf16)
+  if (t.dtype == DType::BF16)
     return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
                        __uint_as_float(u.y & 0xFFFF0000u));
   const __half2 a = *reinterpret_cast<const __half2*>(&u.x), b = *reinterpret_cast<const __half2*>(&u.y);
@@ -316,8 +321,6 @@ __global__ void bias_add_kernel(float* y, int64_t ldy, const float* bias, int64_
 
 // out[i] = in[i] as f32 (exact) for bf16 / fp16 values: an f32 linear's
 // matrix widened just before its GEMM (GpuOptions::f32_linears).
-__device__ inline float widen_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ inline float widen_f32(__half v) { return __half2float(v); }
 template <typename T>
 __global__ void widen_kernel(const T* __restrict__ in, int64_t n, float* __restrict__ out) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
