@@ -8,7 +8,9 @@
 // below says which kernels the step's time is spent waiting for.
 //
 //   bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--chain] [--kv-shared-from N]
-//                      [--layer 1]
+//                      [--kv-bf16] [--layer 1]
+// (--warmup sets the position the traced steps run at: 4 prompt tokens plus
+// the warm-up steps.)
 //
 // Prints: the step span and the gap between steps; per kernel name, calls per
 // step, mean duration, mean extension and the share of the step; and the
@@ -100,7 +102,7 @@ const char* arg_value(int& i, int argc, char** argv) {
 int main(int argc, char** argv) {
   std::string model;
   int steps = 8, warmup = 64, layer = 1;
-  bool graph = true, fuse = true, chain = false;
+  bool graph = true, fuse = true, chain = false, kv_bf16 = false;
   int64_t kv_shared_from = nibble::cuda::GpuOptions{}.kv_shared_from;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -113,10 +115,11 @@ int main(int argc, char** argv) {
     else if (a == "--chain") chain = true;  // GpuOptions::chain_decode: the GEMVs between attentions in one launch
     else if (a == "--kv-shared-from")  // GpuOptions::kv_shared_from: -1 never, 0 always
       kv_shared_from = std::atoll(arg_value(i, argc, argv));
+    else if (a == "--kv-bf16") kv_bf16 = true;  // GpuOptions::kv_dtype bf16 (run --device cuda --kv bf16)
     else {
       std::fprintf(stderr,
                    "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] "
-                   "[--chain] [--kv-shared-from 3072] [--layer 1]\n");
+                   "[--chain] [--kv-shared-from 3072] [--kv-bf16] [--layer 1]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
     opts.fuse_decode = fuse;
     opts.chain_decode = chain;
     opts.kv_shared_from = kv_shared_from;
+    if (kv_bf16) opts.kv_dtype = nibble::DType::BF16;
     const int64_t prompt = 4;
     auto gpu = nibble::cuda::GpuModel::load(*dir, prompt + warmup + steps + 1, opts);
     const int64_t vocab = gpu->config().vocab_size;
@@ -197,9 +201,10 @@ int main(int argc, char** argv) {
       if (s + 1 < steps) gap_sum += static_cast<double>(ks[begin[s + 1]].start) - static_cast<double>(latest);
     }
     const double span = span_sum / steps;
-    std::printf("decode trace: %s, %s, %s, %zu kernels per step, step span %.1f us (sum of extensions), gap between "
-                "steps %.1f us\n",
-                model.c_str(), graph ? "CUDA graph" : "no graph",
+    std::printf("decode trace: %s, %s, %s KV cache, position %lld, %s, %zu kernels per step, step span %.1f us (sum "
+                "of extensions), gap between steps %.1f us\n",
+                model.c_str(), graph ? "CUDA graph" : "no graph", kv_bf16 ? "bf16" : "f32",
+                static_cast<long long>(gpu->size() - steps),
                 gpu->decode_chained() ? "GemvFusion in GEMV chains"
                 : gpu->decode_fused() ? "GemvFusion"
                                       : "separate norm/SiLU kernels", (ks.size()) / steps, span / 1e3,

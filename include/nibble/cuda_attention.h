@@ -16,8 +16,9 @@ namespace nibble::cuda {
 
 struct AttentionArgs {
   const float* q = nullptr;  // f32 [n, heads, head_dim], contiguous (RoPE applied)
-  const float* k = nullptr;  // f32 [positions, kv_heads, head_dim], the key cache, rows 0 .. p0+n-1 filled
-  const float* v = nullptr;  // f32, same layout: the value cache
+  const void* k = nullptr;  // [positions, kv_heads, head_dim], the key cache, rows 0 .. p0+n-1 filled
+  const void* v = nullptr;  // same layout: the value cache
+  bool kv_bf16 = false;     // the caches' elements are bf16 (GpuOptions::kv_dtype), else f32
   void* out = nullptr;       // bf16 [n, ldo]: head h at columns h*head_dim .. (h+1)*head_dim-1
   bool out_f32 = false;      // out is f32 instead (ldo a multiple of 4 for the flash kernel)
   // Row-wise kernel, one query, head_dim a multiple of 128: instead of `out`,
@@ -29,7 +30,8 @@ struct AttentionArgs {
   // position come un-rotated in this qkv projection row ([q heads | k heads |
   // v heads], f32) and the kernel first does the RoPE step itself: q/k RMS
   // norms where set (qwen3), RoPE at p0, the k and v rows written into the
-  // caches k and v (which must then be writable). q is then unused.
+  // caches k and v (which must then be writable; a bf16 cache gets them
+  // rounded, and the kernel uses the rounded key and value). q is then unused.
   const float* rope_qkv = nullptr;
   const float *rope_q_norm = nullptr, *rope_k_norm = nullptr, *rope_inv_freq = nullptr;
   float rope_eps = 0.0f;

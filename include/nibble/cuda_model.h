@@ -3,12 +3,13 @@
 // stay packed on the device; everything else is held as bf16 and runs through
 // cuBLAS. Inputs of linears are bf16 (f32 in decode when every linear takes
 // f32 single-token inputs: the integer W4A16 GEMV); their outputs, the
-// residual stream, norms, RoPE, attention and the KV cache are fp32.
+// residual stream, norms, RoPE and attention are fp32, and so is the KV cache
+// unless GpuOptions::kv_dtype makes it bf16.
 // GpuOptions::f32_linears instead holds every linear as f32 with f32 inputs
 // (the KL yardstick's forward).
 // Not yet: simulated activation quantizers (ModelSource::activation_quant(),
-// which this forward does not apply) and quantized KV caches; nibble run and
-// nibble eval refuse both on --device cuda.
+// which this forward does not apply) and KV caches other than f32 and bf16;
+// nibble run and nibble eval refuse them on --device cuda.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "nibble/dtype.h"
 #include "nibble/model_config.h"
 #include "nibble/source.h"
 #include "nibble/tensor.h"
@@ -71,6 +73,12 @@ struct GpuOptions {
   // CPU forward's bf16_activations (the KL noise floor's second computation).
   // Switchable on a loaded model: GpuModel::set_bf16_inputs.
   bool bf16_inputs = false;
+  // The KV cache's element type: F32 (exact), or BF16 (half the bytes: each
+  // key and value rounded to the nearest bf16 as it is written, which the
+  // CPU forward simulates as `--kv bf16`; kv_device_dtype in
+  // include/nibble/kv_quant.h maps a scheme to this). Every attention kernel
+  // reads either (src/backend/cuda/kv_cache.cuh).
+  DType kv_dtype = DType::F32;
 };
 
 class GpuModel {
@@ -107,7 +115,7 @@ class GpuModel {
   // Device bytes of the embedding table: as stored (f32, bf16 or fp16; other
   // formats as f32), f32 where f32_linears uses it as a tied head.
   size_t embedding_bytes() const;
-  size_t cache_bytes() const;  // the KV cache: the keys and values of every layer, f32, for max_tokens positions
+  size_t cache_bytes() const;  // the KV cache: the keys and values of every layer (kv_dtype), for max_tokens positions
   // Bytes of weights one decode step reads: every linear as stored on the
   // device (packed codes + group parameters, or bf16), biases, norms, the head
   // and one embedding row. The KV cache read grows with the position and is

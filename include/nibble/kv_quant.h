@@ -30,6 +30,9 @@
 //     groups of 32 consecutive channels of one head (a head_dim not a multiple
 //     of 32 ends in a shorter group: head_dim 8 is one group of 8), codes
 //     round-half-even((x - min) / scale), scale = (max - min) / (2^bits - 1).
+//   bf16, R = 0, G = 1: every element rounded to the nearest bf16 (ties to
+//     even) as it is written; the one scheme the GPU forward holds for real
+//     (device_dtype), at half the bytes of the f32 cache.
 //   fp8_e4m3, R = 0, G = 1: every row quantized at once; one fp32 scale per
 //     layer for K and one for V, scale = absmax / 448 over the rows of the
 //     first forward call into an empty cache (the prefill), then fixed: later
@@ -39,9 +42,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "nibble/dtype.h"
 
 namespace nibble {
 
@@ -67,6 +73,9 @@ struct KvQuantSpec {
   void (*keys)(const KvQuantSpec& s, const float* rows, int64_t n, const KvLayout& l, float scale, float* out) = nullptr;
   void (*values)(const KvQuantSpec& s, const float* rows, int64_t n, const KvLayout& l, float scale,
                  float* out) = nullptr;
+  // The element type in which the GPU forward holds a real cache of this
+  // scheme (cuda::GpuOptions::kv_dtype); unset: simulated on the CPU only.
+  std::optional<DType> device_dtype;
 
   // Positions stored quantized in a cache of T positions (see above).
   int64_t boundary(int64_t T) const { return T > residual ? (T - residual) / group * group : 0; }
@@ -77,8 +86,12 @@ const std::vector<KvQuantSpec>& kv_quants();
 // The scheme called `name`; "none" gives nullptr (an exact f32 cache). Throws
 // nibble::Error listing the known names for anything else.
 const KvQuantSpec* find_kv_quant(std::string_view name);
-// "int8, int4, fp8_e4m3" (for help texts).
+// "int8, int4, fp8_e4m3, bf16" (for help texts).
 std::string kv_quant_names();
+// The GPU cache's element type for `kv`: F32 for none (nullptr), the
+// scheme's device_dtype where it has one. Throws nibble::Error naming `what`
+// (e.g. "run --device cuda") for a scheme only the CPU simulates.
+DType kv_device_dtype(const KvQuantSpec* kv, std::string_view what);
 
 // The quantized side of one layer's cache: the dequantized form of rows
 // 0 .. quantized()-1, filled in as the cache grows.

@@ -106,8 +106,6 @@ class WindowRunner {
     if (o.device == "cpu") return;
     NIBBLE_CHECK(o.device == "cuda", "eval: --device '{}' (cpu or cuda)", o.device);
 #ifdef NIBBLE_HAVE_CUDA
-    NIBBLE_CHECK(setup.cand.kv_quant == nullptr,
-                 "eval --device cuda: quantized KV caches (--kv) are simulated on the CPU only; use --device cpu");
     const std::string act = !setup.cand.act_quant     ? src.activation_quant()
                             : *setup.cand.act_quant ? std::string((*setup.cand.act_quant)->name)
                                                     : std::string();
@@ -120,6 +118,7 @@ class WindowRunner {
     g.bf16_inputs = setup.bf16_activations;
     g.decode_graph = false;  // prefill only
     g.kv_shared_from = -1;
+    g.kv_dtype = kv_device_dtype(setup.cand.kv_quant, "eval --device cuda");  // none: f32, bf16: a bf16 cache
     gpu_ = cuda::GpuModel::load(src, o.ctx, g);
 #else
     NIBBLE_FAIL("eval: --device cuda needs a CUDA build of nibble (make build NIBBLE_CUDA=on)");

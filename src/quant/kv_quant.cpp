@@ -66,6 +66,12 @@ void fp8_rows(const KvQuantSpec&, const float* rows, int64_t n, const KvLayout& 
   for (int64_t i = 0; i < n * l.row(); ++i) out[i] = f8_e4m3_to_f32(f32_to_f8_e4m3(rows[i] / scale)) * scale;
 }
 
+// bf16: every element rounded to the nearest bf16 (ties to even), as the GPU
+// forward's bf16 cache stores it (cuda::GpuOptions::kv_dtype).
+void bf16_rows(const KvQuantSpec&, const float* rows, int64_t n, const KvLayout& l, float, float* out) {
+  for (int64_t i = 0; i < n * l.row(); ++i) out[i] = round_to_bf16(rows[i]);
+}
+
 }  // namespace
 
 const std::vector<KvQuantSpec>& kv_quants() {
@@ -79,6 +85,9 @@ const std::vector<KvQuantSpec>& kv_quants() {
       {"fp8_e4m3", "OCP FP8 E4M3, one scale per layer for K and for V (absmax/448 of the first forward call), "
                    "every position",
        8, 0, 1, fp8_scale, fp8_rows, fp8_rows},
+      {"bf16", "bf16 (round to nearest even), every position: half the bytes of f32; the cache --device cuda "
+               "holds natively",
+       16, 0, 1, nullptr, bf16_rows, bf16_rows, DType::BF16},
   };
   return rows;
 }
@@ -94,6 +103,14 @@ const KvQuantSpec* find_kv_quant(std::string_view name) {
   for (const KvQuantSpec& k : kv_quants())
     if (k.name == name) return &k;
   NIBBLE_FAIL("unknown KV-cache quantization '{}' (known: none, {})", name, kv_quant_names());
+}
+
+DType kv_device_dtype(const KvQuantSpec* kv, std::string_view what) {
+  if (kv == nullptr) return DType::F32;
+  NIBBLE_CHECK(kv->device_dtype.has_value(),
+               "{}: --kv {} is simulated on the CPU only; the GPU holds the KV cache as f32 (none) or bf16 (use "
+               "--device cpu for {})", what, kv->name, kv->name);
+  return *kv->device_dtype;
 }
 
 void KvCacheRows::update(const float* keys, const float* values, int64_t T, const KvLayout& l) {

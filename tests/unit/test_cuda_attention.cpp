@@ -48,23 +48,42 @@ AttnData random_attention(const AttnCase& c, uint32_t seed) {
   return d;
 }
 
+// The caches as a bf16 cache holds them (GpuOptions::kv_dtype): k and v
+// rounded to the nearest bf16; q unchanged.
+AttnData bf16_cache(AttnData d) {
+  for (auto* x : {&d.k, &d.v})
+    for (float& e : *x) e = round_to_bf16(e);
+  return d;
+}
+
+// A host buffer as bf16 bits (the values must be bf16 already, or NaN).
+cuda::DeviceBuffer upload_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = f32_to_bf16(x[i]);
+  return cuda::upload(b.data(), b.size() * 2);
+}
+
 // Runs `kernel` ("flash", "rowwise" or "split": split_attention, one query,
 // 7 key ranges) and returns the bf16 output as float
 // [n, ldo]. The cache has spare rows past p0+n filled with NaN and the output
 // starts as NaN (bf16 0xFFFF) with padding columns: the kernel must read no
 // key past the last query's position and write nothing outside its columns.
-std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const std::string& kernel, int64_t ldo) {
+// kv_bf16: the caches are bf16 (d's k and v must hold bf16 values: bf16_cache).
+std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const std::string& kernel, int64_t ldo,
+                                 bool kv_bf16 = false) {
   const int64_t T = c.p0 + c.n, row = c.kv_heads * c.head_dim, spare = 70;
   std::vector<float> kp(static_cast<size_t>((T + spare) * row), std::nanf("")), vp(kp);
   std::copy(d.k.begin(), d.k.end(), kp.begin());
   std::copy(d.v.begin(), d.v.end(), vp.begin());
-  cuda::DeviceBuffer dq = cuda::upload(d.q.data(), d.q.size() * 4), dk = cuda::upload(kp.data(), kp.size() * 4),
-                     dv = cuda::upload(vp.data(), vp.size() * 4), dout(static_cast<size_t>(c.n * ldo) * 2);
+  cuda::DeviceBuffer dq = cuda::upload(d.q.data(), d.q.size() * 4), dout(static_cast<size_t>(c.n * ldo) * 2);
+  cuda::DeviceBuffer dk = kv_bf16 ? upload_bf16(kp) : cuda::upload(kp.data(), kp.size() * 4);
+  cuda::DeviceBuffer dv = kv_bf16 ? upload_bf16(vp) : cuda::upload(vp.data(), vp.size() * 4);
   EXPECT_EQ(cudaMemset(dout.get(), 0xFF, dout.bytes()), cudaSuccess);
   cuda::AttentionArgs a;
   a.q = static_cast<const float*>(dq.get());
-  a.k = static_cast<const float*>(dk.get());
-  a.v = static_cast<const float*>(dv.get());
+  a.k = dk.get();
+  a.v = dv.get();
+  a.kv_bf16 = kv_bf16;
   a.out = dout.get();
   a.ldo = ldo;
   a.n = c.n;
@@ -216,6 +235,36 @@ TEST(Cuda, FlashAttentionMatchesReference) {
   }
 }
 
+// Every kernel on a bf16 cache (GpuOptions::kv_dtype) against the same
+// float64 reference and bound, on the cache's values (k and v rounded to
+// bf16): the kernels widen the cache exactly, so only the reads change. The
+// prefill shapes above, long decode caches (the split and cluster kernels'
+// ranges, the kv-shared kernel's prefetch of 64-element lines) and a sliding
+// window.
+TEST(Cuda, AttentionOnABf16CacheMatchesReference) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<AttnCase> cases = {
+      {1, 0, 4, 2, 64, 0, 1.0f, 1},      {1, 130, 8, 2, 128, 0, 4.0f, 1},   {129, 37, 6, 3, 128, 0, 1.0f, 1},
+      {77, 300, 32, 8, 128, 0, 4.0f, 1}, {200, 5, 4, 1, 256, 0, 1.0f, 1},   {130, 100, 4, 2, 64, 64, 4.0f, 1},
+      {1, 2999, 32, 8, 128, 0, 4.0f, 1}, {1, 4000, 6, 3, 128, 100, 1.0f, 1}, {1, 777, 4, 1, 256, 0, 4.0f, 1},
+      {1, 5000, 8, 2, 64, 0, 4.0f, 1},   {1, 9, 4, 4, 32, 0, 1.0f, 1},
+  };
+  uint32_t seed = 500;
+  for (const AttnCase& c : cases) {
+    const AttnData d = bf16_cache(random_attention(c, seed++));
+    const int64_t ldo = c.heads * c.head_dim + 6;
+    for (const char* kernel : {"flash", "rowwise", "split", "decode", "shared"}) {
+      const std::string k = kernel;
+      if (k == "flash" && !cuda::flash_attention_supported(c.head_dim)) continue;
+      if ((k == "split" || k == "decode" || k == "shared") && c.n != 1) continue;
+      if (k == "decode" && !cuda::decode_attention_supported(c.head_dim)) continue;
+      if (k == "shared" && !cuda::kv_shared_attention_supported(c.head_dim, c.heads, c.kv_heads)) continue;
+      const auto got = run_attention(c, d, kernel, ldo, true);
+      check_attention(c, d, got, ldo, std::string(kernel) + " bf16 cache " + describe(c));
+    }
+  }
+}
+
 // A long prefill from position 0: 3000 queries (47 tiles, the last ragged),
 // both plain and peaked scores. Every 7th row is checked, and the last 64.
 TEST(Cuda, FlashAttentionLongSequence) {
@@ -271,7 +320,11 @@ TEST(Cuda, SplitDecodeAttentionMatchesReference) {
 // head in decode_attention) and the f32 outputs. The two compute the same
 // expressions; the scores' summation order and the per-range softmax differ,
 // so the outputs agree to fp32 rounding (1e-5 of the largest |out|), the rows
-// to 1e-6.
+// to 1e-6. On a bf16 cache as well: there each kernel rounds the new key and
+// value as it writes them and attends with the rounded row (the row-wise
+// kernel reads it back from the cache), so the outputs agree as closely
+// (a kernel attending with the unrounded key would be ~1e-3 off at short
+// lengths), the value rows are equal and the key rows within a bf16 step.
 TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   if (!cuda::decode_attention_supported(128)) GTEST_SKIP() << "decode_attention needs sm_90";
@@ -279,6 +332,7 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
     int64_t p0, heads, kv_heads, hd, window;
     bool norms;
   };
+  for (const bool bf : {false, true})
   for (const Case c : {Case{0, 8, 2, 128, 0, true}, Case{5, 32, 8, 128, 0, false}, Case{300, 16, 8, 64, 0, true},
                        Case{1000, 4, 4, 256, 0, true}, Case{777, 8, 2, 128, 100, false}, Case{2, 6, 2, 32, 0, true}}) {
     std::mt19937 rng(static_cast<uint32_t>(c.p0 + c.hd));
@@ -287,7 +341,7 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
     std::vector<float> qkv(static_cast<size_t>((H + 2 * KV) * hd)), cache(static_cast<size_t>(P * row));
     std::vector<float> qn(static_cast<size_t>(hd)), kn(qn.size()), inv(static_cast<size_t>(hd / 2));
     for (auto& x : qkv) x = normal(rng);
-    for (auto& x : cache) x = normal(rng);
+    for (auto& x : cache) x = bf ? round_to_bf16(normal(rng)) : normal(rng);
     for (auto& x : qn) x = 0.5f + std::fabs(normal(rng));
     for (auto& x : kn) x = 0.5f + std::fabs(normal(rng));
     for (int64_t i = 0; i < hd / 2; ++i)
@@ -297,13 +351,14 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
     std::vector<float> out[3], krow[3], vrow[3];
     const bool shared = cuda::kv_shared_attention_supported(hd, H, KV);
     for (int kernel = 0; kernel < (shared ? 3 : 2); ++kernel) {
-      cuda::DeviceBuffer dk = cuda::upload(cache.data(), cache.size() * 4);
       std::vector<float> vcache(cache.rbegin(), cache.rend());
-      cuda::DeviceBuffer dv = cuda::upload(vcache.data(), vcache.size() * 4);
+      cuda::DeviceBuffer dk = bf ? upload_bf16(cache) : cuda::upload(cache.data(), cache.size() * 4);
+      cuda::DeviceBuffer dv = bf ? upload_bf16(vcache) : cuda::upload(vcache.data(), vcache.size() * 4);
       cuda::DeviceBuffer dout(static_cast<size_t>(H * hd) * 4);
       cuda::AttentionArgs a;
-      a.k = static_cast<const float*>(dk.get());
-      a.v = static_cast<const float*>(dv.get());
+      a.k = dk.get();
+      a.v = dv.get();
+      a.kv_bf16 = bf;
       a.out = dout.get();
       a.out_f32 = true;
       a.rope_qkv = static_cast<const float*>(dqkv.get());
@@ -331,9 +386,18 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
       out[kernel].resize(static_cast<size_t>(H * hd));
       ASSERT_EQ(cudaMemcpy(out[kernel].data(), dout.get(), out[kernel].size() * 4, cudaMemcpyDeviceToHost),
                 cudaSuccess);
-      std::vector<float> kc(cache.size()), vc(cache.size());
-      ASSERT_EQ(cudaMemcpy(kc.data(), dk.get(), kc.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(vc.data(), dv.get(), vc.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      auto download = [&](const cuda::DeviceBuffer& b) {
+        std::vector<float> x(cache.size());
+        if (bf) {
+          std::vector<uint16_t> raw(x.size());
+          EXPECT_EQ(cudaMemcpy(raw.data(), b.get(), raw.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+          for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(raw[i]);
+        } else {
+          EXPECT_EQ(cudaMemcpy(x.data(), b.get(), x.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        }
+        return x;
+      };
+      const std::vector<float> kc = download(dk), vc = download(dv);
       // Nothing but row p0 changes.
       for (int64_t t = 0; t < P; ++t)
         if (t != c.p0)
@@ -343,6 +407,11 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
           }
       krow[kernel].assign(kc.begin() + c.p0 * row, kc.begin() + (c.p0 + 1) * row);
       vrow[kernel].assign(vc.begin() + c.p0 * row, vc.begin() + (c.p0 + 1) * row);
+    }
+    // The value row is the qkv row's v, as the cache holds it.
+    for (size_t i = 0; i < vrow[0].size(); ++i) {
+      const float v = qkv[static_cast<size_t>((H + KV) * hd) + i];
+      ASSERT_EQ(vrow[0][i], bf ? round_to_bf16(v) : v) << i;
     }
     for (int kernel = 1; kernel < (shared ? 3 : 2); ++kernel) {
       double scale = 0, diff = 0, rdiff = 0;
@@ -357,11 +426,11 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
         EXPECT_EQ(vrow[0][i], vrow[kernel][i]) << i;
       }
       const char* name = kernel == 1 ? "decode" : "kv-shared";
-      EXPECT_LE(diff, 1e-5 * scale) << name << " p0 " << c.p0 << " hd " << hd;
-      EXPECT_LE(rdiff, 1e-6) << name << " p0 " << c.p0 << " hd " << hd;
-      std::printf("[%s attention rope] p0 %lld H %lld KV %lld hd %lld: max |Δout| %.3g of %.3g, k row %.3g\n", name,
-                  static_cast<long long>(c.p0), static_cast<long long>(H), static_cast<long long>(KV),
-                  static_cast<long long>(hd), diff, scale, rdiff);
+      EXPECT_LE(diff, 1e-5 * scale) << name << " p0 " << c.p0 << " hd " << hd << (bf ? " bf16" : "");
+      EXPECT_LE(rdiff, bf ? 1.0 / 128 : 1e-6) << name << " p0 " << c.p0 << " hd " << hd << (bf ? " bf16" : "");
+      std::printf("[%s attention rope%s] p0 %lld H %lld KV %lld hd %lld: max |Δout| %.3g of %.3g, k row %.3g\n",
+                  name, bf ? ", bf16 cache" : "", static_cast<long long>(c.p0), static_cast<long long>(H),
+                  static_cast<long long>(KV), static_cast<long long>(hd), diff, scale, rdiff);
     }
   }
 }

@@ -56,27 +56,54 @@ std::vector<int32_t> some_ids(int64_t n, int64_t vocab, uint32_t seed) {
 
 // f32 weights, f32 inputs, the fp32 GEMM: the CPU forward's logits up to fp32
 // summation order (measured on the H200: see the printed figures), in prefill
-// and in decode through the KV cache.
-void check_f32_forward(const fs::path& dir, int64_t n, int decode_steps) {
+// and in decode through the KV cache. kv: the CPU's simulated cache scheme,
+// held for real on the GPU (kv_device_dtype: none, or bf16). Returns the
+// worst rows of prefill and decode.
+std::pair<double, double> f32_forward_diff(const fs::path& dir, int64_t n, int decode_steps,
+                                           const KvQuantSpec* kv = nullptr) {
   auto src = CheckpointDir::open(dir);
   auto cpu = Model::load(*src);
   const ModelConfig& c = cpu->config();
   const int64_t V = c.vocab_size;
   cuda::GpuOptions g;
   g.f32_linears = true;
+  g.kv_dtype = kv_device_dtype(kv, "test");
   auto gpu = cuda::GpuModel::load(*src, n + decode_steps, g);
   const std::vector<int32_t> prompt = some_ids(n, V, 7);
-  KVCache cache(c, n + decode_steps);
+  KVCache cache(c, n + decode_steps, kv);
   const double prefill = worst_row(cpu->forward(prompt, cache, true), gpu->forward(prompt, true), V);
-  EXPECT_LT(prefill, 2e-5) << dir;
   double decode = 0;
   for (int step = 0; step < decode_steps; ++step) {
     const int32_t t = prompt[static_cast<size_t>(step) % prompt.size()];
     decode = std::max(decode, worst_row(cpu->forward({t}, cache, false), gpu->forward({t}, false), V));
   }
+  std::printf("[f32 forward%s] %s: worst row max|dlogit|/max|logit| prefill %.3g, decode %.3g\n",
+              kv ? ", bf16 KV cache" : "", dir.filename().c_str(), prefill, decode);
+  return {prefill, decode};
+}
+
+void check_f32_forward(const fs::path& dir, int64_t n, int decode_steps) {
+  const auto [prefill, decode] = f32_forward_diff(dir, n, decode_steps);
+  EXPECT_LT(prefill, 2e-5) << dir;
   EXPECT_LT(decode, 2e-5) << dir;
-  std::printf("[f32 forward] %s: worst row max|dlogit|/max|logit| prefill %.3g, decode %.3g\n",
-              dir.filename().c_str(), prefill, decode);
+}
+
+// What a KV scheme changes on the CPU: the worst rows of prefill and decode
+// (as f32_forward_diff feeds them) with the f32 cache against with `kv`.
+std::pair<double, double> kv_cost_on_cpu(const fs::path& dir, int64_t n, int decode_steps, const KvQuantSpec* kv) {
+  auto src = CheckpointDir::open(dir);
+  auto cpu = Model::load(*src);
+  const ModelConfig& c = cpu->config();
+  const std::vector<int32_t> prompt = some_ids(n, c.vocab_size, 7);
+  KVCache exact(c, n + decode_steps), cache(c, n + decode_steps, kv);
+  const double prefill = worst_row(cpu->forward(prompt, exact, true), cpu->forward(prompt, cache, true), c.vocab_size);
+  double decode = 0;
+  for (int step = 0; step < decode_steps; ++step) {
+    const int32_t t = prompt[static_cast<size_t>(step) % prompt.size()];
+    decode = std::max(decode, worst_row(cpu->forward({t}, exact, false), cpu->forward({t}, cache, false),
+                                        c.vocab_size));
+  }
+  return {prefill, decode};
 }
 
 TEST(CudaEval, F32LinearsMatchTheCpuForward) {
@@ -93,6 +120,39 @@ TEST(CudaEval, F32LinearsMatchTheCpuForward) {
   check_f32_forward(tmp / "stories-rtn", 200, 8);
   check_f32_forward(qwen, 300, 8);  // head_dim 128: the flash kernel with f32 output
   check_f32_forward(tmp / "qwen-rtn", 300, 8);
+}
+
+// The GPU's bf16 KV cache (GpuOptions::kv_dtype, `--kv bf16` on --device
+// cuda) against the CPU's simulation of it (kv_quant.h: every row rounded to
+// bf16 as written), with f32 linears on both: in prefill (row-wise kernel at
+// head_dim 8, flash at 128) and decode (row-wise; the cluster kernel at 128).
+// A bf16 cache is half the bytes of an f32 one; no other element type loads.
+TEST(CudaEval, Bf16KvCacheMatchesTheCpuSimulation) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const KvQuantSpec* bf16 = find_kv_quant("bf16");
+  ASSERT_EQ(kv_device_dtype(bf16, "test"), DType::BF16);
+  for (const auto& [name, n] : {std::pair{"stories260K", 200}, std::pair{"qwen3-26M-linux", 300}}) {
+    const auto gap = f32_forward_diff(test::model_dir(name), n, 8, bf16);
+    const auto cost = kv_cost_on_cpu(test::model_dir(name), n, 8, bf16);
+    std::printf("[bf16 kv cost] %s: the CPU's f32 cache vs its --kv bf16, worst row prefill %.3g, decode %.3g\n", name,
+                cost.first, cost.second);
+    // Both devices round to bf16 the keys and values they computed, which
+    // differ in their last fp32 bits, so now and then one element lands on
+    // the other side of a rounding boundary (a step of 2^-8): the gap is far
+    // above the f32 cache's 2e-5 but a fraction of what rounding the cache
+    // costs at all (measured on the H200: 1/65 to 1/7). A GPU that left a
+    // row, or the new position's key or value, unrounded, or that rounded
+    // differently, would be as far off as the cost itself.
+    EXPECT_GT(cost.first, 0.0) << name;
+    EXPECT_LT(gap.first, 0.25 * cost.first) << name;
+    EXPECT_LT(gap.second, 0.25 * cost.second) << name;
+  }
+  auto src = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
+  cuda::GpuOptions g;
+  g.kv_dtype = DType::BF16;
+  EXPECT_EQ(cuda::GpuModel::load(*src, 1000, g)->cache_bytes() * 2, cuda::GpuModel::load(*src, 1000)->cache_bytes());
+  g.kv_dtype = DType::F16;
+  EXPECT_THROW(cuda::GpuModel::load(*src, 8, g), Error);
 }
 
 // GpuModel::set_bf16_inputs on a loaded f32 model: the logits of a model
@@ -193,6 +253,16 @@ TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
   // The reference against itself on the GPU: nothing lost.
   const auto same = eval::score_candidate(*ref, rg, {corpus}, og);
   EXPECT_EQ(same[0].kl.max, 0.0);
+  // The cost of a bf16 KV cache (the reference against itself with --kv
+  // bf16): simulated on the CPU, held for real on the GPU; the same size.
+  eval::CandidateOptions kvb;
+  kvb.kv_quant = find_kv_quant("bf16");
+  const auto bc = eval::score_candidate(*ref, rc, {corpus}, o, kvb);
+  const auto bg = eval::score_candidate(*ref, rg, {corpus}, og, kvb);
+  EXPECT_GT(bc[0].kl.mean, 0.0);
+  EXPECT_NEAR(bg[0].kl.mean, bc[0].kl.mean, 0.1 * bc[0].kl.mean);
+  std::printf("[gpu eval] the reference with a bf16 KV cache: KL cpu (simulated) %.4g, gpu (held) %.4g\n",
+              bc[0].kl.mean, bg[0].kl.mean);
   // What the GPU forward does not simulate is refused, by name.
   eval::CandidateOptions kv;
   kv.kv_quant = find_kv_quant("int4");

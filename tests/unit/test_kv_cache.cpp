@@ -40,6 +40,37 @@ TEST(KvQuant, BoundaryRule) {
   EXPECT_NE(e.find("int2"), std::string::npos) << e;
 }
 
+// bf16: every row of the cache at once, each element to the nearest bf16
+// (8 significant bits), ties to even; worked by hand. The one scheme the GPU
+// holds for real (device_dtype); the others are refused there by name.
+TEST(KvQuant, Bf16RoundsEveryRowToNearestEven) {
+  const KvQuantSpec& s = *find_kv_quant("bf16");
+  for (int64_t T : {0, 1, 7, 512}) EXPECT_EQ(s.boundary(T), T);
+  const KvLayout l{1, 6};
+  const float u = std::ldexp(1.0f, -7);  // bf16's step in [1, 2)
+  // 1 + u/2: a tie between 1 and 1 + u, to the even 1; 1 + 3u/2: between 1 + u
+  // and 1 + 2u, to the even 1 + 2u; 1 + u/2 + 2^-20: above the tie, up; -3 and
+  // 0.15625 (binary 0.00101) are bf16 values; 65504 (fp16's largest) has 11
+  // significant bits, 1.1111111111 x 2^15, and rounds up to 2^16.
+  const std::vector<float> row = {1 + u / 2, 1 + 1.5f * u, 1 + u / 2 + std::ldexp(1.0f, -20), -3.0f, 0.15625f, 65504.0f};
+  const std::vector<float> want = {1.0f, 1 + 2 * u, 1 + u, -3.0f, 0.15625f, 65536.0f};
+  std::vector<float> keys(row), values(row.rbegin(), row.rend());
+  KvCacheRows rows(s);
+  rows.update(keys.data(), values.data(), 1, l);
+  ASSERT_EQ(rows.quantized(), 1);  // no residual: the newest row is held as bf16 too
+  EXPECT_EQ(std::vector<float>(rows.keys(0, l), rows.keys(0, l) + 6), want);
+  EXPECT_EQ(std::vector<float>(rows.values(0, l), rows.values(0, l) + 6), std::vector<float>(want.rbegin(), want.rend()));
+  EXPECT_EQ(kv_device_dtype(nullptr, "x"), DType::F32);
+  EXPECT_EQ(kv_device_dtype(&s, "x"), DType::BF16);
+  for (const KvQuantSpec& k : kv_quants()) {
+    if (k.name == "bf16") continue;
+    const std::string e = test::error_of([&] { kv_device_dtype(&k, "run --device cuda"); });
+    EXPECT_NE(e.find("run --device cuda: --kv " + std::string(k.name) + " is simulated on the CPU only"),
+              std::string::npos)
+        << e;
+  }
+}
+
 TEST(KvQuant, KiviInt4HandWorked) {
   KvQuantSpec s = *find_kv_quant("int4");
   s.residual = 0;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "nibble/dtype.h"
 #include "nibble/error.h"
 #include "nibble/eval.h"
 #include "nibble/model.h"
@@ -41,8 +42,7 @@ class Runner {
 #endif
     cuda_ = device == "cuda";
     if (cuda_) {
-      NIBBLE_CHECK(!kv_, "--kv {}: KV-cache quantization is not supported on --device cuda yet (use --device cpu)",
-                   kv);
+      kv_dtype_ = kv_device_dtype(kv_, "run --device cuda");  // none or bf16
       const std::string declared = dir_->activation_quant();
       NIBBLE_CHECK(act_quant.empty() ? declared.empty() : act == nullptr,
                    "{}: simulated activation quantization is not supported on --device cuda yet (use --device cpu{})",
@@ -62,6 +62,7 @@ class Runner {
 #ifdef NIBBLE_HAVE_CUDA
       cuda::GpuOptions g;
       g.decode_graph = cuda_graph;
+      g.kv_dtype = kv_dtype_;
       const size_t before = cuda::device_bytes_live();
       gpu_ = cuda::GpuModel::load(*dir_, positions, g);
       model_bytes_ = cuda::device_bytes_live() - before;
@@ -99,9 +100,10 @@ class Runner {
 #ifdef NIBBLE_HAVE_CUDA
     if (cuda_) {
       const size_t kv = gpu_->cache_bytes();
-      return fmt::format("cuda memory: the model {} (weights and scratch {}, KV cache of {} positions {}); peak {} "
-                         "in nibble's buffers (without the CUDA context and cuBLAS workspace)\n",
-                         human_bytes(model_bytes_), human_bytes(model_bytes_ - kv), positions_, human_bytes(kv),
+      return fmt::format("cuda memory: the model {} (weights and scratch {}, {} KV cache of {} positions {}); peak "
+                         "{} in nibble's buffers (without the CUDA context and cuBLAS workspace)\n",
+                         human_bytes(model_bytes_), human_bytes(model_bytes_ - kv),
+                         kv_dtype_ == DType::BF16 ? "bf16" : "f32", positions_, human_bytes(kv),
                          human_bytes(cuda::device_bytes_peak()));
     }
 #endif
@@ -131,6 +133,7 @@ class Runner {
   std::unique_ptr<Tokenizer> tok_;
   bool cuda_ = false;
   size_t model_bytes_ = 0;  // device bytes the GPU model took at load
+  DType kv_dtype_ = DType::F32;  // the GPU's KV cache (--kv none or bf16)
   int64_t positions_ = 0;
   std::unique_ptr<Model> cpu_;
   std::unique_ptr<KVCache> cache_;
@@ -166,13 +169,18 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
                   "cpu, or cuda (CUDA builds: int4 linears through the W4A16 kernels, the rest through cuBLAS; stderr "
                   "then also gives the model's GPU memory and decode tok/s against the roofline)")
       ->capture_default_str();
-  cmd->add_option("--kv", o->kv, "KV-cache quantization (CPU): none, " + kv_quant_names())->capture_default_str();
+  cmd->add_option("--kv", o->kv,
+                  "KV-cache format: none (f32), " + kv_quant_names() +
+                      ". On the CPU each is simulated in the f32 forward; --device cuda holds none or bf16 for real "
+                      "(bf16: half the cache memory)")
+      ->capture_default_str();
   cmd->add_option("--act-quant", o->act_quant,
                   "Simulated activation quantization at every linear input (CPU), replacing what the checkpoint "
                   "declares: none, " + act_quant_names());
   cmd->footer("Examples:\n  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --kv int4\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --device cuda\n"
+              "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --device cuda --kv bf16\n"
               "  nibble run --model out/synth-8b-rtn --prompt hello -n 256 --ignore-eos --device cuda   "
               "(decode tok/s against the roofline)");
   cmd->callback([o, &global] {

@@ -1,7 +1,8 @@
 // Flash-style causal prefill attention (include/nibble/cuda_attention.h;
 // docs/CUDA.md, "Flash prefill attention").
 //
-// The KV cache of the GPU forward is fp32, so this is the FlashAttention-2
+// The KV cache of the GPU forward is fp32 (or bf16, widened to fp32 as its
+// tiles are loaded: kv_cache.cuh), so this is the FlashAttention-2
 // schedule on fp32 CUDA cores (no tensor cores: TF32 would drop 13 bits of
 // the scores' inputs, bf16 16). One block of 256 threads computes a tile of
 // Br = 64 queries of one head against key tiles of Bc = 64 cached positions:
@@ -36,6 +37,7 @@
 #include <cmath>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/w4a16_common.cuh"
 #include "nibble/cuda_attention.h"
 
@@ -58,21 +60,27 @@ using w4a16::cp_async_commit;
 using w4a16::cp_async_wait;
 using w4a16::cp_async16_zfill;
 
-// Rows t0 .. t0+63 of one kv head's cache (pitch `row` floats) into a
-// [64][pitch] tile; rows at or past t_end are zeros (never read from memory).
-template <int D>
-__device__ inline void load_tile(float* tile, int pitch, const float* cache, int64_t row, int64_t t0, int64_t t_end) {
-  constexpr int kChunks = kBc * D / 4;  // 16-byte chunks
+// Rows t0 .. t0+63 of one kv head's cache (pitch `row` elements) into a
+// [64][pitch] f32 tile; rows at or past t_end are zeros (never read from
+// memory). An f32 cache arrives by cp.async; a bf16 cache (kv_cache.cuh) is
+// loaded and widened by the threads, so its tile is in place on return.
+template <int D, typename KvT>
+__device__ inline void load_tile(float* tile, int pitch, const KvT* cache, int64_t row, int64_t t0, int64_t t_end) {
+  constexpr int kChunks = kBc * D / 4;  // 4 elements each
   for (int c = threadIdx.x; c < kChunks; c += kThreads) {
     const int r = c / (D / 4), d = (c % (D / 4)) * 4;
     const bool valid = t0 + r < t_end;
-    cp_async16_zfill(tile + r * pitch + d, valid ? cache + (t0 + r) * row + d : cache, valid);
+    if constexpr (std::is_same_v<KvT, float>)
+      cp_async16_zfill(tile + r * pitch + d, valid ? cache + (t0 + r) * row + d : cache, valid);
+    else
+      *reinterpret_cast<float4*>(tile + r * pitch + d) =
+          valid ? kv::load4(cache + (t0 + r) * row + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 }
 
-template <int D, typename OutT>
+template <int D, typename OutT, typename KvT>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1)
-    flash_attention_kernel(const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    flash_attention_kernel(const float* __restrict__ q, const KvT* __restrict__ kc, const KvT* __restrict__ vc,
                            OutT* __restrict__ out, int64_t ldo, int64_t n, int64_t p0, int64_t H,
                            int64_t KV, int64_t window, float qscale) {
   using L = FlashLayout<D>;
@@ -87,8 +95,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1)
   // Keys: from the first query's window start to the last query's position.
   const int64_t t_end = p0 + q0 + rows;
   const int64_t t_begin = window > 0 && p0 + q0 + 1 > window ? p0 + q0 + 1 - window : 0;
-  const float* kbase = kc + kvh * D;
-  const float* vbase = vc + kvh * D;
+  const KvT* kbase = kc + kvh * D;
+  const KvT* vbase = vc + kvh * D;
 
   load_tile<D>(Ks, L::kPitchK, kbase, row, t_begin, t_end);
   cp_async_commit();
@@ -234,11 +242,11 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1)
   }
 }
 
-template <int D, typename OutT>
+template <int D, typename OutT, typename KvT>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once.
   static const bool attribute_set = [] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D, OutT>,
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_kernel<D, OutT, KvT>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(FlashLayout<D>::bytes)));
     return true;
@@ -247,18 +255,19 @@ void launch(const AttentionArgs& a, cudaStream_t stream) {
   const int64_t tiles = (a.n + kBr - 1) / kBr;
   const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(tiles));
   const float qscale = a.scale * 1.4426950408889634f;  // log2(e): scores in log2 units for exp2
-  flash_attention_kernel<D, OutT><<<grid, kThreads, FlashLayout<D>::bytes, stream>>>(
-      a.q, a.k, a.v, static_cast<OutT*>(a.out), a.ldo, a.n, a.p0, a.heads, a.kv_heads, a.window, qscale);
+  flash_attention_kernel<D, OutT, KvT><<<grid, kThreads, FlashLayout<D>::bytes, stream>>>(
+      a.q, static_cast<const KvT*>(a.k), static_cast<const KvT*>(a.v), static_cast<OutT*>(a.out), a.ldo, a.n, a.p0,
+      a.heads, a.kv_heads, a.window, qscale);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int D>
 void launch(const AttentionArgs& a, cudaStream_t stream) {
   NIBBLE_CHECK(a.prepared == nullptr, "flash_attention: no prepared output (the decode kernels' alone)");
-  if (a.out_f32)
-    launch<D, float>(a, stream);
+  if (a.kv_bf16)
+    a.out_f32 ? launch<D, float, __nv_bfloat16>(a, stream) : launch<D, __nv_bfloat16, __nv_bfloat16>(a, stream);
   else
-    launch<D, __nv_bfloat16>(a, stream);
+    a.out_f32 ? launch<D, float, float>(a, stream) : launch<D, __nv_bfloat16, float>(a, stream);
 }
 
 }  // namespace

@@ -467,7 +467,7 @@ struct GpuModel::Impl {
   GpuLinear head;
   DeviceBuffer f32_widen;  // f32 linears: the matrix widened for the current GEMM (GpuLinear::widen_to)
   std::vector<GpuLayer> layers;
-  std::vector<DeviceBuffer> kcache, vcache;  // per layer, f32 [max_tokens, KV*hd]
+  std::vector<DeviceBuffer> kcache, vcache;  // per layer, [max_tokens, KV*hd] of opts.kv_dtype
   Scratch s;    // prefill, grows to the largest n seen
   Scratch dec;  // decode: one token, never reallocated (the graph holds its pointers)
   cudaStream_t stream = nullptr;
@@ -617,16 +617,21 @@ struct GpuModel::Impl {
         norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, f32_in(L.f32_qkv));
         linears_forward(L.qkv, xn, act(f32_in(L.f32_qkv)), n, ldD, qkv, QKV, stream, round_in);
       }
-      auto* kc = static_cast<float*>(kcache[l].get());
-      auto* vc = static_cast<float*>(vcache[l].get());
+      void* kc = kcache[l].get();
+      void* vc = vcache[l].get();
+      const bool kv_bf16 = opts.kv_dtype == DType::BF16;
       // Decode: the row-wise attention kernel does the RoPE step itself (one launch less).
       const bool split = one && attn_splits > 0 && !kv_shared_now;
       const bool fused_rope = one && !split && hd <= kAttentionThreads / 2;
       chain.flush();  // the GEMVs before attention
       if (!fused_rope) {
-        pdl_launch(qkv_rope_kernel, static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream, qkv, qkv + H * hd,
-                   qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H, KV, hd, p0, p0_dev,
-                   qf, kc, vc);
+        auto rope = [&](auto kv_t) {
+          using KvT = decltype(kv_t);
+          pdl_launch(qkv_rope_kernel<KvT>, static_cast<unsigned>(n * (H + KV)), 32, hd * 4, stream, qkv,
+                     qkv + H * hd, qkv + (H + KV) * hd, QKV, f32p(L.q_norm), f32p(L.k_norm), eps, f32p(inv_freq), H,
+                     KV, hd, p0, p0_dev, qf, static_cast<KvT*>(kc), static_cast<KvT*>(vc));
+        };
+        kv_bf16 ? rope(bf16{}) : rope(float{});
       }
       AttentionArgs a;
       if (fused_rope) {
@@ -639,6 +644,7 @@ struct GpuModel::Impl {
       a.q = qf;
       a.k = kc;
       a.v = vc;
+      a.kv_bf16 = kv_bf16;
       a.out = att;
       a.out_f32 = f32_in(L.f32_o);
       if (one && L.prep_o) {
@@ -875,8 +881,9 @@ void GpuModel::set_bf16_inputs(bool on) {
 
 namespace {
 // One layer's key (or value) cache: f32 [positions, kv_heads · head_dim].
-size_t kv_cache_bytes(const ModelConfig& c, int64_t positions) {
-  return static_cast<size_t>(positions * c.num_kv_heads * c.head_dim) * 4;
+// One layer's key (or value) cache.
+size_t kv_cache_bytes(const ModelConfig& c, int64_t positions, DType kv) {
+  return static_cast<size_t>(positions * c.num_kv_heads * c.head_dim) * dtype_size(kv);
 }
 
 // The embedding table's dtype on the device: as stored where that is f32,
@@ -890,7 +897,7 @@ DType embed_device_dtype(DType stored, bool f32_tied) {
 // stored, the embedding as it will be held, the KV cache; other formats and
 // f32 linears take more) against the device's free memory, so that a model
 // too large fails at once, by name, rather than layers into its load.
-void check_fits(const ModelSource& src, int64_t max_tokens, bool f32_tied) {
+void check_fits(const ModelSource& src, int64_t max_tokens, bool f32_tied, DType kv_dtype) {
   const ModelConfig& c = src.config();
   const std::string kEmbed = "model.embed_tokens.weight";
   uint64_t weights = 0;
@@ -898,7 +905,7 @@ void check_fits(const ModelSource& src, int64_t max_tokens, bool f32_tied) {
     if (n != kEmbed) weights += src.meta(n).stored_bytes;
   const uint64_t embed = dtype_size(embed_device_dtype(src.meta(kEmbed).dtype, f32_tied)) *
                          static_cast<uint64_t>(c.vocab_size * c.hidden_size);
-  const uint64_t kv = 2ull * static_cast<uint64_t>(c.num_layers) * kv_cache_bytes(c, max_tokens);  // k and v
+  const uint64_t kv = 2ull * static_cast<uint64_t>(c.num_layers) * kv_cache_bytes(c, max_tokens, kv_dtype);  // k, v
   size_t free = 0, total = 0;
   NIBBLE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -919,7 +926,9 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
                "--device cuda: {} rotates down_proj's input online (--method rotate+...), which the GPU forward does "
                "not do yet; run it on the CPU",
                src.describe());
-  check_fits(src, max_tokens, opts.f32_linears && src.config().tie_word_embeddings);
+  NIBBLE_CHECK(opts.kv_dtype == DType::F32 || opts.kv_dtype == DType::BF16,
+               "GpuModel: a KV cache of {} (f32 or bf16 only)", dtype_name(opts.kv_dtype));
+  check_fits(src, max_tokens, opts.f32_linears && src.config().tie_word_embeddings, opts.kv_dtype);
   std::unique_ptr<GpuModel> model(new GpuModel());
   Impl& m = *model->impl_;
   m.c = src.config();
@@ -978,8 +987,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     L.o = load_linear_gpu(src, a + "o_proj", f32);
     L.down = load_linear_gpu(src, f + "down_proj", f32);
     m.layers.push_back(std::move(L));
-    m.kcache.emplace_back(kv_cache_bytes(c, max_tokens));
-    m.vcache.emplace_back(kv_cache_bytes(c, max_tokens));
+    m.kcache.emplace_back(kv_cache_bytes(c, max_tokens, opts.kv_dtype));
+    m.vcache.emplace_back(kv_cache_bytes(c, max_tokens, opts.kv_dtype));
   }
   for (GpuLayer& L : m.layers) {
     L.f32_qkv = std::all_of(L.qkv.begin(), L.qkv.end(), takes_f32);
@@ -1149,8 +1158,8 @@ static RopeIn rope_in(const AttentionArgs& a) {
     rope.inv_freq = a.rope_inv_freq;
     rope.eps = a.rope_eps;
     // AttentionArgs holds the caches read-only for every other use; this step writes row p0.
-    rope.kc = const_cast<float*>(a.k);
-    rope.vc = const_cast<float*>(a.v);
+    rope.kc = const_cast<void*>(a.k);
+    rope.vc = const_cast<void*>(a.v);
   }
   return rope;
 }
@@ -1182,10 +1191,11 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
   // capture: the decode step's warm-up launch asks for the largest size first.
   static size_t smem_allowed = 0;
   if (smem > smem_allowed) {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
+    for (const void* k : {reinterpret_cast<const void*>(attention_kernel<bf16, float>),
+                           reinterpret_cast<const void*>(attention_kernel<float, float>),
+                           reinterpret_cast<const void*>(attention_kernel<bf16, bf16>),
+                           reinterpret_cast<const void*>(attention_kernel<float, bf16>)})
+      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     smem_allowed = smem;
   }
   NIBBLE_CHECK(a.rope_qkv == nullptr || (a.n == 1 && a.head_dim <= kAttentionThreads / 2),
@@ -1194,17 +1204,22 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
   const RopeIn rope = rope_in(a);
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads));
   const auto st = static_cast<cudaStream_t>(stream);
-  if (a.out_f32)
-    pdl_launch(attention_kernel<float>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<float*>(a.out),
-               a.ldo, a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
+  auto launch = [&](auto out_t, auto kv_t) {
+    using OutT = decltype(out_t);
+    using KvT = decltype(kv_t);
+    pdl_launch(attention_kernel<OutT, KvT>, grid, kAttentionThreads, smem, st, a.q, static_cast<const KvT*>(a.k),
+               static_cast<const KvT*>(a.v), static_cast<OutT*>(a.out), a.ldo, a.heads, a.kv_heads, a.head_dim, a.p0,
+               p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
+  };
+  if (a.kv_bf16)
+    a.out_f32 ? launch(float{}, bf16{}) : launch(bf16{}, bf16{});
   else
-    pdl_launch(attention_kernel<bf16>, grid, kAttentionThreads, smem, st, a.q, a.k, a.v, static_cast<bf16*>(a.out),
-               a.ldo, a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope);
+    a.out_f32 ? launch(float{}, float{}) : launch(bf16{}, float{});
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 
 namespace {
-template <int HD>
+template <int HD, typename KvT>
 void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size_t smem, const RopeIn& rope,
                              void* stream) {
   cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), {}};
@@ -1220,14 +1235,24 @@ void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size
   cfg.attrs = attr;
   cfg.numAttrs = 2;
   const float* q = a.q;
+  const auto* k = static_cast<const KvT*>(a.k);
+  const auto* v = static_cast<const KvT*>(a.v);
   if (a.out_f32)
-    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_kernel<float, HD>, q, a.k, a.v,
+    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_kernel<float, HD, KvT>, q, k, v,
                                          static_cast<float*>(a.out), a.heads, a.kv_heads, a.p0, p0_dev, a.window,
                                          a.scale, a.prepared, a.prep_group, rope));
   else
-    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_kernel<bf16, HD>, q, a.k, a.v,
+    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_kernel<bf16, HD, KvT>, q, k, v,
                                          static_cast<bf16*>(a.out), a.heads, a.kv_heads, a.p0, p0_dev, a.window,
                                          a.scale, a.prepared, a.prep_group, rope));
+}
+template <int HD>
+void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size_t smem, const RopeIn& rope,
+                             void* stream) {
+  if (a.kv_bf16)
+    launch_decode_attention<HD, bf16>(a, p0_dev, smem, rope, stream);
+  else
+    launch_decode_attention<HD, float>(a, p0_dev, smem, rope, stream);
 }
 }  // namespace
 
@@ -1268,9 +1293,14 @@ int kv_shared_ranks(int64_t kv_heads) {
 template <typename OutT, int HD, int G>
 void launch_kv_shared(const AttentionArgs& a, const int32_t* p0_dev, const RopeIn& rope, float* part, unsigned* tickets,
                       int R, cudaStream_t st) {
-  pdl_launch(kv_shared_attention_kernel<OutT, HD, G>, static_cast<unsigned>(a.kv_heads * R), kSharedThreads,
-             kv_shared_smem_floats<HD, G>() * 4, st, a.q, a.k, a.v, static_cast<OutT*>(a.out), a.heads, a.kv_heads, R,
-             a.p0, p0_dev, a.window, a.scale, a.prepared, a.prep_group, rope, part, tickets);
+  auto launch = [&](auto kv_t) {
+    using KvT = decltype(kv_t);
+    pdl_launch(kv_shared_attention_kernel<OutT, HD, G, KvT>, static_cast<unsigned>(a.kv_heads * R), kSharedThreads,
+               kv_shared_smem_floats<HD, G>() * 4, st, a.q, static_cast<const KvT*>(a.k), static_cast<const KvT*>(a.v),
+               static_cast<OutT*>(a.out), a.heads, a.kv_heads, R, a.p0, p0_dev, a.window, a.scale, a.prepared,
+               a.prep_group, rope, part, tickets);
+  };
+  a.kv_bf16 ? launch(bf16{}) : launch(float{});
 }
 template <typename OutT, int HD>
 void launch_kv_shared_g(const AttentionArgs& a, const int32_t* p0_dev, const RopeIn& rope, float* part,
@@ -1336,9 +1366,13 @@ void split_attention(const AttentionArgs& a, const int32_t* p0_dev, int splits, 
   const auto st = static_cast<cudaStream_t>(stream);
   auto* part = static_cast<float*>(scratch);
   const float qscale = a.scale * 1.4426950408889634f;  // log2(e): scores in log2 units for exp2
-  pdl_launch(split_attention_kernel, dim3(static_cast<unsigned>(a.heads), static_cast<unsigned>(splits)),
-             kSplitThreads, 0, st, a.q, a.k, a.v, a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, qscale,
-             part);
+  const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(splits));
+  if (a.kv_bf16)
+    pdl_launch(split_attention_kernel<bf16>, grid, kSplitThreads, 0, st, a.q, static_cast<const bf16*>(a.k),
+               static_cast<const bf16*>(a.v), a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, qscale, part);
+  else
+    pdl_launch(split_attention_kernel<float>, grid, kSplitThreads, 0, st, a.q, static_cast<const float*>(a.k),
+               static_cast<const float*>(a.v), a.heads, a.kv_heads, a.head_dim, a.p0, p0_dev, a.window, qscale, part);
   if (a.out_f32)
     pdl_launch(split_combine_kernel<float>, static_cast<unsigned>(a.heads), kSplitThreads, 0, st,
                static_cast<const float*>(part), a.head_dim, splits, static_cast<float*>(a.out), a.prepared,

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_prep.cuh"
 #include "nibble/dtype.h"
@@ -343,8 +344,10 @@ __global__ void round_bf16_kernel(float* x, int64_t n, int64_t N, int64_t ldx) {
 // (rotate_half), then q to qf (f32) and k, v into the cache rows at p0 + i.
 // One warp: RMS-normalizes one head (when nw is set: qwen3's q/k norm),
 // applies RoPE at `pos` and writes it to dst. buf: hd floats of shared memory.
+// dst: f32 (q), or a KV cache row of either element type (k).
+template <typename DstT>
 __device__ inline void rope_head_warp(const float* src, const float* nw, float eps, const float* inv_freq, int64_t hd,
-                                      float pos, float* buf, float* dst) {
+                                      float pos, float* buf, DstT* dst) {
   const int lane = threadIdx.x & 31;
   for (int64_t d = lane; d < hd; d += 32) buf[d] = src[d];
   __syncwarp();
@@ -361,17 +364,19 @@ __device__ inline void rope_head_warp(const float* src, const float* nw, float e
   for (int64_t d = lane; d < half; d += 32) {
     const float angle = pos * inv_freq[d];
     const float c = cosf(angle), s = sinf(angle), a = buf[d], b = buf[d + half];
-    dst[d] = a * c - b * s;
-    dst[d + half] = b * c + a * s;
+    kv::store1(dst + d, a * c - b * s);
+    kv::store1(dst + d + half, b * c + a * s);
   }
   __syncwarp();
 }
 
 // One warp per (token i, head): q heads to qf (f32), k heads into the key
-// cache row p0 + i (with the value row copied alongside).
+// cache row p0 + i (with the value row copied alongside); KvT the caches'
+// element type (kv_cache.cuh).
+template <typename KvT>
 __global__ void qkv_rope_kernel(const float* q, const float* k, const float* v, int64_t ld, const float* q_norm,
                                 const float* k_norm, float eps, const float* inv_freq, int64_t H, int64_t KV,
-                                int64_t hd, int64_t p0_host, const int32_t* p0_dev, float* qf, float* kc, float* vc) {
+                                int64_t hd, int64_t p0_host, const int32_t* p0_dev, float* qf, KvT* kc, KvT* vc) {
   pdl_prologue();
   extern __shared__ float buf[];  // [hd]
   const int64_t p0 = position_of(p0_host, p0_dev);
@@ -383,7 +388,7 @@ __global__ void qkv_rope_kernel(const float* q, const float* k, const float* v, 
     rope_head_warp(q + i * ld + hh * hd, q_norm, eps, inv_freq, hd, pos, buf, qf + (i * H + hh) * hd);
   } else {
     rope_head_warp(k + i * ld + kvh * hd, k_norm, eps, inv_freq, hd, pos, buf, kc + (p0 + i) * row + kvh * hd);
-    for (int64_t d = threadIdx.x; d < hd; d += 32) vc[(p0 + i) * row + kvh * hd + d] = v[i * ld + kvh * hd + d];
+    for (int64_t d = threadIdx.x; d < hd; d += 32) kv::store1(vc + (p0 + i) * row + kvh * hd + d, v[i * ld + kvh * hd + d]);
   }
 }
 
@@ -395,7 +400,7 @@ struct RopeIn {
   int64_t ld = 0;
   const float *q_norm = nullptr, *k_norm = nullptr, *inv_freq = nullptr;
   float eps = 0.0f;
-  float *kc = nullptr, *vc = nullptr;  // the caches, written at row p0
+  void *kc = nullptr, *vc = nullptr;  // the caches (the kernel's KvT), written at row p0
 };
 
 constexpr int kAttentionThreads = 512;
@@ -417,9 +422,9 @@ inline size_t attention_smem(int64_t hd, int64_t positions) {
 //   sums are then added in group order. (One thread per dimension, G = 4 at
 //   hd = 128, left each thread a quarter of the keys in dependent rounds of 8
 //   loads: 9.9 µs per call of the 8B decode at position ~256, measured.)
-template <typename OutT>
+template <typename OutT, typename KvT>
 __global__ void __launch_bounds__(kAttentionThreads)
-    attention_kernel(const float* qf, const float* kc, const float* vc, OutT* out, int64_t ldo, int64_t H, int64_t KV,
+    attention_kernel(const float* qf, const KvT* kc, const KvT* vc, OutT* out, int64_t ldo, int64_t H, int64_t KV,
                      int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
                      void* prepared, int prep_group, RopeIn rope) {
   pdl_prologue();
@@ -438,9 +443,10 @@ __global__ void __launch_bounds__(kAttentionThreads)
     const float* k = rope.qkv + H * hd + kvh * hd;
     if (warp == 0) rope_head_warp(rope.qkv + h * hd, rope.q_norm, rope.eps, rope.inv_freq, hd, pos, part, qs);
     if (warp == 1)
-      rope_head_warp(k, rope.k_norm, rope.eps, rope.inv_freq, hd, pos, part + hd, rope.kc + p0 * row + kvh * hd);
+      rope_head_warp(k, rope.k_norm, rope.eps, rope.inv_freq, hd, pos, part + hd,
+                     static_cast<KvT*>(rope.kc) + p0 * row + kvh * hd);
     if (warp == 2)
-      for (int64_t d = lane; d < hd; d += 32) rope.vc[p0 * row + kvh * hd + d] = k[KV * hd + d];
+      for (int64_t d = lane; d < hd; d += 32) kv::store1(static_cast<KvT*>(rope.vc) + p0 * row + kvh * hd + d, k[KV * hd + d]);
   } else {
     for (int64_t d = threadIdx.x; d < hd; d += nthreads) qs[d] = qf[(i * H + h) * hd + d];
   }
@@ -450,11 +456,11 @@ __global__ void __launch_bounds__(kAttentionThreads)
   float mx = -INFINITY;
   const float4* q4 = reinterpret_cast<const float4*>(qs);
   for (int64_t t = t0 + threadIdx.x; t < T; t += nthreads) {
-    const float4* k4 = reinterpret_cast<const float4*>(kc + t * row + kvh * hd);
+    const KvT* krow = kc + t * row + kvh * hd;
     float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
 #pragma unroll 8
     for (int64_t d = 0; d < hd / 4; ++d) {
-      const float4 k = k4[d], q = q4[d];
+      const float4 k = kv::load4(krow + 4 * d), q = q4[d];
       s0 = fmaf(q.x, k.x, s0);
       s1 = fmaf(q.y, k.y, s1);
       s2 = fmaf(q.z, k.z, s2);
@@ -471,12 +477,12 @@ __global__ void __launch_bounds__(kAttentionThreads)
   const int64_t hd4 = hd / 4, G = hd4 < nthreads ? nthreads / hd4 : 1;
   for (int64_t j = threadIdx.x; j < G * hd4; j += nthreads) {
     const int64_t g = j / hd4, d4 = j % hd4;
-    const float4* v4 = reinterpret_cast<const float4*>(vc + kvh * hd) + d4;
+    const KvT* vcol = vc + kvh * hd + 4 * d4;
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
     for (int64_t t = t0 + g; t < T; t += G) {
       const float p = sc[t - t0];
-      const float4 v = v4[t * (row / 4)];
+      const float4 v = kv::load4(vcol + t * row);
       o.x += p * v.x;
       o.y += p * v.y;
       o.z += p * v.z;
@@ -557,35 +563,35 @@ __device__ __forceinline__ void decode_rope_head(const float* src, const float* 
 // registers: LK lanes per key, lane `sub` of key kk holding the key's float4s
 // sub, sub + LK, ... (kb); lane j holding dimensions j·VD .. j·VD + VD - 1 of
 // every key's value (vr). Zeros past hi and for row p0 (filled in later).
-template <int HD, int KB, int LK, int SD4 = HD / LK / 4, int VD = HD / 32>
-__device__ __forceinline__ void decode_load_chunk(float4 (&kb)[SD4], float (&vr)[KB][VD], const float* kc,
-                                                  const float* vc, int64_t row, int64_t kvh, int64_t c0, int64_t hi,
+template <int HD, int KB, int LK, typename KvT, int SD4 = HD / LK / 4, int VD = HD / 32>
+__device__ __forceinline__ void decode_load_chunk(float4 (&kb)[SD4], float (&vr)[KB][VD], const KvT* kc,
+                                                  const KvT* vc, int64_t row, int64_t kvh, int64_t c0, int64_t hi,
                                                   int64_t p0, int lane, int kk, int sub) {
   const int64_t tk = c0 + kk;
   const bool okk = tk < hi && tk != p0;
-  const float4* k4 = reinterpret_cast<const float4*>(kc + tk * row + kvh * HD);
+  const KvT* krow = kc + tk * row + kvh * HD;
 #pragma unroll
-  for (int e = 0; e < SD4; ++e) kb[e] = okk ? k4[e * LK + sub] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int e = 0; e < SD4; ++e) kb[e] = okk ? kv::load4(krow + 4 * (e * LK + sub)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
   for (int k = 0; k < KB; ++k) {
     const int64_t tv = c0 + k;
-    const float* vsrc = vc + tv * row + kvh * HD;
+    const KvT* vsrc = vc + tv * row + kvh * HD;
     if (tv < hi && tv != p0) {
       if constexpr (VD >= 4) {
 #pragma unroll
         for (int j = 0; j < VD; j += 4) {
-          const float4 v = reinterpret_cast<const float4*>(vsrc + lane * VD)[j / 4];
+          const float4 v = kv::load4(vsrc + lane * VD + j);
           vr[k][j] = v.x;
           vr[k][j + 1] = v.y;
           vr[k][j + 2] = v.z;
           vr[k][j + 3] = v.w;
         }
       } else if constexpr (VD == 2) {
-        const float2 v = reinterpret_cast<const float2*>(vsrc)[lane];
+        const float2 v = kv::load2(vsrc + 2 * lane);
         vr[k][0] = v.x;
         vr[k][1] = v.y;
       } else {
-        vr[k][0] = vsrc[lane];
+        vr[k][0] = kv::load1(vsrc + lane);
       }
     } else {
 #pragma unroll
@@ -594,18 +600,32 @@ __device__ __forceinline__ void decode_load_chunk(float4 (&kb)[SD4], float (&vr)
   }
 }
 
-// The new value row from src into vs (shared memory) and, where set, into
-// the cache row dst; one warp, its loads first.
-template <int HD>
-__device__ __forceinline__ void decode_value_row(const float* src, float* vs, float* dst) {
+// The new value row from src into vs (shared memory, as the cache holds it)
+// and, where set, into the cache row dst; one warp, its loads first.
+template <int HD, typename KvT>
+__device__ __forceinline__ void decode_value_row(const float* src, float* vs, KvT* dst) {
   const int lane = threadIdx.x & 31;
   float xr[HD / 32];
 #pragma unroll
   for (int i = 0; i < HD / 32; ++i) xr[i] = src[lane + 32 * i];
 #pragma unroll
   for (int i = 0; i < HD / 32; ++i) {
-    vs[lane + 32 * i] = xr[i];
-    if (dst != nullptr) dst[lane + 32 * i] = xr[i];
+    vs[lane + 32 * i] = kv::held<KvT>(xr[i]);
+    if (dst != nullptr) kv::store1(dst + lane + 32 * i, xr[i]);
+  }
+}
+
+// The new key (buf, shared memory, after decode_rope_head) rounded as the
+// cache holds it, and written into the cache row dst where set; one warp.
+template <int HD, typename KvT>
+__device__ __forceinline__ void decode_key_row(float* buf, KvT* dst) {
+  const int lane = threadIdx.x & 31;
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < HD / 32; ++i) {
+    const float v = kv::held<KvT>(buf[lane + 32 * i]);
+    buf[lane + 32 * i] = v;
+    if (dst != nullptr) kv::store1(dst + lane + 32 * i, v);
   }
 }
 
@@ -626,20 +646,19 @@ __device__ __forceinline__ void decode_rope_tables(const RopeIn& rope, int64_t p
 
 // Row p0 of a chunk starting at c0 (decode_load_chunk left it zero): the new
 // key and value from ksrc / vsrc (shared memory, or the caches' row p0).
-template <int HD, int KB, int LK, int SD4 = HD / LK / 4, int VD = HD / 32>
-__device__ __forceinline__ void decode_fill_row_p0(float4 (&kb)[SD4], float (&vr)[KB][VD], const float* ksrc,
-                                                   const float* vsrc, int64_t c0, int64_t p0, int lane, int kk,
+template <int HD, int KB, int LK, typename SrcT, int SD4 = HD / LK / 4, int VD = HD / 32>
+__device__ __forceinline__ void decode_fill_row_p0(float4 (&kb)[SD4], float (&vr)[KB][VD], const SrcT* ksrc,
+                                                   const SrcT* vsrc, int64_t c0, int64_t p0, int lane, int kk,
                                                    int sub) {
   if (c0 + kk == p0) {
-    const float4* k4 = reinterpret_cast<const float4*>(ksrc);
 #pragma unroll
-    for (int e = 0; e < SD4; ++e) kb[e] = k4[e * LK + sub];
+    for (int e = 0; e < SD4; ++e) kb[e] = kv::load4(ksrc + 4 * (e * LK + sub));
   }
 #pragma unroll
   for (int k = 0; k < KB; ++k)
     if (c0 + k == p0) {
 #pragma unroll
-      for (int j = 0; j < VD; ++j) vr[k][j] = vsrc[lane * VD + j];
+      for (int j = 0; j < VD; ++j) vr[k][j] = kv::load1(vsrc + lane * VD + j);
     }
 }
 
@@ -739,9 +758,9 @@ constexpr int kDecodeMaxHd = 256;
 inline size_t decode_attention_smem(int64_t hd) {
   return static_cast<size_t>(7 * hd + 4 + (kDecodeThreads / 32) * (hd + 2)) * 4;
 }
-template <typename OutT, int HD>
+template <typename OutT, int HD, typename KvT>
 __global__ void __launch_bounds__(kDecodeThreads)
-    decode_attention_kernel(const float* __restrict__ qf, const float* kc, const float* vc, OutT* out, int64_t H,
+    decode_attention_kernel(const float* __restrict__ qf, const KvT* kc, const KvT* vc, OutT* out, int64_t H,
                             int64_t KV, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
                             void* prepared, int prep_group, RopeIn rope) {
   constexpr int64_t hd = HD;
@@ -799,7 +818,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // Rows c0 .. c0 + KB - 1 of the range from the caches into kb / vr (zeros
   // past hi and for row p0, which the loop fills in after the wait).
   auto load_chunk = [&](int64_t c0) {
-    decode_load_chunk<HD, KB, LK>(kb, vr, kc, vc, row, kvh, c0, hi, p0, lane, kk, sub);
+    decode_load_chunk<HD, KB, LK, KvT>(kb, vr, kc, vc, row, kvh, c0, hi, p0, lane, kk, sub);
   };
   const int64_t c_first = lo + warp * KB;
   if (c_first < hi) load_chunk(c_first);
@@ -814,12 +833,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const float* w = warp == 0 ? qn : kn;
       float* buf = warp == 0 ? qs : ks;
       decode_rope_head<HD>(src, nw, w, buf, cs, sn, rope.eps);
-      if (warp == 1 && writer) {
-        __syncwarp();
-        for (int64_t d = lane; d < hd; d += 32) rope.kc[p0 * row + kvh * hd + d] = buf[d];
-      }
+      if (warp == 1)
+        decode_key_row<HD>(buf, writer ? static_cast<KvT*>(rope.kc) + p0 * row + kvh * hd : nullptr);
     } else if (warp == 2) {
-      decode_value_row<HD>(rope.qkv + (H + KV) * hd + kvh * hd, vs, writer ? rope.vc + p0 * row + kvh * hd : nullptr);
+      decode_value_row<HD>(rope.qkv + (H + KV) * hd + kvh * hd, vs,
+                           writer ? static_cast<KvT*>(rope.vc) + p0 * row + kvh * hd : nullptr);
     }
   } else {
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qf[h * hd + d];
@@ -838,8 +856,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (p0 >= c0 && p0 < c0 + KB) {
       // Row p0: the new key and value from shared memory (fresh), else from
       // the caches, which the kernel before wrote.
-      decode_fill_row_p0<HD, KB, LK>(kb, vr, fresh ? ks : kc + p0 * row + kvh * HD,
-                                     fresh ? vs : vc + p0 * row + kvh * HD, c0, p0, lane, kk, sub);
+      if (fresh)
+        decode_fill_row_p0<HD, KB, LK>(kb, vr, ks, vs, c0, p0, lane, kk, sub);
+      else
+        decode_fill_row_p0<HD, KB, LK>(kb, vr, kc + p0 * row + kvh * HD, vc + p0 * row + kvh * HD, c0, p0, lane, kk,
+                                       sub);
     }
     decode_softmax_step<KB, LK>(qr, kb, vr, okk, scale, m, l, o);
   }
@@ -954,9 +975,9 @@ template <int HD, int G>
 constexpr size_t kv_shared_smem_floats() {
   return G * HD + 4 * HD + HD + (kSharedThreads / 32) * G * (HD + 2) + G * kSharedMaxRanks + G;
 }
-template <typename OutT, int HD, int G>
+template <typename OutT, int HD, int G, typename KvT>
 __global__ void __launch_bounds__(kSharedThreads)
-    kv_shared_attention_kernel(const float* __restrict__ qf, const float* kc, const float* vc, OutT* out, int64_t H,
+    kv_shared_attention_kernel(const float* __restrict__ qf, const KvT* kc, const KvT* vc, OutT* out, int64_t H,
                                int64_t KV, int R, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
                                void* prepared, int prep_group, RopeIn rope, float* part, unsigned* tickets) {
   constexpr int64_t hd = HD;
@@ -994,18 +1015,19 @@ __global__ void __launch_bounds__(kSharedThreads)
   const int sub = lane % LK, kk = lane / LK;
   // An L2 prefetch of chunk c0, issued a chunk ahead of its loads: lane sub of
   // key kk takes the sub-th 128-byte line of that key's row and value row
-  // (a row of HD floats has HD / 32 lines).
+  // (a row of HD elements has HD / kLine lines).
+  constexpr int kLine = 128 / static_cast<int>(sizeof(KvT));
   auto prefetch_chunk = [&](int64_t c0) {
     const int64_t t = c0 + kk;
-    if (t < hi && sub < HD / 32) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + t * row + kvh * HD + sub * 32));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + t * row + kvh * HD + sub * 32));
+    if (t < hi && sub < HD / kLine) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + t * row + kvh * HD + sub * kLine));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + t * row + kvh * HD + sub * kLine));
     }
   };
   float4 kb[SD4];
   float vr[KB][VD];
   auto load_chunk = [&](int64_t c0) {
-    decode_load_chunk<HD, KB, LK>(kb, vr, kc, vc, row, kvh, c0, hi, p0, lane, kk, sub);
+    decode_load_chunk<HD, KB, LK, KvT>(kb, vr, kc, vc, row, kvh, c0, hi, p0, lane, kk, sub);
   };
   const int64_t c_first = lo + warp * KB;
   if (c_first < hi) load_chunk(c_first);
@@ -1023,13 +1045,10 @@ __global__ void __launch_bounds__(kSharedThreads)
         const float* w = key ? kn : qn;
         float* buf = key ? ks : qs + item * HD;
         decode_rope_head<HD>(src, nw, w, buf, cs, sn, rope.eps);
-        if (key && writer) {
-          __syncwarp();
-          for (int64_t d = lane; d < hd; d += 32) rope.kc[p0 * row + kvh * hd + d] = buf[d];
-        }
+        if (key) decode_key_row<HD>(buf, writer ? static_cast<KvT*>(rope.kc) + p0 * row + kvh * hd : nullptr);
       } else {  // the value
         decode_value_row<HD>(rope.qkv + (H + KV) * hd + kvh * hd, vs,
-                             writer ? rope.vc + p0 * row + kvh * hd : nullptr);
+                             writer ? static_cast<KvT*>(rope.vc) + p0 * row + kvh * hd : nullptr);
       }
     }
   } else {
@@ -1050,8 +1069,11 @@ __global__ void __launch_bounds__(kSharedThreads)
     if (c0 != c_first) load_chunk(c0);
     prefetch_chunk(c0 + kWarps * KB);
     if (p0 >= c0 && p0 < c0 + KB) {  // row p0: the new key and value (shared memory), or the caches
-      decode_fill_row_p0<HD, KB, LK>(kb, vr, fresh ? ks : kc + p0 * row + kvh * HD,
-                                     fresh ? vs : vc + p0 * row + kvh * HD, c0, p0, lane, kk, sub);
+      if (fresh)
+        decode_fill_row_p0<HD, KB, LK>(kb, vr, ks, vs, c0, p0, lane, kk, sub);
+      else
+        decode_fill_row_p0<HD, KB, LK>(kb, vr, kc + p0 * row + kvh * HD, vc + p0 * row + kvh * HD, c0, p0, lane, kk,
+                                       sub);
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -1163,8 +1185,9 @@ __global__ void __launch_bounds__(kSharedThreads)
 // warps then meet in shared memory. hd: a multiple of 32, at most 256.
 constexpr int kSplitThreads = 128;
 constexpr int kSplitMaxHd = 256;
+template <typename KvT>
 __global__ void __launch_bounds__(kSplitThreads)
-    split_attention_kernel(const float* __restrict__ qf, const float* __restrict__ kc, const float* __restrict__ vc,
+    split_attention_kernel(const float* __restrict__ qf, const KvT* __restrict__ kc, const KvT* __restrict__ vc,
                            int64_t H, int64_t KV, int64_t hd, int64_t p0_host, const int32_t* p0_dev, int64_t window,
                            float qscale, float* __restrict__ part) {
   pdl_prologue();
@@ -1183,11 +1206,11 @@ __global__ void __launch_bounds__(kSplitThreads)
     const int64_t t = tb + lane;
     float sc = -INFINITY;
     if (t < end) {
-      const float4* kt = reinterpret_cast<const float4*>(kc + t * row + kvh * hd);
+      const KvT* kt = kc + t * row + kvh * hd;
       const float4* q4 = reinterpret_cast<const float4*>(qs);
       float acc = 0.0f;
       for (int64_t d = 0; d < hd / 4; ++d) {
-        const float4 a = q4[d], b = kt[d];
+        const float4 a = q4[d], b = kv::load4(kt + 4 * d);
         acc = fmaf(a.x, b.x, acc);
         acc = fmaf(a.y, b.y, acc);
         acc = fmaf(a.z, b.z, acc);
@@ -1208,10 +1231,10 @@ __global__ void __launch_bounds__(kSplitThreads)
     const int keys = end - tb < 32 ? static_cast<int>(end - tb) : 32;
     for (int k = 0; k < keys; ++k) {
       const float pk = __shfl_sync(0xffffffffu, p, k);
-      const float* vt = vc + (tb + k) * row + kvh * hd;
+      const KvT* vt = vc + (tb + k) * row + kvh * hd;
 #pragma unroll
       for (int j = 0; j < kSplitMaxHd / 32; ++j)
-        if (j < nd) o[j] = fmaf(pk, vt[lane + 32 * j], o[j]);
+        if (j < nd) o[j] = fmaf(pk, kv::load1(vt + lane + 32 * j), o[j]);
     }
   }
   if (lane == 0) {

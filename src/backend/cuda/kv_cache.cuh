@@ -1,0 +1,42 @@
+// The KV cache's elements on the device (GpuOptions::kv_dtype): f32, or bf16
+// (half the bytes). The attention kernels are templated on the element type
+// KvT and read the cache through these, widening bf16 to f32 exactly; a bf16
+// cache holds every key and value rounded to the nearest bf16 (ties to even)
+// as it is written, and the step that writes a row uses that rounded row too,
+// so a position reads the same key and value whichever kernel wrote them (the
+// CPU's `--kv bf16` simulates exactly this).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
+namespace nibble::cuda::kv {
+
+// Four consecutive elements (16-byte aligned for f32, 8-byte for bf16).
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xFFFF0000u));
+}
+// Two consecutive elements (8-byte aligned for f32, 4-byte for bf16).
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 load2(const __nv_bfloat16* p) {
+  const unsigned u = *reinterpret_cast<const unsigned*>(p);
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+}
+__device__ __forceinline__ float load1(const float* p) { return *p; }
+__device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store1(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store1(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+// v as a cache of KvT holds it.
+template <typename KvT>
+__device__ __forceinline__ float held(float v) {
+  if constexpr (std::is_same_v<KvT, __nv_bfloat16>)
+    return __bfloat162float(__float2bfloat16_rn(v));
+  else
+    return v;
+}
+
+}  // namespace nibble::cuda::kv
