@@ -113,13 +113,13 @@ int main(int argc, char** argv) {
     else if (a == "--no-graph") graph = false;
     else if (a == "--no-fuse") fuse = false;  // GpuOptions::fuse_decode off: the separate norm and SiLU kernels
     else if (a == "--chain") chain = true;  // GpuOptions::chain_decode: the GEMVs between attentions in one launch
-    else if (a == "--kv-shared-from")  // GpuOptions::kv_shared_from: -1 never, 0 always
+    else if (a == "--kv-shared-from")  // GpuOptions::kv_shared_from: -1 never, 0 always, -2 the default crossover
       kv_shared_from = std::atoll(arg_value(i, argc, argv));
     else if (a == "--kv-bf16") kv_bf16 = true;  // GpuOptions::kv_dtype bf16 (run --device cuda --kv bf16)
     else {
       std::fprintf(stderr,
                    "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] "
-                   "[--chain] [--kv-shared-from 3072] [--kv-bf16] [--layer 1]\n");
+                   "[--chain] [--kv-shared-from N] [--kv-bf16] [--layer 1]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }

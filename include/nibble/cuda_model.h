@@ -55,11 +55,15 @@ struct GpuOptions {
   // Decode attention from this position on through kv_shared_attention, which
   // reads each kv head's cache rows once for all of its query heads, where the
   // model allows it (head_dim 64 / 128, 1, 2, 4 or 8 query heads per kv head)
-  // and the cache is longer; before it, decode_attention. -1: never. With a
-  // graph, the step is captured once per kernel. On the H200 (8B shape) the
-  // kv-shared kernel is slower up to ~3000 positions and faster beyond (step
-  // 2951 -> 2485 µs at 8000; docs/results/decode-long-context-s17.md).
-  int64_t kv_shared_from = 3072;
+  // and the cache is longer; before it, decode_attention. -1: never;
+  // kKvSharedAuto: the crossover measured for the cache's element type
+  // (kv_shared_crossover). With a graph, the step is captured once per
+  // kernel. On the H200 (8B shape), f32 cache: the kv-shared kernel is slower
+  // up to ~3000 positions and faster beyond (step 2951 -> 2485 µs at 8000;
+  // docs/results/decode-long-context-s17.md); bf16 cache: faster from ~2000
+  // (docs/CUDA.md, "A bf16 KV cache").
+  static constexpr int64_t kKvSharedAuto = -2;
+  int64_t kv_shared_from = kKvSharedAuto;
   // The yardstick's forward (nibble eval --device cuda): every linear runs
   // through cuBLAS in fp32 (no TF32) on f32 inputs with the f32 values the CPU
   // forward computes with, so the logits are the CPU forward's up to fp32
@@ -80,6 +84,9 @@ struct GpuOptions {
   // reads either (src/backend/cuda/kv_cache.cuh).
   DType kv_dtype = DType::F32;
 };
+
+// GpuOptions::kKvSharedAuto's position for a KV cache of `kv_dtype`.
+int64_t kv_shared_crossover(DType kv_dtype);
 
 class GpuModel {
  public:

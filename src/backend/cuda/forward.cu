@@ -848,6 +848,8 @@ struct GpuModel::Impl {
   }
 };
 
+int64_t kv_shared_crossover(DType kv_dtype) { return kv_dtype == DType::BF16 ? 2048 : 3072; }
+
 GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
 GpuModel::~GpuModel() = default;
 const ModelConfig& GpuModel::config() const { return impl_->c; }
@@ -1031,7 +1033,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     m.attn_part = DeviceBuffer(split_attention_scratch_bytes(c.num_heads, c.head_dim, m.attn_splits));
   }
   {
-    const int64_t from = opts.kv_shared_from;
+    const int64_t from =
+        opts.kv_shared_from == GpuOptions::kKvSharedAuto ? kv_shared_crossover(opts.kv_dtype) : opts.kv_shared_from;
     if (from >= 0 && m.max_tokens > from && kv_shared_attention_supported(c.head_dim, c.num_heads, c.num_kv_heads)) {
       m.kv_shared_from = from;
       m.kv_shared_scratch =

@@ -559,47 +559,6 @@ __device__ __forceinline__ void decode_rope_head(const float* src, const float* 
   }
 }
 
-// Keys c0 .. c0 + KB - 1 of kv head kvh from the caches into a warp's
-// registers: LK lanes per key, lane `sub` of key kk holding the key's float4s
-// sub, sub + LK, ... (kb); lane j holding dimensions j·VD .. j·VD + VD - 1 of
-// every key's value (vr). Zeros past hi and for row p0 (filled in later).
-template <int HD, int KB, int LK, typename KvT, int SD4 = HD / LK / 4, int VD = HD / 32>
-__device__ __forceinline__ void decode_load_chunk(float4 (&kb)[SD4], float (&vr)[KB][VD], const KvT* kc,
-                                                  const KvT* vc, int64_t row, int64_t kvh, int64_t c0, int64_t hi,
-                                                  int64_t p0, int lane, int kk, int sub) {
-  const int64_t tk = c0 + kk;
-  const bool okk = tk < hi && tk != p0;
-  const KvT* krow = kc + tk * row + kvh * HD;
-#pragma unroll
-  for (int e = 0; e < SD4; ++e) kb[e] = okk ? kv::load4(krow + 4 * (e * LK + sub)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int k = 0; k < KB; ++k) {
-    const int64_t tv = c0 + k;
-    const KvT* vsrc = vc + tv * row + kvh * HD;
-    if (tv < hi && tv != p0) {
-      if constexpr (VD >= 4) {
-#pragma unroll
-        for (int j = 0; j < VD; j += 4) {
-          const float4 v = kv::load4(vsrc + lane * VD + j);
-          vr[k][j] = v.x;
-          vr[k][j + 1] = v.y;
-          vr[k][j + 2] = v.z;
-          vr[k][j + 3] = v.w;
-        }
-      } else if constexpr (VD == 2) {
-        const float2 v = kv::load2(vsrc + 2 * lane);
-        vr[k][0] = v.x;
-        vr[k][1] = v.y;
-      } else {
-        vr[k][0] = kv::load1(vsrc + lane);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VD; ++j) vr[k][j] = 0.0f;
-    }
-  }
-}
-
 // The new value row from src into vs (shared memory, as the cache holds it)
 // and, where set, into the cache row dst; one warp, its loads first.
 template <int HD, typename KvT>
@@ -644,63 +603,201 @@ __device__ __forceinline__ void decode_rope_tables(const RopeIn& rope, int64_t p
   }
 }
 
-// Row p0 of a chunk starting at c0 (decode_load_chunk left it zero): the new
-// key and value from ksrc / vsrc (shared memory, or the caches' row p0).
-template <int HD, int KB, int LK, typename SrcT, int SD4 = HD / LK / 4, int VD = HD / 32>
-__device__ __forceinline__ void decode_fill_row_p0(float4 (&kb)[SD4], float (&vr)[KB][VD], const SrcT* ksrc,
-                                                   const SrcT* vsrc, int64_t c0, int64_t p0, int lane, int kk,
-                                                   int sub) {
-  if (c0 + kk == p0) {
-#pragma unroll
-    for (int e = 0; e < SD4; ++e) kb[e] = kv::load4(ksrc + 4 * (e * LK + sub));
-  }
-#pragma unroll
-  for (int k = 0; k < KB; ++k)
-    if (c0 + k == p0) {
-#pragma unroll
-      for (int j = 0; j < VD; ++j) vr[k][j] = kv::load1(vsrc + lane * VD + j);
-    }
-}
+// One chunk of decode attention's keys in a warp's registers, and the online
+// softmax step over it (decode_attention_kernel and kv_shared_attention_kernel).
+// The lanes form KB0 groups of LK lanes (KB0 = 1024 / HD from hd 128 up, else
+// 8); group kk holds KPL keys, c0 + j·KB0 + kk for j < KPL, a chunk being the
+// KB = KB0·KPL keys c0 .. c0 + KB - 1. Lane `sub` of a group holds its keys'
+// 4-element pieces sub, sub + LK, ... (k); lane j holds dimensions
+// j·VD .. j·VD + VD - 1 of every key's value (v).
+// An f32 cache is held as loaded (KPL = 1: 32 keys' elements per lane, 32 of
+// values from hd 128 up); a bf16 cache as loaded too, packed two elements per
+// register and widened when used, so the same registers hold twice the keys
+// (KPL = 2 from hd 64 up) and a warp walks its range in half the round trips.
+// Rows past hi and row p0 (fill_p0, after the wait) are zeros.
+template <int HD, typename KvT>
+struct DecodeChunk {
+  static constexpr bool kBf16 = std::is_same_v<KvT, bf16>;
+  static constexpr int KB0 = HD >= 128 ? 1024 / HD : 8, LK = 32 / KB0, SD4 = HD / LK / 4, VD = HD / 32;
+  static constexpr int KPL = kBf16 && HD >= 64 ? 2 : 1, KB = KB0 * KPL;
+  using KPiece = std::conditional_t<kBf16, uint2, float4>;
+  KPiece k[KPL][SD4];
+  std::conditional_t<kBf16 && VD >= 2, uint32_t, float> v[KB][kBf16 && VD >= 2 ? VD / 2 : VD];
 
-// One chunk of a warp's online softmax for one query: the scores of the
-// chunk's KB keys (LK lanes per key, q's float4s as the key's), the running
-// max m and sum l, and o (this lane's VD dimensions) rescaled and added to.
-// okk: this lane's key is in range (its first key always is).
-template <int KB, int LK, int SD4, int VD>
-__device__ __forceinline__ void decode_softmax_step(const float4 (&q)[SD4], const float4 (&kb)[SD4],
-                                                    const float (&vr)[KB][VD], bool okk, float scale, float& m,
-                                                    float& l, float (&o)[VD]) {
-  float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-  for (int e = 0; e < SD4; ++e) {
-    s0 = fmaf(q[e].x, kb[e].x, s0);
-    s1 = fmaf(q[e].y, kb[e].y, s1);
-    s0 = fmaf(q[e].z, kb[e].z, s0);
-    s1 = fmaf(q[e].w, kb[e].w, s1);
+  // The two bf16 halves of a register as f32, each widened where it is used:
+  // volatile, so that the compiler cannot keep a chunk's widened elements
+  // across the query heads of kv_shared_attention_kernel (it did: 255
+  // registers instead of 127).
+  __device__ __forceinline__ static float lo(uint32_t w) {
+    uint32_t r;
+    asm volatile("shl.b32 %0, %1, 16;" : "=r"(r) : "r"(w));
+    return __uint_as_float(r);
   }
-  float s = s0 + s1;
-#pragma unroll
-  for (int off = 1; off < LK; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  s = okk ? s * scale : -INFINITY;
-  float cm = s;
-#pragma unroll
-  for (int off = LK; off < 32; off <<= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
-  const float m_new = fmaxf(m, cm);  // finite: the chunk's first key is in range
-  const float alpha = expf(m - m_new), p = okk ? expf(s - m_new) : 0.0f;
-  float ps = p;
-#pragma unroll
-  for (int off = LK; off < 32; off <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
-  l = fmaf(l, alpha, ps);
-  m = m_new;
-#pragma unroll
-  for (int j = 0; j < VD; ++j) o[j] *= alpha;
-#pragma unroll
-  for (int k = 0; k < KB; ++k) {
-    const float pk = __shfl_sync(0xffffffffu, p, k * LK);
-#pragma unroll
-    for (int j = 0; j < VD; ++j) o[j] = fmaf(pk, vr[k][j], o[j]);
+  __device__ __forceinline__ static float hi(uint32_t w) {
+    uint32_t r;
+    asm volatile("and.b32 %0, %1, 0xFFFF0000;" : "=r"(r) : "r"(w));
+    return __uint_as_float(r);
   }
-}
+  __device__ __forceinline__ static float4 widen(const float4& x) { return x; }
+  __device__ __forceinline__ static float4 widen(const uint2& x) { return make_float4(lo(x.x), hi(x.x), lo(x.y), hi(x.y)); }
+  // Value element j (< VD) of key kk as f32.
+  __device__ __forceinline__ float value(int kk, int j) const {
+    if constexpr (kBf16 && VD >= 2)
+      return j % 2 == 0 ? lo(v[kk][j / 2]) : hi(v[kk][j / 2]);
+    else
+      return v[kk][j];
+  }
+
+  // Keys c0 .. c0 + KB - 1 of kv head kvh from the caches (zeros past hi and
+  // for row p0).
+  __device__ __forceinline__ void load(const KvT* kc, const KvT* vc, int64_t row, int64_t kvh, int64_t c0,
+                                      int64_t hi, int64_t p0, int lane) {
+    const int sub = lane % LK, kk = lane / LK;
+#pragma unroll
+    for (int j = 0; j < KPL; ++j) {
+      const int64_t tk = c0 + j * KB0 + kk;
+      const bool okk = tk < hi && tk != p0;
+      const KvT* krow = kc + tk * row + kvh * HD;
+#pragma unroll
+      for (int e = 0; e < SD4; ++e) {
+        if constexpr (kBf16)
+          k[j][e] = okk ? *reinterpret_cast<const uint2*>(krow + 4 * (e * LK + sub)) : make_uint2(0, 0);
+        else
+          k[j][e] = okk ? *reinterpret_cast<const float4*>(krow + 4 * (e * LK + sub))
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < KB; ++t) {
+      const int64_t tv = c0 + t;
+      const KvT* vsrc = vc + tv * row + kvh * HD + lane * VD;
+      const bool ok = tv < hi && tv != p0;
+      if constexpr (kBf16 && VD >= 2) {  // VD bf16: 4, 8 or 16 bytes
+        if constexpr (VD == 2) {
+          v[t][0] = ok ? *reinterpret_cast<const uint32_t*>(vsrc) : 0u;
+        } else if constexpr (VD == 4) {
+          const uint2 w = ok ? *reinterpret_cast<const uint2*>(vsrc) : make_uint2(0, 0);
+          v[t][0] = w.x;
+          v[t][1] = w.y;
+        } else {
+#pragma unroll
+          for (int q = 0; q < VD / 8; ++q) {
+            const uint4 w = ok ? reinterpret_cast<const uint4*>(vsrc)[q] : make_uint4(0, 0, 0, 0);
+            v[t][4 * q] = w.x;
+            v[t][4 * q + 1] = w.y;
+            v[t][4 * q + 2] = w.z;
+            v[t][4 * q + 3] = w.w;
+          }
+        }
+      } else if constexpr (VD >= 4) {
+#pragma unroll
+        for (int j = 0; j < VD; j += 4) {
+          const float4 w = ok ? kv::load4(vsrc + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          v[t][j] = w.x;
+          v[t][j + 1] = w.y;
+          v[t][j + 2] = w.z;
+          v[t][j + 3] = w.w;
+        }
+      } else if constexpr (VD == 2) {
+        const float2 w = ok ? kv::load2(vsrc) : make_float2(0.0f, 0.0f);
+        v[t][0] = w.x;
+        v[t][1] = w.y;
+      } else {
+        v[t][0] = ok ? kv::load1(vsrc) : 0.0f;
+      }
+    }
+  }
+
+  // Row p0 of a chunk starting at c0 (load left it zero): the new key and
+  // value from ksrc / vsrc (shared memory, f32 values the cache holds, or the
+  // caches' row p0).
+  template <typename SrcT>
+  __device__ __forceinline__ void fill_p0(const SrcT* ksrc, const SrcT* vsrc, int64_t c0, int64_t p0, int lane) {
+    const int sub = lane % LK, kk = lane / LK;
+#pragma unroll
+    for (int j = 0; j < KPL; ++j)
+      if (c0 + j * KB0 + kk == p0) {
+#pragma unroll
+        for (int e = 0; e < SD4; ++e) {
+          const float4 x = kv::load4(ksrc + 4 * (e * LK + sub));
+          if constexpr (kBf16)  // exact: the values are bf16 already
+            k[j][e] = make_uint2(pack(x.x, x.y), pack(x.z, x.w));
+          else
+            k[j][e] = x;
+        }
+      }
+#pragma unroll
+    for (int t = 0; t < KB; ++t)
+      if (c0 + t == p0) {
+#pragma unroll
+        for (int j = 0; j < VD; ++j) {
+          const float x = kv::load1(vsrc + lane * VD + j);
+          if constexpr (kBf16 && VD >= 2) {
+            if (j % 2 == 0)
+              v[t][j / 2] = pack(x, 0.0f);
+            else
+              v[t][j / 2] = (v[t][j / 2] & 0xFFFFu) | (__float_as_uint(x) & 0xFFFF0000u);
+          } else {
+            v[t][j] = x;
+          }
+        }
+      }
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
+  }
+
+  // One step of a warp's online softmax for one query over this chunk: the
+  // scores (q's 4-element pieces as the keys'), the running max m and sum l,
+  // and o (this lane's VD dimensions) rescaled and added to. c0: the chunk's
+  // first key; hi: the range's end.
+  __device__ __forceinline__ void softmax_step(const float4 (&q)[SD4], int64_t c0, int64_t hi, int lane, float scale,
+                                               float& m, float& l, float (&o)[VD]) const {
+    const int kk = lane / LK;
+    float s[KPL], cm = -INFINITY;
+    bool in[KPL];
+#pragma unroll
+    for (int j = 0; j < KPL; ++j) {
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int e = 0; e < SD4; ++e) {
+        const float4 x = widen(k[j][e]);
+        s0 = fmaf(q[e].x, x.x, s0);
+        s1 = fmaf(q[e].y, x.y, s1);
+        s0 = fmaf(q[e].z, x.z, s0);
+        s1 = fmaf(q[e].w, x.w, s1);
+      }
+      s[j] = s0 + s1;
+#pragma unroll
+      for (int off = 1; off < LK; off <<= 1) s[j] += __shfl_xor_sync(0xffffffffu, s[j], off);
+      in[j] = c0 + j * KB0 + kk < hi;
+      s[j] = in[j] ? s[j] * scale : -INFINITY;
+      cm = fmaxf(cm, s[j]);
+    }
+#pragma unroll
+    for (int off = LK; off < 32; off <<= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+    const float m_new = fmaxf(m, cm);  // finite: the chunk's first key is in range
+    const float alpha = expf(m - m_new);
+    float p[KPL], ps = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KPL; ++j) {
+      p[j] = in[j] ? expf(s[j] - m_new) : 0.0f;
+      ps += p[j];
+    }
+#pragma unroll
+    for (int off = LK; off < 32; off <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+    l = fmaf(l, alpha, ps);
+    m = m_new;
+#pragma unroll
+    for (int j = 0; j < VD; ++j) o[j] *= alpha;
+#pragma unroll
+    for (int t = 0; t < KB; ++t) {
+      const float pk = __shfl_sync(0xffffffffu, p[t / KB0], (t % KB0) * LK);
+#pragma unroll
+      for (int j = 0; j < VD; ++j) o[j] = fmaf(pk, value(t, j), o[j]);
+    }
+  }
+};
 
 // Decode attention on a cluster of kDecodeRanks blocks per head
 // (decode_attention, include/nibble/cuda_attention.h; sm_90). The row-wise
@@ -759,7 +856,7 @@ inline size_t decode_attention_smem(int64_t hd) {
   return static_cast<size_t>(7 * hd + 4 + (kDecodeThreads / 32) * (hd + 2)) * 4;
 }
 template <typename OutT, int HD, typename KvT>
-__global__ void __launch_bounds__(kDecodeThreads)
+__global__ void __launch_bounds__(kDecodeThreads, 2)
     decode_attention_kernel(const float* __restrict__ qf, const KvT* kc, const KvT* vc, OutT* out, int64_t H,
                             int64_t KV, int64_t p0_host, const int32_t* p0_dev, int64_t window, float scale,
                             void* prepared, int prep_group, RopeIn rope) {
@@ -796,32 +893,27 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int64_t p0 = position_of(p0_host, p0_dev);
   const bool fresh = rope.qkv != nullptr;  // the new key and value come from the qkv row
   if (fresh) decode_rope_tables(rope, p0, hd, cs, sn, qn, kn);
-  // This rank's keys: lo .. hi-1, in chunks of KB keys (8, or 4 for hd 256);
-  // warp w takes chunks w, w + 8, ... with its own running max m, sum l and
-  // output o (online softmax), so no block barrier separates the scores from
-  // P·V and a chunk's key and value rows are loaded together. Scores: LK
-  // lanes per key, lane `sub` holding q's float4s sub, sub + LK, ... (a key's
-  // LK lanes read contiguous 16·LK bytes), summed by log2(LK) shuffles. P·V:
-  // lane j holds dimensions j·VD .. j·VD + VD - 1 of every key in the chunk.
-  // A lane loads KB·hd/32 floats of keys and as many of values per chunk (32
-  // each from hd 128 up). The warp's first chunk is loaded before the wait:
+  // This rank's keys: lo .. hi-1, in chunks of KB keys (DecodeChunk: 8, or 4
+  // for hd 256; twice as many in a bf16 cache); warp w takes chunks w, w + 8,
+  // ... with its own running max m, sum l and output o (online softmax), so no
+  // block barrier separates the scores from P·V and a chunk's key and value
+  // rows are loaded together. Scores: LK lanes per key, lane `sub` holding
+  // q's float4s sub, sub + LK, ... (a key's LK lanes read contiguous bytes),
+  // summed by log2(LK) shuffles. P·V: lane j holds dimensions j·VD .. j·VD +
+  // VD - 1 of every key in the chunk. A lane holds 32 registers of keys and as
+  // many of values per chunk from hd 128 up. The warp's first chunk is loaded before the wait:
   // rows before p0 were written by earlier steps (the step's first kernel
   // waits for the step before); row p0 is filled in after the wait.
   const int64_t T = p0 + 1, t0 = (window > 0 && T > window) ? T - window : 0;
   const int64_t chunk = (T - t0 + kDecodeRanks - 1) / kDecodeRanks;
   const int64_t lo = t0 + rank * chunk, hi = lo + chunk < T ? lo + chunk : T;
-  constexpr int KB = HD >= 128 ? 1024 / HD : 8, LK = 32 / KB, SD4 = HD / LK / 4, VD = HD / 32;
+  using Chunk = DecodeChunk<HD, KvT>;
+  constexpr int KB = Chunk::KB, LK = Chunk::LK, SD4 = Chunk::SD4, VD = Chunk::VD;
   constexpr int kWarps = kDecodeThreads / 32;
-  const int sub = lane % LK, kk = lane / LK;
-  float4 kb[SD4];
-  float vr[KB][VD];
-  // Rows c0 .. c0 + KB - 1 of the range from the caches into kb / vr (zeros
-  // past hi and for row p0, which the loop fills in after the wait).
-  auto load_chunk = [&](int64_t c0) {
-    decode_load_chunk<HD, KB, LK, KvT>(kb, vr, kc, vc, row, kvh, c0, hi, p0, lane, kk, sub);
-  };
+  const int sub = lane % LK;
+  Chunk ch;  // rows c0 .. c0 + KB - 1 of the range (row p0 filled in after the wait)
   const int64_t c_first = lo + warp * KB;
-  if (c_first < hi) load_chunk(c_first);
+  if (c_first < hi) ch.load(kc, vc, row, kvh, c_first, hi, p0, lane);
   w4a16::grid_dependents_launch();
   w4a16::grid_dependency_wait();
   const bool writer = fresh && rank == 0 && h % (H / KV) == 0;  // one block per kv head fills the caches
@@ -850,19 +942,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
   for (int j = 0; j < VD; ++j) o[j] = 0.0f;
   for (int64_t c0 = c_first; c0 < hi; c0 += kWarps * KB) {
-    const int64_t tk = c0 + kk;
-    const bool okk = tk < hi;
-    if (c0 != c_first) load_chunk(c0);
+    if (c0 != c_first) ch.load(kc, vc, row, kvh, c0, hi, p0, lane);
     if (p0 >= c0 && p0 < c0 + KB) {
       // Row p0: the new key and value from shared memory (fresh), else from
       // the caches, which the kernel before wrote.
       if (fresh)
-        decode_fill_row_p0<HD, KB, LK>(kb, vr, ks, vs, c0, p0, lane, kk, sub);
+        ch.fill_p0(ks, vs, c0, p0, lane);
       else
-        decode_fill_row_p0<HD, KB, LK>(kb, vr, kc + p0 * row + kvh * HD, vc + p0 * row + kvh * HD, c0, p0, lane, kk,
-                                       sub);
+        ch.fill_p0(kc + p0 * row + kvh * HD, vc + p0 * row + kvh * HD, c0, p0, lane);
     }
-    decode_softmax_step<KB, LK>(qr, kb, vr, okk, scale, m, l, o);
+    ch.softmax_step(qr, c0, hi, lane, scale, m, l, o);
   }
   // The block's warps meet: res = (Σ_w e^(m_w − M)·o_w, M, Σ_w e^(m_w − M)·l_w).
   if (lane == 0) {
@@ -1011,26 +1100,26 @@ __global__ void __launch_bounds__(kSharedThreads)
   // ...: the same lane layout as decode_attention_kernel.
   const int64_t chunk = (T - t0 + Ra - 1) / Ra;
   const int64_t lo = t0 + r * chunk, hi = lo + chunk < T ? lo + chunk : T;
-  constexpr int KB = HD >= 128 ? 1024 / HD : 8, LK = 32 / KB, SD4 = HD / LK / 4, VD = HD / 32;
+  using Chunk = DecodeChunk<HD, KvT>;
+  constexpr int KB = Chunk::KB, KB0 = Chunk::KB0, LK = Chunk::LK, SD4 = Chunk::SD4, VD = Chunk::VD;
   const int sub = lane % LK, kk = lane / LK;
   // An L2 prefetch of chunk c0, issued a chunk ahead of its loads: lane sub of
-  // key kk takes the sub-th 128-byte line of that key's row and value row
-  // (a row of HD elements has HD / kLine lines).
+  // key group kk takes the sub-th 128-byte line of its keys' rows and value
+  // rows (a row of HD elements has HD / kLine lines).
   constexpr int kLine = 128 / static_cast<int>(sizeof(KvT));
   auto prefetch_chunk = [&](int64_t c0) {
-    const int64_t t = c0 + kk;
-    if (t < hi && sub < HD / kLine) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + t * row + kvh * HD + sub * kLine));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + t * row + kvh * HD + sub * kLine));
+#pragma unroll
+    for (int j = 0; j < Chunk::KPL; ++j) {
+      const int64_t t = c0 + j * KB0 + kk;
+      if (t < hi && sub < HD / kLine) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + t * row + kvh * HD + sub * kLine));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + t * row + kvh * HD + sub * kLine));
+      }
     }
   };
-  float4 kb[SD4];
-  float vr[KB][VD];
-  auto load_chunk = [&](int64_t c0) {
-    decode_load_chunk<HD, KB, LK, KvT>(kb, vr, kc, vc, row, kvh, c0, hi, p0, lane, kk, sub);
-  };
+  Chunk ch;
   const int64_t c_first = lo + warp * KB;
-  if (c_first < hi) load_chunk(c_first);
+  if (c_first < hi) ch.load(kc, vc, row, kvh, c_first, hi, p0, lane);
   prefetch_chunk(c_first + kWarps * KB);
   w4a16::grid_dependents_launch();
   w4a16::grid_dependency_wait();
@@ -1064,16 +1153,13 @@ __global__ void __launch_bounds__(kSharedThreads)
     for (int j = 0; j < VD; ++j) o[g][j] = 0.0f;
   }
   for (int64_t c0 = c_first; c0 < hi; c0 += kWarps * KB) {
-    const int64_t tk = c0 + kk;
-    const bool okk = tk < hi;
-    if (c0 != c_first) load_chunk(c0);
+    if (c0 != c_first) ch.load(kc, vc, row, kvh, c0, hi, p0, lane);
     prefetch_chunk(c0 + kWarps * KB);
     if (p0 >= c0 && p0 < c0 + KB) {  // row p0: the new key and value (shared memory), or the caches
       if (fresh)
-        decode_fill_row_p0<HD, KB, LK>(kb, vr, ks, vs, c0, p0, lane, kk, sub);
+        ch.fill_p0(ks, vs, c0, p0, lane);
       else
-        decode_fill_row_p0<HD, KB, LK>(kb, vr, kc + p0 * row + kvh * HD, vc + p0 * row + kvh * HD, c0, p0, lane, kk,
-                                       sub);
+        ch.fill_p0(kc + p0 * row + kvh * HD, vc + p0 * row + kvh * HD, c0, p0, lane);
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -1081,7 +1167,7 @@ __global__ void __launch_bounds__(kSharedThreads)
       float4 qg[SD4];
 #pragma unroll
       for (int e = 0; e < SD4; ++e) qg[e] = q4[e * LK + sub];
-      decode_softmax_step<KB, LK>(qg, kb, vr, okk, scale, m[g], l[g], o[g]);
+      ch.softmax_step(qg, c0, hi, lane, scale, m[g], l[g], o[g]);
     }
   }
   // The block's warps meet: per head, (Σ_w e^(m_w − M)·o_w, M, Σ_w e^(m_w − M)·l_w).
