@@ -624,10 +624,11 @@ struct DecodeChunk {
   KPiece k[KPL][SD4];
   std::conditional_t<kBf16 && VD >= 2, uint32_t, float> v[KB][kBf16 && VD >= 2 ? VD / 2 : VD];
 
-  // The two bf16 halves of a register as f32, each widened where it is used:
-  // volatile, so that the compiler cannot keep a chunk's widened elements
-  // across the query heads of kv_shared_attention_kernel (it did: 255
-  // registers instead of 127).
+  // The two bf16 halves of a register as f32, widened where each is used
+  // (volatile: the compiler may not keep a chunk's widened elements across
+  // the query heads of kv_shared_attention_kernel; it was meant to save
+  // registers and does not, 255 either way at G = 4, but it is the version
+  // measured in docs/CUDA.md, "A bf16 KV cache").
   __device__ __forceinline__ static float lo(uint32_t w) {
     uint32_t r;
     asm volatile("shl.b32 %0, %1, 16;" : "=r"(r) : "r"(w));
