@@ -208,6 +208,22 @@ std::string describe(const AttnCase& c) {
          (c.window ? " window=" + std::to_string(c.window) : "") + " gain=" + std::to_string(c.q_gain);
 }
 
+// Every kernel that takes case c (flash and row-wise; split, cluster decode
+// and kv-shared for one query, where they support the shape) on d, each
+// checked against the float64 reference.
+void check_every_kernel(const AttnCase& c, const AttnData& d, bool kv_bf16) {
+  const int64_t ldo = c.heads * c.head_dim + 6;  // padded rows, as the forward's ldQ can be
+  for (const char* kernel : {"flash", "rowwise", "split", "decode", "shared"}) {
+    const std::string k = kernel;
+    if (k == "flash" && !cuda::flash_attention_supported(c.head_dim)) continue;
+    if ((k == "split" || k == "decode" || k == "shared") && c.n != 1) continue;  // decode only
+    if (k == "decode" && !cuda::decode_attention_supported(c.head_dim)) continue;
+    if (k == "shared" && !cuda::kv_shared_attention_supported(c.head_dim, c.heads, c.kv_heads)) continue;
+    const auto got = run_attention(c, d, kernel, ldo, kv_bf16);
+    check_attention(c, d, got, ldo, k + (kv_bf16 ? " bf16 cache " : " ") + describe(c));
+  }
+}
+
 // Shapes: one query; exact tiles; ragged lengths (not multiples of 64) at
 // p0 = 0 and p0 > 0 (chunked prefill, a cache longer than the prompt); MHA
 // and GQA ratios 2, 3, 4, 8; head dims 64, 128, 256; a sliding window; peaked
@@ -221,18 +237,7 @@ TEST(Cuda, FlashAttentionMatchesReference) {
       {130, 100, 4, 2, 64, 64, 4.0f, 1},   {65, 63, 2, 1, 64, 0, 1.0f, 1},
   };
   uint32_t seed = 100;
-  for (const AttnCase& c : cases) {
-    const AttnData d = random_attention(c, seed++);
-    const int64_t ldo = c.heads * c.head_dim + 6;  // padded rows, as the forward's ldQ can be
-    for (const char* kernel : {"flash", "rowwise", "split", "decode", "shared"}) {
-      const std::string k = kernel;
-      if ((k == "split" || k == "decode" || k == "shared") && c.n != 1) continue;  // decode only
-      if (k == "decode" && !cuda::decode_attention_supported(c.head_dim)) continue;
-      if (k == "shared" && !cuda::kv_shared_attention_supported(c.head_dim, c.heads, c.kv_heads)) continue;
-      const auto got = run_attention(c, d, kernel, ldo);
-      check_attention(c, d, got, ldo, std::string(kernel) + " " + describe(c));
-    }
-  }
+  for (const AttnCase& c : cases) check_every_kernel(c, random_attention(c, seed++), false);
 }
 
 // Every kernel on a bf16 cache (GpuOptions::kv_dtype) against the same
@@ -250,19 +255,7 @@ TEST(Cuda, AttentionOnABf16CacheMatchesReference) {
       {1, 5000, 8, 2, 64, 0, 4.0f, 1},   {1, 9, 4, 4, 32, 0, 1.0f, 1},
   };
   uint32_t seed = 500;
-  for (const AttnCase& c : cases) {
-    const AttnData d = bf16_cache(random_attention(c, seed++));
-    const int64_t ldo = c.heads * c.head_dim + 6;
-    for (const char* kernel : {"flash", "rowwise", "split", "decode", "shared"}) {
-      const std::string k = kernel;
-      if (k == "flash" && !cuda::flash_attention_supported(c.head_dim)) continue;
-      if ((k == "split" || k == "decode" || k == "shared") && c.n != 1) continue;
-      if (k == "decode" && !cuda::decode_attention_supported(c.head_dim)) continue;
-      if (k == "shared" && !cuda::kv_shared_attention_supported(c.head_dim, c.heads, c.kv_heads)) continue;
-      const auto got = run_attention(c, d, kernel, ldo, true);
-      check_attention(c, d, got, ldo, std::string(kernel) + " bf16 cache " + describe(c));
-    }
-  }
+  for (const AttnCase& c : cases) check_every_kernel(c, bf16_cache(random_attention(c, seed++)), true);
 }
 
 // A long prefill from position 0: 3000 queries (47 tiles, the last ragged),
