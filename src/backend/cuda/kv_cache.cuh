@@ -13,19 +13,20 @@
 
 namespace nibble::cuda::kv {
 
+// The two bf16 values of a 32-bit word (low half first) as f32, exactly.
+__device__ __forceinline__ float2 widen2(unsigned u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+}
 // Four consecutive elements (16-byte aligned for f32, 8-byte for bf16).
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 load4(const __nv_bfloat16* p) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
-                     __uint_as_float(u.y & 0xFFFF0000u));
+  const float2 a = widen2(u.x), b = widen2(u.y);
+  return make_float4(a.x, a.y, b.x, b.y);
 }
 // Two consecutive elements (8-byte aligned for f32, 4-byte for bf16).
 __device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 load2(const __nv_bfloat16* p) {
-  const unsigned u = *reinterpret_cast<const unsigned*>(p);
-  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
-}
+__device__ __forceinline__ float2 load2(const __nv_bfloat16* p) { return widen2(*reinterpret_cast<const unsigned*>(p)); }
 __device__ __forceinline__ float load1(const float* p) { return *p; }
 __device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void store1(float* p, float v) { *p = v; }
