@@ -55,6 +55,13 @@ struct DeviceBuffer {
 size_t device_bytes_live();
 size_t device_bytes_peak();
 void reset_device_bytes_peak();
+// What the current device has in use now (cudaMemGetInfo: total − free), and
+// its total: nibble's buffers plus the CUDA context, library workspaces
+// (cuBLAS), memory pools and any other process on the device.
+struct DeviceMemory {
+  size_t used = 0, total = 0;
+};
+DeviceMemory device_memory();
 
 // Host to device copies: raw bytes, a tensor's bytes (made contiguous), and a
 // tensor's values converted to bf16 (round to nearest even) on the host.

@@ -433,6 +433,13 @@ TEST(Cuda, DeviceBytesAreCounted) {
     EXPECT_EQ(m->cache_bytes(), static_cast<size_t>(2 * c.num_layers * 256 * c.num_kv_heads * c.head_dim * 4));
     EXPECT_GE(held, m->embedding_bytes() + m->decode_weight_bytes() + m->cache_bytes());
     EXPECT_LT(held, 2 * (m->embedding_bytes() + m->decode_weight_bytes() + m->cache_bytes()) + (size_t{64} << 20));
+    // The whole device's view (cudaMemGetInfo) holds at least nibble's buffers,
+    // and grows by at least what a new buffer takes.
+    const cuda::DeviceMemory before = cuda::device_memory();
+    EXPECT_GE(before.used, cuda::device_bytes_live());
+    EXPECT_LE(before.used, before.total);
+    cuda::DeviceBuffer big(size_t{256} << 20);
+    EXPECT_GE(cuda::device_memory().used, before.used + (size_t{256} << 20));
   }
   EXPECT_EQ(cuda::device_bytes_live(), base);
 }

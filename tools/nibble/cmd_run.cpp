@@ -100,11 +100,13 @@ class Runner {
 #ifdef NIBBLE_HAVE_CUDA
     if (cuda_) {
       const size_t kv = gpu_->cache_bytes();
+      const cuda::DeviceMemory dev = cuda::device_memory();
       return fmt::format("cuda memory: the model {} (weights and scratch {}, {} KV cache of {} positions {}); peak "
-                         "{} in nibble's buffers (without the CUDA context and cuBLAS workspace)\n",
+                         "{} in nibble's buffers; the device has {} of {} in use (with the CUDA context, cuBLAS "
+                         "workspace, memory pools and any other process)\n",
                          human_bytes(model_bytes_), human_bytes(model_bytes_ - kv),
                          kv_dtype_ == DType::BF16 ? "bf16" : "f32", positions_, human_bytes(kv),
-                         human_bytes(cuda::device_bytes_peak()));
+                         human_bytes(cuda::device_bytes_peak()), human_bytes(dev.used), human_bytes(dev.total));
     }
 #endif
     return "";

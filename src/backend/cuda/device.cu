@@ -68,6 +68,11 @@ std::atomic<size_t> g_live{0}, g_peak{0};
 
 size_t device_bytes_live() { return g_live.load(); }
 size_t device_bytes_peak() { return g_peak.load(); }
+DeviceMemory device_memory() {
+  size_t free = 0, total = 0;
+  NIBBLE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return DeviceMemory{total - free, total};
+}
 void reset_device_bytes_peak() { g_peak.store(g_live.load()); }
 
 void DeviceBuffer::Free::operator()(void* p) const {
