@@ -57,11 +57,13 @@ size_t device_bytes_peak();
 void reset_device_bytes_peak();
 // What the current device has in use now (cudaMemGetInfo: total − free), and
 // its total: nibble's buffers plus the CUDA context, library workspaces
-// (cuBLAS), memory pools and any other process on the device.
+// (cuBLAS), memory pools and any other process on the device. Each call also
+// raises device_memory_peak(), the most `used` any call has seen.
 struct DeviceMemory {
   size_t used = 0, total = 0;
 };
 DeviceMemory device_memory();
+size_t device_memory_peak();
 
 // Host to device copies: raw bytes, a tensor's bytes (made contiguous), and a
 // tensor's values converted to bf16 (round to nearest even) on the host.

@@ -15,6 +15,7 @@
 #include "nibble/safetensors.h"
 #include "nibble/util.h"
 #ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
 #endif
 
@@ -141,6 +142,7 @@ class WindowRunner {
         fn(k, logits.data<float>());
         bar.advance();
       }
+      cuda::device_memory();  // samples the device's peak in use (eval's memory line)
       return;
     }
 #endif

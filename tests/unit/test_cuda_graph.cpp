@@ -440,6 +440,7 @@ TEST(Cuda, DeviceBytesAreCounted) {
     EXPECT_LE(before.used, before.total);
     cuda::DeviceBuffer big(size_t{256} << 20);
     EXPECT_GE(cuda::device_memory().used, before.used + (size_t{256} << 20));
+    EXPECT_GE(cuda::device_memory_peak(), before.used + (size_t{256} << 20));  // the most any call has seen
   }
   EXPECT_EQ(cuda::device_bytes_live(), base);
 }

@@ -284,12 +284,15 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     if (!summary.candidates.empty()) std::printf("\n%s", eval::comparison_markdown(summary).c_str());
 #ifdef NIBBLE_HAVE_CUDA
     if (o->opt.device == "cuda") {  // one model on the GPU at a time: the largest sets the peak
-      const size_t peak = cuda::device_bytes_peak();
+      const size_t peak = cuda::device_bytes_peak(), device_peak = cuda::device_memory_peak();
       report["gpu_peak_bytes"] = peak;
+      report["gpu_device_peak_bytes"] = device_peak;
       std::fflush(stdout);  // the report first
       if (!global.quiet)
-        std::fprintf(stderr, "cuda memory: peak %s in nibble's buffers (without the CUDA context and cuBLAS workspace)\n",
-                     human_bytes(peak).c_str());
+        std::fprintf(stderr,
+                     "cuda memory: peak %s in nibble's buffers; the device had at most %s in use after a model's "
+                     "windows (with the CUDA context, cuBLAS workspace, memory pools and any other process)\n",
+                     human_bytes(peak).c_str(), human_bytes(device_peak).c_str());
     }
 #endif
     if (!o->json.empty()) write_file_atomic(o->json, report.dump(2) + "\n");

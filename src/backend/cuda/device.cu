@@ -63,7 +63,7 @@ double read_bandwidth_gbs(size_t bytes, int passes) {
 }
 
 namespace {
-std::atomic<size_t> g_live{0}, g_peak{0};
+std::atomic<size_t> g_live{0}, g_peak{0}, g_device_peak{0};
 }  // namespace
 
 size_t device_bytes_live() { return g_live.load(); }
@@ -71,8 +71,13 @@ size_t device_bytes_peak() { return g_peak.load(); }
 DeviceMemory device_memory() {
   size_t free = 0, total = 0;
   NIBBLE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return DeviceMemory{total - free, total};
+  const size_t used = total - free;
+  size_t peak = g_device_peak.load();
+  while (used > peak && !g_device_peak.compare_exchange_weak(peak, used)) {
+  }
+  return DeviceMemory{used, total};
 }
+size_t device_memory_peak() { return g_device_peak.load(); }
 void reset_device_bytes_peak() { g_peak.store(g_live.load()); }
 
 void DeviceBuffer::Free::operator()(void* p) const {
