@@ -64,6 +64,12 @@ double read_bandwidth_gbs(size_t bytes, int passes) {
 
 namespace {
 std::atomic<size_t> g_live{0}, g_peak{0}, g_device_peak{0};
+// peak = max(peak, v), safe against concurrent callers.
+void raise_to(std::atomic<size_t>& peak, size_t v) {
+  size_t p = peak.load();
+  while (v > p && !peak.compare_exchange_weak(p, v)) {
+  }
+}
 }  // namespace
 
 size_t device_bytes_live() { return g_live.load(); }
@@ -72,9 +78,7 @@ DeviceMemory device_memory() {
   size_t free = 0, total = 0;
   NIBBLE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   const size_t used = total - free;
-  size_t peak = g_device_peak.load();
-  while (used > peak && !g_device_peak.compare_exchange_weak(peak, used)) {
-  }
+  raise_to(g_device_peak, used);
   return DeviceMemory{used, total};
 }
 size_t device_memory_peak() { return g_device_peak.load(); }
@@ -99,10 +103,7 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   }
   NIBBLE_CUDA_CHECK(err);
   ptr_ = std::unique_ptr<void, Free>(p, Free{bytes});
-  const size_t live = g_live.fetch_add(bytes) + bytes;
-  size_t peak = g_peak.load();
-  while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
-  }
+  raise_to(g_peak, g_live.fetch_add(bytes) + bytes);
 }
 
 DeviceBuffer upload(const void* host, size_t bytes) {
