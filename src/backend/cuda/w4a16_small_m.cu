@@ -32,6 +32,7 @@
 #include "backend/cuda/w4a16_gemv.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace nibble::cuda {
 
@@ -210,39 +211,47 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 #pragma unroll
       for (int n = 0; n < NT; ++n) xp[n] += xp_step;
     } else {
+      // All R·NT accumulator chains of the group at once (interleaved by the
+      // scheduler); no branch for a ragged last chunk: its activations are
+      // zeros (load_x), so its stale codes (each a finite 128 + c) add nothing.
+      float acc[R][NT][4];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float acc[NT][4];
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+        for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
 #pragma unroll
-        for (int u = 0; u < CPG; ++u) {
-          if (CPG > 1 && g * CPG + u >= chunks) break;  // the last group of a ragged K (warp-uniform)
-          const uint4 q = lds128(rq + ((st * R + r) * CPG + u) * 512);
-          const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+      for (int u = 0; u < CPG; ++u) {
+        uint4 q[R];
 #pragma unroll
-          for (int s = 0; s < 4; ++s) {
+        for (int r = 0; r < R; ++r) q[r] = lds128(rq + ((st * R + r) * CPG + u) * 512);
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const uint32_t w = s == 0 ? q[r].x : s == 1 ? q[r].y : s == 2 ? q[r].z : q[r].w;
             uint32_t a[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) a[j] = and_or(words[s] >> (4 * j), 0x000F000Fu, Tr::kMagic);
+            for (int j = 0; j < 4; ++j) a[j] = and_or(w >> (4 * j), 0x000F000Fu, Tr::kMagic);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
               const uint4& xv = xb[u][n][s >> 1];
-              mma_16816<T>(acc[n], a, (s & 1) ? xv.z : xv.x, (s & 1) ? xv.w : xv.y);
+              mma_16816<T>(acc[r][n], a, (s & 1) ? xv.z : xv.x, (s & 1) ? xv.w : xv.y);
             }
           }
-        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
         const uint2 sm = lds64(rm + (st * R + r) * 256);
         const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
         const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
         const float o_lo = fmaf(-Tr::kOffset, s_lo, m_lo), o_hi = fmaf(-Tr::kOffset, s_hi, m_hi);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          // acc[n][j]: row gid + 8·(j / 2), token n·8 + 2tig + j % 2.
-          out[r][n][0] = fmaf(s_lo, acc[n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
-          out[r][n][1] = fmaf(s_lo, acc[n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
-          out[r][n][2] = fmaf(s_hi, acc[n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
-          out[r][n][3] = fmaf(s_hi, acc[n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
+          // acc[r][n][j]: row gid + 8·(j / 2), token n·8 + 2tig + j % 2.
+          out[r][n][0] = fmaf(s_lo, acc[r][n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
+          out[r][n][1] = fmaf(s_lo, acc[r][n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
+          out[r][n][2] = fmaf(s_hi, acc[r][n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
+          out[r][n][3] = fmaf(s_hi, acc[r][n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
         }
       }
     }
@@ -288,6 +297,249 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(wpt) * S * R * stage_bytes(CPG));
   store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
+}
+
+// Two to eight tokens where the grid is resident at once (session 23): the
+// exact path with each lane's activations and Σx carried through its own
+// cp.async ring stage beside the weights, so no activation registers are held
+// across groups and no activation load is on a group's critical path; the
+// group body has no branch, and its R·NT accumulator chains are interleaved.
+// Activations past K are zero-filled by the copy, so a ragged last chunk needs
+// no branch either: its stale codes multiply zeros (any code decodes to a
+// finite 128 + c). Stage layout per warp, lane-major so that every 16-byte
+// shared load is conflict-free: codes [S][R][CPG] × 512 B and scale/min pairs
+// [S][R] × 256 B (as the kernel above), then activations [S][CPG][NT][2] ×
+// 512 B and Σx [S][NT] × 256 B.
+// Measured on the H200 (docs/results/s23/): fused 8B stack M = 2 1.68 → 1.60
+// ms, M = 4 1.70 → 1.60, M = 8 1.73 → 1.67. Not used:
+//  * at 9..16 tokens (4 KB of activations per stage and warp): 14336 × 4096
+//    15.5 → 17.5 µs, the head 105 → 120 µs, fused stack 2.08 → 2.25 ms; the
+//    shared memory the stages take is L1 that main's kernel uses to share the
+//    activations between warps;
+//  * for grids larger than one wave (the head: 81.5 → 84.0 µs at M = 4);
+//  * with one row tile per warp (fused M = 4 2.00 ms) or three stages (1.76).
+template <int... I, typename F>
+__device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+__device__ __forceinline__ void static_for(F&& f) {
+  static_for_impl(f, std::make_integer_sequence<int, N>{});
+}
+template <int NT, int CPG, int R>
+__host__ __device__ constexpr size_t staged_stage_bytes() {
+  return R * stage_bytes(CPG) + CPG * NT * 2 * 512 + NT * 256;
+}
+
+template <typename T, typename OutT, int NT, int CPG, int R, int S>
+__global__ void __launch_bounds__(NT == 1 ? 512 : 256)
+    w4a16_staged_x_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
+                          int64_t ldx, const float* __restrict__ xsum, OutT* __restrict__ y, int64_t ldy, int M, int N,
+                          int K, int tiles, int chunks, int groups, int groups_padded) {
+  constexpr int G = CPG * kChunk, XI = CPG * NT * 2;
+  using Tr = ActTraits<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpt = blockDim.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
+  const uint4* cp = codes + (tile0 * chunks + warp * CPG) * 32 + lane;
+  const uint2* mp = meta + (tile0 * groups_padded + warp) * 8 + gid;
+  int cp_tile[R], mp_tile[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int t = static_cast<int>(tile0 + r < tiles ? r : tiles - 1 - tile0);
+    cp_tile[r] = t * chunks * 32;
+    mp_tile[r] = t * groups_padded * 8;
+  }
+  const T* xp[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + warp * G + 16 * tig;
+  const float* sp = xsum + warp * kXsumTokens + 2 * tig;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint32_t rq = base + (warp * S * R * CPG * 32 + lane) * 16;
+  uint32_t rm = base + wpt * S * R * CPG * 512 + (warp * S * R * 32 + lane) * 8;
+  uint32_t rx = base + wpt * S * R * stage_bytes(CPG) + (warp * S * XI * 32 + lane) * 16;
+  uint32_t rs = base + wpt * S * (R * stage_bytes(CPG) + XI * 512) + (warp * S * NT * 32 + lane) * 8;
+  asm volatile("" : "+l"(cp), "+l"(mp), "+r"(rq), "+r"(rm), "+r"(rx), "+r"(rs));
+  const int64_t cp_step = static_cast<int64_t>(wpt) * CPG * 32, mp_step = static_cast<int64_t>(wpt) * 8;
+  const int64_t xp_step = static_cast<int64_t>(wpt) * G;
+  const int sp_step = wpt * kXsumTokens;
+  int gi = warp, gx = warp;
+
+  auto issue_w = [&](auto stage) {
+    constexpr int st = decltype(stage)::value;
+    if (gi < groups) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int u = 0; u < CPG; ++u)
+          if (gi * CPG + u < chunks) cp_async16_s(rq + ((st * R + r) * CPG + u) * 512, cp + cp_tile[r] + u * 32);
+        cp_async8_s(rm + (st * R + r) * 256, mp + mp_tile[r]);
+      }
+    }
+    cp += cp_step;
+    mp += mp_step;
+    gi += wpt;
+  };
+  auto issue_x = [&](auto stage) {
+    constexpr int st = decltype(stage)::value;
+    if (gx < groups) {
+      if ((gx + 1) * G <= K) {
+#pragma unroll
+        for (int u = 0; u < CPG; ++u)
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              cp_async16_ca_s(rx + (((st * CPG + u) * NT + n) * 2 + h) * 512, xp[n] + u * kChunk + 8 * h);
+      } else {
+#pragma unroll
+        for (int u = 0; u < CPG; ++u)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int k = gx * G + u * kChunk + 16 * tig + 8 * h;
+            const int bytes = max(0, min(16, (K - k) * static_cast<int>(sizeof(T))));
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+              cp_async16_ca_s(
+                  rx + (((st * CPG + u) * NT + n) * 2 + h) * 512,
+                  bytes > 0 ? static_cast<const void*>(xp[n] + u * kChunk + 8 * h) : static_cast<const void*>(x),
+                  bytes);
+          }
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) cp_async8_s(rs + (st * NT + n) * 256, sp + n * 8);
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) xp[n] += xp_step;
+    sp += sp_step;
+    gx += wpt;
+  };
+  float out[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) out[r][n][0] = out[r][n][1] = out[r][n][2] = out[r][n][3] = 0.0f;
+  auto compute = [&](auto stage) {
+    constexpr int st = decltype(stage)::value;
+    float acc[R][NT][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+#pragma unroll 1
+    for (int u = 0; u < CPG; ++u) {
+      uint4 q[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) q[r] = lds128(rq + ((st * R + r) * CPG + u) * 512);
+      uint4 xv[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) xv[n][h] = lds128(rx + (((st * CPG + u) * NT + n) * 2 + h) * 512);
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint32_t w = s == 0 ? q[r].x : s == 1 ? q[r].y : s == 2 ? q[r].z : q[r].w;
+          uint32_t a[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[j] = and_or(w >> (4 * j), 0x000F000Fu, Tr::kMagic);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            const uint4& xh = xv[n][s >> 1];
+            mma_16816<T>(acc[r][n], a, (s & 1) ? xh.z : xh.x, (s & 1) ? xh.w : xh.y);
+          }
+        }
+    }
+    float2 sb[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const uint2 v = lds64(rs + (st * NT + n) * 256);
+      sb[n] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint2 sm = lds64(rm + (st * R + r) * 256);
+      const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
+      const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
+      const float o_lo = fmaf(-Tr::kOffset, s_lo, m_lo), o_hi = fmaf(-Tr::kOffset, s_hi, m_hi);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        out[r][n][0] = fmaf(s_lo, acc[r][n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
+        out[r][n][1] = fmaf(s_lo, acc[r][n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
+        out[r][n][2] = fmaf(s_hi, acc[r][n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
+        out[r][n][3] = fmaf(s_hi, acc[r][n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
+      }
+    }
+  };
+  const int iters = warp < groups ? (groups - warp + wpt - 1) / wpt : 0;
+  // Prologue: the first S − 1 groups' weights before the wait, their
+  // activations after it (two commit groups).
+  static_for<S - 1>([&](auto p) { issue_w(p); });
+  cp_async_commit();
+  grid_dependency_wait();
+  static_for<S - 1>([&](auto p) { issue_x(p); });
+  cp_async_commit();
+  for (int i = 0; i < iters; i += S) {
+    bool done = false;
+    static_for<S>([&](auto stage) {
+      constexpr int st = decltype(stage)::value;
+      if (done || i + st >= iters) {
+        done = true;
+        return;
+      }
+      using Next = std::integral_constant<int, (st + S - 1) % S>;
+      issue_w(Next{});
+      issue_x(Next{});
+      cp_async_commit();
+      // Group i + st was committed S − 1 commits ago (in steady state), or
+      // in the prologue's last commit (st + 1 commits ago) on the first pass.
+      if (i == 0 && st < S - 1) {
+        cp_async_wait<(st + 1 < S - 1 ? st + 1 : S - 1)>();
+      } else {
+        cp_async_wait<S - 1>();
+      }
+      compute(stage);
+    });
+  }
+  grid_dependents_launch();
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(wpt) * S * staged_stage_bytes<NT, CPG, R>());
+  store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
+}
+
+template <typename T, typename OutT, int NT, int CPG, int R, int S>
+bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
+                   cudaStream_t stream, int sms) {
+  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
+  const int64_t groups = (chunks + CPG - 1) / CPG;
+  const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
+  const int64_t blocks = (tiles + R - 1) / R;
+  constexpr int kMaxWarps = NT == 1 ? 16 : 8;
+  const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
+  auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S>;
+  static const bool attr_set = [&] {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
+    return true;
+  }();
+  (void)attr_set;
+  const int64_t most = std::min<int64_t>({kMaxWarps, groups, static_cast<int64_t>((200 << 10) / smem_warp)});
+  int64_t warps = one_wave_warps(reinterpret_cast<const void*>(kernel), blocks, most, groups, 1, smem_warp, sms);
+  if (warps == 0) return false;  // more than one wave: the kernel above
+  const size_t smem = warps == 1 ? S * staged_stage_bytes<NT, CPG, R>() : static_cast<size_t>(warps) * smem_warp;
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
+      &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()), x, ldx, xsum, y, ldy, M,
+      static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(tiles), static_cast<int>(chunks),
+      static_cast<int>(groups), static_cast<int>(groups_padded)));
+  return true;
 }
 
 template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
@@ -338,10 +590,15 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
 // tiles), one for narrow matrices, whose few blocks need every warp they can
 // get. Two tiles of two token tiles hold too many registers for the second
 // activation buffer, so they load each group's activations when they need them.
+// Up to 8 tokens, grids of two-tile warps that are resident at once take the
+// staged kernel (activations through the ring; session 23).
 template <typename T, typename OutT, int NT, int CPG>
 void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
                   cudaStream_t stream, int sms) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
+  if constexpr (NT == 1) {
+    if (tiles >= 256 && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms)) return;
+  }
   if (NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms})
     launch_small_r<T, OutT, NT, CPG, 2, NT == 1, true>(w, x, M, ldx, xsum, y, ldy, stream, sms, true);
   else
