@@ -275,6 +275,17 @@ TEST(Cuda, W4A16SmallMTwoTilesPerWarp) {
   check_w4a16({8456, 4096, 64}, cuda::Act::F16, {5, 16}, true, 15);
 }
 
+// Up to 8 tokens, grids that are resident at once (here 257 tiles) stage each
+// lane's activations through its weight ring (w4a16_staged_x_kernel): a ragged
+// last chunk of 4 inputs (a partial, zero-filled copy) and of 64 (a ragged last
+// group of 128), both activation types, with and without the dependent launch.
+TEST(Cuda, W4A16SmallMStagedActivations) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({4104, 4100, 128}, cuda::Act::BF16, {3, 8}, false, 21);
+  check_w4a16({4104, 4100, 64}, cuda::Act::F16, {2, 7}, true, 22);
+  check_w4a16({4104, 4160, 128}, cuda::Act::F16, {6}, false, 23);
+}
+
 TEST(Cuda, W4A16WithProgrammaticDependentLaunch) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 16}, true, 13);
