@@ -72,6 +72,97 @@ __global__ void __launch_bounds__(256) xsum_kernel(const T* __restrict__ x, int6
   if (lane == 0) xsum[g * kXsumTokens + tok] = s;
 }
 
+// A warp's stream of weight groups into its ring: codes and scale/min pairs
+// of group gi of the block's R tiles (tile r at + r·tile stride; a tile past
+// the matrix reads the last one, and its outputs are not stored), then gi +=
+// step. Lane slots (see w4a16_gemv.cu): stage st, tile r, chunk u of the codes
+// at rq + ((st·R + r)·CPG + u)·512, its scale/min entry at rm + (st·R + r)·256.
+template <int R, int CPG>
+struct WeightStream {
+  const uint4* cp;
+  const uint2* mp;
+  int cp_tile[R], mp_tile[R];
+  int64_t cp_step, mp_step;
+  int gi, step;
+  __device__ __forceinline__ WeightStream(const uint4* codes, const uint2* meta, int64_t tile0, int tiles, int chunks,
+                                          int groups_padded, int first, int step_) {
+    const int lane = threadIdx.x & 31;
+    cp = codes + (tile0 * chunks + first * CPG) * 32 + lane;
+    mp = meta + (tile0 * groups_padded + first) * 8 + (lane >> 2);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int t = static_cast<int>(tile0 + r < tiles ? r : tiles - 1 - tile0);
+      cp_tile[r] = t * chunks * 32;
+      mp_tile[r] = t * groups_padded * 8;
+    }
+    cp_step = static_cast<int64_t>(step_) * CPG * 32;
+    mp_step = static_cast<int64_t>(step_) * 8;
+    gi = first;
+    step = step_;
+  }
+  template <int st>
+  __device__ __forceinline__ void issue(uint32_t rq, uint32_t rm, int groups, int chunks) {
+    if (gi < groups) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int u = 0; u < CPG; ++u)
+          if (gi * CPG + u < chunks) cp_async16_s(rq + ((st * R + r) * CPG + u) * 512, cp + cp_tile[r] + u * 32);
+        cp_async8_s(rm + (st * R + r) * 256, mp + mp_tile[r]);
+      }
+    }
+    cp += cp_step;
+    mp += mp_step;
+    gi += step;
+  }
+};
+
+// One chunk of a group on the exact path: the codes q[r] of the warp's R tiles
+// (offset codes 128 + c, one and-or per register) times the activations
+// xv[n][h] (16 inputs per lane and token tile), all R·NT accumulator chains
+// issued together. A chunk past K has zero activations, so its codes, stale or
+// not (each a finite 128 + c), add nothing.
+template <typename T, int R, int NT>
+__device__ __forceinline__ void exact_chunk_mmas(float (&acc)[R][NT][4], const uint4 (&q)[R],
+                                                 const uint4 (&xv)[NT][2]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint32_t w = s == 0 ? q[r].x : s == 1 ? q[r].y : s == 2 ? q[r].z : q[r].w;
+      uint32_t a[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = and_or(w >> (4 * j), 0x000F000Fu, ActTraits<T>::kMagic);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint4& x2 = xv[n][s >> 1];
+        mma_16816<T>(acc[r][n], a, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
+      }
+    }
+}
+
+// A group's exact-path sums into the outputs: out += s·acc + (m − 128·s)·Σx
+// (fp16: 1024), sm[r] the (scale, min) pairs of tile r's rows gid and gid + 8,
+// sb[n] Σx of tokens n·8 + 2tig and + 1. acc[r][n][j]: row gid + 8·(j / 2),
+// token n·8 + 2tig + j % 2.
+template <typename T, int R, int NT>
+__device__ __forceinline__ void exact_combine(float (&out)[R][NT][4], const float (&acc)[R][NT][4],
+                                              const uint2 (&sm)[R], const float2 (&sb)[NT]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float s_lo = bf16_bits_to_float(sm[r].x & 0xFFFFu), m_lo = bf16_bits_to_float(sm[r].x >> 16);
+    const float s_hi = bf16_bits_to_float(sm[r].y & 0xFFFFu), m_hi = bf16_bits_to_float(sm[r].y >> 16);
+    const float o_lo = fmaf(-ActTraits<T>::kOffset, s_lo, m_lo), o_hi = fmaf(-ActTraits<T>::kOffset, s_hi, m_hi);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      out[r][n][0] = fmaf(s_lo, acc[r][n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
+      out[r][n][1] = fmaf(s_lo, acc[r][n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
+      out[r][n][2] = fmaf(s_hi, acc[r][n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
+      out[r][n][3] = fmaf(s_hi, acc[r][n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
+    }
+  }
+}
+
 // One block per R consecutive 16-row tiles; its `wpt` warps take interleaved
 // groups of all R tiles, so each activation fragment loaded is used R times
 // (at 16 tokens and R = 1 the activations were 4× the weights' bytes through
@@ -95,49 +186,24 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpt = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
-  // Running pointers to the warp's next group: codes and scale/min pairs to
-  // issue (gi; tile r at + r·tile stride, a tile past the matrix reads the
-  // last one and its outputs are not stored), activations and Σx to load (gx).
-  const uint4* cp = codes + (tile0 * chunks + warp * CPG) * 32 + lane;
-  const uint2* mp = meta + (tile0 * groups_padded + warp) * 8 + gid;
-  int cp_tile[R], mp_tile[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int t = static_cast<int>(tile0 + r < tiles ? r : tiles - 1 - tile0);
-    cp_tile[r] = t * chunks * 32;
-    mp_tile[r] = t * groups_padded * 8;
-  }
+  // The warp's next group: weights to issue (ws.gi), activations and Σx to
+  // load (gx, running pointers xp and sp).
+  WeightStream<R, CPG> ws(codes, meta, tile0, tiles, chunks, groups_padded, warp, wpt);
   const T* xp[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + warp * G + 16 * tig;
   const float* sp = xsum + warp * kXsumTokens + 2 * tig;
-  // The lane's ring slots (see w4a16_gemv.cu): stage st, tile r, chunk u of
-  // the codes at rq + ((st·R + r)·CPG + u)·512, its scale/min entry at
-  // rm + (st·R + r)·256.
   uint32_t rq = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (warp * S * R * CPG * 32 + lane) * 16;
   uint32_t rm = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wpt * S * R * CPG * 32 * 16 +
                 (warp * S * R * 32 + lane) * 8;
-  asm volatile("" : "+l"(cp), "+l"(mp), "+r"(rq), "+r"(rm));
-  const int64_t cp_step = static_cast<int64_t>(wpt) * CPG * 32, mp_step = static_cast<int64_t>(wpt) * 8;
+  asm volatile("" : "+l"(ws.cp), "+l"(ws.mp), "+r"(rq), "+r"(rm));
   const int64_t xp_step = static_cast<int64_t>(wpt) * G;
   const int sp_step = wpt * kXsumTokens;
-  int gi = warp, gx = warp;
+  int gx = warp;
 
-  auto issue = [&](auto stage) {  // group gi into `stage`
-    constexpr int st = decltype(stage)::value;
-    if (gi < groups) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int u = 0; u < CPG; ++u)
-          if (gi * CPG + u < chunks) cp_async16_s(rq + ((st * R + r) * CPG + u) * 512, cp + cp_tile[r] + u * 32);
-        cp_async8_s(rm + (st * R + r) * 256, mp + mp_tile[r]);
-      }
-    }
+  auto issue = [&](auto stage) {  // group ws.gi into `stage`
+    ws.template issue<decltype(stage)::value>(rq, rm, groups, chunks);
     cp_async_commit();
-    cp += cp_step;
-    mp += mp_step;
-    gi += wpt;
   };
   using X = uint4[CPG][NT][2];
   using XS = float2[NT];
@@ -211,49 +277,22 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 #pragma unroll
       for (int n = 0; n < NT; ++n) xp[n] += xp_step;
     } else {
-      // All R·NT accumulator chains of the group at once (interleaved by the
-      // scheduler); no branch for a ragged last chunk: its activations are
-      // zeros (load_x), so its stale codes (each a finite 128 + c) add nothing.
       float acc[R][NT][4];
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
 #pragma unroll
-      for (int u = 0; u < CPG; ++u) {
+      for (int u = 0; u < CPG; ++u) {  // no branch for a ragged last chunk: load_x zeroed its activations
         uint4 q[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) q[r] = lds128(rq + ((st * R + r) * CPG + u) * 512);
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const uint32_t w = s == 0 ? q[r].x : s == 1 ? q[r].y : s == 2 ? q[r].z : q[r].w;
-            uint32_t a[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) a[j] = and_or(w >> (4 * j), 0x000F000Fu, Tr::kMagic);
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-              const uint4& xv = xb[u][n][s >> 1];
-              mma_16816<T>(acc[r][n], a, (s & 1) ? xv.z : xv.x, (s & 1) ? xv.w : xv.y);
-            }
-          }
+        exact_chunk_mmas<T, R, NT>(acc, q, xb[u]);
       }
+      uint2 sm[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint2 sm = lds64(rm + (st * R + r) * 256);
-        const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
-        const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
-        const float o_lo = fmaf(-Tr::kOffset, s_lo, m_lo), o_hi = fmaf(-Tr::kOffset, s_hi, m_hi);
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          // acc[r][n][j]: row gid + 8·(j / 2), token n·8 + 2tig + j % 2.
-          out[r][n][0] = fmaf(s_lo, acc[r][n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
-          out[r][n][1] = fmaf(s_lo, acc[r][n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
-          out[r][n][2] = fmaf(s_hi, acc[r][n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
-          out[r][n][3] = fmaf(s_hi, acc[r][n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
-        }
-      }
+      for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
+      exact_combine<T, R, NT>(out, acc, sm, sb);
     }
   };
   const int iters = warp < groups ? (groups - warp + wpt - 1) / wpt : 0;
@@ -337,20 +376,11 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
                           int64_t ldx, const float* __restrict__ xsum, OutT* __restrict__ y, int64_t ldy, int M, int N,
                           int K, int tiles, int chunks, int groups, int groups_padded) {
   constexpr int G = CPG * kChunk, XI = CPG * NT * 2;
-  using Tr = ActTraits<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpt = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
-  const uint4* cp = codes + (tile0 * chunks + warp * CPG) * 32 + lane;
-  const uint2* mp = meta + (tile0 * groups_padded + warp) * 8 + gid;
-  int cp_tile[R], mp_tile[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int t = static_cast<int>(tile0 + r < tiles ? r : tiles - 1 - tile0);
-    cp_tile[r] = t * chunks * 32;
-    mp_tile[r] = t * groups_padded * 8;
-  }
+  WeightStream<R, CPG> ws(codes, meta, tile0, tiles, chunks, groups_padded, warp, wpt);
   const T* xp[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + warp * G + 16 * tig;
@@ -360,27 +390,12 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   uint32_t rm = base + wpt * S * R * CPG * 512 + (warp * S * R * 32 + lane) * 8;
   uint32_t rx = base + wpt * S * R * stage_bytes(CPG) + (warp * S * XI * 32 + lane) * 16;
   uint32_t rs = base + wpt * S * (R * stage_bytes(CPG) + XI * 512) + (warp * S * NT * 32 + lane) * 8;
-  asm volatile("" : "+l"(cp), "+l"(mp), "+r"(rq), "+r"(rm), "+r"(rx), "+r"(rs));
-  const int64_t cp_step = static_cast<int64_t>(wpt) * CPG * 32, mp_step = static_cast<int64_t>(wpt) * 8;
+  asm volatile("" : "+l"(ws.cp), "+l"(ws.mp), "+r"(rq), "+r"(rm), "+r"(rx), "+r"(rs));
   const int64_t xp_step = static_cast<int64_t>(wpt) * G;
   const int sp_step = wpt * kXsumTokens;
-  int gi = warp, gx = warp;
+  int gx = warp;
 
-  auto issue_w = [&](auto stage) {
-    constexpr int st = decltype(stage)::value;
-    if (gi < groups) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int u = 0; u < CPG; ++u)
-          if (gi * CPG + u < chunks) cp_async16_s(rq + ((st * R + r) * CPG + u) * 512, cp + cp_tile[r] + u * 32);
-        cp_async8_s(rm + (st * R + r) * 256, mp + mp_tile[r]);
-      }
-    }
-    cp += cp_step;
-    mp += mp_step;
-    gi += wpt;
-  };
+  auto issue_w = [&](auto stage) { ws.template issue<decltype(stage)::value>(rq, rm, groups, chunks); };
   auto issue_x = [&](auto stage) {
     constexpr int st = decltype(stage)::value;
     if (gx < groups) {
@@ -437,20 +452,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int h = 0; h < 2; ++h) xv[n][h] = lds128(rx + (((st * CPG + u) * NT + n) * 2 + h) * 512);
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const uint32_t w = s == 0 ? q[r].x : s == 1 ? q[r].y : s == 2 ? q[r].z : q[r].w;
-          uint32_t a[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) a[j] = and_or(w >> (4 * j), 0x000F000Fu, Tr::kMagic);
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            const uint4& xh = xv[n][s >> 1];
-            mma_16816<T>(acc[r][n], a, (s & 1) ? xh.z : xh.x, (s & 1) ? xh.w : xh.y);
-          }
-        }
+      exact_chunk_mmas<T, R, NT>(acc, q, xv);
     }
     float2 sb[NT];
 #pragma unroll
@@ -458,20 +460,10 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
       const uint2 v = lds64(rs + (st * NT + n) * 256);
       sb[n] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
     }
+    uint2 sm[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint2 sm = lds64(rm + (st * R + r) * 256);
-      const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
-      const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
-      const float o_lo = fmaf(-Tr::kOffset, s_lo, m_lo), o_hi = fmaf(-Tr::kOffset, s_hi, m_hi);
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        out[r][n][0] = fmaf(s_lo, acc[r][n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
-        out[r][n][1] = fmaf(s_lo, acc[r][n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
-        out[r][n][2] = fmaf(s_hi, acc[r][n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
-        out[r][n][3] = fmaf(s_hi, acc[r][n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
-      }
-    }
+    for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
+    exact_combine<T, R, NT>(out, acc, sm, sb);
   };
   const int iters = warp < groups ? (groups - warp + wpt - 1) / wpt : 0;
   // Prologue: the first S − 1 groups' weights before the wait, their
@@ -508,13 +500,41 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
 }
 
+// The grid of a small-M kernel: one block per R row tiles, groups of CPG
+// chunks of 64 inputs (groups_padded: scale/min entries per tile).
+struct SmallMGrid {
+  int64_t tiles, chunks, groups, groups_padded, blocks;
+  SmallMGrid(const DeviceLinear& w, int cpg, int r)
+      : tiles((w.rows + kTileRows - 1) / kTileRows),
+        chunks((w.cols + kChunk - 1) / kChunk),
+        groups((chunks + cpg - 1) / cpg),
+        groups_padded((chunks * kChunk + w.group_size - 1) / w.group_size),
+        blocks((tiles + r - 1) / r) {}
+};
+
+// Launches a small-M kernel (both kernels above take the same arguments).
+template <typename Kernel, typename T, typename OutT>
+void launch_small_m_kernel(Kernel kernel, const SmallMGrid& g, int64_t warps, size_t smem, bool pdl,
+                           cudaStream_t stream, const DeviceLinear& w, const T* x, int64_t ldx, const float* xsum,
+                           OutT* y, int64_t ldy, int M) {
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(g.blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
+      &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()), x, ldx, xsum, y, ldy, M,
+      static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles), static_cast<int>(g.chunks),
+      static_cast<int>(g.groups), static_cast<int>(g.groups_padded)));
+}
+
 template <typename T, typename OutT, int NT, int CPG, int R, int S>
 bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
                    cudaStream_t stream, int sms) {
-  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
-  const int64_t groups = (chunks + CPG - 1) / CPG;
-  const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
-  const int64_t blocks = (tiles + R - 1) / R;
+  const SmallMGrid g(w, CPG, R);
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
   auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S>;
@@ -523,32 +543,19 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, const 
     return true;
   }();
   (void)attr_set;
-  const int64_t most = std::min<int64_t>({kMaxWarps, groups, static_cast<int64_t>((200 << 10) / smem_warp)});
-  int64_t warps = one_wave_warps(reinterpret_cast<const void*>(kernel), blocks, most, groups, 1, smem_warp, sms);
+  const int64_t most = std::min<int64_t>({kMaxWarps, g.groups, static_cast<int64_t>((200 << 10) / smem_warp)});
+  const int64_t warps =
+      one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms);
   if (warps == 0) return false;  // more than one wave: the kernel above
   const size_t smem = warps == 1 ? S * staged_stage_bytes<NT, CPG, R>() : static_cast<size_t>(warps) * smem_warp;
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
-      &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()), x, ldx, xsum, y, ldy, M,
-      static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(tiles), static_cast<int>(chunks),
-      static_cast<int>(groups), static_cast<int>(groups_padded)));
+  launch_small_m_kernel(kernel, g, warps, smem, true, stream, w, x, ldx, xsum, y, ldy, M);
   return true;
 }
 
 template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
 void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
                     cudaStream_t stream, int sms, bool pdl) {
-  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
-  const int64_t groups = (chunks + CPG - 1) / CPG;
-  const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
-  const int64_t blocks = (tiles + R - 1) / R;
+  const SmallMGrid g(w, CPG, R);
   // Warps per block: at most one per group, at most 16 for one token tile and
   // 8 for more (whose warps hold 116-128 registers: two blocks of 8 warps per
   // SM), within 110 KiB of shared memory. With more than one token tile, as
@@ -565,24 +572,13 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
     return true;
   }();
   (void)attr_set;
-  const int64_t most = std::min<int64_t>({kMaxWarps, groups, static_cast<int64_t>((110 << 10) / smem_warp)});
+  const int64_t most = std::min<int64_t>({kMaxWarps, g.groups, static_cast<int64_t>((110 << 10) / smem_warp)});
   int64_t warps =
-      NT > 1 ? one_wave_warps(reinterpret_cast<const void*>(kernel), blocks, most, groups, 1, smem_warp, sms) : 0;
-  if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(blocks, 1), 1, most);
-  const size_t smem = static_cast<size_t>(warps) * smem_warp;
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = EXACT || pdl ? 1 : 0;  // the exact path always follows its own Σx kernel
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
-                                       static_cast<const uint2*>(w.b.get()), x, ldx, xsum, y, ldy, M,
-                                       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(tiles),
-                                       static_cast<int>(chunks), static_cast<int>(groups),
-                                       static_cast<int>(groups_padded)));
+      NT > 1 ? one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms) : 0;
+  if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);
+  // The exact path always follows its own Σx kernel.
+  launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, EXACT || pdl, stream, w, x, ldx, xsum,
+                        y, ldy, M);
 }
 
 // Row tiles per warp, measured on the H200 (bench_w4a16, docs/results/
