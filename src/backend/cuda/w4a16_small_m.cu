@@ -117,6 +117,14 @@ struct WeightStream {
   }
 };
 
+template <int R, int NT>
+__device__ __forceinline__ void zero_acc(float (&a)[R][NT][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) a[r][n][0] = a[r][n][1] = a[r][n][2] = a[r][n][3] = 0.0f;
+}
+
 // One chunk of a group on the exact path: the codes q[r] of the warp's R tiles
 // (offset codes 128 + c, one and-or per register) times the activations
 // xv[n][h] (16 inputs per lane and token tile), all R·NT accumulator chains
@@ -236,10 +244,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     gx += wpt;
   };
   float out[R][NT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) out[r][n][0] = out[r][n][1] = out[r][n][2] = out[r][n][3] = 0.0f;
+  zero_acc(out);
   // Group g (the warp's i-th) from `stage`, with its activations xb, Σx sb.
   auto compute = [&](auto stage, int g, const X& xb, const XS& sb) {
     constexpr int st = decltype(stage)::value;
@@ -278,10 +283,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
       for (int n = 0; n < NT; ++n) xp[n] += xp_step;
     } else {
       float acc[R][NT][4];
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+      zero_acc(acc);
 #pragma unroll
       for (int u = 0; u < CPG; ++u) {  // no branch for a ragged last chunk: load_x zeroed its activations
         uint4 q[R];
@@ -431,17 +433,11 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     gx += wpt;
   };
   float out[R][NT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) out[r][n][0] = out[r][n][1] = out[r][n][2] = out[r][n][3] = 0.0f;
+  zero_acc(out);
   auto compute = [&](auto stage) {
     constexpr int st = decltype(stage)::value;
     float acc[R][NT][4];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+    zero_acc(acc);
 #pragma unroll 1
     for (int u = 0; u < CPG; ++u) {
       uint4 q[R];
