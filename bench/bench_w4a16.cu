@@ -11,6 +11,8 @@
 // decode path: LinearKernel::gemv_prepared, one launch per linear), as GEMV
 // chains, and per shape; and, as their reference, the same weights read by
 // plain kernels launched the same way (read-only: no arithmetic at all).
+// "x M=1": each stack's time over its own M = 1 time in this run (issue 6's
+// "M = 16 within 1.3× of M = 1"; needs 1 first in --ms).
 // Weights are random (codes, scales, mins), never zeros.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -249,8 +251,8 @@ int main(int argc, char** argv) {
   fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), max_m * width, 7);
   CK(cudaGetLastError());
 
-  std::printf("\n%-8s %3s %12s %10s %10s %10s %12s %10s\n", "stack", "M", "int4 GB", "nibble ms", "no-PDL ms",
-              "cuBLAS ms", "bf16 GB", "of read BW");
+  std::printf("\n%-8s %3s %12s %10s %10s %10s %12s %10s %8s\n", "stack", "M", "int4 GB", "nibble ms", "no-PDL ms",
+              "cuBLAS ms", "bf16 GB", "of read BW", "x M=1");
   for (bool fused : {false, true}) {
     const std::vector<Shape> shapes = stack_shapes(layers, fused);
     // One host random matrix per distinct shape; each linear gets its own device copy.
@@ -302,6 +304,7 @@ int main(int argc, char** argv) {
                       1e3 * t / idx.size(), bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
         }
       }
+    float t_m1 = 0;  // this stack's time at M = 1, when --ms has it first (the issue's "M = 16 within 1.3× of M = 1")
     for (int M : ms) {
       auto run_stack = [&](bool pdl) {
         for (size_t i = 0; i < shapes.size(); ++i)
@@ -316,9 +319,14 @@ int main(int argc, char** argv) {
             nibble::cuda::gemm_bf16_cublas(wb[i].get(), shapes[i].n, shapes[i].k, x.get(), M, shapes[i].k, y.get(),
                                            shapes[i].n, s);
         });
-      std::printf("%-8s %3d %12.3f %10.3f %10.3f %10.3f %12.3f %9.1f%%\n", fused ? "fused" : "unfused", M,
+      if (M == 1) t_m1 = t_pdl;
+      std::printf("%-8s %3d %12.3f %10.3f %10.3f %10.3f %12.3f %9.1f%%", fused ? "fused" : "unfused", M,
                   int4_bytes / 1e9, t_pdl, t_plain, t_cublas, bf16_bytes / 1e9,
                   100.0 * int4_bytes / (t_pdl * 1e-3) / (read_gbs * 1e9));
+      if (t_m1 > 0)
+        std::printf(" %8.2f\n", t_pdl / t_m1);
+      else
+        std::printf(" %8s\n", "-");
     }
     if (fused && std::find(ms.begin(), ms.end(), 1) != ms.end() && w[0].kernel->prepare != nullptr &&
         w[0].kernel->gemv_prepared != nullptr) {
