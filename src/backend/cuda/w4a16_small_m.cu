@@ -189,7 +189,6 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
                          int64_t ldx, const float* __restrict__ xsum, OutT* __restrict__ y, int64_t ldy, int M, int N,
                          int K, int tiles, int chunks, int groups, int groups_padded) {
   constexpr int S = 2, G = CPG * kChunk;
-  using Tr = ActTraits<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpt = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
