@@ -258,7 +258,7 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
   check_w4a16({24, 172, 32}, cuda::Act::BF16, {1, 5, 64}, false, 9);  // K < one chunk beyond 128
   check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 4, 16, 64}, false, 10);
   check_w4a16({1032, 14336, 128}, cuda::Act::BF16, {1, 16}, false, 11);
-  check_w4a16({40, 4096, 128}, cuda::Act::F16, {65, 130}, false, 12);  // M > 64, fp16: the kernel, blocks of 32 tokens
+  check_w4a16({40, 4096, 128}, cuda::Act::F16, {65, 130}, false, 12);  // M > 64, fp16: the kernels, blocks of 64 tokens
   check_w4a16({40, 4096, 128}, cuda::Act::BF16, {65, 130, 257}, false, 16);  // M > 64, bf16: cuBLAS on dequantized weights
   check_w4a16({24, 4100, 128}, cuda::Act::BF16, {260}, false, 17);       // the same, a ragged row (scalar stores)
   check_w4a16({72, 4160, 64}, cuda::Act::BF16, {270}, true, 18);
@@ -284,6 +284,27 @@ TEST(Cuda, W4A16SmallMStagedActivations) {
   check_w4a16({4104, 4100, 128}, cuda::Act::BF16, {3, 8}, false, 21);
   check_w4a16({4104, 4100, 64}, cuda::Act::F16, {2, 7}, true, 22);
   check_w4a16({4104, 4160, 128}, cuda::Act::F16, {6}, false, 23);
+}
+
+// 17..64 tokens on Hopper take the wgmma kernel (w4a16_wgmma.cu). Its grid
+// (on the H200's 132 SMs): a matrix of 529 warpgroup row blocks gets 4
+// warpgroups per block and no K split, and 5 groups (a ragged last one of 64)
+// are too few to split K; the sweep's narrow matrices split K over clusters
+// of 4 and 8 blocks.
+TEST(Cuda, W4A16WgmmaGrids) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({33800, 576, 128}, cuda::Act::BF16, {17, 64}, false, 24);
+  check_w4a16({264, 576, 64}, cuda::Act::F16, {20, 33}, true, 25);
+}
+
+// Other GPUs run 17..64 tokens on the small-M kernel's rounded path (blocks of
+// 32 tokens); NIBBLE_W4A16_WGMMA=0 sends Hopper there too.
+TEST(Cuda, W4A16PortablePathBeyond16Tokens) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(setenv("NIBBLE_W4A16_WGMMA", "0", 1), 0);
+  check_w4a16({40, 4100, 128}, cuda::Act::BF16, {17, 32, 33, 64}, false, 26);
+  check_w4a16({72, 4160, 64}, cuda::Act::F16, {24, 64, 65}, false, 27);
+  ASSERT_EQ(unsetenv("NIBBLE_W4A16_WGMMA"), 0);
 }
 
 TEST(Cuda, W4A16WithProgrammaticDependentLaunch) {

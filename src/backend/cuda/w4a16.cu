@@ -387,8 +387,9 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
   out.group_size = group_size;
   out.a = DeviceBuffer(static_cast<size_t>(d.tiles * d.chunks * 32 * 16));
   out.b = DeviceBuffer(static_cast<size_t>(d.tiles * d.groups_padded * 8 * 8));
-  if (w4a16_gemv_applies(group_size))  // the prepared activation (M = 1) or Σx (M = 2..16)
-    out.scratch = DeviceBuffer(std::max(w4a16_gemv_scratch_bytes(cols), w4a16_small_m_scratch_bytes(cols, group_size)));
+  if (w4a16_gemv_applies(group_size))  // the prepared activation (M = 1), Σx (M = 2..16), the x image (17..64, sm_90)
+    out.scratch = DeviceBuffer(std::max({w4a16_gemv_scratch_bytes(cols), w4a16_small_m_scratch_bytes(cols, group_size),
+                                         w4a16_wgmma_device() ? w4a16_wgmma_scratch_bytes(cols, group_size) : 0}));
   const DeviceBuffer qw = upload(parts[0]), sc = upload(parts[1]), mn = upload(parts[2]);
   const int64_t words = d.tiles * d.chunks * 32 * 4, entries = d.tiles * d.groups_padded * 8;
   relayout_codes_kernel<<<blocks_for(words, 256), 256>>>(static_cast<const uint8_t*>(qw.get()),

@@ -118,6 +118,15 @@ __device__ inline void mbar_wait(uint32_t bar, unsigned parity) {
       "r"(parity)
       : "memory");
 }
+// One bulk (TMA) copy of `bytes` (a multiple of 16) into this block's shared
+// memory, completing on mbarrier `bar` (async proxy: wgmma may read it once
+// the barrier's phase completes, without a proxy fence).
+__device__ inline void bulk_copy(uint32_t dst, const void* src, unsigned bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
 // The same with acquire at cluster scope: for data that other blocks of the
 // cluster wrote into this block's shared memory (st.async).
 __device__ inline void mbar_wait_cluster(uint32_t bar, unsigned parity) {

@@ -43,6 +43,15 @@ bool w4a16_small_m_applies(int group_size, int64_t M);
 size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size);
 void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                    bool f32_out, cudaStream_t stream, bool pdl, int sms);
+// The wgmma kernel for 17..64 tokens (w4a16_wgmma.cu; sm_90a GPUs): it writes
+// the activations' image into w.scratch (so, as above, one stream at a time
+// per DeviceLinear). w4a16_wgmma_device: the current device runs it;
+// w4a16_wgmma_applies: it serves this call (w4a16_small_m dispatches).
+bool w4a16_wgmma_device();
+bool w4a16_wgmma_applies(int group_size, int64_t M);
+size_t w4a16_wgmma_scratch_bytes(int64_t cols, int group_size);
+void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
+                 bool f32_out, cudaStream_t stream, bool pdl, int sms);
 // The device's SM count (cached).
 int device_sm_count();
 // Warps per block for a kernel whose blocks hold `unit` × warps warps that

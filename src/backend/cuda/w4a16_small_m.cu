@@ -26,10 +26,14 @@
 //    of up to 32 tokens (4 token tiles), each weight decoded once to
 //    fl16(c·s + m) (and-or, subtract, fused multiply-add per pair) and used by
 //    all of them; the mma accumulates the outputs directly. This replaced the
-//    general kernel's register-carried weights at more than 16 tokens.
+//    general kernel's register-carried weights at more than 16 tokens. On
+//    sm_90 GPUs, 17..64 tokens (and fp16 beyond, in blocks of 64) take the
+//    wgmma kernel instead (w4a16_wgmma.cu; fused 8B stack at 64 tokens 7.2 →
+//    3.9 ms); this path serves other GPUs.
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_gemv.h"
+#include "backend/cuda/w4a16_small_m.cuh"
 
 #include <algorithm>
 #include <utility>
@@ -70,105 +74,6 @@ __global__ void __launch_bounds__(256) xsum_kernel(const T* __restrict__ x, int6
   }
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
   if (lane == 0) xsum[g * kXsumTokens + tok] = s;
-}
-
-// A warp's stream of weight groups into its ring: codes and scale/min pairs
-// of group gi of the block's R tiles (tile r at + r·tile stride; a tile past
-// the matrix reads the last one, and its outputs are not stored), then gi +=
-// step. Lane slots (see w4a16_gemv.cu): stage st, tile r, chunk u of the codes
-// at rq + ((st·R + r)·CPG + u)·512, its scale/min entry at rm + (st·R + r)·256.
-template <int R, int CPG>
-struct WeightStream {
-  const uint4* cp;
-  const uint2* mp;
-  int cp_tile[R], mp_tile[R];
-  int64_t cp_step, mp_step;
-  int gi, step;
-  __device__ __forceinline__ WeightStream(const uint4* codes, const uint2* meta, int64_t tile0, int tiles, int chunks,
-                                          int groups_padded, int first, int step_) {
-    const int lane = threadIdx.x & 31;
-    cp = codes + (tile0 * chunks + first * CPG) * 32 + lane;
-    mp = meta + (tile0 * groups_padded + first) * 8 + (lane >> 2);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int t = static_cast<int>(tile0 + r < tiles ? r : tiles - 1 - tile0);
-      cp_tile[r] = t * chunks * 32;
-      mp_tile[r] = t * groups_padded * 8;
-    }
-    cp_step = static_cast<int64_t>(step_) * CPG * 32;
-    mp_step = static_cast<int64_t>(step_) * 8;
-    gi = first;
-    step = step_;
-  }
-  template <int st>
-  __device__ __forceinline__ void issue(uint32_t rq, uint32_t rm, int groups, int chunks) {
-    if (gi < groups) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int u = 0; u < CPG; ++u)
-          if (gi * CPG + u < chunks) cp_async16_s(rq + ((st * R + r) * CPG + u) * 512, cp + cp_tile[r] + u * 32);
-        cp_async8_s(rm + (st * R + r) * 256, mp + mp_tile[r]);
-      }
-    }
-    cp += cp_step;
-    mp += mp_step;
-    gi += step;
-  }
-};
-
-template <int R, int NT>
-__device__ __forceinline__ void zero_acc(float (&a)[R][NT][4]) {
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) a[r][n][0] = a[r][n][1] = a[r][n][2] = a[r][n][3] = 0.0f;
-}
-
-// One chunk of a group on the exact path: the codes q[r] of the warp's R tiles
-// (offset codes 128 + c, one and-or per register) times the activations
-// xv[n][h] (16 inputs per lane and token tile), all R·NT accumulator chains
-// issued together. A chunk past K has zero activations, so its codes, stale or
-// not (each a finite 128 + c), add nothing.
-template <typename T, int R, int NT>
-__device__ __forceinline__ void exact_chunk_mmas(float (&acc)[R][NT][4], const uint4 (&q)[R],
-                                                 const uint4 (&xv)[NT][2]) {
-#pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint32_t w = s == 0 ? q[r].x : s == 1 ? q[r].y : s == 2 ? q[r].z : q[r].w;
-      uint32_t a[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) a[j] = and_or(w >> (4 * j), 0x000F000Fu, ActTraits<T>::kMagic);
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const uint4& x2 = xv[n][s >> 1];
-        mma_16816<T>(acc[r][n], a, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
-      }
-    }
-}
-
-// A group's exact-path sums into the outputs: out += s·acc + (m − 128·s)·Σx
-// (fp16: 1024), sm[r] the (scale, min) pairs of tile r's rows gid and gid + 8,
-// sb[n] Σx of tokens n·8 + 2tig and + 1. acc[r][n][j]: row gid + 8·(j / 2),
-// token n·8 + 2tig + j % 2.
-template <typename T, int R, int NT>
-__device__ __forceinline__ void exact_combine(float (&out)[R][NT][4], const float (&acc)[R][NT][4],
-                                              const uint2 (&sm)[R], const float2 (&sb)[NT]) {
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float s_lo = bf16_bits_to_float(sm[r].x & 0xFFFFu), m_lo = bf16_bits_to_float(sm[r].x >> 16);
-    const float s_hi = bf16_bits_to_float(sm[r].y & 0xFFFFu), m_hi = bf16_bits_to_float(sm[r].y >> 16);
-    const float o_lo = fmaf(-ActTraits<T>::kOffset, s_lo, m_lo), o_hi = fmaf(-ActTraits<T>::kOffset, s_hi, m_hi);
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      out[r][n][0] = fmaf(s_lo, acc[r][n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
-      out[r][n][1] = fmaf(s_lo, acc[r][n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
-      out[r][n][2] = fmaf(s_hi, acc[r][n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
-      out[r][n][3] = fmaf(s_hi, acc[r][n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
-    }
-  }
 }
 
 // One block per R consecutive 16-row tiles; its `wpt` warps take interleaved
@@ -358,14 +263,6 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 //    activations between warps;
 //  * for grids larger than one wave (the head: 81.5 → 84.0 µs at M = 4);
 //  * with one row tile per warp (fused M = 4 2.00 ms) or three stages (1.76).
-template <int... I, typename F>
-__device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, I...>) {
-  (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, typename F>
-__device__ __forceinline__ void static_for(F&& f) {
-  static_for_impl(f, std::make_integer_sequence<int, N>{});
-}
 template <int NT, int CPG, int R>
 __host__ __device__ constexpr size_t staged_stage_bytes() {
   return R * stage_bytes(CPG) + CPG * NT * 2 * 512 + NT * 256;
@@ -659,6 +556,8 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
   NIBBLE_CHECK(w4a16_small_m_applies(w.group_size, M), "w4a16: no small-M kernel for M {} and group {}", M,
                w.group_size);
   NIBBLE_CHECK(M < (int64_t{1} << 31), "w4a16: {} tokens in one call", M);
+  if (w4a16_wgmma_applies(w.group_size, M))  // 17..64 tokens on sm_90 (w4a16_wgmma.cu)
+    return w4a16_wgmma(w, x, M, ldx, act, y, ldy, f32_out, stream, pdl, sms);
   const int m = static_cast<int>(M);
   if (act == Act::BF16)
     f32_out ? run_small<__nv_bfloat16, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)

@@ -1,0 +1,119 @@
+// Device pieces shared by the kernels for M >= 2 tokens (w4a16_small_m.cu,
+// w4a16_wgmma.cu): a warp's weight stream into its ring, and the exact path's
+// per-group arithmetic.
+#pragma once
+#include "backend/cuda/w4a16_common.cuh"
+
+#include <utility>
+
+namespace nibble::cuda::w4a16 {
+
+// A warp's stream of weight groups into its ring: codes and scale/min pairs
+// of group gi of the block's R tiles (tile r at + r·tile stride; a tile past
+// the matrix reads the last one, and its outputs are not stored), then gi +=
+// step. Lane slots (see w4a16_gemv.cu): stage st, tile r, chunk u of the codes
+// at rq + ((st·R + r)·CPG + u)·512, its scale/min entry at rm + (st·R + r)·256.
+template <int R, int CPG>
+struct WeightStream {
+  const uint4* cp;
+  const uint2* mp;
+  int cp_tile[R], mp_tile[R];
+  int64_t cp_step, mp_step;
+  int gi, step;
+  __device__ __forceinline__ WeightStream(const uint4* codes, const uint2* meta, int64_t tile0, int tiles, int chunks,
+                                          int groups_padded, int first, int step_) {
+    const int lane = threadIdx.x & 31;
+    cp = codes + (tile0 * chunks + first * CPG) * 32 + lane;
+    mp = meta + (tile0 * groups_padded + first) * 8 + (lane >> 2);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int t = static_cast<int>(tile0 + r < tiles ? r : tiles - 1 - tile0);
+      cp_tile[r] = t * chunks * 32;
+      mp_tile[r] = t * groups_padded * 8;
+    }
+    cp_step = static_cast<int64_t>(step_) * CPG * 32;
+    mp_step = static_cast<int64_t>(step_) * 8;
+    gi = first;
+    step = step_;
+  }
+  template <int st>
+  __device__ __forceinline__ void issue(uint32_t rq, uint32_t rm, int groups, int chunks) {
+    if (gi < groups) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int u = 0; u < CPG; ++u)
+          if (gi * CPG + u < chunks) cp_async16_s(rq + ((st * R + r) * CPG + u) * 512, cp + cp_tile[r] + u * 32);
+        cp_async8_s(rm + (st * R + r) * 256, mp + mp_tile[r]);
+      }
+    }
+    cp += cp_step;
+    mp += mp_step;
+    gi += step;
+  }
+};
+
+template <int R, int NT>
+__device__ __forceinline__ void zero_acc(float (&a)[R][NT][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) a[r][n][0] = a[r][n][1] = a[r][n][2] = a[r][n][3] = 0.0f;
+}
+
+// One chunk of a group on the exact path: the codes q[r] of the warp's R tiles
+// (offset codes 128 + c, one and-or per register) times the activations
+// xv[n][h] (16 inputs per lane and token tile), all R·NT accumulator chains
+// issued together. A chunk past K has zero activations, so its codes, stale or
+// not (each a finite 128 + c), add nothing.
+template <typename T, int R, int NT>
+__device__ __forceinline__ void exact_chunk_mmas(float (&acc)[R][NT][4], const uint4 (&q)[R],
+                                                 const uint4 (&xv)[NT][2]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint32_t w = s == 0 ? q[r].x : s == 1 ? q[r].y : s == 2 ? q[r].z : q[r].w;
+      uint32_t a[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = and_or(w >> (4 * j), 0x000F000Fu, ActTraits<T>::kMagic);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint4& x2 = xv[n][s >> 1];
+        mma_16816<T>(acc[r][n], a, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
+      }
+    }
+}
+
+// A group's exact-path sums into the outputs: out += s·acc + (m − 128·s)·Σx
+// (fp16: 1024), sm[r] the (scale, min) pairs of tile r's rows gid and gid + 8,
+// sb[n] Σx of tokens n·8 + 2tig and + 1. acc[r][n][j]: row gid + 8·(j / 2),
+// token n·8 + 2tig + j % 2.
+template <typename T, int R, int NT>
+__device__ __forceinline__ void exact_combine(float (&out)[R][NT][4], const float (&acc)[R][NT][4],
+                                              const uint2 (&sm)[R], const float2 (&sb)[NT]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float s_lo = bf16_bits_to_float(sm[r].x & 0xFFFFu), m_lo = bf16_bits_to_float(sm[r].x >> 16);
+    const float s_hi = bf16_bits_to_float(sm[r].y & 0xFFFFu), m_hi = bf16_bits_to_float(sm[r].y >> 16);
+    const float o_lo = fmaf(-ActTraits<T>::kOffset, s_lo, m_lo), o_hi = fmaf(-ActTraits<T>::kOffset, s_hi, m_hi);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      out[r][n][0] = fmaf(s_lo, acc[r][n][0], fmaf(o_lo, sb[n].x, out[r][n][0]));
+      out[r][n][1] = fmaf(s_lo, acc[r][n][1], fmaf(o_lo, sb[n].y, out[r][n][1]));
+      out[r][n][2] = fmaf(s_hi, acc[r][n][2], fmaf(o_hi, sb[n].x, out[r][n][2]));
+      out[r][n][3] = fmaf(s_hi, acc[r][n][3], fmaf(o_hi, sb[n].y, out[r][n][3]));
+    }
+  }
+}
+
+// f(std::integral_constant<int, i>{}) for i = 0 .. N − 1.
+template <int... I, typename F>
+__device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+__device__ __forceinline__ void static_for(F&& f) {
+  static_for_impl(f, std::make_integer_sequence<int, N>{});
+}
+}  // namespace nibble::cuda::w4a16

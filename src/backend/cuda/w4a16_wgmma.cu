@@ -1,0 +1,440 @@
+// W4A16 for 17..64 tokens on Hopper's warpgroup tensor-core instruction
+// (wgmma; sm_90a), groups of 64 or 128 (w4a16_small_m.cu dispatches here; other
+// GPUs keep the small-M kernel's rounded path).
+//
+// y[M, N] = x[M, K] · Ŵᵀ, each weight rounded once to fl16(c·s + m) as the
+// rounded path (docs/CUDA.md, "Numerics"), fp32 accumulation.
+//  * The small-M kernel takes both mma operands from registers: every warp
+//    loads every token's activations, and 32 tokens is its most per pass (two
+//    passes re-read all weights at 64). wgmma reads its B operand from shared
+//    memory: a warpgroup (4 warps, each one 16-row tile as its A fragments)
+//    multiplies 64 rows by one copy of the activations, up to 64 tokens at once.
+//  * x image: a small kernel writes the activations, per group of G inputs, in
+//    the order the tensor cores read them: the layout's k order within a chunk
+//    (docs/CUDA.md, "The w4a16_mma layout") as wgmma's no-swizzle K-major core
+//    matrices of 8 tokens × 8 inputs; zeros past K and M. NTOK·G·2 bytes per
+//    group, in the weight's scratch.
+//  * Main kernel: block (x, z) holds 4·nwg row tiles (warp w: tile 4·nwg·x +
+//    w) and takes groups z, z + KS, ... where KS = gridDim.y; with KS > 1 the
+//    blocks of a cluster split K and add their partial sums through
+//    distributed shared memory, in rank order. Each warp streams its tile's
+//    codes and scale/min pairs through its own cp.async ring; thread 0 copies
+//    each group's image with one bulk (TMA) copy into a ring shared by the
+//    block (full / empty mbarriers per stage; no block barrier in the loop).
+#include "backend/cuda/check.h"
+#include "backend/cuda/w4a16_common.cuh"
+#include "backend/cuda/w4a16_gemv.h"
+#include "backend/cuda/w4a16_small_m.cuh"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+
+namespace nibble::cuda {
+
+namespace {
+
+using namespace w4a16;
+
+constexpr int kStages = 4;  // image and weight ring stages
+
+// Bytes of one group's x image: NTOK tokens × G inputs of 16 bits.
+__host__ __device__ constexpr int image_group_bytes(int ntok, int g) { return ntok * g * 2; }
+
+// Block (group, token slice of 8), G threads: thread (t, q) writes the
+// 16-byte core-matrix row of k-step j = q / 2, half kh = q % 2, token t: mma
+// k index 8·kh + 2·tig + e is input 64·(j / 4) + 16·tig + 4·(j % 4) + 2·kh + e
+// (tig 0..3, e 0..1). Core matrices [j][t / 8][kh] of 128 bytes, rows t % 8.
+template <typename T, int NTOK, int G>
+__global__ void __launch_bounds__(G)
+    x_image_kernel(const T* __restrict__ x, int64_t ldx, int M, int K, unsigned char* __restrict__ img) {
+  grid_dependents_launch();  // the GEMM may start streaming weights now
+  constexpr int Q = G / 8;
+  const int g = blockIdx.x, t = blockIdx.y * 8 + threadIdx.x / Q, q = threadIdx.x % Q;
+  const int j = q >> 1, kh = q & 1;
+  const int k0 = g * G + 64 * (j >> 2) + 4 * (j & 3) + 2 * kh;
+  grid_dependency_wait();  // x is the previous kernel's output; the previous GEMM may still read img
+  uint32_t v[4];
+  const T* row = x + static_cast<int64_t>(t) * ldx;
+#pragma unroll
+  for (int tig = 0; tig < 4; ++tig) {
+    const int k = k0 + 16 * tig;
+    uint32_t p = 0;
+    if (t < M && k < K) {
+      if (k + 1 < K) {
+        p = *reinterpret_cast<const uint32_t*>(row + k);
+      } else {
+        uint16_t lo;
+        std::memcpy(&lo, row + k, 2);
+        p = lo;
+      }
+    }
+    v[tig] = p;
+  }
+  unsigned char* dst = img + static_cast<int64_t>(g) * image_group_bytes(NTOK, G) +
+                       ((j * (NTOK / 8) + t / 8) * 2 + kh) * 128 + (t % 8) * 16;
+  *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+// wgmma.m64nNk16 with A from registers (the mma.m16n8k16 A fragment of each
+// warp's 16 rows) and B from shared memory; D += A·B.
+template <typename T, int N>
+struct Wgmma;
+template <>
+struct Wgmma<__nv_bfloat16, 32> {
+  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+        "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+template <>
+struct Wgmma<__nv_bfloat16, 64> {
+  static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+template <>
+struct Wgmma<__half, 32> {
+  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+        "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+template <>
+struct Wgmma<__half, 64> {
+  static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+};
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads or writes of r across the wgmma's
+// asynchronous window (its fence / wait).
+__device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// Shared-memory matrix descriptor of a no-swizzle K-major B operand at shared
+// address 16·lo (the descriptor holds 14 bits of it; the shared window's
+// address has higher bits set, so they are masked): core matrices of 8 tokens
+// × 16 bytes, 128 bytes apart along K (leading byte offset) and 256 along N
+// (stride byte offset).
+__device__ __forceinline__ uint64_t image_desc(uint32_t lo) {
+  return static_cast<uint64_t>(lo & 0x3FFFu) | (static_cast<uint64_t>(128 >> 4) << 16) |
+         (static_cast<uint64_t>(256 >> 4) << 32);
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t saddr, uint32_t rank) {
+  uint32_t r;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(r) : "memory");
+  return v;
+}
+
+// Shared memory of a block of `nwg` warpgroups: the image ring, each warp's
+// weight ring, or, at the end, the outputs of its 4·nwg tiles; then the
+// stages' full and empty mbarriers.
+template <int NTOK, int CPG>
+__host__ __device__ constexpr size_t wg_smem_bytes(int nwg) {
+  const size_t ring = kStages * (image_group_bytes(NTOK, CPG * kChunk) + nwg * 4 * stage_bytes(CPG));
+  const size_t red = static_cast<size_t>(nwg) * 4 * NTOK * kTileRows * 4;
+  return (ring > red ? ring : red) + 16 * kStages;
+}
+
+template <typename T, typename OutT, int NTOK, int CPG>
+__global__ void __launch_bounds__(512)
+    w4a16_wgmma_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta,
+                       const unsigned char* __restrict__ img, OutT* __restrict__ y, int64_t ldy, int M, int N,
+                       int tiles, int chunks, int groups, int groups_padded) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int S = kStages, G = CPG * kChunk, GB = image_group_bytes(NTOK, G), NT = NTOK / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
+  const int nwarps = nthr >> 5, ks = blockIdx.y, KS = gridDim.y;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * nwarps;
+  WeightStream<1, CPG> ws(codes, meta, tile0 + warp, tiles, chunks, groups_padded, ks, KS);
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint32_t rq = base + S * GB + (warp * S * CPG * 32 + lane) * 16;
+  uint32_t rm = base + S * GB + nwarps * S * CPG * 512 + (warp * S * 32 + lane) * 8;
+  const uint32_t full0 = base + static_cast<uint32_t>(wg_smem_bytes<NTOK, CPG>(nwarps / 4)) - 16 * S;
+  const uint32_t empty0 = full0 + 8 * S;
+  asm volatile("" : "+l"(ws.cp), "+l"(ws.mp), "+r"(rq), "+r"(rm));
+  if (tid < S) {
+    mbar_init(full0 + 8 * tid, 1);
+    mbar_init(empty0 + 8 * tid, nwarps);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncthreads();
+  // Images: one bulk copy per group by thread 0 into a stage every warp has
+  // released, completing on the stage's full barrier.
+  const unsigned char* ip = img + static_cast<int64_t>(ks) * GB;
+  const int64_t ip_step = static_cast<int64_t>(KS) * GB;
+  int gx = ks;
+  auto issue_x = [&](int st, int use) {  // use: the stage's use count (0 in the prologue)
+    if (tid == 0 && gx < groups) {
+      if (use > 0) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
+      mbar_expect_tx(full0 + 8 * st, GB);
+      bulk_copy(base + st * GB, ip, GB, full0 + 8 * st);
+    }
+    ip += ip_step;
+    gx += KS;
+  };
+  float acc[NTOK / 2];
+#pragma unroll
+  for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
+  // Group i from stage st: the A fragments of all its chunks, then its
+  // 4·CPG wgmma, then the wait (the next group's decode does not overlap
+  // them: keeping two groups' or chunks' fragments in flight measured no
+  // faster, docs/CUDA.md).
+  auto compute = [&](auto stage) {
+    constexpr int st = decltype(stage)::value;
+    const uint2 sm = lds64(rm + st * 256);
+    uint32_t a[CPG][4][4];
+#pragma unroll
+    for (int u = 0; u < CPG; ++u) decode_chunk<T>(lds128(rq + (st * CPG + u) * 512), sm, a[u]);
+    // The descriptors' low words from a register the compiler cannot see
+    // through, so that it does not hoist 4·CPG·S descriptors out of the loop.
+    uint32_t lo = (base + st * GB) >> 4;
+    asm volatile("" : "+r"(lo));
+#pragma unroll
+    for (int i = 0; i < NTOK / 2; ++i) fence_reg(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4 * CPG; ++j)
+      Wgmma<T, NTOK>::mma(acc, a[j / 4][j % 4], image_desc(lo + ((j * NTOK * 32) >> 4)), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NTOK / 2; ++i) fence_reg(acc[i]);
+#pragma unroll
+    for (int u = 0; u < CPG; ++u)
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) fence_reg(a[u][s][j]);
+  };
+  const int iters = ks < groups ? (groups - ks + KS - 1) / KS : 0;
+  // Prologue: the first S groups' weights (one commit each) before the
+  // dependency wait, their images after it.
+  static_for<S>([&](auto p) {
+    ws.template issue<decltype(p)::value>(rq, rm, groups, chunks);
+    cp_async_commit();
+  });
+  grid_dependency_wait();
+  static_for<S>([&](auto p) { issue_x(decltype(p)::value, 0); });
+  for (int i = 0; i < iters; i += S) {
+    bool done = false;
+    static_for<S>([&](auto stage) {
+      constexpr int st = decltype(stage)::value;
+      if (done || i + st >= iters) {
+        done = true;
+        return;
+      }
+      cp_async_wait<S - 1>();                  // this warp's weights of group i + st
+      mbar_wait(full0 + 8 * st, (i / S) & 1);  // its image
+      compute(stage);
+      // Stage st is read: this warp refills its weights with group i + st + S
+      // and releases the image; thread 0 refills the image once every warp has.
+      ws.template issue<st>(rq, rm, groups, chunks);
+      cp_async_commit();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + 8 * st);
+      issue_x(st, i / S + 1);
+    });
+  }
+  grid_dependents_launch();
+  cp_async_wait<0>();
+  __syncthreads();  // shared memory is reused for the outputs (every issued image was consumed)
+  float* red = reinterpret_cast<float*>(smem);
+  const int gid = lane >> 2, tig = lane & 3, nout = nwarps * NTOK * kTileRows;  // [tile][token][row]
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      red[(warp * NTOK + n * 8 + 2 * tig + (j & 1)) * kTileRows + gid + 8 * (j >> 1)] = acc[n * 4 + j];
+  if (KS == 1) {
+    __syncthreads();
+    for (int i = tid; i < nout; i += nthr) {
+      const int t = i / kTileRows % NTOK;
+      const int64_t row = (tile0 + i / (NTOK * kTileRows)) * kTileRows + i % kTileRows;
+      if (t < M && row < N) y[t * ldy + row] = to_out<OutT>(red[i]);
+    }
+  } else {
+    cluster_sync();  // every rank's partial sums are in its shared memory
+    const int per = (nout + KS - 1) / KS;
+    const uint32_t rbase = static_cast<uint32_t>(__cvta_generic_to_shared(red));
+    for (int i = ks * per + tid; i < min(nout, (ks + 1) * per); i += nthr) {
+      float s = 0.0f;
+      for (int r = 0; r < KS; ++r) s += ld_cluster_f32(rbase + i * 4, r);
+      const int t = i / kTileRows % NTOK;
+      const int64_t row = (tile0 + i / (NTOK * kTileRows)) * kTileRows + i % kTileRows;
+      if (t < M && row < N) y[t * ldy + row] = to_out<OutT>(s);
+    }
+    cluster_sync();  // no block leaves while another reads its shared memory
+  }
+#else
+  __trap();
+#endif
+}
+
+// The grid: KS (cluster size, splitting K) and warpgroups per block (nwg), so
+// that about `per_sm` warpgroups are resident per SM, each block has several
+// groups, and there are at least as many blocks as SMs where the rows allow.
+struct WgGrid {
+  int64_t ks = 1, nwg = 1, blocks = 1;
+};
+WgGrid wg_grid(int64_t tiles, int64_t groups, int sms) {
+  const int64_t row_wgs = (tiles + 3) / 4, slots = int64_t{sms} * 4;
+  WgGrid g;
+  while (g.ks < 8 && row_wgs * g.ks * 2 <= slots && groups >= g.ks * 2 * 4) g.ks *= 2;
+  g.nwg = 4;
+  while (g.nwg > 1 && (row_wgs + g.nwg - 1) / g.nwg * g.ks < sms) g.nwg /= 2;
+  g.blocks = (row_wgs + g.nwg - 1) / g.nwg;
+  return g;
+}
+
+template <typename T, typename OutT, int NTOK, int CPG>
+void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
+                  int sms, bool pdl) {
+  constexpr int G = CPG * kChunk;
+  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
+  const int64_t groups = (chunks + CPG - 1) / CPG, groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
+  auto* img = static_cast<unsigned char*>(w.scratch.get());
+  cudaLaunchAttribute attr[2] = {pdl_attribute(), {}};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(groups), NTOK / 8);
+  cfg.blockDim = dim3(G);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, x_image_kernel<T, NTOK, G>, x, ldx, M, static_cast<int>(w.cols), img));
+  auto kernel = w4a16_wgmma_kernel<T, OutT, NTOK, CPG>;
+  static const bool attr_set = [&] {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
+    return true;
+  }();
+  (void)attr_set;
+  const WgGrid g = wg_grid(tiles, groups, sms);
+  cfg.gridDim = dim3(static_cast<unsigned>(g.blocks), static_cast<unsigned>(g.ks));
+  cfg.blockDim = dim3(static_cast<unsigned>(g.nwg * 128));
+  cfg.dynamicSmemBytes = wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg));
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = 1;
+  attr[1].val.clusterDim.y = static_cast<unsigned>(g.ks);
+  attr[1].val.clusterDim.z = 1;
+  cfg.numAttrs = 2;  // always after its image kernel
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
+      &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()),
+      static_cast<const unsigned char*>(img), y, ldy, M, static_cast<int>(w.rows), static_cast<int>(tiles),
+      static_cast<int>(chunks), static_cast<int>(groups), static_cast<int>(groups_padded)));
+}
+
+template <typename T, typename OutT, int CPG>
+void run_wgmma(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* yv, int64_t ldy, cudaStream_t stream,
+               bool pdl, int sms) {
+  const T* x = static_cast<const T*>(xv);
+  OutT* y = static_cast<OutT*>(yv);
+  for (int m0 = 0; m0 < M; m0 += 64) {  // fp16 beyond 64 tokens (bf16 takes cuBLAS there)
+    const int m = std::min(64, M - m0);
+    const T* xm = x + m0 * ldx;
+    OutT* ym = y + m0 * ldy;
+    if (m <= 32)
+      launch_wgmma<T, OutT, 32, CPG>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
+    else
+      launch_wgmma<T, OutT, 64, CPG>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
+  }
+}
+
+template <typename T, typename OutT>
+void run_wgmma_g(const DeviceLinear& w, const void* x, int M, int64_t ldx, void* y, int64_t ldy, cudaStream_t stream,
+                 bool pdl, int sms) {
+  w.group_size == 64 ? run_wgmma<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms)
+                     : run_wgmma<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+}
+
+}  // namespace
+
+size_t w4a16_wgmma_scratch_bytes(int64_t cols, int group_size) {
+  const int64_t groups = (cols + group_size - 1) / group_size;
+  return static_cast<size_t>(groups) * image_group_bytes(64, group_size);
+}
+
+bool w4a16_wgmma_device() {
+  static std::array<std::atomic<int>, 64> known{};  // per device: 0 not asked yet, 1 no, 2 sm_90
+  int dev = 0;
+  NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= static_cast<int>(known.size())) return false;
+  int k = known[dev].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0, minor = 0;
+    NIBBLE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    NIBBLE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    k = major == 9 && minor == 0 ? 2 : 1;
+    known[dev].store(k, std::memory_order_relaxed);
+  }
+  return k == 2;
+}
+
+bool w4a16_wgmma_applies(int group_size, int64_t M) {
+  if (M <= 16 || (group_size != 64 && group_size != 128)) return false;
+  // NIBBLE_W4A16_WGMMA=0 sends these calls to the small-M kernel, the path of
+  // other GPUs (for tests and measurements on Hopper).
+  if (const char* e = std::getenv("NIBBLE_W4A16_WGMMA"); e != nullptr && e[0] == '0') return false;
+  return w4a16_wgmma_device();
+}
+
+void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
+                 bool f32_out, cudaStream_t stream, bool pdl, int sms) {
+  NIBBLE_CHECK(w.scratch.bytes() >= w4a16_wgmma_scratch_bytes(w.cols, w.group_size),
+               "w4a16: the weight's scratch holds {} bytes, the x image needs {}", w.scratch.bytes(),
+               w4a16_wgmma_scratch_bytes(w.cols, w.group_size));
+  const int m = static_cast<int>(M);
+  if (act == Act::BF16)
+    f32_out ? run_wgmma_g<__nv_bfloat16, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
+            : run_wgmma_g<__nv_bfloat16, __nv_bfloat16>(w, x, m, ldx, y, ldy, stream, pdl, sms);
+  else
+    f32_out ? run_wgmma_g<__half, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
+            : run_wgmma_g<__half, __half>(w, x, m, ldx, y, ldy, stream, pdl, sms);
+}
+
+}  // namespace nibble::cuda
