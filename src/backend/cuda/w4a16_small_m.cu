@@ -365,28 +365,21 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   grid_dependency_wait();
   static_for<S - 1>([&](auto p) { issue_x(p); });
   cp_async_commit();
-  for (int i = 0; i < iters; i += S) {
-    bool done = false;
-    static_for<S>([&](auto stage) {
-      constexpr int st = decltype(stage)::value;
-      if (done || i + st >= iters) {
-        done = true;
-        return;
-      }
-      using Next = std::integral_constant<int, (st + S - 1) % S>;
-      issue_w(Next{});
-      issue_x(Next{});
-      cp_async_commit();
-      // Group i + st was committed S − 1 commits ago (in steady state), or
-      // in the prologue's last commit (st + 1 commits ago) on the first pass.
-      if (i == 0 && st < S - 1) {
-        cp_async_wait<(st + 1 < S - 1 ? st + 1 : S - 1)>();
-      } else {
-        cp_async_wait<S - 1>();
-      }
-      compute(stage);
-    });
-  }
+  for_ring_stages<S>(iters, [&](auto stage, int i) {
+    constexpr int st = decltype(stage)::value;
+    using Next = std::integral_constant<int, (st + S - 1) % S>;
+    issue_w(Next{});
+    issue_x(Next{});
+    cp_async_commit();
+    // Group i + st was committed S − 1 commits ago (in steady state), or
+    // in the prologue's last commit (st + 1 commits ago) on the first pass.
+    if (i == 0 && st < S - 1) {
+      cp_async_wait<(st + 1 < S - 1 ? st + 1 : S - 1)>();
+    } else {
+      cp_async_wait<S - 1>();
+    }
+    compute(stage);
+  });
   grid_dependents_launch();
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(wpt) * S * staged_stage_bytes<NT, CPG, R>());
   store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);

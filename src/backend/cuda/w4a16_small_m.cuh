@@ -116,4 +116,21 @@ template <int N, typename F>
 __device__ __forceinline__ void static_for(F&& f) {
   static_for_impl(f, std::make_integer_sequence<int, N>{});
 }
+// A ring loop: f(std::integral_constant<int, st>{}, i) for every iteration
+// i + st < iters, unrolled by S so that each iteration's ring stage st is a
+// constant.
+template <int S, typename F>
+__device__ __forceinline__ void for_ring_stages(int iters, F&& f) {
+  for (int i = 0; i < iters; i += S) {
+    bool done = false;
+    static_for<S>([&](auto stage) {
+      if (done || i + decltype(stage)::value >= iters) {
+        done = true;
+        return;
+      }
+      f(stage, i);
+    });
+  }
+}
+
 }  // namespace nibble::cuda::w4a16

@@ -81,64 +81,43 @@ __global__ void __launch_bounds__(G)
 // warp's 16 rows) and B from shared memory; D += A·B.
 template <typename T, int N>
 struct Wgmma;
-template <>
-struct Wgmma<__nv_bfloat16, 32> {
-  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-        "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
-  }
-};
-template <>
-struct Wgmma<__nv_bfloat16, 64> {
-  static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
-  }
-};
-template <>
-struct Wgmma<__half, 32> {
-  static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
-        "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
-  }
-};
-template <>
-struct Wgmma<__half, 64> {
-  static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-        "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
-  }
-};
+// Both activation types (PTX: the type's name in the instruction).
+#define NIBBLE_WGMMA_RS(T, PTX)                                                                                      \
+  template <>                                                                                                        \
+  struct Wgmma<T, 32> {                                                                                              \
+    static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int scale_d) { \
+      asm volatile(                                                                                                  \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                               \
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX "." PTX                                                  \
+          " {"                                                                                                       \
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "                                                 \
+          "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"                                                                 \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])     \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));                                    \
+    }                                                                                                                \
+  };                                                                                                                 \
+  template <>                                                                                                        \
+  struct Wgmma<T, 64> {                                                                                              \
+    static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) { \
+      asm volatile(                                                                                                  \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                               \
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX                                                  \
+          " {"                                                                                                       \
+          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                                   \
+          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                                       \
+          "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                                                 \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
+            "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+            "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));                                    \
+    }                                                                                                                \
+  };
+NIBBLE_WGMMA_RS(__nv_bfloat16, "bf16")
+NIBBLE_WGMMA_RS(__half, "f16")
+#undef NIBBLE_WGMMA_RS
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -262,26 +241,19 @@ __global__ void __launch_bounds__(512)
   });
   grid_dependency_wait();
   static_for<S>([&](auto p) { issue_x(decltype(p)::value, 0); });
-  for (int i = 0; i < iters; i += S) {
-    bool done = false;
-    static_for<S>([&](auto stage) {
-      constexpr int st = decltype(stage)::value;
-      if (done || i + st >= iters) {
-        done = true;
-        return;
-      }
-      cp_async_wait<S - 1>();                  // this warp's weights of group i + st
-      mbar_wait(full0 + 8 * st, (i / S) & 1);  // its image
-      compute(stage);
-      // Stage st is read: this warp refills its weights with group i + st + S
-      // and releases the image; thread 0 refills the image once every warp has.
-      ws.template issue<st>(rq, rm, groups, chunks);
-      cp_async_commit();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + 8 * st);
-      issue_x(st, i / S + 1);
-    });
-  }
+  for_ring_stages<S>(iters, [&](auto stage, int i) {
+    constexpr int st = decltype(stage)::value;
+    cp_async_wait<S - 1>();                  // this warp's weights of group i + st
+    mbar_wait(full0 + 8 * st, (i / S) & 1);  // its image
+    compute(stage);
+    // Stage st is read: this warp refills its weights with group i + st + S
+    // and releases the image; thread 0 refills the image once every warp has.
+    ws.template issue<st>(rq, rm, groups, chunks);
+    cp_async_commit();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + 8 * st);
+    issue_x(st, i / S + 1);
+  });
   grid_dependents_launch();
   cp_async_wait<0>();
   __syncthreads();  // shared memory is reused for the outputs (every issued image was consumed)
