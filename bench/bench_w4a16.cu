@@ -2,7 +2,7 @@
 // as CUDA graphs at M = 1, 4, 16, 64, next to cuBLAS bf16 on the same shapes and
 // against the read bandwidth measured in the same run (issue 6, item 2).
 //
-//   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--skip-cublas]
+//   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas]
 //
 // Stacks: "unfused" = q, k, v, o, gate, up, down per layer (7 launches, as the
 // torch reference in bench/torch_int4_stack.py times it); "fused" = qkv and
@@ -154,9 +154,11 @@ float time_captured(cudaStream_t s, int reps, F&& body) {
   return ms;
 }
 
+int g_group = 128;  // --group: the int4 g128 stack of the issue, or groups of 64 / 32
+
 std::vector<nibble::Tensor> random_parts(int64_t rows, int64_t cols, uint32_t seed) {
-  const auto f = nibble::find_format("int4_asym", 128);
-  const auto specs = f.spec->parts(rows, cols, 128);
+  const auto f = nibble::find_format("int4_asym", g_group);
+  const auto specs = f.spec->parts(rows, cols, g_group);
   std::vector<nibble::Tensor> parts;
   std::mt19937 rng(seed);
   for (const auto& sp : specs) {
@@ -198,6 +200,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--group" && i + 1 < argc) g_group = std::atoi(argv[++i]);
     else if (a == "--skip-cublas") skip_cublas = true;
     else if (a == "--profile") profile = true;
     else if (a == "--ms" && i + 1 < argc) {
@@ -208,22 +211,29 @@ int main(int argc, char** argv) {
         v = c == std::string::npos ? "" : v.substr(c + 1);
       }
     } else {
-      std::fprintf(stderr, "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--skip-cublas] [--profile]\n");
+      std::fprintf(stderr,
+                   "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--group 128|64|32] [--skip-cublas] "
+                   "[--profile]\n");
       return 2;
     }
   }
+  if (g_group != 32 && g_group != 64 && g_group != 128) {
+    std::fprintf(stderr, "bench_w4a16: --group must be 32, 64 or 128 (found %d)\n", g_group);
+    return 2;
+  }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  std::printf("device: %s, %d SMs, L2 %d MiB; int4 groups of %d\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, g_group);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
   if (profile) {  // a few plain launches per distinct shape and M, for Nsight Compute
-    const auto* k = nibble::cuda::find_linear_kernel("int4_asym", 128);
+    const auto* k = nibble::cuda::find_linear_kernel("int4_asym", g_group);
     DeviceBuffer x(64 * 14336 * 2), y(64 * 128256 * 2);
     fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), 64 * 14336, 7);
     for (const Shape sh : {Shape{4096, 4096}, Shape{28672, 4096}, Shape{4096, 14336}, Shape{128256, 4096}}) {
-      const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, 128);
+      const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, g_group);
       for (int M : ms)
         for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, false);
     }
@@ -260,7 +270,7 @@ int main(int argc, char** argv) {
     double int4_bytes = 0, bf16_bytes = 0;
     {
       std::vector<std::pair<Shape, std::vector<nibble::Tensor>>> cache;
-      const auto* k = nibble::cuda::find_linear_kernel("int4_asym", 128);
+      const auto* k = nibble::cuda::find_linear_kernel("int4_asym", g_group);
       for (const Shape& sh : shapes) {
         auto it = std::find_if(cache.begin(), cache.end(),
                                [&](const auto& c) { return c.first.n == sh.n && c.first.k == sh.k; });
@@ -268,7 +278,7 @@ int main(int argc, char** argv) {
           cache.emplace_back(sh, random_parts(sh.n, sh.k, static_cast<uint32_t>(cache.size() + 1)));
           it = cache.end() - 1;
         }
-        w.push_back(k->upload(it->second, sh.n, sh.k, 128));
+        w.push_back(k->upload(it->second, sh.n, sh.k, g_group));
         int4_bytes += static_cast<double>(w.back().weight_bytes());
         bf16_bytes += 2.0 * sh.n * sh.k;
       }
@@ -329,7 +339,7 @@ int main(int argc, char** argv) {
         std::printf(" %8s\n", "-");
     }
     if (fused && std::find(ms.begin(), ms.end(), 1) != ms.end() && w[0].kernel->prepare != nullptr &&
-        w[0].kernel->gemv_prepared != nullptr) {
+        w[0].kernel->gemv_prepared != nullptr && w[0].kernel->single_token_f32(w[0])) {  // the integer GEMV's groups
       // M = 1 with the input already prepared (what decode does: the kernel
       // before writes it): one gemv_prepared launch per linear, and the same
       // linears as persistent chains (gemv_chain) of kGemvChainMax calls.
