@@ -385,18 +385,6 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
 }
 
-// The grid of a small-M kernel: one block per R row tiles, groups of CPG
-// chunks of 64 inputs (groups_padded: scale/min entries per tile).
-struct SmallMGrid {
-  int64_t tiles, chunks, groups, groups_padded, blocks;
-  SmallMGrid(const DeviceLinear& w, int cpg, int r)
-      : tiles((w.rows + kTileRows - 1) / kTileRows),
-        chunks((w.cols + kChunk - 1) / kChunk),
-        groups((chunks + cpg - 1) / cpg),
-        groups_padded((chunks * kChunk + w.group_size - 1) / w.group_size),
-        blocks((tiles + r - 1) / r) {}
-};
-
 // Launches a small-M kernel (both kernels above take the same arguments).
 template <typename Kernel, typename T, typename OutT>
 void launch_small_m_kernel(Kernel kernel, const SmallMGrid& g, int64_t warps, size_t smem, bool pdl,

@@ -1,12 +1,25 @@
-// Device pieces shared by the kernels for M >= 2 tokens (w4a16_small_m.cu,
-// w4a16_wgmma.cu): a warp's weight stream into its ring, and the exact path's
-// per-group arithmetic.
+// Pieces shared by the kernels for M >= 2 tokens (w4a16_small_m.cu,
+// w4a16_wgmma.cu): their grid's dimensions, a warp's weight stream into its
+// ring, and the exact path's per-group arithmetic.
 #pragma once
 #include "backend/cuda/w4a16_common.cuh"
+#include "nibble/cuda.h"
 
 #include <utility>
 
 namespace nibble::cuda::w4a16 {
+
+// The grid of a small-M kernel: one block per R row tiles (blocks), groups of CPG
+// chunks of 64 inputs (groups_padded: scale/min entries per tile).
+struct SmallMGrid {
+  int64_t tiles, chunks, groups, groups_padded, blocks;
+  SmallMGrid(const DeviceLinear& w, int cpg, int r)
+      : tiles((w.rows + kTileRows - 1) / kTileRows),
+        chunks((w.cols + kChunk - 1) / kChunk),
+        groups((chunks + cpg - 1) / cpg),
+        groups_padded((chunks * kChunk + w.group_size - 1) / w.group_size),
+        blocks((tiles + r - 1) / r) {}
+};
 
 // A warp's stream of weight groups into its ring: codes and scale/min pairs
 // of group gi of the block's R tiles (tile r at + r·tile stride; a tile past

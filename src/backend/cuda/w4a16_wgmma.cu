@@ -289,14 +289,15 @@ __global__ void __launch_bounds__(512)
 #endif
 }
 
-// The grid: KS (cluster size, splitting K) and warpgroups per block (nwg), so
-// that about `per_sm` warpgroups are resident per SM, each block has several
-// groups, and there are at least as many blocks as SMs where the rows allow.
+// The grid over `row_wgs` warpgroup row blocks (4 tiles each): KS (cluster
+// size, splitting K) and warpgroups per block (nwg), so that about 4
+// warpgroups are resident per SM, each block has at least 4 groups, and there
+// are at least as many blocks as SMs where the rows allow.
 struct WgGrid {
   int64_t ks = 1, nwg = 1, blocks = 1;
 };
-WgGrid wg_grid(int64_t tiles, int64_t groups, int sms) {
-  const int64_t row_wgs = (tiles + 3) / 4, slots = int64_t{sms} * 4;
+WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms) {
+  const int64_t slots = int64_t{sms} * 4;
   WgGrid g;
   while (g.ks < 8 && row_wgs * g.ks * 2 <= slots && groups >= g.ks * 2 * 4) g.ks *= 2;
   g.nwg = 4;
@@ -309,12 +310,11 @@ template <typename T, typename OutT, int NTOK, int CPG>
 void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
                   int sms, bool pdl) {
   constexpr int G = CPG * kChunk;
-  const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
-  const int64_t groups = (chunks + CPG - 1) / CPG, groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
+  const SmallMGrid d(w, CPG, 4);  // d.blocks: warpgroup row blocks
   auto* img = static_cast<unsigned char*>(w.scratch.get());
   cudaLaunchAttribute attr[2] = {pdl_attribute(), {}};
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(groups), NTOK / 8);
+  cfg.gridDim = dim3(static_cast<unsigned>(d.groups), NTOK / 8);
   cfg.blockDim = dim3(G);
   cfg.stream = stream;
   cfg.attrs = attr;
@@ -326,7 +326,7 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
     return true;
   }();
   (void)attr_set;
-  const WgGrid g = wg_grid(tiles, groups, sms);
+  const WgGrid g = wg_grid(d.blocks, d.groups, sms);
   cfg.gridDim = dim3(static_cast<unsigned>(g.blocks), static_cast<unsigned>(g.ks));
   cfg.blockDim = dim3(static_cast<unsigned>(g.nwg * 128));
   cfg.dynamicSmemBytes = wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg));
@@ -337,8 +337,8 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   cfg.numAttrs = 2;  // always after its image kernel
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
       &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()),
-      static_cast<const unsigned char*>(img), y, ldy, M, static_cast<int>(w.rows), static_cast<int>(tiles),
-      static_cast<int>(chunks), static_cast<int>(groups), static_cast<int>(groups_padded)));
+      static_cast<const unsigned char*>(img), y, ldy, M, static_cast<int>(w.rows), static_cast<int>(d.tiles),
+      static_cast<int>(d.chunks), static_cast<int>(d.groups), static_cast<int>(d.groups_padded)));
 }
 
 template <typename T, typename OutT, int CPG>
