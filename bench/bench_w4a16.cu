@@ -230,8 +230,9 @@ int main(int argc, char** argv) {
 
   if (profile) {  // a few plain launches per distinct shape and M, for Nsight Compute
     const auto* k = nibble::cuda::find_linear_kernel("int4_asym", g_group);
-    DeviceBuffer x(64 * 14336 * 2), y(64 * 128256 * 2);
-    fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), 64 * 14336, 7);
+    const int64_t mx = std::max<int64_t>(64, *std::max_element(ms.begin(), ms.end()));
+    DeviceBuffer x(mx * 14336 * 2), y(mx * 128256 * 2);
+    fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), mx * 14336, 7);
     for (const Shape sh : {Shape{4096, 4096}, Shape{28672, 4096}, Shape{4096, 14336}, Shape{128256, 4096}}) {
       const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, g_group);
       for (int M : ms)

@@ -258,8 +258,9 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
   check_w4a16({24, 172, 32}, cuda::Act::BF16, {1, 5, 64}, false, 9);  // K < one chunk beyond 128
   check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 4, 16, 64}, false, 10);
   check_w4a16({1032, 14336, 128}, cuda::Act::BF16, {1, 16}, false, 11);
-  check_w4a16({40, 4096, 128}, cuda::Act::F16, {65, 130}, false, 12);  // M > 64, fp16: the kernels, blocks of 64 tokens
-  check_w4a16({40, 4096, 128}, cuda::Act::BF16, {65, 130, 257}, false, 16);  // M > 64, bf16: cuBLAS on dequantized weights
+  check_w4a16({40, 4096, 128}, cuda::Act::F16, {65, 130}, false, 12);  // M > 64, fp16: the kernels, blocks of tokens
+  // M > 64, bf16: the kernels up to 256 tokens on Hopper (64 elsewhere), then cuBLAS on dequantized weights
+  check_w4a16({40, 4096, 128}, cuda::Act::BF16, {65, 130, 257}, false, 16);
   check_w4a16({24, 4100, 128}, cuda::Act::BF16, {260}, false, 17);       // the same, a ragged row (scalar stores)
   check_w4a16({72, 4160, 64}, cuda::Act::BF16, {270}, true, 18);
   check_w4a16({40, 4096, 128}, cuda::Act::F16, {300}, false, 19);        // fp16 stays on the kernel
@@ -295,6 +296,19 @@ TEST(Cuda, W4A16WgmmaGrids) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   check_w4a16({33800, 576, 128}, cuda::Act::BF16, {17, 64}, false, 24);
   check_w4a16({264, 576, 64}, cuda::Act::F16, {20, 33}, true, 25);
+}
+
+// Beyond 64 tokens on Hopper: passes of up to 256 tokens (two wgmma of 128
+// per k-step), each on the narrowest image that holds it (128, 64, 32), with
+// images beyond 64 tokens from the stream-ordered pool. Ragged last groups; on
+// the H200's 132 SMs the narrow matrix splits K over clusters of 8 blocks of
+// one warpgroup, and the tall one (422 warpgroup row blocks, 2 groups) takes
+// 4 warpgroups per block at 128 tokens, 2 at 256, no K split.
+TEST(Cuda, W4A16WgmmaBeyond64Tokens) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({264, 4160, 128}, cuda::Act::F16, {65, 128, 129, 256, 300, 545}, false, 28);
+  check_w4a16({264, 4160, 64}, cuda::Act::BF16, {100, 256}, true, 29);
+  check_w4a16({27008, 192, 128}, cuda::Act::BF16, {200, 97}, false, 30);
 }
 
 // Other GPUs run 17..64 tokens on the small-M kernel's rounded path (blocks of

@@ -340,10 +340,13 @@ __global__ void __launch_bounds__(kDqWarps * 32)
 }
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
-// The memory pool of the prefill path's dequantized-weight scratch, one per
-// device: it keeps freed memory mapped (no unmapping at each synchronisation),
-// leaving the default pool and its release threshold to the rest of the process.
-cudaMemPool_t dequant_pool() {
+}  // namespace
+
+// The memory pool of per-call scratch (the prefill path's dequantized weights,
+// the wgmma kernel's images beyond 64 tokens), one per device: it keeps freed
+// memory mapped (no unmapping at each synchronisation), leaving the default
+// pool and its release threshold to the rest of the process.
+cudaMemPool_t w4a16_scratch_pool() {
   static std::mutex mu;
   static std::map<int, cudaMemPool_t> pools;
   int dev = 0;
@@ -363,6 +366,7 @@ cudaMemPool_t dequant_pool() {
   return p;
 }
 
+namespace {
 void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, Act act,
                 bool f32_out, void* stream, bool pdl);
 
@@ -540,13 +544,13 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
   const auto s = static_cast<cudaStream_t>(stream);
   if (M == 1 && w4a16_gemv_applies(w.group_size))  // decode: integer dot products (w4a16_gemv.cu)
     return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_sm_count());
-  if (M > kLargeM && act == Act::BF16) {
+  if (M > kLargeM && act == Act::BF16 && !w4a16_wgmma_applies(w.group_size, M, act)) {
     // Prefill-sized M: each pass of the kernels re-reads every weight for at
     // most 32 tokens, so dequantize once into a stream-ordered scratch and let
     // cuBLAS take all M tokens (bf16, fp32 accumulation).
     const Dims d = dims_of(w.rows, w.cols, w.group_size);
     void* wb = nullptr;
-    NIBBLE_CUDA_CHECK(cudaMallocFromPoolAsync(&wb, static_cast<size_t>(w.rows * w.cols) * 2, dequant_pool(), s));
+    NIBBLE_CUDA_CHECK(cudaMallocFromPoolAsync(&wb, static_cast<size_t>(w.rows * w.cols) * 2, w4a16_scratch_pool(), s));
     NIBBLE_CHECK(d.tiles * d.chunks < (int64_t{1} << 31), "w4a16: matrix too large");
     const int units = static_cast<int>(d.tiles * d.chunks);
     dequant_tile_kernel<<<blocks_for(units, kDqWarps), kDqWarps * 32, 0, s>>>(

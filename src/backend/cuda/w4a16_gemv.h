@@ -28,8 +28,7 @@ void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32
 // wait, where the kernel before leaves the SMs free.
 // `fuse`: work fused around the GEMV (GemvFusion; y unused where it fuses the output).
 void w4a16_gemv_prepared(const DeviceLinear& w, const void* prepared, size_t prepared_bytes, void* y,
-                         cudaStream_t stream, bool pdl, int sms, bool deep = false,
-                         const GemvFusion* fuse = nullptr);
+                         cudaStream_t stream, bool pdl, int sms, bool deep = false, const GemvFusion* fuse = nullptr);
 // LinearKernel::gemv_chain: the calls in one persistent launch (groups of 64 or 128).
 void w4a16_gemv_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t stream, bool pdl);
 // Writes x (w.cols wide, `act` type) as the prepared activation (w4a16_prep.cuh).
@@ -48,10 +47,13 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
 // per DeviceLinear). w4a16_wgmma_device: the current device runs it;
 // w4a16_wgmma_applies: it serves this call (w4a16_small_m dispatches).
 bool w4a16_wgmma_device();
-bool w4a16_wgmma_applies(int group_size, int64_t M);
+bool w4a16_wgmma_applies(int group_size, int64_t M, Act act);
 size_t w4a16_wgmma_scratch_bytes(int64_t cols, int group_size);
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                  bool f32_out, cudaStream_t stream, bool pdl, int sms);
+// The memory pool of per-call scratch (dequantized weights, large x images),
+// one per device, that keeps freed memory mapped.
+cudaMemPool_t w4a16_scratch_pool();
 // The device's SM count (cached).
 int device_sm_count();
 // Warps per block for a kernel whose blocks hold `unit` × warps warps that

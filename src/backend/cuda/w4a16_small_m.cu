@@ -50,8 +50,8 @@ constexpr int kXsumTokens = 16;  // Σx is stored for 16 token slots per group (
 // its G / 32 inputs in order, then a butterfly), so repeated calls agree bit
 // for bit. Token slots past M hold 0.
 template <typename T>
-__global__ void __launch_bounds__(256) xsum_kernel(const T* __restrict__ x, int64_t ldx, int M, int K, int G,
-                                                   int groups, float* __restrict__ xsum) {
+__global__ void __launch_bounds__(256)
+    xsum_kernel(const T* __restrict__ x, int64_t ldx, int M, int K, int G, int groups, float* __restrict__ xsum) {
   grid_dependents_launch();  // the GEMM may start streaming weights now
   const int lane = threadIdx.x & 31;
   const int w = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   using X = uint4[CPG][NT][2];
   using XS = float2[NT];
   auto load_x = [&](X& xb, XS& sb) {  // group gx's activations and Σx
-    if ((gx + 1) * G <= K) {  // a whole group (warp-uniform)
+    if ((gx + 1) * G <= K) {          // a whole group (warp-uniform)
 #pragma unroll
       for (int u = 0; u < CPG; ++u)
 #pragma unroll
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   // Group g (the warp's i-th) from `stage`, with its activations xb, Σx sb.
   auto compute = [&](auto stage, int g, const X& xb, const XS& sb) {
     constexpr int st = decltype(stage)::value;
-    if constexpr (!EXACT) {  // activations loaded here, weights decoded to 16 bits
+    if constexpr (!EXACT) {                 // activations loaded here, weights decoded to 16 bits
       const bool whole = (g + 1) * G <= K;  // warp-uniform
 #pragma unroll
       for (int u = 0; u < CPG; ++u) {
@@ -537,7 +537,7 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
   NIBBLE_CHECK(w4a16_small_m_applies(w.group_size, M), "w4a16: no small-M kernel for M {} and group {}", M,
                w.group_size);
   NIBBLE_CHECK(M < (int64_t{1} << 31), "w4a16: {} tokens in one call", M);
-  if (w4a16_wgmma_applies(w.group_size, M))  // 17..64 tokens on sm_90 (w4a16_wgmma.cu)
+  if (w4a16_wgmma_applies(w.group_size, M, act))  // more than 16 tokens on sm_90 (w4a16_wgmma.cu)
     return w4a16_wgmma(w, x, M, ldx, act, y, ldy, f32_out, stream, pdl, sms);
   const int m = static_cast<int>(M);
   if (act == Act::BF16)

@@ -1,6 +1,7 @@
-// W4A16 for 17..64 tokens on Hopper's warpgroup tensor-core instruction
+// W4A16 for more than 16 tokens on Hopper's warpgroup tensor-core instruction
 // (wgmma; sm_90a), groups of 64 or 128 (w4a16_small_m.cu dispatches here; other
-// GPUs keep the small-M kernel's rounded path).
+// GPUs keep the small-M kernel's rounded path): fp16 at any M, bf16 up to
+// kWgmmaBf16MaxM tokens (beyond, dequantize + cuBLAS is faster: w4a16.cu).
 //
 // y[M, N] = x[M, K] · Ŵᵀ, each weight rounded once to fl16(c·s + m) as the
 // rounded path (docs/CUDA.md, "Numerics"), fp32 accumulation.
@@ -8,19 +9,23 @@
 //    loads every token's activations, and 32 tokens is its most per pass (two
 //    passes re-read all weights at 64). wgmma reads its B operand from shared
 //    memory: a warpgroup (4 warps, each one 16-row tile as its A fragments)
-//    multiplies 64 rows by one copy of the activations, up to 64 tokens at once.
+//    multiplies 64 rows by one copy of the activations, up to 256 tokens per
+//    pass (32, 64 or 128 tokens per wgmma; 256 as two of 128).
 //  * x image: a small kernel writes the activations, per group of G inputs, in
 //    the order the tensor cores read them: the layout's k order within a chunk
 //    (docs/CUDA.md, "The w4a16_mma layout") as wgmma's no-swizzle K-major core
 //    matrices of 8 tokens × 8 inputs; zeros past K and M. NTOK·G·2 bytes per
-//    group, in the weight's scratch.
+//    group, in the weight's scratch up to 64 tokens, else from the
+//    stream-ordered scratch pool for the call.
 //  * Main kernel: block (x, z) holds 4·nwg row tiles (warp w: tile 4·nwg·x +
 //    w) and takes groups z, z + KS, ... where KS = gridDim.y; with KS > 1 the
 //    blocks of a cluster split K and add their partial sums through
 //    distributed shared memory, in rank order. Each warp streams its tile's
-//    codes and scale/min pairs through its own cp.async ring; thread 0 copies
-//    each group's image with one bulk (TMA) copy into a ring shared by the
-//    block (full / empty mbarriers per stage; no block barrier in the loop).
+//    codes and scale/min pairs through its own cp.async ring; each group's
+//    image arrives by one bulk (TMA) copy into a ring shared by the block,
+//    issued by the last warp to release the stage (a full mbarrier and a
+//    release counter per stage; no block barrier and no wait for the slowest
+//    warp in the loop).
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_gemv.h"
@@ -37,7 +42,18 @@ namespace {
 
 using namespace w4a16;
 
-constexpr int kStages = 4;  // image and weight ring stages
+// Image and weight ring stages: 4 up to 64 tokens, fewer as the image grows
+// (128 tokens × 128 inputs is 32 KB a stage).
+__host__ __device__ constexpr int wg_stages(int ntok) { return ntok <= 64 ? 4 : ntok == 128 ? 3 : 2; }
+// The widest wgmma (N) per pass over a stage's image, and the most
+// warpgroups per block (256 tokens take 128 accumulators per thread).
+__host__ __device__ constexpr int wg_width(int ntok) { return ntok < 128 ? ntok : 128; }
+__host__ __device__ constexpr int wg_max_nwg(int ntok) { return ntok > 128 ? 2 : 4; }
+constexpr int kWgMaxSmem = 227 << 10;
+constexpr int kWgPass = 256;  // tokens per pass over the weights at most
+// Beyond this many tokens a bf16 call is faster as dequantize + cuBLAS
+// (measured on the H200, docs/CUDA.md "More than 64 tokens on Hopper").
+constexpr int64_t kWgmmaBf16MaxM = 256;
 
 // Bytes of one group's x image: NTOK tokens × G inputs of 16 bits.
 __host__ __device__ constexpr int image_group_bytes(int ntok, int g) { return ntok * g * 2; }
@@ -78,41 +94,61 @@ __global__ void __launch_bounds__(G)
 }
 
 // wgmma.m64nNk16 with A from registers (the mma.m16n8k16 A fragment of each
-// warp's 16 rows) and B from shared memory; D += A·B.
+// warp's 16 rows) and B from shared memory; D += A·B. N = 32, 64, 128 (a
+// pass of 256 tokens issues two of 128).
 template <typename T, int N>
 struct Wgmma;
 // Both activation types (PTX: the type's name in the instruction).
-#define NIBBLE_WGMMA_RS(T, PTX)                                                                                      \
-  template <>                                                                                                        \
-  struct Wgmma<T, 32> {                                                                                              \
-    static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int scale_d) { \
-      asm volatile(                                                                                                  \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                               \
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX "." PTX                                                  \
-          " {"                                                                                                       \
-          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "                                                 \
-          "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"                                                                 \
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])     \
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));                                    \
-    }                                                                                                                \
-  };                                                                                                                 \
-  template <>                                                                                                        \
-  struct Wgmma<T, 64> {                                                                                              \
-    static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) { \
-      asm volatile(                                                                                                  \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                               \
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX                                                  \
-          " {"                                                                                                       \
-          "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                                   \
-          "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                                       \
-          "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                                                 \
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),          \
-            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),    \
-            "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
-            "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])   \
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));                                    \
-    }                                                                                                                \
+#define NIBBLE_WGMMA_RS(T, PTX)                                                                                       \
+  template <>                                                                                                         \
+  struct Wgmma<T, 32> {                                                                                               \
+    static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int scale_d) {  \
+      asm volatile(                                                                                                   \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                                \
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX "." PTX                                                   \
+          " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "                                                \
+          "{%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"                                                                  \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),           \
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])      \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));                                     \
+    }                                                                                                                 \
+  };                                                                                                                  \
+  template <>                                                                                                         \
+  struct Wgmma<T, 64> {                                                                                               \
+    static __device__ __forceinline__ void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {  \
+      asm volatile(                                                                                                   \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                \
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX                                                   \
+          " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%" \
+          "28,%29,%30,%31}, "                                                                                         \
+          "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                                                  \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),           \
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),     \
+            "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),   \
+            "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])    \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));                                     \
+    }                                                                                                                 \
+  };                                                                                                                  \
+  template <>                                                                                                         \
+  struct Wgmma<T, 128> {                                                                                              \
+    static __device__ __forceinline__ void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc, int scale_d) {  \
+      asm volatile(                                                                                                   \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                                \
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX                                                  \
+          " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%" \
+          "28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%"  \
+          "54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "                                                                 \
+          "{%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"                                                                  \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),           \
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),     \
+            "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),   \
+            "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),   \
+            "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),   \
+            "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),   \
+            "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),   \
+            "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])    \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));                                     \
+    }                                                                                                                 \
   };
 NIBBLE_WGMMA_RS(__nv_bfloat16, "bf16")
 NIBBLE_WGMMA_RS(__half, "f16")
@@ -142,31 +178,40 @@ __device__ __forceinline__ uint64_t image_desc(uint32_t lo) {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ float ld_cluster_f32(uint32_t saddr, uint32_t rank) {
+// 16 bytes of rank `rank`'s shared memory at its shared address saddr (after
+// a cluster barrier: ordered by it, and independent of each other).
+__device__ __forceinline__ float4 ld_cluster_v4(uint32_t saddr, uint32_t rank) {
   uint32_t r;
-  float v;
+  float4 v;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(r) : "memory");
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(r));
   return v;
 }
 
 // Shared memory of a block of `nwg` warpgroups: the image ring, each warp's
 // weight ring, or, at the end, the outputs of its 4·nwg tiles; then the
-// stages' full and empty mbarriers.
+// stages' full mbarriers and release counters (16 bytes per stage).
 template <int NTOK, int CPG>
 __host__ __device__ constexpr size_t wg_smem_bytes(int nwg) {
-  const size_t ring = kStages * (image_group_bytes(NTOK, CPG * kChunk) + nwg * 4 * stage_bytes(CPG));
+  constexpr int S = wg_stages(NTOK);
+  const size_t ring = S * (image_group_bytes(NTOK, CPG * kChunk) + nwg * 4 * stage_bytes(CPG));
   const size_t red = static_cast<size_t>(nwg) * 4 * NTOK * kTileRows * 4;
-  return (ring > red ? ring : red) + 16 * kStages;
+  return (ring > red ? ring : red) + 16 * S;
 }
+static_assert(wg_smem_bytes<128, 2>(wg_max_nwg(128)) <= kWgMaxSmem &&
+                  wg_smem_bytes<256, 2>(wg_max_nwg(256)) <= kWgMaxSmem,
+              "the largest blocks fit in shared memory");
 
 template <typename T, typename OutT, int NTOK, int CPG>
-__global__ void __launch_bounds__(512)
+__global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
     w4a16_wgmma_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta,
                        const unsigned char* __restrict__ img, OutT* __restrict__ y, int64_t ldy, int M, int N,
                        int tiles, int chunks, int groups, int groups_padded) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int S = kStages, G = CPG * kChunk, GB = image_group_bytes(NTOK, G), NT = NTOK / 8;
+  constexpr int S = wg_stages(NTOK), G = CPG * kChunk, GB = image_group_bytes(NTOK, G);
+  constexpr int NW = wg_width(NTOK), P = NTOK / NW, NT = NW / 8;  // P passes of NW tokens, NT of 8 each
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
   const int nwarps = nthr >> 5, ks = blockIdx.y, KS = gridDim.y;
@@ -175,34 +220,44 @@ __global__ void __launch_bounds__(512)
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   uint32_t rq = base + S * GB + (warp * S * CPG * 32 + lane) * 16;
   uint32_t rm = base + S * GB + nwarps * S * CPG * 512 + (warp * S * 32 + lane) * 8;
-  const uint32_t full0 = base + static_cast<uint32_t>(wg_smem_bytes<NTOK, CPG>(nwarps / 4)) - 16 * S;
-  const uint32_t empty0 = full0 + 8 * S;
+  const size_t bars = wg_smem_bytes<NTOK, CPG>(nwarps / 4) - 16 * S;
+  const uint32_t full0 = base + static_cast<uint32_t>(bars);
+  unsigned* const released = reinterpret_cast<unsigned*>(smem + bars + 8 * S);  // warps done with each stage
   asm volatile("" : "+l"(ws.cp), "+l"(ws.mp), "+r"(rq), "+r"(rm));
   if (tid < S) {
     mbar_init(full0 + 8 * tid, 1);
-    mbar_init(empty0 + 8 * tid, nwarps);
+    released[tid] = 0;
   }
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncthreads();
-  // Images: one bulk copy per group by thread 0 into a stage every warp has
-  // released, completing on the stage's full barrier.
+  // Images: one bulk copy per group into a stage, completing on the stage's
+  // full barrier: the first S by thread 0, then each by lane 0 of the last
+  // warp to release the stage (a counter that wraps at the warp count), so no
+  // thread waits for the slowest warp. Every thread walks the groups (ip, gx).
   const unsigned char* ip = img + static_cast<int64_t>(ks) * GB;
   const int64_t ip_step = static_cast<int64_t>(KS) * GB;
   int gx = ks;
-  auto issue_x = [&](int st, int use) {  // use: the stage's use count (0 in the prologue)
-    if (tid == 0 && gx < groups) {
-      if (use > 0) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
+  auto issue_x = [&](int st, bool issuer) {
+    if (issuer && gx < groups) {
       mbar_expect_tx(full0 + 8 * st, GB);
       bulk_copy(base + st * GB, ip, GB, full0 + 8 * st);
     }
     ip += ip_step;
     gx += KS;
   };
-  float acc[NTOK / 2];
+  float acc[P][NW / 2];
 #pragma unroll
-  for (int i = 0; i < NTOK / 2; ++i) acc[i] = 0.0f;
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) acc[p][i] = 0.0f;
+  auto fence_acc = [&] {
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+      for (int i = 0; i < NW / 2; ++i) fence_reg(acc[p][i]);
+  };
   // Group i from stage st: the A fragments of all its chunks, then its
-  // 4·CPG wgmma, then the wait (the next group's decode does not overlap
+  // 4·CPG·P wgmma, then the wait (the next group's decode does not overlap
   // them: keeping two groups' or chunks' fragments in flight measured no
   // faster, docs/CUDA.md).
   auto compute = [&](auto stage) {
@@ -215,16 +270,16 @@ __global__ void __launch_bounds__(512)
     // through, so that it does not hoist 4·CPG·S descriptors out of the loop.
     uint32_t lo = (base + st * GB) >> 4;
     asm volatile("" : "+r"(lo));
-#pragma unroll
-    for (int i = 0; i < NTOK / 2; ++i) fence_reg(acc[i]);
+    fence_acc();
     wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 4 * CPG; ++j)
-      Wgmma<T, NTOK>::mma(acc, a[j / 4][j % 4], image_desc(lo + ((j * NTOK * 32) >> 4)), 1);
+    for (int j = 0; j < 4 * CPG; ++j)  // k-step j's image: NTOK·32 bytes, tokens p·NW on at p·NW·32
+#pragma unroll
+      for (int p = 0; p < P; ++p)
+        Wgmma<T, NW>::mma(acc[p], a[j / 4][j % 4], image_desc(lo + ((j * NTOK * 32 + p * NW * 32) >> 4)), 1);
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NTOK / 2; ++i) fence_reg(acc[i]);
+    fence_acc();
 #pragma unroll
     for (int u = 0; u < CPG; ++u)
 #pragma unroll
@@ -240,19 +295,19 @@ __global__ void __launch_bounds__(512)
     cp_async_commit();
   });
   grid_dependency_wait();
-  static_for<S>([&](auto p) { issue_x(decltype(p)::value, 0); });
+  static_for<S>([&](auto p) { issue_x(decltype(p)::value, tid == 0); });
   for_ring_stages<S>(iters, [&](auto stage, int i) {
     constexpr int st = decltype(stage)::value;
     cp_async_wait<S - 1>();                  // this warp's weights of group i + st
     mbar_wait(full0 + 8 * st, (i / S) & 1);  // its image
     compute(stage);
-    // Stage st is read: this warp refills its weights with group i + st + S
-    // and releases the image; thread 0 refills the image once every warp has.
+    // Stage st is read (the wgmma waited for): this warp refills its weights
+    // with group i + st + S and releases the image; the last warp to release
+    // it refills it.
     ws.template issue<st>(rq, rm, groups, chunks);
     cp_async_commit();
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + 8 * st);
-    issue_x(st, i / S + 1);
+    issue_x(st, lane == 0 && atomicInc(released + st, nwarps - 1) == static_cast<unsigned>(nwarps - 1));
   });
   grid_dependents_launch();
   cp_async_wait<0>();
@@ -260,10 +315,12 @@ __global__ void __launch_bounds__(512)
   float* red = reinterpret_cast<float*>(smem);
   const int gid = lane >> 2, tig = lane & 3, nout = nwarps * NTOK * kTileRows;  // [tile][token][row]
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
+  for (int p = 0; p < P; ++p)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      red[(warp * NTOK + n * 8 + 2 * tig + (j & 1)) * kTileRows + gid + 8 * (j >> 1)] = acc[n * 4 + j];
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        red[(warp * NTOK + p * NW + n * 8 + 2 * tig + (j & 1)) * kTileRows + gid + 8 * (j >> 1)] = acc[p][n * 4 + j];
   if (KS == 1) {
     __syncthreads();
     for (int i = tid; i < nout; i += nthr) {
@@ -273,14 +330,31 @@ __global__ void __launch_bounds__(512)
     }
   } else {
     cluster_sync();  // every rank's partial sums are in its shared memory
-    const int per = (nout + KS - 1) / KS;
+    // Rank ks adds its share of the outputs, 4 rows of a token at a time: the
+    // KS ranks' values loaded together, then summed in rank order.
+    const int n4 = nout / 4, per = (n4 + KS - 1) / KS;
     const uint32_t rbase = static_cast<uint32_t>(__cvta_generic_to_shared(red));
-    for (int i = ks * per + tid; i < min(nout, (ks + 1) * per); i += nthr) {
-      float s = 0.0f;
-      for (int r = 0; r < KS; ++r) s += ld_cluster_f32(rbase + i * 4, r);
-      const int t = i / kTileRows % NTOK;
+    for (int u = ks * per + tid; u < min(n4, (ks + 1) * per); u += nthr) {
+      float4 v[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r)
+        if (r < KS) v[r] = ld_cluster_v4(rbase + u * 16, r);
+      float4 sum = v[0];
+#pragma unroll
+      for (int r = 1; r < 8; ++r)
+        if (r < KS) {
+          sum.x += v[r].x;
+          sum.y += v[r].y;
+          sum.z += v[r].z;
+          sum.w += v[r].w;
+        }
+      const int i = 4 * u, t = i / kTileRows % NTOK;
       const int64_t row = (tile0 + i / (NTOK * kTileRows)) * kTileRows + i % kTileRows;
-      if (t < M && row < N) y[t * ldy + row] = to_out<OutT>(s);
+      const float o[4] = {sum.x, sum.y, sum.z, sum.w};
+      if (t < M)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (row + e < N) y[t * ldy + row + e] = to_out<OutT>(o[e]);
     }
     cluster_sync();  // no block leaves while another reads its shared memory
   }
@@ -290,28 +364,46 @@ __global__ void __launch_bounds__(512)
 }
 
 // The grid over `row_wgs` warpgroup row blocks (4 tiles each): KS (cluster
-// size, splitting K) and warpgroups per block (nwg), so that about 4
-// warpgroups are resident per SM, each block has at least 4 groups, and there
-// are at least as many blocks as SMs where the rows allow.
+// size, splitting K; each block at least 4 groups) and warpgroups per block
+// (nwg, at most max_nwg).
+//  * Up to 64 tokens: about 4 warpgroups resident per SM, and at least as
+//    many blocks as SMs where the rows allow.
+//  * 128 and 256 tokens (`wide`): each group's image is 2-4× the bytes of a
+//    block's weights at one warpgroup, so the most warpgroups per block for
+//    which some K split still gives about a wave of blocks (4/5 of the SMs);
+//    then the least K split that does. Measured on the H200 (docs/CUDA.md):
+//    fused 8B stack at 256 tokens 10.05 → 9.98 ms, 7 linears per layer
+//    12.18 → 11.31; at 32 and 64 tokens this rule was slower (3.16 → 3.46
+//    ms, 3.95 → 4.47 fused).
 struct WgGrid {
   int64_t ks = 1, nwg = 1, blocks = 1;
 };
-WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms) {
-  const int64_t slots = int64_t{sms} * 4;
+WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide) {
   WgGrid g;
-  while (g.ks < 8 && row_wgs * g.ks * 2 <= slots && groups >= g.ks * 2 * 4) g.ks *= 2;
-  g.nwg = 4;
-  while (g.nwg > 1 && (row_wgs + g.nwg - 1) / g.nwg * g.ks < sms) g.nwg /= 2;
+  if (!wide) {
+    const int64_t slots = int64_t{sms} * 4;
+    while (g.ks < 8 && row_wgs * g.ks * 2 <= slots && groups >= g.ks * 2 * 4) g.ks *= 2;
+    g.nwg = max_nwg;
+    while (g.nwg > 1 && (row_wgs + g.nwg - 1) / g.nwg * g.ks < sms) g.nwg /= 2;
+    g.blocks = (row_wgs + g.nwg - 1) / g.nwg;
+    return g;
+  }
+  const int64_t want = int64_t{sms} * 4 / 5;
+  int64_t ks_max = 1;
+  while (ks_max < 8 && groups >= ks_max * 2 * 4) ks_max *= 2;
+  g.nwg = max_nwg;
+  while (g.nwg > 1 && (row_wgs + g.nwg - 1) / g.nwg * ks_max < want) g.nwg /= 2;
   g.blocks = (row_wgs + g.nwg - 1) / g.nwg;
+  while (g.ks < ks_max && g.blocks * g.ks < want) g.ks *= 2;
   return g;
 }
 
+// One pass of up to NTOK tokens; img: the pass's x image (groups × NTOK·G·2 bytes).
 template <typename T, typename OutT, int NTOK, int CPG>
-void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
-                  int sms, bool pdl) {
+void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, unsigned char* img,
+                  cudaStream_t stream, int sms, bool pdl) {
   constexpr int G = CPG * kChunk;
   const SmallMGrid d(w, CPG, 4);  // d.blocks: warpgroup row blocks
-  auto* img = static_cast<unsigned char*>(w.scratch.get());
   cudaLaunchAttribute attr[2] = {pdl_attribute(), {}};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(d.groups), NTOK / 8);
@@ -322,11 +414,11 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, x_image_kernel<T, NTOK, G>, x, ldx, M, static_cast<int>(w.cols), img));
   auto kernel = w4a16_wgmma_kernel<T, OutT, NTOK, CPG>;
   static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgMaxSmem));
     return true;
   }();
   (void)attr_set;
-  const WgGrid g = wg_grid(d.blocks, d.groups, sms);
+  const WgGrid g = wg_grid(d.blocks, d.groups, sms, wg_max_nwg(NTOK), NTOK >= 128);
   cfg.gridDim = dim3(static_cast<unsigned>(g.blocks), static_cast<unsigned>(g.ks));
   cfg.blockDim = dim3(static_cast<unsigned>(g.nwg * 128));
   cfg.dynamicSmemBytes = wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg));
@@ -341,20 +433,35 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
       static_cast<int>(d.chunks), static_cast<int>(d.groups), static_cast<int>(d.groups_padded)));
 }
 
+// Passes of up to kWgPass tokens, each on the narrowest image that holds it.
+// Up to 64 tokens the image lives in the weight's scratch; a larger one comes
+// from the stream-ordered pool for the call.
 template <typename T, typename OutT, int CPG>
 void run_wgmma(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* yv, int64_t ldy, cudaStream_t stream,
                bool pdl, int sms) {
   const T* x = static_cast<const T*>(xv);
   OutT* y = static_cast<OutT*>(yv);
-  for (int m0 = 0; m0 < M; m0 += 64) {  // fp16 beyond 64 tokens (bf16 takes cuBLAS there)
-    const int m = std::min(64, M - m0);
+  const int64_t groups = (w.cols + CPG * kChunk - 1) / (CPG * kChunk);
+  unsigned char* big = nullptr;
+  if (M > 64)
+    NIBBLE_CUDA_CHECK(cudaMallocFromPoolAsync(
+        &big, static_cast<size_t>(groups) * image_group_bytes(std::min(M, kWgPass), CPG * kChunk), w4a16_scratch_pool(),
+        stream));
+  auto* img = static_cast<unsigned char*>(w.scratch.get());
+  for (int m0 = 0; m0 < M; m0 += kWgPass) {
+    const int m = std::min(kWgPass, M - m0);
     const T* xm = x + m0 * ldx;
     OutT* ym = y + m0 * ldy;
     if (m <= 32)
-      launch_wgmma<T, OutT, 32, CPG>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
+      launch_wgmma<T, OutT, 32, CPG>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
+    else if (m <= 64)
+      launch_wgmma<T, OutT, 64, CPG>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
+    else if (m <= 128)
+      launch_wgmma<T, OutT, 128, CPG>(w, xm, m, ldx, ym, ldy, big, stream, sms, pdl);
     else
-      launch_wgmma<T, OutT, 64, CPG>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
+      launch_wgmma<T, OutT, 256, CPG>(w, xm, m, ldx, ym, ldy, big, stream, sms, pdl);
   }
+  if (big != nullptr) NIBBLE_CUDA_CHECK(cudaFreeAsync(big, stream));
 }
 
 template <typename T, typename OutT>
@@ -387,8 +494,10 @@ bool w4a16_wgmma_device() {
   return k == 2;
 }
 
-bool w4a16_wgmma_applies(int group_size, int64_t M) {
-  if (M <= 16 || (group_size != 64 && group_size != 128)) return false;
+bool w4a16_wgmma_applies(int group_size, int64_t M, Act act) {
+  if (M <= 16 || (group_size != 64 && group_size != 128) || act == Act::F32) return false;
+  // Larger bf16 calls dequantize the weight and run cuBLAS (w4a16.cu).
+  if (act == Act::BF16 && M > kWgmmaBf16MaxM) return false;
   // NIBBLE_W4A16_WGMMA=0 sends these calls to the small-M kernel, the path of
   // other GPUs (for tests and measurements on Hopper).
   if (const char* e = std::getenv("NIBBLE_W4A16_WGMMA"); e != nullptr && e[0] == '0') return false;
