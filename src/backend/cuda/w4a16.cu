@@ -567,12 +567,9 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
                w.group_size);
   if (w4a16_small_m_applies(w.group_size, M))  // M >= 2, groups of 64 / 128 (w4a16_small_m.cu)
     return w4a16_small_m(w, x, M, ldx, act, y, ldy, f32_out, s, pdl, device_sm_count());
-  if (act == Act::BF16)
-    f32_out ? launch_t<__nv_bfloat16, float>(w, x, M, ldx, y, ldy, s, pdl)
-            : launch_t<__nv_bfloat16, __nv_bfloat16>(w, x, M, ldx, y, ldy, s, pdl);
-  else
-    f32_out ? launch_t<__half, float>(w, x, M, ldx, y, ldy, s, pdl)
-            : launch_t<__half, __half>(w, x, M, ldx, y, ldy, s, pdl);
+  with_types(act == Act::BF16, f32_out, [&](auto t, auto o) {
+    launch_t<typename decltype(t)::type, typename decltype(o)::type>(w, x, M, ldx, y, ldy, s, pdl);
+  });
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Device helpers shared by the W4A16 kernels (w4a16.cu: the mma kernel for
 // any M; w4a16_gemv.cu: the integer M = 1 kernel; w4a16_small_m.cu: 2..16
-// tokens). All read the same re-laid-out weights (docs/CUDA.md, "The w4a16_mma
-// layout"). The cp.async helpers serve the flash attention kernels too.
+// tokens; w4a16_wgmma.cu: more than 16 tokens on sm_90). All read the same
+// re-laid-out weights (docs/CUDA.md, "The w4a16_mma layout"). The cp.async
+// helpers serve the flash attention kernels too.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +16,21 @@ namespace nibble::cuda::w4a16 {
 
 constexpr int kTileRows = 16;  // output rows per mma tile
 constexpr int kChunk = 64;     // inputs per 16-byte lane load
+
+// Host dispatch on a call's 16-bit activation type and output type: calls
+// f(TypeTag<T>{}, TypeTag<OutT>{}) with T __nv_bfloat16 (act_is_bf16) or
+// __half, and OutT float (f32_out) or T.
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+template <typename F>
+void with_types(bool act_is_bf16, bool f32_out, F&& f) {
+  if (act_is_bf16)
+    f32_out ? f(TypeTag<__nv_bfloat16>{}, TypeTag<float>{}) : f(TypeTag<__nv_bfloat16>{}, TypeTag<__nv_bfloat16>{});
+  else
+    f32_out ? f(TypeTag<__half>{}, TypeTag<float>{}) : f(TypeTag<__half>{}, TypeTag<__half>{});
+}
 
 // The launch attribute that allows programmatic dependent launch (host side;
 // the kernels pair it with grid_dependency_wait / grid_dependents_launch).

@@ -540,12 +540,9 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
   if (w4a16_wgmma_applies(w.group_size, M, act))  // more than 16 tokens on sm_90 (w4a16_wgmma.cu)
     return w4a16_wgmma(w, x, M, ldx, act, y, ldy, f32_out, stream, pdl, sms);
   const int m = static_cast<int>(M);
-  if (act == Act::BF16)
-    f32_out ? run_small<__nv_bfloat16, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
-            : run_small<__nv_bfloat16, __nv_bfloat16>(w, x, m, ldx, y, ldy, stream, pdl, sms);
-  else
-    f32_out ? run_small<__half, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
-            : run_small<__half, __half>(w, x, m, ldx, y, ldy, stream, pdl, sms);
+  with_types(act == Act::BF16, f32_out, [&](auto t, auto o) {
+    run_small<typename decltype(t)::type, typename decltype(o)::type>(w, x, m, ldx, y, ldy, stream, pdl, sms);
+  });
 }
 
 }  // namespace nibble::cuda

@@ -510,12 +510,9 @@ void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, A
                "w4a16: the weight's scratch holds {} bytes, the x image needs {}", w.scratch.bytes(),
                w4a16_wgmma_scratch_bytes(w.cols, w.group_size));
   const int m = static_cast<int>(M);
-  if (act == Act::BF16)
-    f32_out ? run_wgmma_g<__nv_bfloat16, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
-            : run_wgmma_g<__nv_bfloat16, __nv_bfloat16>(w, x, m, ldx, y, ldy, stream, pdl, sms);
-  else
-    f32_out ? run_wgmma_g<__half, float>(w, x, m, ldx, y, ldy, stream, pdl, sms)
-            : run_wgmma_g<__half, __half>(w, x, m, ldx, y, ldy, stream, pdl, sms);
+  with_types(act == Act::BF16, f32_out, [&](auto t, auto o) {
+    run_wgmma_g<typename decltype(t)::type, typename decltype(o)::type>(w, x, m, ldx, y, ldy, stream, pdl, sms);
+  });
 }
 
 }  // namespace nibble::cuda
