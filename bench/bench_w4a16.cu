@@ -10,7 +10,8 @@
 // With M = 1, the fused stack again with each input already prepared (the
 // decode path: LinearKernel::gemv_prepared, one launch per linear), as GEMV
 // chains, and per shape; and, as their reference, the same weights read by
-// plain kernels launched the same way (read-only: no arithmetic at all).
+// plain kernels launched the same way (read-only: no arithmetic at all),
+// timed right after the fused M = 1 row and printed after the table.
 // "x M=1": each stack's time over its own M = 1 time in this run (issue 6's
 // "M = 16 within 1.3× of M = 1"; needs 1 first in --ms).
 // Weights are random (codes, scales, mins), never zeros.
@@ -315,32 +316,16 @@ int main(int argc, char** argv) {
                       1e3 * t / idx.size(), bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
         }
       }
-    float t_m1 = 0;  // this stack's time at M = 1, when --ms has it first (the issue's "M = 16 within 1.3× of M = 1")
-    for (int M : ms) {
-      auto run_stack = [&](bool pdl) {
-        for (size_t i = 0; i < shapes.size(); ++i)
-          w[i].kernel->gemm(w[i], x.get(), M, shapes[i].k, y.get(), shapes[i].n, Act::BF16, false, s, pdl);
-      };
-      const float t_pdl = time_captured(s, reps, [&] { run_stack(true); });
-      const float t_plain = time_captured(s, reps, [&] { run_stack(false); });
-      float t_cublas = 0;
-      if (!skip_cublas)
-        t_cublas = time_captured(s, reps, [&] {
-          for (size_t i = 0; i < shapes.size(); ++i)
-            nibble::cuda::gemm_bf16_cublas(wb[i].get(), shapes[i].n, shapes[i].k, x.get(), M, shapes[i].k, y.get(),
-                                           shapes[i].n, s);
-        });
-      if (M == 1) t_m1 = t_pdl;
-      std::printf("%-8s %3d %12.3f %10.3f %10.3f %10.3f %12.3f %9.1f%%", fused ? "fused" : "unfused", M,
-                  int4_bytes / 1e9, t_pdl, t_plain, t_cublas, bf16_bytes / 1e9,
-                  100.0 * int4_bytes / (t_pdl * 1e-3) / (read_gbs * 1e9));
-      if (t_m1 > 0)
-        std::printf(" %8.2f\n", t_pdl / t_m1);
-      else
-        std::printf(" %8s\n", "-");
-    }
-    if (fused && std::find(ms.begin(), ms.end(), 1) != ms.end() && w[0].kernel->prepare != nullptr &&
-        w[0].kernel->gemv_prepared != nullptr && w[0].kernel->single_token_f32(w[0])) {  // the integer GEMV's groups
+    std::string m1_rows;  // printed after the table, measured right after the M = 1 row
+    auto out = [&](const char* fmt, auto... a) {
+      char line[256];
+      std::snprintf(line, sizeof line, fmt, a...);
+      m1_rows += line;
+    };
+    auto m1_extras = [&] {
+      if (!fused || w[0].kernel->prepare == nullptr || w[0].kernel->gemv_prepared == nullptr ||
+          !w[0].kernel->single_token_f32(w[0]))  // the integer GEMV's groups only
+        return;
       // M = 1 with the input already prepared (what decode does: the kernel
       // before writes it): one gemv_prepared launch per linear, and the same
       // linears as persistent chains (gemv_chain) of kGemvChainMax calls.
@@ -351,7 +336,7 @@ int main(int argc, char** argv) {
       CK(cudaMemset(sync.get(), 0, sync.bytes()));
       CK(cudaStreamSynchronize(s));
       auto report = [&](const char* what, float t) {
-        std::printf("%-24s %10.3f ms %9.1f%% of read BW\n", what, t,
+        out("%-24s %10.3f ms %9.1f%% of read BW\n", what, t,
                     100.0 * int4_bytes / (t * 1e-3) / (read_gbs * 1e9));
       };
       report("M=1 prepared", time_captured(s, reps, [&] {
@@ -400,7 +385,7 @@ int main(int argc, char** argv) {
             bytes += static_cast<double>(l.weight_bytes());
           }
         auto pr = [&](const char* what, float t) {
-          std::printf("  shape %6lld x %5lld x%-3zu %-12s %8.2f us each %5.1f%% of read BW\n",
+          out("  shape %6lld x %5lld x%-3zu %-12s %8.2f us each %5.1f%% of read BW\n",
                       static_cast<long long>(l0.rows), static_cast<long long>(l0.cols), same.size(), what,
                       1e3 * t / same.size(), 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
         };
@@ -416,7 +401,35 @@ int main(int argc, char** argv) {
              }));
         }
       }
+    };
+    float t_m1 = 0;  // this stack's time at M = 1, when --ms has it first (the issue's "M = 16 within 1.3× of M = 1")
+    for (int M : ms) {
+      auto run_stack = [&](bool pdl) {
+        for (size_t i = 0; i < shapes.size(); ++i)
+          w[i].kernel->gemm(w[i], x.get(), M, shapes[i].k, y.get(), shapes[i].n, Act::BF16, false, s, pdl);
+      };
+      const float t_pdl = time_captured(s, reps, [&] { run_stack(true); });
+      const float t_plain = time_captured(s, reps, [&] { run_stack(false); });
+      float t_cublas = 0;
+      if (!skip_cublas)
+        t_cublas = time_captured(s, reps, [&] {
+          for (size_t i = 0; i < shapes.size(); ++i)
+            nibble::cuda::gemm_bf16_cublas(wb[i].get(), shapes[i].n, shapes[i].k, x.get(), M, shapes[i].k, y.get(),
+                                           shapes[i].n, s);
+        });
+      if (M == 1) t_m1 = t_pdl;
+      std::printf("%-8s %3d %12.3f %10.3f %10.3f %10.3f %12.3f %9.1f%%", fused ? "fused" : "unfused", M,
+                  int4_bytes / 1e9, t_pdl, t_plain, t_cublas, bf16_bytes / 1e9,
+                  100.0 * int4_bytes / (t_pdl * 1e-3) / (read_gbs * 1e9));
+      if (t_m1 > 0)
+        std::printf(" %8.2f\n", t_pdl / t_m1);
+      else
+        std::printf(" %8s\n", "-");
+      // The M = 1 variants right after the M = 1 stack: timed after the
+      // large-M stacks they read 15-25 % slower (session 25).
+      if (M == 1) m1_extras();
     }
+    std::printf("%s", m1_rows.c_str());
     CK(cudaDeviceSynchronize());
   }
   std::printf("\nfloor at the measured read bandwidth: int4 bytes / %.0f GB/s\n", read_gbs);
