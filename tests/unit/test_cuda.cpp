@@ -200,6 +200,39 @@ TEST(Cuda, W4A16OneWaveWarpsWorkedExamples) {
   EXPECT_EQ(on_132(64, 16, 3, 1), 3);
 }
 
+// The wgmma kernel's grid (wg_grid) on the Llama-3-8B shapes with groups of
+// 128, worked by hand for 132 SMs. No device needed. {ks, nwg, blocks}.
+TEST(Cuda, W4A16WgmmaGridWorkedExamples) {
+  auto grid = [](int64_t rows, int64_t cols, int max_nwg, bool wide) {
+    const cuda::WgGrid g = cuda::wg_grid((rows + 63) / 64, (cols + 127) / 128, 132, max_nwg, wide);
+    return std::vector<int64_t>{g.ks, g.nwg, g.blocks};
+  };
+  using V = std::vector<int64_t>;
+  // Up to 64 tokens: KS doubles while 2·row_wgs·KS stays within 4 warpgroups
+  // per SM (528) and each block keeps 4 groups; then the most warpgroups per
+  // block that still give 132 blocks.
+  // o (64 row blocks, 32 groups): KS 8 (64·4·2 = 512 <= 528, 32 >= 4·8);
+  // 4 warpgroups give 16·8 = 128 < 132 blocks, 2 give 256.
+  EXPECT_EQ(grid(4096, 4096, 4, false), (V{8, 2, 32}));
+  // q|k|v (96): 96·4·2 = 768 > 528 stops KS at 4; 24·4 = 96 < 132, 48·4 = 192.
+  EXPECT_EQ(grid(6144, 4096, 4, false), (V{4, 2, 48}));
+  // gate|up (448): 448·1·2 = 896 > 528, no split; 112 < 132 blocks of 4, 224 of 2.
+  EXPECT_EQ(grid(28672, 4096, 4, false), (V{1, 2, 224}));
+  // The head (2004): no split, 501 blocks of 4.
+  EXPECT_EQ(grid(128256, 4096, 4, false), (V{1, 4, 501}));
+  // 128 tokens (wide): the most warpgroups per block with ks_max·blocks >=
+  // 105 (4/5 of 132), then the least KS that reaches 105.
+  // o and down: ks_max 8, 16 blocks of 4 (128 >= 105); KS 8 (16·4 = 64 < 105).
+  EXPECT_EQ(grid(4096, 4096, 4, true), (V{8, 4, 16}));
+  EXPECT_EQ(grid(4096, 14336, 4, true), (V{8, 4, 16}));
+  // gate|up: 112 blocks of 4 already reach 105, no split.
+  EXPECT_EQ(grid(28672, 4096, 4, true), (V{1, 4, 112}));
+  // 256 tokens (at most 2 warpgroups): o 32 blocks of 2, KS 4 (128 >= 105).
+  EXPECT_EQ(grid(4096, 4096, 2, true), (V{4, 2, 32}));
+  // Too few groups to split (5 groups: ks_max 1), too few rows to fill: 1 warpgroup.
+  EXPECT_EQ(grid(264, 576, 4, true), (V{1, 1, 5}));
+}
+
 // f32 activations are a single-token feature: any other M is refused.
 TEST(Cuda, W4A16F32ActivationsOnlyForOneToken) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

@@ -49,6 +49,14 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
 bool w4a16_wgmma_device();
 bool w4a16_wgmma_applies(int group_size, int64_t M, Act act);
 size_t w4a16_wgmma_scratch_bytes(int64_t cols, int group_size);
+// The wgmma kernel's grid for a matrix of `row_wgs` warpgroup row blocks (64
+// rows each) and `groups` groups of inputs on `sms` SMs: ks blocks of a
+// cluster split K, nwg warpgroups per block (at most max_nwg), `blocks` row
+// blocks. `wide`: the rule for passes of 128 and 256 tokens (w4a16_wgmma.cu).
+struct WgGrid {
+  int64_t ks = 1, nwg = 1, blocks = 1;
+};
+WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide);
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                  bool f32_out, cudaStream_t stream, bool pdl, int sms);
 // The memory pool of per-call scratch (dequantized weights, large x images),

@@ -363,40 +363,6 @@ __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
 #endif
 }
 
-// The grid over `row_wgs` warpgroup row blocks (4 tiles each): KS (cluster
-// size, splitting K; each block at least 4 groups) and warpgroups per block
-// (nwg, at most max_nwg).
-//  * Up to 64 tokens: about 4 warpgroups resident per SM, and at least as
-//    many blocks as SMs where the rows allow.
-//  * 128 and 256 tokens (`wide`): each group's image is 2-4× the bytes of a
-//    block's weights at one warpgroup, so the most warpgroups per block for
-//    which some K split still gives about a wave of blocks (4/5 of the SMs);
-//    then the least K split that does. Measured on the H200 (docs/CUDA.md):
-//    fused 8B stack at 256 tokens 10.05 → 9.98 ms, 7 linears per layer
-//    12.18 → 11.31; at 32 and 64 tokens this rule was slower (3.16 → 3.46
-//    ms, 3.95 → 4.47 fused).
-struct WgGrid {
-  int64_t ks = 1, nwg = 1, blocks = 1;
-};
-WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide) {
-  WgGrid g;
-  if (!wide) {
-    const int64_t slots = int64_t{sms} * 4;
-    while (g.ks < 8 && row_wgs * g.ks * 2 <= slots && groups >= g.ks * 2 * 4) g.ks *= 2;
-    g.nwg = max_nwg;
-    while (g.nwg > 1 && (row_wgs + g.nwg - 1) / g.nwg * g.ks < sms) g.nwg /= 2;
-    g.blocks = (row_wgs + g.nwg - 1) / g.nwg;
-    return g;
-  }
-  const int64_t want = int64_t{sms} * 4 / 5;
-  int64_t ks_max = 1;
-  while (ks_max < 8 && groups >= ks_max * 2 * 4) ks_max *= 2;
-  g.nwg = max_nwg;
-  while (g.nwg > 1 && (row_wgs + g.nwg - 1) / g.nwg * ks_max < want) g.nwg /= 2;
-  g.blocks = (row_wgs + g.nwg - 1) / g.nwg;
-  while (g.ks < ks_max && g.blocks * g.ks < want) g.ks *= 2;
-  return g;
-}
 
 // One pass of up to NTOK tokens; img: the pass's x image (groups × NTOK·G·2 bytes).
 template <typename T, typename OutT, int NTOK, int CPG>
@@ -472,6 +438,38 @@ void run_wgmma_g(const DeviceLinear& w, const void* x, int M, int64_t ldx, void*
 }
 
 }  // namespace
+
+// The grid over `row_wgs` warpgroup row blocks (4 tiles each): KS (cluster
+// size, splitting K; each block at least 4 groups) and warpgroups per block
+// (nwg, at most max_nwg).
+//  * Up to 64 tokens: about 4 warpgroups resident per SM, and at least as
+//    many blocks as SMs where the rows allow.
+//  * 128 and 256 tokens (`wide`): each group's image is 2-4× the bytes of a
+//    block's weights at one warpgroup, so the most warpgroups per block for
+//    which some K split still gives about a wave of blocks (4/5 of the SMs);
+//    then the least K split that does. Measured on the H200 (docs/CUDA.md):
+//    fused 8B stack at 256 tokens 10.05 → 9.98 ms, 7 linears per layer
+//    12.18 → 11.31; at 32 and 64 tokens this rule was slower (3.16 → 3.46
+//    ms, 3.95 → 4.47 fused).
+WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide) {
+  WgGrid g;
+  if (!wide) {
+    const int64_t slots = int64_t{sms} * 4;
+    while (g.ks < 8 && row_wgs * g.ks * 2 <= slots && groups >= g.ks * 2 * 4) g.ks *= 2;
+    g.nwg = max_nwg;
+    while (g.nwg > 1 && (row_wgs + g.nwg - 1) / g.nwg * g.ks < sms) g.nwg /= 2;
+    g.blocks = (row_wgs + g.nwg - 1) / g.nwg;
+    return g;
+  }
+  const int64_t want = int64_t{sms} * 4 / 5;
+  int64_t ks_max = 1;
+  while (ks_max < 8 && groups >= ks_max * 2 * 4) ks_max *= 2;
+  g.nwg = max_nwg;
+  while (g.nwg > 1 && (row_wgs + g.nwg - 1) / g.nwg * ks_max < want) g.nwg /= 2;
+  g.blocks = (row_wgs + g.nwg - 1) / g.nwg;
+  while (g.ks < ks_max && g.blocks * g.ks < want) g.ks *= 2;
+  return g;
+}
 
 size_t w4a16_wgmma_scratch_bytes(int64_t cols, int group_size) {
   const int64_t groups = (cols + group_size - 1) / group_size;
