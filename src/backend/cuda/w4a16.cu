@@ -5,8 +5,10 @@
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, x and y bf16 or fp16, fp32 accumulation.
 // Dispatch: M = 1 with groups of 64/128 takes the integer GEMV
 // (w4a16_gemv.cu); bf16 calls with M > 64 dequantize the weight and run
-// cuBLAS; other calls with groups of 64/128 take the small-M kernel
-// (w4a16_small_m.cu); groups of 32 take the general kernel below.
+// cuBLAS, except up to 256 tokens on sm_90 GPUs; other calls with groups of
+// 64/128 take the small-M kernel (w4a16_small_m.cu), which sends more than 16
+// tokens on sm_90 to the wgmma kernel (w4a16_wgmma.cu); groups of 32 take the
+// general kernel below.
 //
 // Design of the general kernel
 //  * Decode is bandwidth bound: every byte of weights is read once, in 16-byte
@@ -412,12 +414,15 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
 bool w4a16_exact_weights(int group_size, int64_t M) { return group_size >= 64 && M <= 16; }
 
 namespace {
-// Above this many tokens a bf16 call dequantizes the weight and runs cuBLAS.
-// Measured on the H200 (bench_w4a16, fused 8B stack as CUDA graphs): the
-// kernels take about 3.8 ms per block of 32 tokens (M = 64 7.7 ms, M = 96
-// 11.6 ms, M = 128 15.4 ms); dequantize + cuBLAS 9.2-9.6 ms at M = 48..128 and
-// 16.0 ms at M = 512 (session 13, dequant_tile_kernel; session 12's
-// one-thread-per-lane version wrote at about 1 TB/s and took 25.4 ms at 512).
+// Above this many tokens a bf16 call dequantizes the weight and runs cuBLAS
+// (on sm_90 GPUs only above 256, w4a16_wgmma_applies: the wgmma kernel takes
+// up to 256 tokens in one pass, fused stack 6.65 ms at M = 128 against this
+// path's 9.61; docs/CUDA.md "More than 64 tokens on Hopper"). Measured on the
+// H200 for the small-M kernel (bench_w4a16, fused 8B stack as CUDA graphs):
+// it takes about 3.8 ms per block of 32 tokens (M = 64 7.7 ms, M = 96 11.6 ms,
+// M = 128 15.4 ms); dequantize + cuBLAS 9.2-9.6 ms at M = 48..128 and 16.0 ms
+// at M = 512 (session 13, dequant_tile_kernel; session 12's one-thread-per-lane
+// version wrote at about 1 TB/s and took 25.4 ms at 512).
 constexpr int64_t kLargeM = 64;
 }  // namespace
 
@@ -546,7 +551,7 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
     return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_sm_count());
   if (M > kLargeM && act == Act::BF16 && !w4a16_wgmma_applies(w.group_size, M, act)) {
     // Prefill-sized M: each pass of the kernels re-reads every weight for at
-    // most 32 tokens, so dequantize once into a stream-ordered scratch and let
+    // most 32 tokens (256 with wgmma), so dequantize once into a stream-ordered scratch and let
     // cuBLAS take all M tokens (bf16, fp32 accumulation).
     const Dims d = dims_of(w.rows, w.cols, w.group_size);
     void* wb = nullptr;
