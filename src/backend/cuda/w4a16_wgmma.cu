@@ -444,10 +444,10 @@ void run_wgmma_g(const DeviceLinear& w, const void* x, int M, int64_t ldx, void*
 // (nwg, at most max_nwg).
 //  * Up to 64 tokens: about 4 warpgroups resident per SM, and at least as
 //    many blocks as SMs where the rows allow.
-//  * 128 and 256 tokens (`wide`): each group's image is 2-4× the bytes of a
-//    block's weights at one warpgroup, so the most warpgroups per block for
-//    which some K split still gives about a wave of blocks (4/5 of the SMs);
-//    then the least K split that does. Measured on the H200 (docs/CUDA.md):
+//  * 128 and 256 tokens (`wide`): a group's image (32 or 64 KB) is 8-16× one
+//    warpgroup's weights for that group (4 KB) and every block reads it, so
+//    the most warpgroups per block for which some K split still gives about a
+//    wave of blocks (4/5 of the SMs); then the least K split that does. Measured on the H200 (docs/CUDA.md):
 //    fused 8B stack at 256 tokens 10.05 → 9.98 ms, 7 linears per layer
 //    12.18 → 11.31; at 32 and 64 tokens this rule was slower (3.16 → 3.46
 //    ms, 3.95 → 4.47 fused).
