@@ -42,10 +42,12 @@ bool w4a16_small_m_applies(int group_size, int64_t M);
 size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size);
 void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                    bool f32_out, cudaStream_t stream, bool pdl, int sms);
-// The wgmma kernel for 17..64 tokens (w4a16_wgmma.cu; sm_90a GPUs): it writes
-// the activations' image into w.scratch (so, as above, one stream at a time
-// per DeviceLinear). w4a16_wgmma_device: the current device runs it;
-// w4a16_wgmma_applies: it serves this call (w4a16_small_m dispatches).
+// The wgmma kernel for more than 16 tokens (w4a16_wgmma.cu; sm_90a GPUs;
+// bf16 up to 256 tokens): up to 64 tokens it writes the activations' image
+// into w.scratch (so, as above, one stream at a time per DeviceLinear), beyond
+// into per-call scratch from w4a16_scratch_pool. w4a16_wgmma_device: the
+// current device runs it; w4a16_wgmma_applies: it serves this call
+// (w4a16_small_m and, for bf16 beyond 64 tokens, w4a16_gemm dispatch).
 bool w4a16_wgmma_device();
 bool w4a16_wgmma_applies(int group_size, int64_t M, Act act);
 size_t w4a16_wgmma_scratch_bytes(int64_t cols, int group_size);
