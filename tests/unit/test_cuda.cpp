@@ -359,12 +359,51 @@ TEST(Cuda, W4A16WithProgrammaticDependentLaunch) {
   check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 16}, true, 13);
 }
 
+// Activations that stress x held per group in 24-bit fixed point (the integer
+// kernels, w4a16_gemv.cu and w4a16_wgmma.cu), K inputs rounded to `act`:
+// group (grp + rot) % 5 == 0 all zeros; 1 one outlier that sets the step for
+// values 10^7 smaller; 2 subnormal in the type; 3 huge; 4 normal.
+std::vector<float> extreme_activations(std::mt19937& rng, int64_t K, int g, cuda::Act act, int rot) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> xf(K);
+  const bool f16 = act == cuda::Act::F16, f32 = act == cuda::Act::F32;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t grp = (k / g + rot) % 5;
+    float v = normal(rng);
+    if (grp == 0)
+      v = 0.0f;
+    else if (grp == 1)
+      v = (k % g == 5) ? (f16 ? 6e4f : 3e4f) : v * 1e-3f;
+    else if (grp == 2)
+      v = v * (f16 ? 1e-7f : 1e-39f);  // subnormal in each type
+    else if (grp == 3)
+      v = v * (f16 ? 1e3f : 1e30f);
+    xf[k] = f32 ? v : from_16bit(to_16bit(v, act), act);
+  }
+  return xf;
+}
+
+// Row n of x·Ŵᵀ in float64 and its bound: the sweep's, plus the rounding of x
+// to its group's step, 2^-22 of the group's largest |x| per input, times Σ|w|
+// over the group.
+std::pair<double, double> extreme_reference(const float* xf, const std::vector<float>& w, int64_t n, int64_t K, int g) {
+  double r = 0, mag = 0, xerr = 0;
+  for (int64_t c0 = 0; c0 < K; c0 += g) {
+    double gmax = 0, wsum = 0;
+    for (int64_t k = c0; k < std::min(K, c0 + g); ++k) {
+      const double p = static_cast<double>(xf[k]) * w[n * K + k];
+      r += p;
+      mag += std::fabs(p);
+      gmax = std::max(gmax, std::fabs(static_cast<double>(xf[k])));
+      wsum += std::fabs(static_cast<double>(w[n * K + k]));
+    }
+    xerr += std::ldexp(gmax, -22) * wsum;
+  }
+  return {r, 3e-5 * mag + xerr};
+}
+
 // The single-token kernel (integer dot products on x held per group in 24-bit
-// fixed point, w4a16_gemv.cu) on activations that stress that representation:
-// an all-zero group, a group whose one outlier sets the step for values 10^7
-// smaller, subnormal bf16 values, huge values. Bound: the sweep's plus the
-// rounding of x to the group's step, 2^-22 of the group's largest |x| per
-// input (w4a16_gemv.cu), times Σ|w| over the group. A NaN input makes every
+// fixed point, w4a16_gemv.cu) on extreme_activations. A NaN input makes every
 // output NaN, as a float dot product would. f32 activations (single-token
 // calls only) take the same path without a 16-bit rounding first.
 TEST(Cuda, W4A16SingleTokenExtremeActivations) {
@@ -376,18 +415,8 @@ TEST(Cuda, W4A16SingleTokenExtremeActivations) {
       const auto parts = random_int4_parts(rng, N, K, g);
       const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", g)->upload(parts, N, K, g);
       const std::vector<float> w = weights_kernel(parts, N, K, g, act, true);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<float> xf(K);
-      const bool f16 = act == cuda::Act::F16, f32 = act == cuda::Act::F32;
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t grp = k / g;
-        float v = normal(rng);
-        if (grp == 0) v = 0.0f;
-        else if (grp == 1) v = (k == g + 5) ? (f16 ? 6e4f : 3e4f) : v * 1e-3f;
-        else if (grp == 2) v = v * (f16 ? 1e-7f : 1e-39f);  // subnormal in each type
-        else if (grp == 3) v = v * (f16 ? 1e3f : 1e30f);
-        xf[k] = f32 ? v : from_16bit(to_16bit(v, act), act);
-      }
+      const std::vector<float> xf = extreme_activations(rng, K, g, act, 0);
+      const bool f32 = act == cuda::Act::F32;
       const size_t esize = f32 ? 4 : 2;
       std::vector<uint8_t> x(K * esize);
       auto set_x = [&](int64_t k, float v) {
@@ -410,25 +439,74 @@ TEST(Cuda, W4A16SingleTokenExtremeActivations) {
       std::vector<float> y;
       run(y);
       for (int64_t n = 0; n < N; ++n) {
-        double r = 0, mag = 0, xerr = 0;
-        for (int64_t c0 = 0; c0 < K; c0 += g) {
-          double gmax = 0, wsum = 0;
-          for (int64_t k = c0; k < std::min(K, c0 + g); ++k) {
-            const double p = static_cast<double>(xf[k]) * w[n * K + k];
-            r += p;
-            mag += std::fabs(p);
-            gmax = std::max(gmax, std::fabs(static_cast<double>(xf[k])));
-            wsum += std::fabs(static_cast<double>(w[n * K + k]));
-          }
-          xerr += std::ldexp(gmax, -22) * wsum;
-        }
-        const double tol = 3e-5 * mag + xerr;
+        const auto [r, tol] = extreme_reference(xf.data(), w, n, K, g);
         EXPECT_LE(std::fabs(y[n] - r), tol) << "g=" << g << " row " << n << " y=" << y[n] << " ref=" << r;
       }
       set_x(3 * g + 7, std::nanf(""));
       run(y);
       for (int64_t n = 0; n < N; ++n) EXPECT_TRUE(std::isnan(y[n])) << "g=" << g << " row " << n << " y=" << y[n];
     }
+}
+
+// 2..16 tokens (the small-M kernel's exact path: offset codes 128 + c times
+// x in bf16/fp16, Σx per token and group) on extreme_activations, each
+// token's patterns rotated by its index, held to the same bound. A NaN in one
+// token makes that token's outputs NaN and leaves the others' bit for bit.
+// The matrices: a narrow one (3 row tiles) and one of 2052 rows.
+TEST(Cuda, W4A16FewTokensExtremeActivations) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  for (int g : {64, 128})
+    for (auto act : {cuda::Act::BF16, cuda::Act::F16})
+      for (int64_t N : {40, 2052}) {
+        const int64_t K = 4160, ldx = K + 8;
+        std::mt19937 rng(40 + g + N);
+        const auto parts = random_int4_parts(rng, N, K, g);
+        const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", g)->upload(parts, N, K, g);
+        const std::vector<float> w = weights_kernel(parts, N, K, g, act, true);
+        for (int M : {2, 9, 16}) {
+          std::vector<float> xf;
+          for (int m = 0; m < M; ++m) {
+            const auto t = extreme_activations(rng, K, g, act, m);
+            xf.insert(xf.end(), t.begin(), t.end());
+          }
+          std::vector<uint16_t> x(static_cast<size_t>(M * ldx), to_16bit(std::nanf(""), act));
+          for (int m = 0; m < M; ++m)
+            for (int64_t k = 0; k < K; ++k) x[m * ldx + k] = to_16bit(xf[m * K + k], act);
+          cuda::DeviceBuffer dx(x.size() * 2), dy(static_cast<size_t>(M * N) * 4);
+          std::vector<float> y(static_cast<size_t>(M * N));
+          auto run = [&] {
+            ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+            dw.kernel->gemm(dw, dx.get(), M, ldx, dy.get(), N, act, true, nullptr, false);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+          };
+          run();
+          int bad = 0;
+          for (int m = 0; m < M && bad < 5; ++m)
+            for (int64_t n = 0; n < N && bad < 5; ++n) {
+              const auto [r, tol] = extreme_reference(&xf[m * K], w, n, K, g);
+              const float v = y[m * N + n];
+              if (!(std::fabs(v - r) <= tol)) {
+                ++bad;
+                ADD_FAILURE() << "g=" << g << " N=" << N << " M=" << M << " y[" << m << "," << n << "]=" << v
+                              << " ref=" << r << " tol=" << tol;
+              }
+            }
+          const std::vector<float> clean = y;
+          const int m_nan = M / 2;
+          x[m_nan * ldx + 3 * g + 7] = to_16bit(std::nanf(""), act);
+          run();
+          for (int m = 0; m < M && bad < 5; ++m)
+            for (int64_t n = 0; n < N && bad < 5; ++n) {
+              const float v = y[m * N + n];
+              if (m == m_nan ? !std::isnan(v) : std::memcmp(&v, &clean[m * N + n], 4) != 0) {
+                ++bad;
+                ADD_FAILURE() << "NaN in token " << m_nan << ": g=" << g << " N=" << N << " M=" << M << " y[" << m
+                              << "," << n << "]=" << v;
+              }
+            }
+        }
+      }
 }
 
 // The reference path (dequantize to bf16 once, cuBLAS) computes the same thing.
