@@ -233,6 +233,26 @@ TEST(Cuda, W4A16WgmmaGridWorkedExamples) {
   EXPECT_EQ(grid(264, 576, 4, true), (V{1, 1, 5}));
 }
 
+// Up to 32 tokens, matrices whose wgmma grid splits K 4 or more ways take the
+// small-M kernel instead (w4a16_small_m_first), by the grids above on 132 SMs.
+// No device needed.
+TEST(Cuda, W4A16SmallMFirstWorkedExamples) {
+  for (int64_t M : {17, 32}) {
+    EXPECT_TRUE(cuda::w4a16_small_m_first(4096, 4096, 128, M, 132));     // o: KS 8
+    EXPECT_TRUE(cuda::w4a16_small_m_first(4096, 14336, 128, M, 132));    // down: KS 8
+    EXPECT_TRUE(cuda::w4a16_small_m_first(6144, 4096, 128, M, 132));     // q|k|v: KS 4
+    EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 128, M, 132));   // 224 row blocks: KS 2
+    EXPECT_FALSE(cuda::w4a16_small_m_first(28672, 4096, 128, M, 132));   // gate|up: no split
+    EXPECT_FALSE(cuda::w4a16_small_m_first(128256, 4096, 128, M, 132));  // the head: no split
+  }
+  // Groups of 64 (twice the groups): 14336 × 4096 still KS 2 (224·2·2 = 896 > 528).
+  EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 64, 24, 132));
+  // 9 groups of 64 over 264 rows: KS 2 (KS 4 needs 16 groups).
+  EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 64, 20, 132));
+  // Beyond 32 tokens the small-M kernel takes two passes: always the wgmma kernel.
+  EXPECT_FALSE(cuda::w4a16_small_m_first(4096, 4096, 128, 33, 132));
+}
+
 // f32 activations are a single-token feature: any other M is refused.
 TEST(Cuda, W4A16F32ActivationsOnlyForOneToken) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

@@ -66,15 +66,6 @@ DeviceBuffer upload_f32(const Tensor& t) {
   return out;
 }
 
-// out[t, :] = table[ids[t], :] in f32 (the embedding of the calibration set).
-template <typename T>
-__global__ void embed_kernel(const T* __restrict__ table, const int32_t* __restrict__ ids, int64_t tokens, int64_t dim,
-                             float* __restrict__ out) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= tokens * dim) return;
-  const int64_t t = i / dim, d = i % dim;
-  out[i] = widen_f32(table[static_cast<int64_t>(ids[t]) * dim + d]);
-}
 // out = a + b (the residual add that moves the stream).
 __global__ void add_kernel(const float* __restrict__ a, const float* __restrict__ b, int64_t n,
                            float* __restrict__ out) {
@@ -380,24 +371,15 @@ void GpuLayerStream::embed(const Tensor& table, const std::vector<std::vector<in
       NIBBLE_CHECK(id >= 0 && id < table.size(0), "GpuLayerStream::embed: token id {} is outside the table", id);
     ids.insert(ids.end(), sequences[i].begin(), sequences[i].end());
   }
+  const DType dt = table.dtype();
+  NIBBLE_CHECK(dt == DType::BF16 || dt == DType::F16 || dt == DType::F32,
+               "GpuLayerStream::embed: unsupported embedding dtype {}", dtype_name(dt));
   const DeviceBuffer d_ids = upload(ids.data(), ids.size() * sizeof(int32_t));
   const DeviceBuffer raw = upload(table);
-  const int64_t n = s.total * D;
+  // The forward's gather (forward_kernels.cuh): a block per token, widened to f32 as read.
+  const auto* d_id = static_cast<const int32_t*>(d_ids.get());
   auto* out = static_cast<float*>(s.hidden.get());
-  const auto* id = static_cast<const int32_t*>(d_ids.get());
-  switch (table.dtype()) {
-    case DType::BF16:
-      embed_kernel<<<grid_for(n, kThreads), kThreads>>>(static_cast<const bf16*>(raw.get()), id, s.total, D, out);
-      break;
-    case DType::F16:
-      embed_kernel<<<grid_for(n, kThreads), kThreads>>>(static_cast<const __half*>(raw.get()), id, s.total, D, out);
-      break;
-    case DType::F32:
-      embed_kernel<<<grid_for(n, kThreads), kThreads>>>(static_cast<const float*>(raw.get()), id, s.total, D, out);
-      break;
-    default:
-      NIBBLE_FAIL("GpuLayerStream::embed: unsupported embedding dtype {}", dtype_name(table.dtype()));
-  }
+  if (s.total > 0) embed_kernel<<<static_cast<unsigned>(s.total), kThreads>>>(d_id, EmbedTable{raw.get(), dt}, out, D);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads are freed on return
 }

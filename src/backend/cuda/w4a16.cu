@@ -549,7 +549,7 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
   const auto s = static_cast<cudaStream_t>(stream);
   if (M == 1 && w4a16_gemv_applies(w.group_size))  // decode: integer dot products (w4a16_gemv.cu)
     return w4a16_gemv(w, x, act, y, f32_out, s, pdl, device_sm_count());
-  if (M > kLargeM && act == Act::BF16 && !w4a16_wgmma_applies(w.group_size, M, act)) {
+  if (M > kLargeM && act == Act::BF16 && !w4a16_wgmma_applies(w, M, act)) {
     // Prefill-sized M: each pass of the kernels re-reads every weight for at
     // most 32 tokens (256 with wgmma), so dequantize once into a stream-ordered scratch and let
     // cuBLAS take all M tokens (bf16, fp32 accumulation).

@@ -47,9 +47,10 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
 // into w.scratch (so, as above, one stream at a time per DeviceLinear), beyond
 // into per-call scratch from w4a16_scratch_pool. w4a16_wgmma_device: the
 // current device runs it; w4a16_wgmma_applies: it serves this call
-// (w4a16_small_m and, for bf16 beyond 64 tokens, w4a16_gemm dispatch).
+// (w4a16_small_m and, for bf16 beyond 64 tokens, w4a16_gemm dispatch;
+// w4a16_small_m_first below).
 bool w4a16_wgmma_device();
-bool w4a16_wgmma_applies(int group_size, int64_t M, Act act);
+bool w4a16_wgmma_applies(const DeviceLinear& w, int64_t M, Act act);
 size_t w4a16_wgmma_scratch_bytes(int64_t cols, int group_size);
 // The wgmma kernel's grid for a matrix of `row_wgs` warpgroup row blocks (64
 // rows each) and `groups` groups of inputs on `sms` SMs: ks blocks of a
@@ -59,6 +60,13 @@ struct WgGrid {
   int64_t ks = 1, nwg = 1, blocks = 1;
 };
 WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide);
+// Whether a call of up to 32 tokens (one pass of the small-M kernel,
+// w4a16_small_m.cu, the path of other GPUs) runs faster there than on the
+// wgmma kernel: where the wgmma grid would split K 4 or more ways. Those matrices give the wgmma kernel few groups per
+// block, so its fixed costs (the image kernel, clusters, the reduction through distributed shared memory) dominate: on
+// the H200, 8B stack at 17..32 tokens, 4096 × 4096 14.5-15.2 → 8.4-9.0 µs, 4096 × 14336 28.9-30.3 → 23.1-25.3, fused
+// stack M = 17 3.09 → 2.69 ms (docs/CUDA.md, "17..64 tokens on Hopper").
+bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms);
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                  bool f32_out, cudaStream_t stream, bool pdl, int sms);
 // The memory pool of per-call scratch (dequantized weights, large x images),

@@ -537,7 +537,7 @@ void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx,
   NIBBLE_CHECK(w4a16_small_m_applies(w.group_size, M), "w4a16: no small-M kernel for M {} and group {}", M,
                w.group_size);
   NIBBLE_CHECK(M < (int64_t{1} << 31), "w4a16: {} tokens in one call", M);
-  if (w4a16_wgmma_applies(w.group_size, M, act))  // more than 16 tokens on sm_90 (w4a16_wgmma.cu)
+  if (w4a16_wgmma_applies(w, M, act))  // more than 16 tokens on sm_90 (w4a16_wgmma.cu)
     return w4a16_wgmma(w, x, M, ldx, act, y, ldy, f32_out, stream, pdl, sms);
   const int m = static_cast<int>(M);
   with_types(act == Act::BF16, f32_out, [&](auto t, auto o) {

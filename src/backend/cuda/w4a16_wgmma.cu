@@ -493,14 +493,21 @@ bool w4a16_wgmma_device() {
   return k == 2;
 }
 
-bool w4a16_wgmma_applies(int group_size, int64_t M, Act act) {
+bool w4a16_wgmma_applies(const DeviceLinear& w, int64_t M, Act act) {
+  const int group_size = w.group_size;
   if (M <= 16 || (group_size != 64 && group_size != 128) || act == Act::F32) return false;
   // Larger bf16 calls dequantize the weight and run cuBLAS (w4a16.cu).
   if (act == Act::BF16 && M > kWgmmaBf16MaxM) return false;
   // NIBBLE_W4A16_WGMMA=0 sends these calls to the small-M kernel, the path of
   // other GPUs (for tests and measurements on Hopper).
   if (const char* e = std::getenv("NIBBLE_W4A16_WGMMA"); e != nullptr && e[0] == '0') return false;
-  return w4a16_wgmma_device();
+  return w4a16_wgmma_device() && !w4a16_small_m_first(w.rows, w.cols, group_size, M, device_sm_count());
+}
+
+bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms) {
+  if (M > 32) return false;
+  const int64_t chunks = (cols + kChunk - 1) / kChunk, cpg = group_size / kChunk;
+  return wg_grid((rows + 63) / 64, (chunks + cpg - 1) / cpg, sms, 4, false).ks >= 4;
 }
 
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
