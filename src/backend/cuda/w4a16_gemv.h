@@ -62,10 +62,12 @@ struct WgGrid {
 WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide);
 // Whether a call of up to 32 tokens (one pass of the small-M kernel,
 // w4a16_small_m.cu, the path of other GPUs) runs faster there than on the
-// wgmma kernel: where the wgmma grid would split K 4 or more ways. Those matrices give the wgmma kernel few groups per
-// block, so its fixed costs (the image kernel, clusters, the reduction through distributed shared memory) dominate: on
-// the H200, 8B stack at 17..32 tokens, 4096 × 4096 14.5-15.2 → 8.4-9.0 µs, 4096 × 14336 28.9-30.3 → 23.1-25.3, fused
-// stack M = 17 3.09 → 2.69 ms (docs/CUDA.md, "17..64 tokens on Hopper").
+// wgmma kernel: where the wgmma grid would split K 4 or more ways. Those
+// matrices give the wgmma kernel few groups per block, so its fixed costs (the
+// image kernel, clusters, the reduction through distributed shared memory)
+// dominate. H200, 8B stack at 17..32 tokens: 4096 × 4096 14.5-15.2 → 8.4-9.0
+// µs, 4096 × 14336 28.9-30.3 → 23.1-25.3, fused stack M = 17 3.09 → 2.69 ms
+// (docs/CUDA.md, "17..64 tokens on Hopper").
 bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms);
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                  bool f32_out, cudaStream_t stream, bool pdl, int sms);
