@@ -13,12 +13,13 @@ namespace nibble::cuda::w4a16 {
 // chunks of 64 inputs (groups_padded: scale/min entries per tile).
 struct SmallMGrid {
   int64_t tiles, chunks, groups, groups_padded, blocks;
-  SmallMGrid(const DeviceLinear& w, int cpg, int r)
-      : tiles((w.rows + kTileRows - 1) / kTileRows),
-        chunks((w.cols + kChunk - 1) / kChunk),
+  SmallMGrid(int64_t rows, int64_t cols, int group_size, int cpg, int r)
+      : tiles((rows + kTileRows - 1) / kTileRows),
+        chunks((cols + kChunk - 1) / kChunk),
         groups((chunks + cpg - 1) / cpg),
-        groups_padded((chunks * kChunk + w.group_size - 1) / w.group_size),
+        groups_padded((chunks * kChunk + group_size - 1) / group_size),
         blocks((tiles + r - 1) / r) {}
+  SmallMGrid(const DeviceLinear& w, int cpg, int r) : SmallMGrid(w.rows, w.cols, w.group_size, cpg, r) {}
 };
 
 // A warp's stream of weight groups into its ring: codes and scale/min pairs

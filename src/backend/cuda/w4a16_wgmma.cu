@@ -506,8 +506,8 @@ bool w4a16_wgmma_applies(const DeviceLinear& w, int64_t M, Act act) {
 
 bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms) {
   if (M > 32) return false;
-  const int64_t chunks = (cols + kChunk - 1) / kChunk, cpg = group_size / kChunk;
-  return wg_grid((rows + 63) / 64, (chunks + cpg - 1) / cpg, sms, 4, false).ks >= 4;
+  const SmallMGrid d(rows, cols, group_size, group_size / kChunk, 4);  // as launch_wgmma's grid
+  return wg_grid(d.blocks, d.groups, sms, 4, false).ks >= 4;
 }
 
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
