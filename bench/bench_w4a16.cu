@@ -238,6 +238,19 @@ int main(int argc, char** argv) {
       const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, g_group);
       for (int M : ms)
         for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, false);
+      if (k->gemv_chain != nullptr && k->prepare != nullptr &&
+          std::find(ms.begin(), ms.end(), 1) != ms.end()) {  // M = 1: the weight as a chain of one call
+        k->prepare(w, x.get(), Act::BF16, w.scratch.get(), w.scratch.bytes(), s, false);
+        DeviceBuffer sync(nibble::cuda::kGemvChainSync * sizeof(unsigned));
+        CK(cudaMemset(sync.get(), 0, sync.bytes()));
+        nibble::cuda::GemvCall c;
+        c.w = &w;
+        c.prepared = w.scratch.get();
+        c.prepared_bytes = w.scratch.bytes();
+        c.y = static_cast<float*>(y.get());
+        for (int i = 0; i < 2; ++i) k->gemv_chain(&c, 1, static_cast<unsigned*>(sync.get()), s, false);
+        CK(cudaStreamSynchronize(s));
+      }
     }
     CK(cudaStreamSynchronize(s));
     return 0;

@@ -282,39 +282,55 @@ __global__ void __launch_bounds__(512)
   // planes a, b, c; columns 3..7 are zero.
   const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
   const float c_min = tig == 0 ? 1.0f : 0.0f;  // the min term is added once per row
-  const bool b_lane = gid < 3;
   float out_lo = 0.0f, out_hi = 0.0f;  // rows gid, gid + 8
-  // The activation of the warp's next group is loaded one group ahead.
+  // The activation of the warp's next group is loaded one group ahead. The
+  // lane's B fragment is plane gid (columns 0..2); lanes of gid 3..7 load
+  // planes too (gid % 3): their columns' sums are multiplied by zero in
+  // group_combine, so no lane needs a predicate or a zero fill.
+  const uint4* xlane = frags + (gid % 3) * 4 + tig;
   uint4 xf_next[CPG];
   float2 gi_next = make_float2(0.0f, 0.0f);
   auto load_x = [&](int i) {
     const int g = wi + i * wpt;
 #pragma unroll
-    for (int u = 0; u < CPG; ++u)
-      xf_next[u] =
-          b_lane ? __ldg(frags + (static_cast<int64_t>(g * CPG + u) * 3 + gid) * 4 + tig) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < CPG; ++u) xf_next[u] = __ldg(xlane + static_cast<int64_t>(g * CPG + u) * 12);
     gi_next = __ldg(ginfo + g);
   };
   if (iters > 0) load_x(0);
   for (int i = 0; i < iters; ++i) {
     issue(i + S - 1);
     cp_async_commit();
-    const int g = wi + i * wpt, st = i & (S - 1);
+    const int st = i & (S - 1);
     uint4 xf[CPG];
 #pragma unroll
     for (int u = 0; u < CPG; ++u) xf[u] = xf_next[u];
     const float2 gi = gi_next;
     if (i + 1 < iters) load_x(i + 1);
     cp_async_wait<S - 1>();
-    int32_t acc[4] = {0, 0, 0, 0};
+    // One accumulator chain per chunk, interleaved (the mmas are volatile asm,
+    // so the source order is the issue order), summed exactly after. A ragged
+    // last chunk (past K) multiplies its stale ring codes by the zeros the
+    // prepared input holds there.
+    uint4 q[CPG];
+    int32_t acc[CPG][4];
 #pragma unroll
     for (int u = 0; u < CPG; ++u) {
-      if (CPG > 1 && g * CPG + u >= chunks) break;  // the last group of a ragged K (warp-uniform)
-      const uint4 q = lds128(rq + (st * CPG + u) * 512);
-      mma_u8s8(acc, q.x & 0x0F0F0F0Fu, q.x & 0xF0F0F0F0u, q.y & 0x0F0F0F0Fu, q.y & 0xF0F0F0F0u, xf[u].x, xf[u].y);
-      mma_u8s8(acc, q.z & 0x0F0F0F0Fu, q.z & 0xF0F0F0F0u, q.w & 0x0F0F0F0Fu, q.w & 0xF0F0F0F0u, xf[u].z, xf[u].w);
+      q[u] = lds128(rq + (st * CPG + u) * 512);
+      acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0;
     }
-    group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
+#pragma unroll
+    for (int u = 0; u < CPG; ++u)
+      mma_u8s8(acc[u], q[u].x & 0x0F0F0F0Fu, q[u].x & 0xF0F0F0F0u, q[u].y & 0x0F0F0F0Fu, q[u].y & 0xF0F0F0F0u,
+               xf[u].x, xf[u].y);
+#pragma unroll
+    for (int u = 0; u < CPG; ++u)
+      mma_u8s8(acc[u], q[u].z & 0x0F0F0F0Fu, q[u].z & 0xF0F0F0F0u, q[u].w & 0x0F0F0F0Fu, q[u].w & 0xF0F0F0F0u,
+               xf[u].z, xf[u].w);
+#pragma unroll
+    for (int u = 1; u < CPG; ++u)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[0][r] += acc[u][r];  // exact
+    group_combine(acc[0], lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
   }
   grid_dependents_launch();  // a no-op where `early` triggered it already
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
@@ -454,7 +470,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
     for (int c = 0; c < count; ++c) {
       const ChainPhase& P = sph[c];
       const FuseArgs& f = P.f;
-      const int wpt = kSliceGroups / P.tpb;
+      const int wpt = NW / P.tpb;
       bool have_scale = false;
       float scale = 1.0f;
       for (int b = static_cast<int>(blockIdx.x); b < P.items; b += G, ++k) {
@@ -490,15 +506,21 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
   } else {  // consumer warps
     const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
     const float c_min = tig == 0 ? 1.0f : 0.0f;
-    const bool b_lane = gid < 3;
     // The call's prepared input, staged whole in shared memory by the block.
     auto* xs = reinterpret_cast<uint4*>(smem + chain_ring_bytes(CPG, S) + kChainRedBytes);
     const uint32_t xs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
+    // The lane's B fragment in each chunk: plane gid (columns 0..2). Lanes of
+    // gid 3..7 load planes too (gid % 3): their columns' sums are multiplied
+    // by zero in group_combine, so no lane needs a predicate or a zero fill.
+    const uint32_t xs_lane = xs_addr + ((gid % 3) * 4 + tig) * 16;
     int seq = 0, k = 0;  // slices consumed; the block's item count so far
     for (int c = 0; c < count; ++c) {
       const ChainPhase& P = sph[c];
+      // The warp's slot in each slice (its tile of the item: warp / per): group
+      // i·per + wi of slice i, the group w4a16_gemv_kernel's warp wi takes with
+      // per warps per tile, in the same order.
       const int per = kSliceGroups / P.tpb, slices = (P.groups + per - 1) / per;
-      const int wi = warp % per;  // the warp's slot in each slice (its tile: warp / per)
+      const int wi = warp % per;
       if (c > 0 && threadIdx.x == 0)  // call c - 1 finished in every block
         while (ld_acquire(p.sync + c - 1) < static_cast<unsigned>(G)) __nanosleep(32);
       bar_sync(kBarConsumers, NW * 32);
@@ -522,25 +544,42 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
       for (int b = static_cast<int>(blockIdx.x); b < P.items; b += G, ++k) {
         float out_lo = 0.0f, out_hi = 0.0f;
         for (int i = 0; i < slices; ++i, ++seq) {
-          const int st = seq % S, g = i * per + wi;
+          const int st = seq % S;
+          const uint32_t base = ring + st * kStage;
           mbar_wait(full0 + 8 * st, (seq / S) & 1);
-          if (g < P.groups) {
-            const uint32_t codes = ring + st * kStage + warp * CPG * 512 + lane * 16;
-            int32_t acc[4] = {0, 0, 0, 0};
+          // Branch-free: the chunks' accumulator chains interleave (loads
+          // first, then the mmas chain by chain in turn). A slot past the call's
+          // groups (a ragged last slice) reads stale codes and the last group's
+          // input, and its sum is not kept; a ragged last chunk reads the zeros
+          // the prepared input holds past K.
+          const int g = i * per + wi, gx = min(g, P.groups - 1);
+          uint4 q[CPG], xf[CPG];
+          int32_t acc[CPG][4];
 #pragma unroll
-            for (int u = 0; u < CPG; ++u) {
-              if (CPG > 1 && g * CPG + u >= P.chunks) break;
-              const uint4 q = lds128(codes + u * 512);
-              const uint4 xf =
-                  b_lane ? lds128(xs_addr + ((((g * CPG + u) * 3 + gid) * 4 + tig) << 4)) : make_uint4(0, 0, 0, 0);
-              mma_u8s8(acc, q.x & 0x0F0F0F0Fu, q.x & 0xF0F0F0F0u, q.y & 0x0F0F0F0Fu, q.y & 0xF0F0F0F0u, xf.x,
-                       xf.y);
-              mma_u8s8(acc, q.z & 0x0F0F0F0Fu, q.z & 0xF0F0F0F0u, q.w & 0x0F0F0F0Fu, q.w & 0xF0F0F0F0u, xf.z,
-                       xf.w);
-            }
-            const uint2 gb = lds64(xg_addr + g * 8);  // (d, Σx)
-            group_combine(acc, lds64(ring + st * kStage + kMeta + warp * 64 + gid * 8), __uint_as_float(gb.x),
-                          __uint_as_float(gb.y), c_even, c_odd, c_min, out_lo, out_hi);
+          for (int u = 0; u < CPG; ++u) {
+            q[u] = lds128(base + warp * CPG * 512 + u * 512 + lane * 16);
+            xf[u] = lds128(xs_lane + (gx * CPG + u) * kPrepChunkBytes);
+            acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0;
+          }
+#pragma unroll
+          for (int u = 0; u < CPG; ++u)
+            mma_u8s8(acc[u], q[u].x & 0x0F0F0F0Fu, q[u].x & 0xF0F0F0F0u, q[u].y & 0x0F0F0F0Fu, q[u].y & 0xF0F0F0F0u,
+                     xf[u].x, xf[u].y);
+#pragma unroll
+          for (int u = 0; u < CPG; ++u)
+            mma_u8s8(acc[u], q[u].z & 0x0F0F0F0Fu, q[u].z & 0xF0F0F0F0u, q[u].w & 0x0F0F0F0Fu, q[u].w & 0xF0F0F0F0u,
+                     xf[u].z, xf[u].w);
+#pragma unroll
+          for (int u = 1; u < CPG; ++u)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[0][r] += acc[u][r];  // exact
+          const uint2 gb = lds64(xg_addr + gx * 8);  // (d, Σx)
+          float lo = out_lo, hi = out_hi;
+          group_combine(acc[0], lds64(base + kMeta + warp * 64 + gid * 8), __uint_as_float(gb.x),
+                        __uint_as_float(gb.y), c_even, c_odd, c_min, lo, hi);
+          if (g < P.groups) {  // selects, not a branch
+            out_lo = lo;
+            out_hi = hi;
           }
           __syncwarp();
           if (lane == 0) mbar_arrive(empty0 + 8 * st);
