@@ -283,17 +283,17 @@ __global__ void __launch_bounds__(512)
   const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
   const float c_min = tig == 0 ? 1.0f : 0.0f;  // the min term is added once per row
   float out_lo = 0.0f, out_hi = 0.0f;  // rows gid, gid + 8
-  // The activation of the warp's next group is loaded one group ahead. The
-  // lane's B fragment is plane gid (columns 0..2); lanes of gid 3..7 load
-  // planes too (gid % 3): their columns' sums are multiplied by zero in
-  // group_combine, so no lane needs a predicate or a zero fill.
-  const uint4* xlane = frags + (gid % 3) * 4 + tig;
+  // The activation of the warp's next group is loaded one group ahead: the
+  // lane's B fragment, plane gid (columns 0..2; lanes of gid 3..7 hold zeros).
+  const bool b_lane = gid < 3;
+  const uint4* xlane = frags + gid * 4 + tig;
   uint4 xf_next[CPG];
   float2 gi_next = make_float2(0.0f, 0.0f);
   auto load_x = [&](int i) {
     const int g = wi + i * wpt;
 #pragma unroll
-    for (int u = 0; u < CPG; ++u) xf_next[u] = __ldg(xlane + static_cast<int64_t>(g * CPG + u) * 12);
+    for (int u = 0; u < CPG; ++u)
+      xf_next[u] = b_lane ? __ldg(xlane + static_cast<int64_t>(g * CPG + u) * 12) : make_uint4(0, 0, 0, 0);
     gi_next = __ldg(ginfo + g);
   };
   if (iters > 0) load_x(0);
@@ -509,10 +509,10 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
     // The call's prepared input, staged whole in shared memory by the block.
     auto* xs = reinterpret_cast<uint4*>(smem + chain_ring_bytes(CPG, S) + kChainRedBytes);
     const uint32_t xs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
-    // The lane's B fragment in each chunk: plane gid (columns 0..2). Lanes of
-    // gid 3..7 load planes too (gid % 3): their columns' sums are multiplied
-    // by zero in group_combine, so no lane needs a predicate or a zero fill.
-    const uint32_t xs_lane = xs_addr + ((gid % 3) * 4 + tig) * 16;
+    // The lane's B fragment in each chunk: plane gid (columns 0..2; lanes of
+    // gid 3..7 hold zeros).
+    const bool b_lane = gid < 3;
+    const uint32_t xs_lane = xs_addr + (gid * 4 + tig) * 16;
     int seq = 0, k = 0;  // slices consumed; the block's item count so far
     for (int c = 0; c < count; ++c) {
       const ChainPhase& P = sph[c];
@@ -558,7 +558,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
 #pragma unroll
           for (int u = 0; u < CPG; ++u) {
             q[u] = lds128(base + warp * CPG * 512 + u * 512 + lane * 16);
-            xf[u] = lds128(xs_lane + (gx * CPG + u) * kPrepChunkBytes);
+            xf[u] = b_lane ? lds128(xs_lane + (gx * CPG + u) * kPrepChunkBytes) : make_uint4(0, 0, 0, 0);
             acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0;
           }
 #pragma unroll
