@@ -2,7 +2,10 @@
 // as CUDA graphs at M = 1, 4, 16, 64, next to cuBLAS bf16 on the same shapes and
 // against the read bandwidth measured in the same run (issue 6, item 2).
 //
-//   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas]
+//   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas] [--profile]
+//
+// --profile: no timing; a few plain launches per distinct shape and M (and at
+// M = 1 each shape as a GEMV chain of one call, twice), for Nsight Compute.
 //
 // Stacks: "unfused" = q, k, v, o, gate, up, down per layer (7 launches, as the
 // torch reference in bench/torch_int4_stack.py times it); "fused" = qkv and

@@ -106,6 +106,32 @@ __device__ __forceinline__ float input_inv_rms(const FuseArgs& f) {
   return 1.0f / sqrtf(ss / f.in_width + f.eps);
 }
 
+// One group's int32 sums from its CPG chunks' codes (q, the lane's 16 bytes
+// of each) and the input's B fragments (xf): one accumulator chain per chunk,
+// issued interleaved (the mmas are volatile asm, so source order is issue
+// order), summed exactly after. Rows gid and gid + 8 (the latter 16×),
+// columns 2tig and 2tig + 1.
+template <int CPG>
+__device__ __forceinline__ void group_sums(const uint4 (&q)[CPG], const uint4 (&xf)[CPG], int32_t (&sum)[4]) {
+  int32_t acc[CPG][4];
+#pragma unroll
+  for (int u = 0; u < CPG; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0;
+#pragma unroll
+  for (int u = 0; u < CPG; ++u)
+    mma_u8s8(acc[u], q[u].x & 0x0F0F0F0Fu, q[u].x & 0xF0F0F0F0u, q[u].y & 0x0F0F0F0Fu, q[u].y & 0xF0F0F0F0u, xf[u].x,
+             xf[u].y);
+#pragma unroll
+  for (int u = 0; u < CPG; ++u)
+    mma_u8s8(acc[u], q[u].z & 0x0F0F0F0Fu, q[u].z & 0xF0F0F0F0u, q[u].w & 0x0F0F0F0Fu, q[u].w & 0xF0F0F0F0u, xf[u].z,
+             xf[u].w);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    sum[r] = acc[0][r];
+#pragma unroll
+    for (int u = 1; u < CPG; ++u) sum[r] += acc[u][r];
+  }
+}
+
 // One group's int32 sums (acc: rows gid and gid + 8, the latter 16×) into
 // the lane's outputs: s·d·(65536·A + 256·B + C) + m·Σx, with the lane's
 // column constants (planes a, b, c in columns 0..2; the min term once per row).
@@ -307,30 +333,14 @@ __global__ void __launch_bounds__(512)
     const float2 gi = gi_next;
     if (i + 1 < iters) load_x(i + 1);
     cp_async_wait<S - 1>();
-    // One accumulator chain per chunk, interleaved (the mmas are volatile asm,
-    // so the source order is the issue order), summed exactly after. A ragged
-    // last chunk (past K) multiplies its stale ring codes by the zeros the
-    // prepared input holds there.
+    // A ragged last chunk (past K) multiplies its stale ring codes by the
+    // zeros the prepared input holds there.
     uint4 q[CPG];
-    int32_t acc[CPG][4];
 #pragma unroll
-    for (int u = 0; u < CPG; ++u) {
-      q[u] = lds128(rq + (st * CPG + u) * 512);
-      acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0;
-    }
-#pragma unroll
-    for (int u = 0; u < CPG; ++u)
-      mma_u8s8(acc[u], q[u].x & 0x0F0F0F0Fu, q[u].x & 0xF0F0F0F0u, q[u].y & 0x0F0F0F0Fu, q[u].y & 0xF0F0F0F0u,
-               xf[u].x, xf[u].y);
-#pragma unroll
-    for (int u = 0; u < CPG; ++u)
-      mma_u8s8(acc[u], q[u].z & 0x0F0F0F0Fu, q[u].z & 0xF0F0F0F0u, q[u].w & 0x0F0F0F0Fu, q[u].w & 0xF0F0F0F0u,
-               xf[u].z, xf[u].w);
-#pragma unroll
-    for (int u = 1; u < CPG; ++u)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[0][r] += acc[u][r];  // exact
-    group_combine(acc[0], lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
+    for (int u = 0; u < CPG; ++u) q[u] = lds128(rq + (st * CPG + u) * 512);
+    int32_t acc[4];
+    group_sums<CPG>(q, xf, acc);
+    group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
   }
   grid_dependents_launch();  // a no-op where `early` triggered it already
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
@@ -547,35 +557,22 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
           const int st = seq % S;
           const uint32_t base = ring + st * kStage;
           mbar_wait(full0 + 8 * st, (seq / S) & 1);
-          // Branch-free: the chunks' accumulator chains interleave (loads
-          // first, then the mmas chain by chain in turn). A slot past the call's
-          // groups (a ragged last slice) reads stale codes and the last group's
-          // input, and its sum is not kept; a ragged last chunk reads the zeros
-          // the prepared input holds past K.
+          // Branch-free, so the chunks' chains interleave: a slot past the
+          // call's groups (a ragged last slice) reads stale codes and the last
+          // group's input, and its sum is not kept; a ragged last chunk reads
+          // the zeros the prepared input holds past K.
           const int g = i * per + wi, gx = min(g, P.groups - 1);
           uint4 q[CPG], xf[CPG];
-          int32_t acc[CPG][4];
 #pragma unroll
           for (int u = 0; u < CPG; ++u) {
             q[u] = lds128(base + warp * CPG * 512 + u * 512 + lane * 16);
             xf[u] = b_lane ? lds128(xs_lane + (gx * CPG + u) * kPrepChunkBytes) : make_uint4(0, 0, 0, 0);
-            acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0;
           }
-#pragma unroll
-          for (int u = 0; u < CPG; ++u)
-            mma_u8s8(acc[u], q[u].x & 0x0F0F0F0Fu, q[u].x & 0xF0F0F0F0u, q[u].y & 0x0F0F0F0Fu, q[u].y & 0xF0F0F0F0u,
-                     xf[u].x, xf[u].y);
-#pragma unroll
-          for (int u = 0; u < CPG; ++u)
-            mma_u8s8(acc[u], q[u].z & 0x0F0F0F0Fu, q[u].z & 0xF0F0F0F0u, q[u].w & 0x0F0F0F0Fu, q[u].w & 0xF0F0F0F0u,
-                     xf[u].z, xf[u].w);
-#pragma unroll
-          for (int u = 1; u < CPG; ++u)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[0][r] += acc[u][r];  // exact
+          int32_t acc[4];
+          group_sums<CPG>(q, xf, acc);
           const uint2 gb = lds64(xg_addr + gx * 8);  // (d, Σx)
           float lo = out_lo, hi = out_hi;
-          group_combine(acc[0], lds64(base + kMeta + warp * 64 + gid * 8), __uint_as_float(gb.x),
+          group_combine(acc, lds64(base + kMeta + warp * 64 + gid * 8), __uint_as_float(gb.x),
                         __uint_as_float(gb.y), c_even, c_odd, c_min, lo, hi);
           if (g < P.groups) {  // selects, not a branch
             out_lo = lo;
