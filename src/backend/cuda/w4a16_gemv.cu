@@ -274,20 +274,29 @@ __global__ void __launch_bounds__(512)
   // instead of 136 instructions per group; the GEMV ran 10-30 % slower).
   asm volatile("" : "+l"(cp), "+l"(mp), "+r"(rq), "+r"(rm));
 
-  auto issue = [&](int i) {  // the warp's i-th group into stage i % S
-    const int g = wi + i * wpt, st = i & (S - 1);
-    if (g < groups) {
+  // The ring is filled in order: the warp's groups wi, wi + wpt, ... into
+  // stages 0, 1, ..., S - 1, 0, ... by running pointers (no per-group
+  // index arithmetic in the loop).
+  const int iters = wi < groups ? (groups - wi + wpt - 1) / wpt : 0;
+  int g_in = wi, st_in = 0;  // the next group to issue, its stage
+  const uint4* cp_in = cp + static_cast<int64_t>(wi) * CPG * 32;
+  const uint2* mp_in = mp + static_cast<int64_t>(wi) * 8;
+  const int64_t cp_step = static_cast<int64_t>(wpt) * CPG * 32, mp_step = static_cast<int64_t>(wpt) * 8;
+  auto issue = [&]() {  // the warp's next group into its stage (nothing past the last group)
+    if (g_in < groups) {
 #pragma unroll
       for (int u = 0; u < CPG; ++u)
-        if (g * CPG + u < chunks)
-          cp_async16_s(rq + (st * CPG + u) * 512, cp + static_cast<int64_t>(g * CPG + u) * 32);
-      cp_async8_s(rm + st * 256, mp + static_cast<int64_t>(g) * 8);
+        if (u == 0 || g_in * CPG + u < chunks) cp_async16_s(rq + (st_in * CPG + u) * 512, cp_in + u * 32);
+      cp_async8_s(rm + st_in * 256, mp_in);
     }
+    g_in += wpt;
+    cp_in += cp_step;
+    mp_in += mp_step;
+    st_in = (st_in + 1) & (S - 1);
   };
-  const int iters = wi < groups ? (groups - wi + wpt - 1) / wpt : 0;
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    issue(i);
+    issue();
     cp_async_commit();
   }
   if (early) grid_dependents_launch();  // the next kernel may become resident and stream its weights
@@ -311,36 +320,51 @@ __global__ void __launch_bounds__(512)
   float out_lo = 0.0f, out_hi = 0.0f;  // rows gid, gid + 8
   // The activation of the warp's next group is loaded one group ahead: the
   // lane's B fragment, plane gid (columns 0..2; lanes of gid 3..7 hold zeros).
+  // Two buffers, used in turn by the loop unrolled by two (no copies).
   const bool b_lane = gid < 3;
-  const uint4* xlane = frags + gid * 4 + tig;
-  uint4 xf_next[CPG];
-  float2 gi_next = make_float2(0.0f, 0.0f);
-  auto load_x = [&](int i) {
-    const int g = wi + i * wpt;
+  const uint4* x_in = frags + gid * 4 + tig + static_cast<int64_t>(wi) * CPG * 12;
+  const float2* gi_in = ginfo + wi;
+  const int64_t x_step = static_cast<int64_t>(wpt) * CPG * 12;
+  uint4 xa[CPG], xb[CPG];
+  float2 ga = make_float2(0.0f, 0.0f), gb = ga;
+  auto load_x = [&](uint4 (&xf)[CPG], float2& gi) {  // the next group's input
 #pragma unroll
-    for (int u = 0; u < CPG; ++u)
-      xf_next[u] = b_lane ? __ldg(xlane + static_cast<int64_t>(g * CPG + u) * 12) : make_uint4(0, 0, 0, 0);
-    gi_next = __ldg(ginfo + g);
+    for (int u = 0; u < CPG; ++u) xf[u] = b_lane ? __ldg(x_in + u * 12) : make_uint4(0, 0, 0, 0);
+    gi = __ldg(gi_in);
+    x_in += x_step;
+    gi_in += wpt;
   };
-  if (iters > 0) load_x(0);
-  for (int i = 0; i < iters; ++i) {
-    issue(i + S - 1);
-    cp_async_commit();
-    const int st = i & (S - 1);
-    uint4 xf[CPG];
-#pragma unroll
-    for (int u = 0; u < CPG; ++u) xf[u] = xf_next[u];
-    const float2 gi = gi_next;
-    if (i + 1 < iters) load_x(i + 1);
-    cp_async_wait<S - 1>();
-    // A ragged last chunk (past K) multiplies its stale ring codes by the
-    // zeros the prepared input holds there.
+  // One group from stage st: its int32 sums into the lane's outputs. A
+  // ragged last chunk (past K) multiplies its stale ring codes by the zeros
+  // the prepared input holds there.
+  auto group = [&](int st, const uint4 (&xf)[CPG], float2 gi) {
     uint4 q[CPG];
 #pragma unroll
     for (int u = 0; u < CPG; ++u) q[u] = lds128(rq + (st * CPG + u) * 512);
     int32_t acc[4];
     group_sums<CPG>(q, xf, acc);
     group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
+  };
+  if (iters > 0) load_x(xa, ga);
+  int i = 0;
+  for (; i + 1 < iters; i += 2) {
+    const int st = i & (S - 1);
+    issue();
+    cp_async_commit();
+    load_x(xb, gb);
+    cp_async_wait<S - 1>();
+    group(st, xa, ga);
+    issue();
+    cp_async_commit();
+    if (i + 2 < iters) load_x(xa, ga);
+    cp_async_wait<S - 1>();
+    group(st + 1, xb, gb);
+  }
+  if (i < iters) {
+    issue();
+    cp_async_commit();
+    cp_async_wait<S - 1>();
+    group(i & (S - 1), xa, ga);
   }
   grid_dependents_launch();  // a no-op where `early` triggered it already
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
