@@ -262,8 +262,11 @@ __global__ void __launch_bounds__(512)
   const int sub = warp / wpt, wi = warp - sub * wpt;  // the warp's tile in the block, its index there
   const int gid = lane >> 2, tig = lane & 3;
   const int64_t tile = blockIdx.x + static_cast<int64_t>(sub) * gridDim.x;
-  const uint4* cp = codes + tile * chunks * 32 + lane;
-  const uint2* mp = meta + tile * groups_padded * 8 + gid;
+  // The lane's codes and scale/min entry of the warp's next group to issue
+  // (first group wi), advanced by running pointers (no per-group index
+  // arithmetic in the loop).
+  const uint4* cp = codes + tile * chunks * 32 + lane + static_cast<int64_t>(wi) * CPG * 32;
+  const uint2* mp = meta + tile * groups_padded * 8 + gid + wi * 8;
   // The lane's slots: stage st, chunk u of the codes at rq + (st·CPG + u)·512,
   // its scale/min entry at rm + st·256 (shared-window addresses).
   uint32_t rq = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (warp * S * CPG * 32 + lane) * 16;
@@ -275,23 +278,20 @@ __global__ void __launch_bounds__(512)
   asm volatile("" : "+l"(cp), "+l"(mp), "+r"(rq), "+r"(rm));
 
   // The ring is filled in order: the warp's groups wi, wi + wpt, ... into
-  // stages 0, 1, ..., S - 1, 0, ... by running pointers (no per-group
-  // index arithmetic in the loop).
+  // stages 0, 1, ..., S - 1, 0, ...
   const int iters = wi < groups ? (groups - wi + wpt - 1) / wpt : 0;
   int g_in = wi, st_in = 0;  // the next group to issue, its stage
-  const uint4* cp_in = cp + static_cast<int64_t>(wi) * CPG * 32;
-  const uint2* mp_in = mp + static_cast<int64_t>(wi) * 8;
   const int64_t cp_step = static_cast<int64_t>(wpt) * CPG * 32, mp_step = static_cast<int64_t>(wpt) * 8;
   auto issue = [&]() {  // the warp's next group into its stage (nothing past the last group)
     if (g_in < groups) {
 #pragma unroll
       for (int u = 0; u < CPG; ++u)
-        if (u == 0 || g_in * CPG + u < chunks) cp_async16_s(rq + (st_in * CPG + u) * 512, cp_in + u * 32);
-      cp_async8_s(rm + st_in * 256, mp_in);
+        if (u == 0 || g_in * CPG + u < chunks) cp_async16_s(rq + (st_in * CPG + u) * 512, cp + u * 32);
+      cp_async8_s(rm + st_in * 256, mp);
     }
     g_in += wpt;
-    cp_in += cp_step;
-    mp_in += mp_step;
+    cp += cp_step;
+    mp += mp_step;
     st_in = (st_in + 1) & (S - 1);
   };
 #pragma unroll
