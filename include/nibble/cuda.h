@@ -121,6 +121,11 @@ struct GemvFusion {
   int prep_group = 0;
   float* stage = nullptr;
   unsigned* tickets = nullptr;
+  // Optional, in place of the tickets where every block of the call is
+  // resident at once: 8 bytes per output (width), zero before the call and
+  // after it. Each 16-row tile's block posts its rows there and the unit's
+  // last tile's block prepares the unit once they arrive.
+  unsigned long long* mail = nullptr;
   bool fuses_output() const { return residual != nullptr || swiglu; }
 };
 

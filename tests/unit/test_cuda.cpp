@@ -630,6 +630,13 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
       EXPECT_EQ(cudaMemcpy(t.data(), tickets.get(), t.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
       return std::all_of(t.begin(), t.end(), [](unsigned v) { return v == 0; });
     };
+    // GemvFusion::mail: a word per output, zero before and after each call.
+    cuda::DeviceBuffer mail(static_cast<size_t>(std::max(N, F)) * 8);
+    ASSERT_EQ(cudaMemset(mail.get(), 0, mail.bytes()), cudaSuccess);
+    auto mail_zero = [&] {
+      const std::vector<uint8_t> m = bytes_of(mail);
+      return std::all_of(m.begin(), m.end(), [](uint8_t v) { return v == 0; });
+    };
 
     // Input side: × 1 / sqrt(Σ parts / width + eps) over 300 parts.
     std::vector<float> parts(300);
@@ -651,7 +658,8 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
     }
 
     // Residual output: x += y, z = x · w_norm prepared, Σ x² per 16 rows. Run
-    // twice: the tickets must be back at zero for the second call.
+    // twice with tickets, then twice with the mailbox: tickets and mailbox
+    // must be back at zero for the next call.
     std::vector<float> resid0(N), norm_w(N);
     for (auto& v : resid0) v = normal(rng);
     for (auto& v : norm_w) v = pos(rng);
@@ -665,7 +673,8 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
     }
     const cuda::DeviceLinear z_shape = kern->upload(random_int4_parts(rng, 16, N, g), 16, N, g);
     const std::vector<uint8_t> want_pz = prepared_of(z, z_shape);
-    for (int call = 0; call < 2; ++call) {
+    for (int call = 0; call < 4; ++call) {
+      const bool use_mail = call >= 2;  // calls 2, 3: the mailbox handoff instead of tickets
       SCOPED_TRACE("residual call " + std::to_string(call));
       cuda::DeviceBuffer dres = up(resid0);
       cuda::GemvFusion f;
@@ -677,6 +686,7 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
       f.prep_group = g;
       f.stage = static_cast<float*>(stage.get());
       f.tickets = static_cast<unsigned*>(tickets.get());
+      if (use_mail) f.mail = static_cast<unsigned long long*>(mail.get());
       ASSERT_EQ(cudaMemset(pz.get(), 0xAB, pz.bytes()), cudaSuccess);
       kern->gemv_prepared(w, px.get(), px.bytes(), nullptr, nullptr, false, false, &f);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -689,6 +699,7 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
       }
       EXPECT_EQ(bytes_of(pz), want_pz);
       EXPECT_TRUE(tickets_zero());
+      EXPECT_TRUE(mail_zero());
     }
 
     // SwiGLU output: SiLU(gate)·up of F = 208, with and without the input's
@@ -702,8 +713,10 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
         for (int64_t k = 0; k < K; ++k) mag[i] += std::fabs(double{wf[i * K + k]} * x[k]);
     }
     const cuda::DeviceLinear h_shape = kern->upload(random_int4_parts(rng, 16, F, g), 16, F, g);
-    for (bool scaled : {false, true}) {
-      SCOPED_TRACE(scaled ? "swiglu, scaled input" : "swiglu");
+    std::vector<uint8_t> ticket_ph[2];  // the tickets' prepared bytes, unscaled and scaled
+    for (int run = 0; run < 4; ++run) {
+      const bool scaled = run % 2 == 1, use_mail = run >= 2;
+      SCOPED_TRACE(std::string(scaled ? "swiglu, scaled input" : "swiglu") + (use_mail ? ", mailbox" : ""));
       cuda::DeviceBuffer ph(cuda::w4a16_gemv_scratch_bytes(F));
       ASSERT_EQ(cudaMemset(ph.get(), 0xAB, ph.bytes()), cudaSuccess);
       cuda::GemvFusion f = scaled ? in : cuda::GemvFusion{};
@@ -713,8 +726,14 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
       f.prep_group = g;
       f.stage = static_cast<float*>(stage.get());
       f.tickets = static_cast<unsigned*>(tickets.get());
+      if (use_mail) f.mail = static_cast<unsigned long long*>(mail.get());
       kern->gemv_prepared(wgu, px.get(), px.bytes(), nullptr, nullptr, false, false, &f);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      if (use_mail) {  // the same values handed over another way: the same bytes
+        EXPECT_EQ(bytes_of(ph), ticket_ph[scaled]);
+        EXPECT_TRUE(mail_zero());
+        continue;
+      }
       const std::vector<float> h = down(stage, F);
       const double s = scaled ? r : 1.0;
       for (int64_t i = 0; i < F; ++i) {
@@ -723,7 +742,8 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
         const double tol = 1e-6 * s * (std::fabs(dsilu * b) * mag[i] + std::fabs(a * sig) * mag[F + i]);
         EXPECT_NEAR(h[i], want, tol + 2e-6 * std::fabs(want)) << i;
       }
-      EXPECT_EQ(bytes_of(ph), prepared_of(h, h_shape));
+      ticket_ph[scaled] = bytes_of(ph);
+      EXPECT_EQ(ticket_ph[scaled], prepared_of(h, h_shape));
       EXPECT_TRUE(tickets_zero());
     }
   }

@@ -429,8 +429,10 @@ struct Scratch {
   DeviceBuffer tokens, x, xn, qkv, qf, att, tmp, gu, h, logits;
   DeviceBuffer xq, oq, hq;  // decode: prepared activations of width hidden, heads·head_dim, intermediate
   // Decode with GemvFusion: the fused outputs' f32 stage (max(hidden,
-  // intermediate)), the residual's sums of squares per 16 rows, the tickets.
-  DeviceBuffer stage, ss, tickets;
+  // intermediate)), the residual's sums of squares per 16 rows, the tickets,
+  // and the mailbox (8 bytes per output) that replaces the tickets wherever a
+  // GEMV's grid is resident at once.
+  DeviceBuffer stage, ss, tickets, mail;
   DeviceBuffer chain_sync;  // decode: LinearKernel::gemv_chain's counters (zero between calls)
 };
 
@@ -516,6 +518,8 @@ struct GpuModel::Impl {
       t.ss = DeviceBuffer((D + w4a16::kTileRows - 1) / w4a16::kTileRows * 4);
       t.tickets = DeviceBuffer((wide + w4a16::kPrepInputs - 1) / w4a16::kPrepInputs * 4);
       NIBBLE_CUDA_CHECK(cudaMemset(t.tickets.get(), 0, t.tickets.bytes()));
+      t.mail = DeviceBuffer(wide * 8);
+      NIBBLE_CUDA_CHECK(cudaMemset(t.mail.get(), 0, t.mail.bytes()));
       t.chain_sync = DeviceBuffer(kGemvChainSync * sizeof(unsigned));
       NIBBLE_CUDA_CHECK(cudaMemset(t.chain_sync.get(), 0, t.chain_sync.bytes()));
     }
@@ -572,6 +576,7 @@ struct GpuModel::Impl {
       f.prep_group = group;
       f.stage = static_cast<float*>(sc.stage.get());
       f.tickets = static_cast<unsigned*>(sc.tickets.get());
+      f.mail = static_cast<unsigned long long*>(sc.mail.get());  // tickets where a grid is not one wave
     };
     auto residual_out = [&](const DeviceBuffer& norm_w, int group) {
       GemvFusion f;

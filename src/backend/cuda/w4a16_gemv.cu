@@ -90,6 +90,10 @@ struct FuseArgs {
   int prep_group = 0;
   float* stage = nullptr;
   unsigned* tickets = nullptr;
+  // The mailbox handoff (null: tickets): per output row a 64-bit word, the
+  // value's bits with a flag of 1 above them, written by the row's block and
+  // zeroed by the unit's preparing block once read.
+  unsigned long long* mail = nullptr;
 };
 constexpr int kPlain = 0, kResidual = 1, kSwiglu = 2;
 constexpr int kUnitTiles = kPrepInputs / kTileRows;  // 16-row tiles per prepared unit of 128 outputs
@@ -146,18 +150,28 @@ __device__ __forceinline__ void group_combine(const int32_t (&acc)[4], uint2 sm,
   out_hi = fmaf(s_hi * d, v_hi, fmaf(c_min * m_hi, sx, out_hi));
 }
 
+// The mailbox's words: relaxed, single-copy atomic 64-bit accesses.
+__device__ __forceinline__ void st_mail(unsigned long long* p, unsigned long long w) {
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(w) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_mail(const unsigned long long* p) {
+  unsigned long long w;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n" : "=l"(w) : "l"(p) : "memory");
+  return w;
+}
+
 // One warp finishes fused output rows b·16 + lane (lanes 0..15 where
 // row_lane; the others take part with zeros): a = the rows' sums times the
 // input's 1/rms (bu: up's, for swiglu), written to `stage` (and the residual
 // and its sums of squares); then the ticket of the rows' unit of 128 outputs,
-// and the last to arrive (ticket reset for the next call) prepares the unit.
+// and the last to arrive (ticket reset for the next call) prepares the unit;
+// or, with a mailbox, the handoff below.
 __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, bool row_lane, float a, float bu,
                                                float res, float norm_w) {
   const int lane = threadIdx.x & 31;
   const int64_t r = b * kTileRows + (lane & 15);
-  float ss = 0.0f;
+  float ss = 0.0f, v = 0.0f;
   if (row_lane) {
-    float v;
     if (f.mode == kSwiglu) {
       v = a / (1.0f + expf(-a)) * bu;
     } else {
@@ -166,20 +180,65 @@ __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, boo
       v = xn * norm_w;
       ss = xn * xn;
     }
-    f.stage[r] = v;
+    if (f.mail == nullptr) f.stage[r] = v;
   }
   if (f.mode == kResidual) {
     // Lanes 0..15 among themselves (16..31 hold zeros), in a fixed order.
     for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
     if (lane == 0) f.ss_out[b] = ss;
   }
+  const int unit = static_cast<int>(b) / kUnitTiles;
+  const int tiles_out = (f.width + kTileRows - 1) / kTileRows;
+  if (f.mail != nullptr) {
+    // The mailbox: the unit's last tile's block prepares it. The others post
+    // their rows (value and flag in one 64-bit store, so no fence) and leave;
+    // it takes its own rows from its lanes and waits for the other rows'
+    // flags. Every block of the grid is resident at once (launch_gemv uses
+    // the mailbox only then), so the wait cannot starve a writer.
+    const int first = unit * kUnitTiles, last_tile = min(first + kUnitTiles, tiles_out) - 1;
+    if (b != last_tile) {
+      if (row_lane) st_mail(f.mail + r, (1ull << 32) | __float_as_uint(v));
+      return;
+    }
+    const int own = static_cast<int>(b) - first, t = lane >> 2;
+    float vals[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) vals[i] = __shfl_sync(0xFFFFFFFFu, v, (4 * lane + i) & 15);
+    if (t != own && first + t <= last_tile) {
+      const int64_t c0 = static_cast<int64_t>(unit) * kPrepInputs + 4 * lane;
+      unsigned long long w[4] = {0, 0, 0, 0};
+      bool ready;
+      do {
+        ready = true;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (c0 + i < f.width) {
+            w[i] = ld_mail(f.mail + c0 + i);
+            ready = ready && (w[i] >> 32) != 0;
+          }
+      } while (!ready);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        vals[i] = c0 + i < f.width ? __uint_as_float(static_cast<uint32_t>(w[i])) : 0.0f;
+        if (c0 + i < f.width) st_mail(f.mail + c0 + i, 0ull);
+      }
+    } else if (t != own) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) vals[i] = 0.0f;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (static_cast<int64_t>(unit) * kPrepInputs + 4 * lane + i >= f.width) vals[i] = 0.0f;
+    }
+    __syncwarp();
+    prep_warp_store(vals, unit, f.prep_group, f.prep_out, f.width);
+    return;
+  }
   // The ticket (acquire-release: this warp's writes above go before it; the
   // last to arrive sees every other block's).
   __syncwarp();
-  const int unit = static_cast<int>(b) / kUnitTiles;
   int last = 0;
   if (lane == 0) {
-    const int tiles_out = (f.width + kTileRows - 1) / kTileRows;
     const unsigned count = static_cast<unsigned>(min(kUnitTiles, tiles_out - unit * kUnitTiles));
     unsigned old;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(f.tickets + unit) : "memory");
@@ -189,13 +248,13 @@ __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, boo
   last = __shfl_sync(0xFFFFFFFFu, last, 0);
   __syncwarp();
   if (last) {
-    float v[4];
+    float v4[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int c = unit * kPrepInputs + 4 * lane + i;
-      v[i] = c < f.width ? __ldcg(f.stage + c) : 0.0f;
+      v4[i] = c < f.width ? __ldcg(f.stage + c) : 0.0f;
     }
-    prep_warp_store(v, unit, f.prep_group, f.prep_out, f.width);
+    prep_warp_store(v4, unit, f.prep_group, f.prep_out, f.width);
   }
 }
 
@@ -676,13 +735,14 @@ FuseArgs fuse_args(const DeviceLinear& w, const GemvFusion* fz) {
   a.prep_group = fz->prep_group;
   a.stage = fz->stage;
   a.tickets = fz->tickets;
+  a.mail = fz->mail;
   return a;
 }
 
 template <typename OutT, int CPG>
 void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms,
                  bool deep, const GemvFusion* fz, bool early) {
-  const FuseArgs fa = fuse_args(w, fz);
+  FuseArgs fa = fuse_args(w, fz);
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
   const int64_t groups = (chunks + CPG - 1) / CPG;
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
@@ -703,7 +763,10 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const size_t smem_warp = stages * stage_bytes(CPG) + kTileRows * 4;
   const int64_t most = std::min<int64_t>(16 / tpb, groups);
   int64_t warps = one_wave_warps(reinterpret_cast<const void*>(kernel), tiles / tpb, most, groups, tpb, smem_warp, sms);
-  if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, most);
+  if (warps == 0) {
+    warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, most);
+    fa.mail = nullptr;  // the mailbox needs every block resident at once (fused_rows_out)
+  }
   const size_t smem = static_cast<size_t>(tpb * warps) * smem_warp;
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
@@ -749,6 +812,7 @@ void launch_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t
     const DeviceLinear& w = *call.w;
     ChainPhase& P = p.ph[c];
     P.f = fuse_args(w, &call.fuse);
+    P.f.mail = nullptr;  // a chain block may hold a unit's other items: tickets
     NIBBLE_CHECK(P.f.mode != kPlain || call.y != nullptr, "w4a16 gemv chain: call {} has no output", c);
     const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
     P.codes = static_cast<const uint4*>(w.a.get());
