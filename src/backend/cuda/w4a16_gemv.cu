@@ -100,12 +100,18 @@ constexpr int kUnitTiles = kPrepInputs / kTileRows;  // 16-row tiles per prepare
 
 // The input's 1 / rms (GemvFusion's input side), by one whole warp: every
 // lane ends with the same bits (a butterfly: a + b == b + a).
+// Every part is loaded before the first is added (one memory round trip:
+// summed as they arrive, the loads went out in dependent batches), then
+// summed in the same order as before.
 __device__ __forceinline__ float input_inv_rms(const FuseArgs& f) {
   const int lane = threadIdx.x & 31;
-  float ss = 0.0f;
+  float part[GemvFusion::kMaxParts / 32];
 #pragma unroll
   for (int j = 0; j < GemvFusion::kMaxParts / 32; ++j)
-    if (lane + 32 * j < f.in_parts) ss += __ldcg(f.in_ss + lane + 32 * j);
+    part[j] = lane + 32 * j < f.in_parts ? __ldcg(f.in_ss + lane + 32 * j) : 0.0f;
+  float ss = 0.0f;  // + 0.0f for a missing part: the same bits (the parts are sums of squares, never -0)
+#pragma unroll
+  for (int j = 0; j < GemvFusion::kMaxParts / 32; ++j) ss += part[j];
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
   return 1.0f / sqrtf(ss / f.in_width + f.eps);
 }
@@ -369,9 +375,6 @@ __global__ void __launch_bounds__(512)
   grid_dependency_wait();  // weights are in flight; x is prepared by the previous kernel
   if (row_lane && f.mode == kResidual) res = f.residual[r];
 
-  // The input's 1 / rms (GemvFusion), in warp 0, which writes the outputs.
-  const float scale = f.in_ss != nullptr && warp == 0 ? input_inv_rms(f) : 1.0f;
-
   // Lanes of column 2tig (d0, d2) and 2tig + 1 (d1, d3): columns 0, 1, 2 are
   // planes a, b, c; columns 3..7 are zero.
   const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
@@ -405,6 +408,9 @@ __global__ void __launch_bounds__(512)
     group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
   };
   if (iters > 0) load_x(xa, ga);
+  // The input's 1 / rms (GemvFusion), in warp 0, which writes the outputs;
+  // after the first input's loads, so the two round trips overlap.
+  const float scale = f.in_ss != nullptr && warp == 0 ? input_inv_rms(f) : 1.0f;
   int i = 0;
   for (; i + 1 < iters; i += 2) {
     const int st = i & (S - 1);
