@@ -206,35 +206,32 @@ __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, boo
       if (row_lane) st_mail(f.mail + r, (1ull << 32) | __float_as_uint(v));
       return;
     }
+    // Lane l prepares the unit's inputs 4l .. 4l + 3, rows of the unit's tile
+    // l / 4. Its own tile's rows come from lanes 0..15 (zero past the width);
+    // only the matrix's last tile can be ragged, and that is a unit's last,
+    // so every other tile's 16 rows are posted.
     const int own = static_cast<int>(b) - first, t = lane >> 2;
     float vals[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) vals[i] = __shfl_sync(0xFFFFFFFFu, v, (4 * lane + i) & 15);
-    if (t != own && first + t <= last_tile) {
-      const int64_t c0 = static_cast<int64_t>(unit) * kPrepInputs + 4 * lane;
-      unsigned long long w[4] = {0, 0, 0, 0};
-      bool ready;
-      do {
-        ready = true;
+    if (t != own) {
+      unsigned long long* const words = f.mail + static_cast<int64_t>(unit) * kPrepInputs + 4 * lane;
+      unsigned long long w[4] = {0, 0, 0, 0};  // a tile past the matrix: zeros
+      if (first + t <= last_tile) {
+        bool ready;
+        do {
+          ready = true;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (c0 + i < f.width) {
-            w[i] = ld_mail(f.mail + c0 + i);
+          for (int i = 0; i < 4; ++i) {
+            w[i] = ld_mail(words + i);
             ready = ready && (w[i] >> 32) != 0;
           }
-      } while (!ready);
+        } while (!ready);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        vals[i] = c0 + i < f.width ? __uint_as_float(static_cast<uint32_t>(w[i])) : 0.0f;
-        if (c0 + i < f.width) st_mail(f.mail + c0 + i, 0ull);
+        for (int i = 0; i < 4; ++i) st_mail(words + i, 0ull);
       }
-    } else if (t != own) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) vals[i] = 0.0f;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (static_cast<int64_t>(unit) * kPrepInputs + 4 * lane + i >= f.width) vals[i] = 0.0f;
+      for (int i = 0; i < 4; ++i) vals[i] = __uint_as_float(static_cast<uint32_t>(w[i]));
     }
     __syncwarp();
     prep_warp_store(vals, unit, f.prep_group, f.prep_out, f.width);
