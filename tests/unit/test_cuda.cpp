@@ -340,6 +340,15 @@ TEST(Cuda, W4A16SmallMStagedActivations) {
   check_w4a16({4104, 4160, 128}, cuda::Act::F16, {6}, false, 23);
 }
 
+// 9..16 tokens stage their activations on narrow matrices of at least 64
+// groups whose two-tile grid is resident at once (here 257 and 129 tiles): 65
+// groups of 128 with a ragged last chunk of 4 inputs, 129 groups of 64.
+TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({4104, 8196, 128}, cuda::Act::BF16, {9, 16}, false, 31);
+  check_w4a16({2056, 8256, 64}, cuda::Act::F16, {12, 16}, true, 32);
+}
+
 // 17..64 tokens on Hopper take the wgmma kernel (w4a16_wgmma.cu). Its grid
 // (on the H200's 132 SMs): a matrix of 529 warpgroup row blocks gets 4
 // warpgroups per block and no K split, and 5 groups (a ragged last one of 64)

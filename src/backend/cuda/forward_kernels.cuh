@@ -308,8 +308,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
     const int32_t pos = f.step[1];
     f.step[0] = r;
     f.step[1] = pos + 1;
+    // No system fence: the host reads the slot only after the step's event,
+    // whose completion makes the kernel's writes to mapped memory visible.
     f.host[pos % f.host_slots] = r;
-    __threadfence_system();
   }
 }
 

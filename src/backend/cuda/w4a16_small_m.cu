@@ -256,11 +256,12 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 // [S][R] × 256 B (as the kernel above), then activations [S][CPG][NT][2] ×
 // 512 B and Σx [S][NT] × 256 B.
 // Measured on the H200 (docs/results/s23/): fused 8B stack M = 2 1.68 → 1.60
-// ms, M = 4 1.70 → 1.60, M = 8 1.73 → 1.67. Not used:
-//  * at 9..16 tokens (4 KB of activations per stage and warp): 14336 × 4096
-//    15.5 → 17.5 µs, the head 105 → 120 µs, fused stack 2.08 → 2.25 ms; the
-//    shared memory the stages take is L1 that main's kernel uses to share the
-//    activations between warps;
+// ms, M = 4 1.70 → 1.60, M = 8 1.73 → 1.67. At 9..16 tokens (4 KB of
+// activations per stage and warp) only on narrow matrices with long rows
+// (launch_small; since session 32). Not used:
+//  * at 9..16 tokens on wide matrices: 14336 × 4096 15.5 → 17.5 µs, the head
+//    105 → 120 µs, fused stack 2.08 → 2.25 ms; the shared memory the stages
+//    take is L1 that main's kernel uses to share the activations between warps;
 //  * for grids larger than one wave (the head: 81.5 → 84.0 µs at M = 4);
 //  * with one row tile per warp (fused M = 4 2.00 ms) or three stages (1.76).
 template <int NT, int CPG, int R>
@@ -460,13 +461,26 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
 // get. Two tiles of two token tiles hold too many registers for the second
 // activation buffer, so they load each group's activations when they need them.
 // Up to 8 tokens, grids of two-tile warps that are resident at once take the
-// staged kernel (activations through the ring; session 23).
+// staged kernel (activations through the ring; session 23); at 9..16 tokens,
+// narrow matrices of at least 64 groups do (session 32).
 template <typename T, typename OutT, int NT, int CPG>
 void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
                   cudaStream_t stream, int sms) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
   if constexpr (NT == 1) {
     if (tiles >= 256 && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms)) return;
+  }
+  if constexpr (NT == 2) {
+    // 9..16 tokens on a narrow matrix (one-tile warps below) with long rows:
+    // two-tile warps staging their activations, where that grid is resident
+    // at once. Each warp reads its activations once for two tiles, and holds
+    // none in registers. In the 8B stack that is down (4096 x 14336: 16.8 ->
+    // 15.4 us; fused stack M = 16 1.977 -> 1.938 ms, session 32). On short rows
+    // it lost (1024 x 4096 5.2 -> 6.0 us; with q|k|v and o too, fused 1.97 ->
+    // 2.15 ms; a third ring stage, down 15.9 us; docs/results/s32/).
+    if (tiles < 4 * int64_t{sms} && SmallMGrid(w, CPG, 2).groups >= 64 &&
+        launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms))
+      return;
   }
   if (NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms})
     launch_small_r<T, OutT, NT, CPG, 2, NT == 1, true>(w, x, M, ldx, xsum, y, ldy, stream, sms, true);
