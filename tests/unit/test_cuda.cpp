@@ -349,6 +349,81 @@ TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
   check_w4a16({2056, 8256, 64}, cuda::Act::F16, {12, 16}, true, 32);
 }
 
+// 2..16 tokens: Σx per group and token lives in the weight's scratch between
+// calls. Calls back to back on one weight (no sync between them, programmatic
+// dependent launch), each with new activations and its own token count, must
+// each use their own sums: a stale Σx from the call before would give the
+// previous activations' sums. The shapes take every kernel on the H200: a
+// narrow grid of one-tile warps (257 tiles, 33 groups) at 9..16 tokens and the
+// staged kernel at 2..8; staged two-tile warps at 9..16 (65 groups, a ragged
+// last chunk); wide two-tile warps (529 tiles); 63 tiles of one-tile warps at
+// 2..8 mixed with calls at 12 and 16.
+TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    GemmCase tc;
+    cuda::Act act;
+    std::vector<int> ms;
+  };
+  const Case cases[] = {{{4104, 4160, 128}, cuda::Act::BF16, {16, 9, 16, 4, 12}},
+                        {{4104, 8196, 128}, cuda::Act::F16, {16, 10, 16}},
+                        {{8456, 4160, 64}, cuda::Act::BF16, {16, 2, 16, 7}},
+                        {{1000, 4160, 128}, cuda::Act::F16, {3, 12, 8, 16, 5}}};
+  uint32_t seed = 40;
+  for (const Case& c : cases) {
+    const GemmCase& tc = c.tc;
+    std::mt19937 rng(seed++);
+    const auto parts = random_int4_parts(rng, tc.N, tc.K, tc.g);
+    const cuda::LinearKernel* k = cuda::find_linear_kernel("int4_asym", tc.g);
+    ASSERT_NE(k, nullptr);
+    const cuda::DeviceLinear dw = k->upload(parts, tc.N, tc.K, tc.g);
+    const std::vector<float> w = weights_kernel(parts, tc.N, tc.K, tc.g, c.act, true);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int64_t ldx = (tc.K + 7) / 8 * 8 + 8;
+    std::vector<std::vector<float>> xs;
+    std::vector<cuda::DeviceBuffer> dx, dy;
+    for (int M : c.ms) {  // every call's activations and output in their own buffers, launched together
+      ASSERT_TRUE(cuda::w4a16_exact_weights(tc.g, M));
+      std::vector<uint16_t> x(static_cast<size_t>(M * ldx));
+      std::vector<float> xf(static_cast<size_t>(M * tc.K));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t col = 0; col < ldx; ++col) {  // NaN padding: never read past K
+          x[m * ldx + col] = to_16bit(col < tc.K ? normal(rng) : std::nanf(""), c.act);
+          if (col < tc.K) xf[m * tc.K + col] = from_16bit(x[m * ldx + col], c.act);
+        }
+      xs.push_back(std::move(xf));
+      dx.emplace_back(x.size() * 2);
+      dy.emplace_back(static_cast<size_t>(M * tc.N) * 2);
+      ASSERT_EQ(cudaMemcpy(dx.back().get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    for (size_t i = 0; i < c.ms.size(); ++i)
+      k->gemm(dw, dx[i].get(), c.ms[i], ldx, dy[i].get(), tc.N, c.act, false, nullptr, true);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < c.ms.size(); ++i) {
+      const int M = c.ms[i];
+      std::vector<uint16_t> y(static_cast<size_t>(M * tc.N));
+      ASSERT_EQ(cudaMemcpy(y.data(), dy[i].get(), y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      int bad = 0;
+      for (int64_t m = 0; m < M && bad < 5; ++m)
+        for (int64_t n = 0; n < tc.N && bad < 5; ++n) {
+          double r = 0, a = 0;
+          for (int64_t col = 0; col < tc.K; ++col) {
+            const double p = static_cast<double>(xs[i][m * tc.K + col]) * w[n * tc.K + col];
+            r += p;
+            a += std::fabs(p);
+          }
+          const double tol = std::ldexp(std::fabs(r), -8) + 3e-5 * a;
+          const double v = from_16bit(y[m * tc.N + n], c.act);
+          if (!(std::fabs(v - r) <= tol)) {
+            ++bad;
+            ADD_FAILURE() << "N=" << tc.N << " K=" << tc.K << " call " << i << " M=" << M << " y[" << m << "," << n
+                          << "]=" << v << " ref=" << r << " tol=" << tol;
+          }
+        }
+    }
+  }
+}
+
 // 17..64 tokens on Hopper take the wgmma kernel (w4a16_wgmma.cu). Its grid
 // (on the H200's 132 SMs): a matrix of 529 warpgroup row blocks gets 4
 // warpgroups per block and no K split, and 5 groups (a ragged last one of 64)
