@@ -87,6 +87,39 @@ struct GemmCase {
   int g;
 };
 
+// M rows of normal activations rounded to `act`, leading dimension ldx, NaN
+// past K (a kernel must never read there): x, and xf ([M, K], widened to f32).
+void random_activations(std::mt19937& rng, int64_t M, int64_t K, int64_t ldx, cuda::Act act, std::vector<uint16_t>& x,
+                        std::vector<float>& xf) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  x.assign(static_cast<size_t>(M * ldx), 0);
+  xf.assign(static_cast<size_t>(M * K), 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < ldx; ++c) {
+      const float v = c < K ? normal(rng) : std::nanf("");
+      x[m * ldx + c] = to_16bit(v, act);
+      if (c < K) xf[m * K + c] = from_16bit(x[m * ldx + c], act);
+    }
+}
+
+// ref[m·N + n] = Σ xf·w over K in float64 and mag = Σ |xf·w|, for M rows.
+void w4a16_reference(const std::vector<float>& xf, const std::vector<float>& w, int64_t M, int64_t N, int64_t K,
+                     std::vector<double>& ref, std::vector<double>& mag) {
+  ref.assign(static_cast<size_t>(M * N), 0.0);
+  mag.assign(ref.size(), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < K; ++c) {
+        const double p = static_cast<double>(xf[m * K + c]) * w[n * K + c];
+        s += p;
+        a += std::fabs(p);
+      }
+      ref[m * N + n] = s;
+      mag[m * N + n] = a;
+    }
+}
+
 // Runs the registered int4_asym kernel for every M in `ms` against a float64
 // reference on the weights the kernel uses (exact or rounded to 16 bits).
 // Bound: the output's rounding to 16 bits (2^-8 relative covers bf16's 2^-9)
@@ -101,33 +134,16 @@ void check_w4a16(const GemmCase& tc, cuda::Act act, const std::vector<int>& ms, 
   const cuda::DeviceLinear dw = k->upload(parts, tc.N, tc.K, tc.g);
   const int64_t Mmax = *std::max_element(ms.begin(), ms.end());
   const int64_t ldx = (tc.K + 7) / 8 * 8 + 8, ldy = tc.N + 3;  // padded leading dimensions
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> x(static_cast<size_t>(Mmax * ldx));
-  std::vector<float> xf(static_cast<size_t>(Mmax * tc.K));
-  for (int64_t m = 0; m < Mmax; ++m)
-    for (int64_t c = 0; c < ldx; ++c) {
-      // Padding holds NaN: the kernel must never read past K.
-      const float v = c < tc.K ? normal(rng) : std::nanf("");
-      x[m * ldx + c] = to_16bit(v, act);
-      if (c < tc.K) xf[m * tc.K + c] = from_16bit(x[m * ldx + c], act);
-    }
-  std::vector<double> ref(static_cast<size_t>(Mmax * tc.N)), mag(ref.size());
+  std::vector<uint16_t> x;
+  std::vector<float> xf;
+  random_activations(rng, Mmax, tc.K, ldx, act, x, xf);
+  std::vector<double> ref, mag;
   std::vector<float> w;
   bool w_exact = false;
   auto reference = [&](bool exact) {
-  w = weights_kernel(parts, tc.N, tc.K, tc.g, act, exact);
-  w_exact = exact;
-  for (int64_t m = 0; m < Mmax; ++m)
-    for (int64_t n = 0; n < tc.N; ++n) {
-      double s = 0, a = 0;
-      for (int64_t c = 0; c < tc.K; ++c) {
-        const double p = static_cast<double>(xf[m * tc.K + c]) * w[n * tc.K + c];
-        s += p;
-        a += std::fabs(p);
-      }
-      ref[m * tc.N + n] = s;
-      mag[m * tc.N + n] = a;
-    }
+    w = weights_kernel(parts, tc.N, tc.K, tc.g, act, exact);
+    w_exact = exact;
+    w4a16_reference(xf, w, Mmax, tc.N, tc.K, ref, mag);
   };
   cuda::DeviceBuffer dx(x.size() * 2), dy(static_cast<size_t>(Mmax * ldy) * 2);
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
@@ -378,19 +394,14 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
     ASSERT_NE(k, nullptr);
     const cuda::DeviceLinear dw = k->upload(parts, tc.N, tc.K, tc.g);
     const std::vector<float> w = weights_kernel(parts, tc.N, tc.K, tc.g, c.act, true);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
     const int64_t ldx = (tc.K + 7) / 8 * 8 + 8;
     std::vector<std::vector<float>> xs;
     std::vector<cuda::DeviceBuffer> dx, dy;
     for (int M : c.ms) {  // every call's activations and output in their own buffers, launched together
       ASSERT_TRUE(cuda::w4a16_exact_weights(tc.g, M));
-      std::vector<uint16_t> x(static_cast<size_t>(M * ldx));
-      std::vector<float> xf(static_cast<size_t>(M * tc.K));
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t col = 0; col < ldx; ++col) {  // NaN padding: never read past K
-          x[m * ldx + col] = to_16bit(col < tc.K ? normal(rng) : std::nanf(""), c.act);
-          if (col < tc.K) xf[m * tc.K + col] = from_16bit(x[m * ldx + col], c.act);
-        }
+      std::vector<uint16_t> x;
+      std::vector<float> xf;
+      random_activations(rng, M, tc.K, ldx, c.act, x, xf);
       xs.push_back(std::move(xf));
       dx.emplace_back(x.size() * 2);
       dy.emplace_back(static_cast<size_t>(M * tc.N) * 2);
@@ -403,16 +414,13 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
       const int M = c.ms[i];
       std::vector<uint16_t> y(static_cast<size_t>(M * tc.N));
       ASSERT_EQ(cudaMemcpy(y.data(), dy[i].get(), y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      std::vector<double> ref, mag;
+      w4a16_reference(xs[i], w, M, tc.N, tc.K, ref, mag);
       int bad = 0;
       for (int64_t m = 0; m < M && bad < 5; ++m)
         for (int64_t n = 0; n < tc.N && bad < 5; ++n) {
-          double r = 0, a = 0;
-          for (int64_t col = 0; col < tc.K; ++col) {
-            const double p = static_cast<double>(xs[i][m * tc.K + col]) * w[n * tc.K + col];
-            r += p;
-            a += std::fabs(p);
-          }
-          const double tol = std::ldexp(std::fabs(r), -8) + 3e-5 * a;
+          const double r = ref[m * tc.N + n];
+          const double tol = std::ldexp(std::fabs(r), -8) + 3e-5 * mag[m * tc.N + n];
           const double v = from_16bit(y[m * tc.N + n], c.act);
           if (!(std::fabs(v - r) <= tol)) {
             ++bad;
