@@ -430,6 +430,7 @@ namespace {
 
 struct DeviceInfo {
   int sms = 0;
+  int smem_optin = 0;  // the most dynamic shared memory a block may ask for
 };
 const DeviceInfo& device_info() {
   static const DeviceInfo info = [] {
@@ -437,6 +438,7 @@ const DeviceInfo& device_info() {
     int dev = 0;
     NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
     NIBBLE_CUDA_CHECK(cudaDeviceGetAttribute(&i.sms, cudaDevAttrMultiProcessorCount, dev));
+    NIBBLE_CUDA_CHECK(cudaDeviceGetAttribute(&i.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     return i;
   }();
   return info;
@@ -445,6 +447,7 @@ const DeviceInfo& device_info() {
 }  // namespace
 
 int device_sm_count() { return device_info().sms; }
+size_t device_smem_cap(size_t want) { return std::min(want, static_cast<size_t>(device_info().smem_optin)); }
 
 namespace {
 
@@ -464,7 +467,8 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int6
   const int64_t ring_lane = NT == 1 ? R * 24 : 0;  // the kernel's kRingLane
   const int64_t smem_per_warp = static_cast<int64_t>(S) * 32 * ring_lane + static_cast<int64_t>(R) * kTileRows * NT * 8 * 4;
   int64_t warps = std::clamp<int64_t>(target / std::max<int64_t>(blocks, 1), 1, NT >= 2 ? 8 : 16);
-  warps = std::max<int64_t>(std::min<int64_t>({warps, d.chunks, (110 << 10) / smem_per_warp}), 1);
+  const int64_t fit = static_cast<int64_t>(device_smem_cap(110 << 10)) / smem_per_warp;
+  warps = std::max<int64_t>(std::min<int64_t>({warps, d.chunks, fit}), 1);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
@@ -475,7 +479,8 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int6
   cfg.numAttrs = pdl ? 1 : 0;
   auto kernel = w4a16_kernel<T, OutT, NT, R, S>;
   static const bool attr_set = [&] {  // once per instantiation: allow > 48 KiB of dynamic shared memory
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(device_smem_cap(110 << 10))));
     return true;
   }();
   (void)attr_set;

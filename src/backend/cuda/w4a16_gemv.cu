@@ -510,6 +510,9 @@ __device__ inline void bar_arrive(int id, int threads) {
 
 template <int CPG, int S>
 __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __grid_constant__ ChainParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // mbarriers, bulk copies and cluster fences need sm_90 (w4a16_gemv_chain refuses older GPUs)
+#else
   constexpr int NW = kChainWarps, kPair = (NW + 1) * 32;
   constexpr uint32_t kStage = static_cast<uint32_t>(chain_stage_bytes(CPG)), kMeta = kSliceGroups * CPG * 512;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -690,6 +693,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
     for (int c = 0; c < count; ++c) p.sync[c] = 0;
     p.sync[kGemvChainMax] = 0;
   }
+#endif
 }
 
 // Ring stages per warp. Measured on the H200 (bench_w4a16, fused stack at
@@ -754,9 +758,11 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   auto kernel = deep ? w4a16_gemv_kernel<OutT, CPG, kDeepStages> : w4a16_gemv_kernel<OutT, CPG, kStages>;
   static const bool attr_set = [&] {
     NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_gemv_kernel<OutT, CPG, kStages>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(device_smem_cap(110 << 10))));
     NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_gemv_kernel<OutT, CPG, kDeepStages>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(device_smem_cap(200 << 10))));
     return true;
   }();
   (void)attr_set;
@@ -926,6 +932,7 @@ void w4a16_gemv(const DeviceLinear& w, const void* x, Act act, void* y, bool f32
 }
 
 void w4a16_gemv_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t stream, bool pdl) {
+  NIBBLE_CHECK(w4a16_wgmma_device(), "w4a16 gemv chain: needs an sm_90 GPU (mbarriers and bulk copies)");
   NIBBLE_CHECK(count >= 1 && count <= kGemvChainMax, "w4a16 gemv chain: {} calls (1 to {})", count, kGemvChainMax);
   NIBBLE_CHECK(sync != nullptr, "w4a16 gemv chain: no sync counters");
   const int group = calls[0].w->group_size;

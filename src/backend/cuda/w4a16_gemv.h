@@ -76,6 +76,9 @@ void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, A
 cudaMemPool_t w4a16_scratch_pool();
 // The device's SM count (cached).
 int device_sm_count();
+// `want` bytes of dynamic shared memory per block, or the most the device
+// allows a block to ask for (227 KiB on sm_90, 163 on sm_80, 99 on sm_86/89).
+size_t device_smem_cap(size_t want);
 // Warps per block for a kernel whose blocks hold `unit` × warps warps that
 // split each tile's K by interleaved groups (unit × warps × `smem_per_warp`
 // bytes of dynamic shared memory): the most, up to `most`, for which all

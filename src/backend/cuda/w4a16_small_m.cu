@@ -413,11 +413,13 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, const 
   const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
   auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S>;
   static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(device_smem_cap(200 << 10))));
     return true;
   }();
   (void)attr_set;
-  const int64_t most = std::min<int64_t>({kMaxWarps, g.groups, static_cast<int64_t>((200 << 10) / smem_warp)});
+  const int64_t fit = static_cast<int64_t>(device_smem_cap(200 << 10) / smem_warp);
+  const int64_t most = std::min<int64_t>({kMaxWarps, g.groups, fit});
   const int64_t warps =
       one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms);
   if (warps == 0) return false;  // more than one wave: the kernel above
@@ -442,11 +444,13 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
   const size_t smem_warp = 2 * R * stage_bytes(CPG) + NT * 8 * R * kTileRows * 4;  // ring + reduction
   auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>;
   static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 110 << 10));
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(device_smem_cap(110 << 10))));
     return true;
   }();
   (void)attr_set;
-  const int64_t most = std::min<int64_t>({kMaxWarps, g.groups, static_cast<int64_t>((110 << 10) / smem_warp)});
+  const int64_t fit = static_cast<int64_t>(device_smem_cap(110 << 10) / smem_warp);
+  const int64_t most = std::max<int64_t>(std::min<int64_t>({kMaxWarps, g.groups, fit}), 1);
   int64_t warps =
       NT > 1 ? one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms) : 0;
   if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);
