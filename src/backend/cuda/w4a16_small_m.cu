@@ -471,8 +471,9 @@ template <typename T, typename OutT, int NT, int CPG>
 void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
                   cudaStream_t stream, int sms) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
+  const bool wide = NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms};  // two row tiles per warp
   if constexpr (NT == 1) {
-    if (tiles >= 256 && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms)) return;
+    if (wide && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms)) return;
   }
   if constexpr (NT == 2) {
     // 9..16 tokens on a narrow matrix (one-tile warps below) with long rows:
@@ -482,11 +483,11 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, const f
     // 15.4 us; fused stack M = 16 1.977 -> 1.938 ms, session 32). On short rows
     // it lost (1024 x 4096 5.2 -> 6.0 us; with q|k|v and o too, fused 1.97 ->
     // 2.15 ms; a third ring stage, down 15.9 us; docs/results/s32/).
-    if (tiles < 4 * int64_t{sms} && SmallMGrid(w, CPG, 2).groups >= 64 &&
+    if (!wide && SmallMGrid(w, CPG, 2).groups >= 64 &&
         launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms))
       return;
   }
-  if (NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms})
+  if (wide)
     launch_small_r<T, OutT, NT, CPG, 2, NT == 1, true>(w, x, M, ldx, xsum, y, ldy, stream, sms, true);
   else
     launch_small_r<T, OutT, NT, CPG, 1, true, true>(w, x, M, ldx, xsum, y, ldy, stream, sms, true);
