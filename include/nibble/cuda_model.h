@@ -88,6 +88,12 @@ struct GpuOptions {
 // GpuOptions::kKvSharedAuto's position for a KV cache of `kv_dtype`.
 int64_t kv_shared_crossover(DType kv_dtype);
 
+// Greedy decode's selection, the kernel each decode_greedy step ends with, over `n` floats of device
+// memory: the index of the largest, the smallest index on ties; NaN never chosen (all NaN: 0). Also
+// checks the kernel's feed of the next step ({id, position + 1}, the host slot) and its ticket's reset.
+// Synchronous; for tests.
+int32_t device_argmax(const float* logits, int64_t n);
+
 class GpuModel {
  public:
   // Loads every weight of `src` onto the GPU with a KV cache of `max_tokens`

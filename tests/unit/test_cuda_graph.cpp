@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
 
 #include "nibble/convert.h"
 #include "nibble/cuda.h"
@@ -452,6 +455,67 @@ TEST(Cuda, ReadBandwidthIsPlausible) {
   EXPECT_GT(gbs, 50.0);
   EXPECT_LT(gbs, 20000.0);
   std::printf("[read bandwidth] %.0f GB/s (256 MiB)\n", gbs);
+}
+
+
+// Greedy decode's selection on the device (argmax_kernel, through cuda::device_argmax) against a scalar
+// scan: the first index of the largest non-NaN value (all NaN: 0), so -inf ties go to the smallest index
+// too. Lengths around the kernel's 64 slices (multiples of 4 values, a scalar tail) up to a 128256-entry
+// vocabulary, the largest value at the slices' edges, ties across slices, NaN, infinities.
+int32_t scalar_argmax(const std::vector<float>& v) {
+  int32_t best = -1;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isnan(v[i]) && (best < 0 || v[i] > v[best])) best = static_cast<int32_t>(i);
+  return best < 0 ? 0 : best;
+}
+
+TEST(Cuda, DeviceArgmaxMatchesScalarScan) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(33);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  int cases = 0;
+  auto check = [&](const std::vector<float>& v, const std::string& what) {
+    const cuda::DeviceBuffer d = cuda::upload(v.data(), v.size() * sizeof(float));
+    EXPECT_EQ(cuda::device_argmax(static_cast<const float*>(d.get()), static_cast<int64_t>(v.size())), scalar_argmax(v))
+        << what << " n " << v.size();
+    ++cases;
+  };
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 31, 32, 33, 63, 64, 65, 255, 256, 257, 1000, 4099, 32000, 128256, 128257}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(rng);
+    check(v, "random");
+    // The largest value at each end and at the edges of the blocks' slices.
+    const int64_t per64 = ((n + 63) / 64 + 3) & ~int64_t{3};
+    for (int64_t at : {int64_t{0}, n - 1, per64 - 1, per64, 2 * per64 + 1, 63 * per64 - 1, 63 * per64}) {
+      if (at < 0 || at >= n) continue;
+      std::vector<float> w = v;
+      w[static_cast<size_t>(at)] = 100.0f;
+      check(w, "max at " + std::to_string(at));
+    }
+    // Ties: the smallest index wins, whichever slice each copy lies in.
+    std::vector<float> t = v;
+    for (int64_t at : {n - 1, n / 2, 63 * per64, per64, per64 + 2})
+      if (at >= 0 && at < n) t[static_cast<size_t>(at)] = 50.0f;
+    check(t, "ties");
+    // NaN before and around the largest value is never chosen.
+    std::vector<float> q = t;
+    for (int64_t i = 0; i < n; i += 3) q[static_cast<size_t>(i)] = nan;
+    check(q, "NaN");
+    check(std::vector<float>(static_cast<size_t>(n), -inf), "all -inf");
+    std::vector<float> ninf(static_cast<size_t>(n), -inf);
+    ninf[0] = nan;
+    check(ninf, "NaN, then -inf");
+    check(std::vector<float>(static_cast<size_t>(n), nan), "all NaN");
+    std::vector<float> one(static_cast<size_t>(n), -inf);
+    one[static_cast<size_t>(n - 1)] = -1e30f;
+    check(one, "one finite value, last");
+    std::vector<float> pinf = v;
+    pinf[static_cast<size_t>(n / 3)] = inf;
+    pinf[static_cast<size_t>(n - 1)] = inf;
+    check(pinf, "+inf twice");
+  }
+  EXPECT_EQ(cases, 277);  // every length and case above ran
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant_int4.h"
@@ -854,6 +855,29 @@ struct GpuModel::Impl {
 };
 
 int64_t kv_shared_crossover(DType kv_dtype) { return kv_dtype == DType::BF16 ? 2048 : 3072; }
+
+int32_t device_argmax(const float* logits, int64_t n) {
+  NIBBLE_CHECK(n > 0 && n <= std::numeric_limits<int32_t>::max(), "device_argmax: {} values", n);
+  DeviceBuffer state(kArgmaxBlocks * 16 + 16 + 16);  // partials, ticket, then {token, position} and the slot
+  NIBBLE_CUDA_CHECK(cudaMemset(state.get(), 0, state.bytes()));
+  auto* st = static_cast<unsigned char*>(state.get());
+  ArgmaxFeed f;
+  f.part_v = reinterpret_cast<float*>(st);
+  f.part_i = reinterpret_cast<int64_t*>(st + kArgmaxBlocks * 8);
+  f.ticket = reinterpret_cast<unsigned*>(st + kArgmaxBlocks * 16);
+  f.step = reinterpret_cast<int32_t*>(st + kArgmaxBlocks * 16 + 16);
+  f.host = f.step + 2;
+  f.host_slots = 1;
+  pdl_launch(argmax_kernel, kArgmaxBlocks, kArgmaxThreads, 0, nullptr, logits, n, f);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  int32_t out[3] = {};
+  NIBBLE_CUDA_CHECK(cudaMemcpy(out, f.step, sizeof out, cudaMemcpyDeviceToHost));
+  unsigned ticket = 1;
+  NIBBLE_CUDA_CHECK(cudaMemcpy(&ticket, f.ticket, sizeof ticket, cudaMemcpyDeviceToHost));
+  NIBBLE_CHECK(out[0] == out[2] && out[1] == 1 && ticket == 0,
+               "device_argmax: the step feed ({}, {}), slot {} and ticket {} disagree", out[0], out[1], out[2], ticket);
+  return out[0];
+}
 
 GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
 GpuModel::~GpuModel() = default;
