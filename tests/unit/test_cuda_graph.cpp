@@ -457,7 +457,6 @@ TEST(Cuda, ReadBandwidthIsPlausible) {
   std::printf("[read bandwidth] %.0f GB/s (256 MiB)\n", gbs);
 }
 
-
 // Greedy decode's selection on the device (argmax_kernel, through cuda::device_argmax) against a scalar
 // scan: the first index of the largest non-NaN value (all NaN: 0), so -inf ties go to the smallest index
 // too. Lengths around the kernel's 64 slices (multiples of 4 values, a scalar tail) up to a 128256-entry

@@ -65,6 +65,20 @@ void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
 }
 
+// argmax_kernel's state: the blocks' partial values and indices, then the ticket (zero between calls).
+constexpr size_t kArgmaxStateBytes = kArgmaxBlocks * 16 + 16;
+ArgmaxFeed argmax_feed(void* state, int32_t* step, int32_t* host, int host_slots) {
+  auto* st = static_cast<unsigned char*>(state);
+  ArgmaxFeed f;
+  f.part_v = reinterpret_cast<float*>(st);
+  f.part_i = reinterpret_cast<int64_t*>(st + kArgmaxBlocks * 8);
+  f.ticket = reinterpret_cast<unsigned*>(st + kArgmaxBlocks * 16);
+  f.step = step;
+  f.host = host;
+  f.host_slots = host_slots;
+  return f;
+}
+
 // One matrix of an f32 linear (GpuOptions::f32_linears), held as stored and
 // widened to f32 just before each GEMM: bf16 / fp16 / f32 values (`dtype`),
 // or int4_asym's parts (group > 0: codes in `values`, scales, mins),
@@ -782,14 +796,8 @@ struct GpuModel::Impl {
   // After a step: its greedy id among 0 .. limit-1 into dec.tokens (the next
   // step's token and position) and the mapped slot of its position.
   void enqueue_argmax(int64_t limit) {
-    auto* st = static_cast<unsigned char*>(argmax_state.get());
-    ArgmaxFeed f;
-    f.part_v = reinterpret_cast<float*>(st);
-    f.part_i = reinterpret_cast<int64_t*>(st + kArgmaxBlocks * 8);
-    f.ticket = reinterpret_cast<unsigned*>(st + kArgmaxBlocks * 16);
-    f.step = static_cast<int32_t*>(dec.tokens.get());
-    f.host = greedy_host_dev;
-    f.host_slots = kGreedySlots;
+    const ArgmaxFeed f =
+        argmax_feed(argmax_state.get(), static_cast<int32_t*>(dec.tokens.get()), greedy_host_dev, kGreedySlots);
     pdl_launch(argmax_kernel, kArgmaxBlocks, kArgmaxThreads, 0, stream, static_cast<const float*>(dec.logits.get()),
                limit, f);
   }
@@ -858,16 +866,10 @@ int64_t kv_shared_crossover(DType kv_dtype) { return kv_dtype == DType::BF16 ? 2
 
 int32_t device_argmax(const float* logits, int64_t n) {
   NIBBLE_CHECK(n > 0 && n <= std::numeric_limits<int32_t>::max(), "device_argmax: {} values", n);
-  DeviceBuffer state(kArgmaxBlocks * 16 + 16 + 16);  // partials, ticket, then {token, position} and the slot
+  DeviceBuffer state(kArgmaxStateBytes + 16);  // the kernel's state, then {token, position} and one slot
   NIBBLE_CUDA_CHECK(cudaMemset(state.get(), 0, state.bytes()));
-  auto* st = static_cast<unsigned char*>(state.get());
-  ArgmaxFeed f;
-  f.part_v = reinterpret_cast<float*>(st);
-  f.part_i = reinterpret_cast<int64_t*>(st + kArgmaxBlocks * 8);
-  f.ticket = reinterpret_cast<unsigned*>(st + kArgmaxBlocks * 16);
-  f.step = reinterpret_cast<int32_t*>(st + kArgmaxBlocks * 16 + 16);
-  f.host = f.step + 2;
-  f.host_slots = 1;
+  auto* step = reinterpret_cast<int32_t*>(static_cast<unsigned char*>(state.get()) + kArgmaxStateBytes);
+  const ArgmaxFeed f = argmax_feed(state.get(), step, step + 2, 1);
   pdl_launch(argmax_kernel, kArgmaxBlocks, kArgmaxThreads, 0, nullptr, logits, n, f);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
   int32_t out[3] = {};
@@ -1074,7 +1076,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   NIBBLE_CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) are done before the stream starts
   NIBBLE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
-  m.argmax_state = DeviceBuffer(kArgmaxBlocks * 16 + 16);
+  m.argmax_state = DeviceBuffer(kArgmaxStateBytes);
   NIBBLE_CUDA_CHECK(cudaMemset(m.argmax_state.get(), 0, m.argmax_state.bytes()));  // the ticket starts at 0
   NIBBLE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.greedy_host), Impl::kGreedySlots * 4,
                                   cudaHostAllocMapped));
