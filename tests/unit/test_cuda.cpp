@@ -120,6 +120,11 @@ void w4a16_reference(const std::vector<float>& xf, const std::vector<float>& w, 
     }
 }
 
+// The W4A16 tests' bound on one output against its float64 reference r, mag = Σ |x·w| (check_w4a16 says why).
+double w4a16_tolerance(double r, double mag, bool exact) {
+  return std::ldexp(std::fabs(r), -8) + (exact ? 3e-5 : 1e-5) * mag;
+}
+
 // Runs the registered int4_asym kernel for every M in `ms` against a float64
 // reference on the weights the kernel uses (exact or rounded to 16 bits).
 // Bound: the output's rounding to 16 bits (2^-8 relative covers bf16's 2^-9)
@@ -167,7 +172,7 @@ void check_w4a16(const GemmCase& tc, cuda::Act act, const std::vector<int>& ms, 
           continue;
         }
         const double r = ref[m * tc.N + n];
-        const double tol = std::ldexp(std::fabs(r), -8) + (exact ? 3e-5 : 1e-5) * mag[m * tc.N + n];
+        const double tol = w4a16_tolerance(r, mag[m * tc.N + n], exact);
         const double v = from_16bit(got, act);
         if (!(std::fabs(v - r) <= tol)) {
           ++bad;
@@ -420,7 +425,7 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
       for (int64_t m = 0; m < M && bad < 5; ++m)
         for (int64_t n = 0; n < tc.N && bad < 5; ++n) {
           const double r = ref[m * tc.N + n];
-          const double tol = std::ldexp(std::fabs(r), -8) + 3e-5 * mag[m * tc.N + n];
+          const double tol = w4a16_tolerance(r, mag[m * tc.N + n], true);
           const double v = from_16bit(y[m * tc.N + n], c.act);
           if (!(std::fabs(v - r) <= tol)) {
             ++bad;
