@@ -115,7 +115,9 @@ __device__ inline int landed_ahead(uint32_t full0, int seq) {
 }
 
 // E = 1: a consumer warp releases a stage as soon as its loads from it are done (before the arithmetic).
-template <int NC, int S, int ILP, int W = 0, int E = 0>
+// L = 1: the lean consumer loop (arithmetic always on, no stamps inside the loop, the stage, phase and input group
+// advanced incrementally).
+template <int NC, int S, int ILP, int W = 0, int E = 0, int L = 0>
 __global__ void __launch_bounds__((NC + 1) * 32, 1) persist(const __grid_constant__ Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr uint32_t kStage = NC * kUnit;
@@ -178,6 +180,37 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1) persist(const __grid_constan
       p.stamps[(static_cast<size_t>(b) * p.nseg + j) * 4 + 2] = landed;
     }
     const long long s0 = p.seg_start[j] + b, s1 = p.seg_start[j + 1];
+    if (L) {
+      const int n = s1 > s0 ? static_cast<int>((s1 - s0 + G - 1) / G) : 0;
+      uint32_t g = static_cast<uint32_t>((s0 * NC + warp) & 31);
+      const uint32_t ginc = static_cast<uint32_t>((G * NC) & 31);
+      int st = seq % S;
+      uint32_t ph = (seq / S) & 1;
+      const uint4* xp = p.frags + gid * 4 + tig;
+      const uint32_t woff = warp * 1024 + lane * 16, moff = NC * 1024 + warp * 64 + gid * 8;
+      for (int k = 0; k < n; ++k) {
+        const uint32_t base = ring + st * kStage;
+        wait_phase<W>(full0 + 8 * st, ph);
+        uint4 q[2], xf[2];
+        q[0] = lds128(base + woff);
+        q[1] = lds128(base + woff + 512);
+        const uint2 sm = lds64(base + moff);
+        xf[0] = b_lane ? __ldg(xp + g * 24) : make_uint4(0, 0, 0, 0);
+        xf[1] = b_lane ? __ldg(xp + g * 24 + 12) : make_uint4(0, 0, 0, 0);
+        const float2 gi = __ldg(p.ginfo + g);
+        int32_t acc[4];
+        group_sums(q, xf, acc);
+        group_combine(acc, sm, gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * st);
+        g = (g + ginc) & 31;
+        if (++st == S) {
+          st = 0;
+          ph ^= 1;
+        }
+      }
+      seq += n;
+    } else
     for (long long s = s0; s < s1; s += static_cast<long long>(ILP) * G) {
       uint4 q[ILP][2], xf[ILP][2];
       uint2 sm[ILP];
@@ -264,11 +297,11 @@ __global__ void fill(uint32_t* d, size_t n, uint32_t seed) {
 
 static const int kLayerUnits[4] = {12288, 8192, 57344, 28672};  // q|k|v, o, gate|up, down
 
-template <int NC, int S, int ILP, int W = 0, int E = 0>
+template <int NC, int S, int ILP, int W = 0, int E = 0, int L = 0>
 void run_config(const unsigned char* data, const uint4* frags, const float2* ginfo, unsigned* cnt, float* out,
                 unsigned long long* stamps, int layers, int sms, double read_bw, bool all_modes) {
   const size_t smem = static_cast<size_t>(S) * NC * kUnit + 16 * S;
-  auto k = persist<NC, S, ILP, W, E>;
+  auto k = persist<NC, S, ILP, W, E, L>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, k));
@@ -326,9 +359,9 @@ void run_config(const unsigned char* data, const uint4* frags, const float2* gin
     }
     std::sort(ts.begin(), ts.end());
     const double ms = ts[ts.size() / 2];
-    printf("W=%d E=%d NC=%2d S=%2d ILP=%d regs=%3d spill=%4zu  %-30s %7.3f ms (min %7.3f)  %6.0f GB/s  %5.1f %% of read BW"
+    printf("L=%d W=%d E=%d NC=%2d S=%2d ILP=%d regs=%3d spill=%4zu  %-30s %7.3f ms (min %7.3f)  %6.0f GB/s  %5.1f %% of read BW"
            "  %6.2f us/layer (floor %5.2f)\n",
-           W, E, NC, S, ILP, fa.numRegs, static_cast<size_t>(fa.localSizeBytes), m.name, ms, ts[0], bytes / ms / 1e6,
+           L, W, E, NC, S, ILP, fa.numRegs, static_cast<size_t>(fa.localSizeBytes), m.name, ms, ts[0], bytes / ms / 1e6,
            100.0 * bytes / ms / 1e6 / read_bw, 1000.0 * ms / layers, bytes / layers / read_bw / 1e3);
     if (!m.dep) continue;
     // One stamped run: per segment kind, averaged over layers 1..L-2: the slowest block's consumption (its finish
@@ -417,7 +450,8 @@ int main(int argc, char** argv) {
   if (argc > 2) {  // "profile": one math-mode launch of the 16-consumer kernel, for Nsight Compute
     constexpr int NC = 16, S = 12;
     const size_t smem = static_cast<size_t>(S) * NC * kUnit + 16 * S;
-    auto k = persist<NC, S, 1, 0, 0>;
+    const int mode = atoi(argv[2]);  // 0: no arithmetic, 1: arithmetic, 2: the lean loop
+    auto k = mode == 2 ? persist<NC, S, 1, 0, 0, 1> : persist<NC, S, 1, 0, 0, 0>;
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     Params p = {};
     p.data = data;
@@ -432,7 +466,7 @@ int main(int argc, char** argv) {
     p.seg_start[p.nseg] = st;
     p.cnt = cnt;
     p.out = out;
-    p.math = atoi(argv[2]);
+    p.math = mode > 0;
     k<<<sms, (NC + 1) * 32, smem>>>(p);
     CK(cudaDeviceSynchronize());
     return 0;
@@ -478,6 +512,9 @@ int main(int argc, char** argv) {
              blocks, nbytes / mk / 1e6 / blocks, nbytes / mk / 1e6, nbytes / mr / 1e6 / blocks, nbytes / mr / 1e6);
     }
   }
-  run_config<16, 12, 1, 0, 0>(data, frags, ginfo, cnt, out, stamps, layers, sms, read_bw, false);
+  run_config<16, 12, 1, 0, 0, 0>(data, frags, ginfo, cnt, out, stamps, layers, sms, read_bw, false);
+  run_config<16, 12, 1, 0, 0, 1>(data, frags, ginfo, cnt, out, stamps, layers, sms, read_bw, false);
+  run_config<24, 8, 1, 0, 0, 1>(data, frags, ginfo, cnt, out, stamps, layers, sms, read_bw, false);
+  run_config<31, 6, 1, 0, 0, 1>(data, frags, ginfo, cnt, out, stamps, layers, sms, read_bw, false);
   return 0;
 }
