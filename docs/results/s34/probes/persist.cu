@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -401,6 +402,214 @@ void run_config(const unsigned char* data, const uint4* frags, const float2* gin
   }
 }
 
+
+// ---- Second probe: the real dependency pattern. Segments are made of items (a 16-row tile, or for gate|up a
+// gate and an up tile) dealt round-robin to the blocks, each block taking its items in order; an item's units
+// (group-major, tile-minor) fill stages of NC = 16, warp w taking unit w of each stage. Group g of a segment needs
+// unit g of the segment before (the 8 items of output rows 128g .. 128g + 127); o's group g needs head g's
+// attention, done after q|k|v by block g (it waits for its q, k and v units, spins `gap_ns`, and sets a flag).
+// mode 0: a grid barrier before each segment (and the gap in every block before o); mode 1: per-unit counters,
+// one release per finished item (after the block's consumers meet, where the real kernel would reduce the item),
+// polled by a warp only for units its block has not yet seen ready.
+constexpr int kDepNC = 16, kDepS = 12, kMaxUnits = 128;
+struct DepParams {
+  const unsigned char* data;
+  const uint4* frags;
+  const float2* ginfo;
+  int nseg, mode, gap_ns, meet;
+  long long stage0[kMaxSeg + 1];  // each segment's first stage in the data
+  unsigned* unit_cnt;             // [nseg][kMaxUnits]
+  unsigned* att;                  // [layers][32]
+  unsigned* seg_cnt;              // [nseg]
+  float* out;
+};
+__constant__ int kItems[4] = {384, 256, 896, 256}, kTpi[4] = {1, 1, 2, 1}, kGroups[4] = {32, 32, 32, 112};
+
+__device__ inline void poll_at_least(const unsigned* p, unsigned v) {
+  while (ld_acquire(p) < v) __nanosleep(32);
+}
+// The same with relaxed loads (no acquire, so no L1 invalidation per poll), 100 ns apart.
+__device__ inline void poll_relaxed(const unsigned* p, unsigned v) {
+  for (;;) {
+    unsigned x;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
+    if (x >= v) break;
+    __nanosleep(100);
+  }
+}
+
+__global__ void __launch_bounds__((kDepNC + 1) * 32, 1) persist_deps(const __grid_constant__ DepParams p) {
+  constexpr int NC = kDepNC, S = kDepS;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ unsigned ready[kMaxUnits / 32];
+  constexpr uint32_t kStage = NC * kUnit;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+  const int G = gridDim.x, b = blockIdx.x;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t full0 = ring + S * kStage, empty0 = full0 + 8 * S;
+  if (threadIdx.x < S) {
+    mbar_init(full0 + 8 * threadIdx.x, 1);
+    mbar_init(empty0 + 8 * threadIdx.x, NC);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncthreads();
+  if (warp == NC) {
+    if (lane == 0) {
+      int seq = 0;
+      for (int j = 0; j < p.nseg; ++j) {
+        const int q = j % 4, spi = kTpi[q] * kGroups[q] / 16;
+        for (int i = b; i < kItems[q]; i += G)
+          for (int k = 0; k < spi; ++k, ++seq) {
+            const int st = seq % S, use = seq / S;
+            if (use > 0) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
+            mbar_expect_tx(full0 + 8 * st, kStage);
+            bulk_copy(ring + st * kStage, p.data + (p.stage0[j] + static_cast<long long>(i) * spi + k) * kStage,
+                      kStage, full0 + 8 * st);
+          }
+      }
+    }
+    return;
+  }
+  const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
+  const float c_min = tig == 0 ? 1.0f : 0.0f;
+  const bool b_lane = gid < 3;
+  const uint4* xp = p.frags + gid * 4 + tig;
+  const uint32_t woff = warp * 1024 + lane * 16, moff = NC * 1024 + warp * 64 + gid * 8;
+  float out_lo = 0.0f, out_hi = 0.0f;
+  int st = 0;
+  uint32_t ph = 0;
+  for (int j = 0; j < p.nseg; ++j) {
+    const int q = j % 4, layer = j / 4, spi = kTpi[q] * kGroups[q] / 16;
+    if (threadIdx.x < kMaxUnits / 32) ready[threadIdx.x] = 0;
+    if (p.mode == 0 && j > 0 && threadIdx.x == 0) {
+      poll_at_least(p.seg_cnt + j - 1, G);
+      if (q == 1) {
+        const uint64_t t = gtime();
+        while (gtime() - t < static_cast<uint64_t>(p.gap_ns)) {
+        }
+      }
+    }
+    bar_sync(1, NC * 32);
+    for (int i = b; i < kItems[q]; i += G) {
+      for (int k = 0; k < spi; ++k) {
+        const int u = k * 16 + warp, g = u / kTpi[q];
+        if (p.mode >= 1 && p.mode <= 3 && j > 0) {  // group g's input: unit g of the segment before (o: head g's attention)
+          if (lane == 0 && !((*(volatile unsigned*)&ready[g >> 5] >> (g & 31)) & 1u)) {
+            const unsigned* c = q == 1 ? p.att + layer * 32 + g : p.unit_cnt + (j - 1) * kMaxUnits + g;
+            if (p.mode == 1)
+              poll_at_least(c, q == 1 ? 1 : 8);
+            else
+              poll_relaxed(c, p.mode == 3 ? 0 : q == 1 ? 1 : 8);
+            atomicOr(&ready[g >> 5], 1u << (g & 31));
+          }
+          __syncwarp();
+        }
+        const uint32_t base = ring + st * kStage;
+        mbar_wait(full0 + 8 * st, ph);
+        uint4 qq[2], xf[2];
+        qq[0] = lds128(base + woff);
+        qq[1] = lds128(base + woff + 512);
+        const uint2 sm = lds64(base + moff);
+        const int gx = g & 31;
+        xf[0] = b_lane ? __ldg(xp + gx * 24) : make_uint4(0, 0, 0, 0);
+        xf[1] = b_lane ? __ldg(xp + gx * 24 + 12) : make_uint4(0, 0, 0, 0);
+        const float2 gi = __ldg(p.ginfo + gx);
+        int32_t acc[4];
+        group_sums(qq, xf, acc);
+        group_combine(acc, sm, gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * st);
+        if (++st == S) {
+          st = 0;
+          ph ^= 1;
+        }
+      }
+      // The item is done: its warps meet (the real kernel's reduction), then one release for its unit.
+      if (p.meet) bar_sync(1, NC * 32);
+      if (p.mode >= 1 && threadIdx.x == 0)
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.unit_cnt + j * kMaxUnits + i / 8) : "memory");
+    }
+    if (p.mode == 0 && threadIdx.x == 0)
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.seg_cnt + j) : "memory");
+    if (p.mode >= 1 && p.mode <= 3 && q == 0 && b < 32) {  // head b's attention: its q, k and v units, then the gap
+      if (threadIdx.x == 0) {
+        const unsigned* c = p.unit_cnt + j * kMaxUnits;
+        poll_at_least(c + b, 8);
+        poll_at_least(c + 32 + b / 4, 8);
+        poll_at_least(c + 40 + b / 4, 8);
+        const uint64_t t = gtime();
+        while (gtime() - t < static_cast<uint64_t>(p.gap_ns)) {
+        }
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.att + layer * 32 + b) : "memory");
+      }
+      bar_sync(1, NC * 32);
+    }
+  }
+  p.out[static_cast<size_t>(b) * 1024 + threadIdx.x] = out_lo + out_hi;
+}
+
+void run_deps(const unsigned char* data, const uint4* frags, const float2* ginfo, float* out, int layers, int sms,
+              double read_bw) {
+  constexpr int NC = kDepNC, S = kDepS;
+  const size_t smem = static_cast<size_t>(S) * NC * kUnit + 16 * S;
+  CK(cudaFuncSetAttribute(persist_deps, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const int items[4] = {384, 256, 896, 256}, tpi[4] = {1, 1, 2, 1}, groups[4] = {32, 32, 32, 112};
+  DepParams p = {};
+  p.data = data;
+  p.frags = frags;
+  p.ginfo = ginfo;
+  p.nseg = 4 * layers;
+  long long st = 0;
+  for (int j = 0; j < p.nseg; ++j) {
+    p.stage0[j] = st;
+    st += static_cast<long long>(items[j % 4]) * tpi[j % 4] * groups[j % 4] / 16;
+  }
+  p.stage0[p.nseg] = st;
+  const double bytes = static_cast<double>(st) * NC * kUnit;
+  unsigned *unit_cnt, *att, *seg_cnt;
+  CK(cudaMalloc(&unit_cnt, sizeof(unsigned) * kMaxSeg * kMaxUnits));
+  CK(cudaMalloc(&att, sizeof(unsigned) * 64 * 32));
+  CK(cudaMalloc(&seg_cnt, sizeof(unsigned) * kMaxSeg));
+  p.unit_cnt = unit_cnt;
+  p.att = att;
+  p.seg_cnt = seg_cnt;
+  p.out = out;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  struct V {
+    int mode, meet;
+    const char* name;
+  } vs[] = {{0, 1, "grid barriers"}, {0, 0, "barriers, no item meet"}, {1, 1, "unit counters, acquire"},
+            {2, 1, "unit counters, relaxed"}, {2, 0, "relaxed, no item meet"},
+            {3, 1, "relaxed polls, never wait"}, {4, 1, "no dependency at all"}};
+  for (const V& v : vs)
+    for (int gap : {0, 3000}) {
+      p.mode = v.mode;
+      p.meet = v.meet;
+      p.gap_ns = gap;
+      std::vector<float> ts;
+      for (int it = 0; it < 12; ++it) {
+        CK(cudaMemset(unit_cnt, 0, sizeof(unsigned) * kMaxSeg * kMaxUnits));
+        CK(cudaMemset(att, 0, sizeof(unsigned) * 64 * 32));
+        CK(cudaMemset(seg_cnt, 0, sizeof(unsigned) * kMaxSeg));
+        CK(cudaEventRecord(e0));
+        persist_deps<<<sms, (NC + 1) * 32, smem>>>(p);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 2) ts.push_back(ms);
+      }
+      std::sort(ts.begin(), ts.end());
+      const double ms = ts[ts.size() / 2];
+      printf("items: %-22s gap %4d ns  %7.3f ms (min %7.3f)  %6.0f GB/s  %5.1f %% of read BW  %6.2f us/layer (floor %5.2f)\n",
+             v.name, gap, ms, ts[0], bytes / ms / 1e6,
+             100.0 * bytes / ms / 1e6 / read_bw, 1000.0 * ms / layers, bytes / layers / read_bw / 1e3);
+    }
+}
+
 int main(int argc, char** argv) {
   const int layers = argc > 1 ? atoi(argv[1]) : 32;
   cudaDeviceProp prop;
@@ -447,6 +656,8 @@ int main(int argc, char** argv) {
   const double read_bw = bytes / ts[ts.size() / 2] / 1e6;
   printf("%s, %d SMs; %d layers, %.3f GB; read kernel %.3f ms = %.0f GB/s; weight floor %.2f us/layer\n", prop.name, sms,
          layers, bytes / 1e9, ts[ts.size() / 2], read_bw, 106496.0 * kUnit / read_bw / 1e3);
+  run_deps(data, frags, ginfo, out, layers, sms, read_bw);
+  if (argc > 2 && std::string(argv[2]) == "deps") return 0;
   if (argc > 2) {  // "profile": one math-mode launch of the 16-consumer kernel, for Nsight Compute
     constexpr int NC = 16, S = 12;
     const size_t smem = static_cast<size_t>(S) * NC * kUnit + 16 * S;
