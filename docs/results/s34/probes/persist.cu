@@ -416,7 +416,7 @@ struct DepParams {
   const unsigned char* data;
   const uint4* frags;
   const float2* ginfo;
-  int nseg, mode, gap_ns, meet;
+  int nseg, mode, gap_ns, meet, order;
   long long stage0[kMaxSeg + 1];  // each segment's first stage in the data
   unsigned* unit_cnt;             // [nseg][kMaxUnits]
   unsigned* att;                  // [layers][32]
@@ -463,8 +463,10 @@ __global__ void __launch_bounds__((kDepNC + 1) * 32, 1) persist_deps(const __gri
             const int st = seq % S, use = seq / S;
             if (use > 0) mbar_wait(empty0 + 8 * st, (use - 1) & 1);
             mbar_expect_tx(full0 + 8 * st, kStage);
-            bulk_copy(ring + st * kStage, p.data + (p.stage0[j] + static_cast<long long>(i) * spi + k) * kStage,
-                      kStage, full0 + 8 * st);
+            // order 0: an item's stages together; 1: stage k of every item together (at any moment the
+            // blocks read neighbouring 17 KB pieces, as the first probe's blocks do)
+            const long long idx = p.order ? static_cast<long long>(k) * kItems[q] + i : static_cast<long long>(i) * spi + k;
+            bulk_copy(ring + st * kStage, p.data + (p.stage0[j] + idx) * kStage, kStage, full0 + 8 * st);
           }
       }
     }
@@ -489,7 +491,7 @@ __global__ void __launch_bounds__((kDepNC + 1) * 32, 1) persist_deps(const __gri
         }
       }
     }
-    bar_sync(1, NC * 32);
+    if (p.mode != 5) bar_sync(1, NC * 32);
     for (int i = b; i < kItems[q]; i += G) {
       for (int k = 0; k < spi; ++k) {
         const int u = k * 16 + warp, g = u / kTpi[q];
@@ -578,15 +580,20 @@ void run_deps(const unsigned char* data, const uint4* frags, const float2* ginfo
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   struct V {
-    int mode, meet;
+    int mode, meet, order;
     const char* name;
-  } vs[] = {{0, 1, "grid barriers"}, {0, 0, "barriers, no item meet"}, {1, 1, "unit counters, acquire"},
-            {2, 1, "unit counters, relaxed"}, {2, 0, "relaxed, no item meet"},
-            {3, 1, "relaxed polls, never wait"}, {4, 1, "no dependency at all"}};
+  } vs[] = {{0, 1, 0, "grid barriers"}, {0, 0, 0, "barriers, no item meet"}, {1, 1, 0, "unit counters, acquire"},
+            {2, 1, 0, "unit counters, relaxed"}, {2, 0, 0, "relaxed, no item meet"},
+            {3, 1, 0, "relaxed polls, never wait"}, {4, 1, 0, "no dependency at all"},
+            {4, 0, 0, "no dependency, no item meet"}, {5, 0, 0, "no dependency, no block sync"},
+            {4, 1, 1, "stage-major: no dependency"}, {0, 1, 1, "stage-major: barriers"},
+            {2, 1, 1, "stage-major: unit counters"}};
   for (const V& v : vs)
     for (int gap : {0, 3000}) {
+      if (v.mode >= 4 && gap > 0) continue;
       p.mode = v.mode;
       p.meet = v.meet;
+      p.order = v.order;
       p.gap_ns = gap;
       std::vector<float> ts;
       for (int it = 0; it < 12; ++it) {
@@ -604,7 +611,7 @@ void run_deps(const unsigned char* data, const uint4* frags, const float2* ginfo
       }
       std::sort(ts.begin(), ts.end());
       const double ms = ts[ts.size() / 2];
-      printf("items: %-22s gap %4d ns  %7.3f ms (min %7.3f)  %6.0f GB/s  %5.1f %% of read BW  %6.2f us/layer (floor %5.2f)\n",
+      printf("items: %-30s gap %4d ns  %7.3f ms (min %7.3f)  %6.0f GB/s  %5.1f %% of read BW  %6.2f us/layer (floor %5.2f)\n",
              v.name, gap, ms, ts[0], bytes / ms / 1e6,
              100.0 * bytes / ms / 1e6 / read_bw, 1000.0 * ms / layers, bytes / layers / read_bw / 1e3);
     }
