@@ -73,6 +73,9 @@ __device__ inline unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 __device__ inline void bar_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+__device__ inline void bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 struct Params {
   const unsigned char* data;
@@ -416,7 +419,7 @@ struct DepParams {
   const unsigned char* data;
   const uint4* frags;
   const float2* ginfo;
-  int nseg, mode, gap_ns, meet, order;
+  int nseg, mode, gap_ns, meet, order, epi;
   long long stage0[kMaxSeg + 1];  // each segment's first stage in the data
   unsigned* unit_cnt;             // [nseg][kMaxUnits]
   unsigned* att;                  // [layers][32]
@@ -438,7 +441,7 @@ __device__ inline void poll_relaxed(const unsigned* p, unsigned v) {
   }
 }
 
-__global__ void __launch_bounds__((kDepNC + 1) * 32, 1) persist_deps(const __grid_constant__ DepParams p) {
+__global__ void __launch_bounds__((kDepNC + 2) * 32, 1) persist_deps(const __grid_constant__ DepParams p) {
   constexpr int NC = kDepNC, S = kDepS;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ unsigned ready[kMaxUnits / 32];
@@ -472,10 +475,26 @@ __global__ void __launch_bounds__((kDepNC + 1) * 32, 1) persist_deps(const __gri
     }
     return;
   }
+  if (warp == NC + 1) {  // epi: the releases, off the consumers' path (the consumers arrive at an item's end)
+    if (!p.epi) return;
+    int n = 0;
+    for (int j = 0; j < p.nseg; ++j) {
+      const int q = j % 4;
+      for (int i = b; i < kItems[q]; i += G, ++n) {
+        bar_sync(2 + (n & 3), (NC + 1) * 32);
+        if (lane == 0 && p.mode >= 1)
+          asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.unit_cnt + j * kMaxUnits + i / 8) : "memory");
+      }
+      if (lane == 0 && p.mode == 0)
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.seg_cnt + j) : "memory");
+    }
+    return;
+  }
   const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
   const float c_min = tig == 0 ? 1.0f : 0.0f;
   const bool b_lane = gid < 3;
   const uint4* xp = p.frags + gid * 4 + tig;
+  int n_items = 0;
   const uint32_t woff = warp * 1024 + lane * 16, moff = NC * 1024 + warp * 64 + gid * 8;
   float out_lo = 0.0f, out_hi = 0.0f;
   int st = 0;
@@ -527,11 +546,16 @@ __global__ void __launch_bounds__((kDepNC + 1) * 32, 1) persist_deps(const __gri
         }
       }
       // The item is done: its warps meet (the real kernel's reduction), then one release for its unit.
+      if (p.epi) {
+        bar_arrive(2 + (n_items & 3), (NC + 1) * 32);
+        ++n_items;
+        continue;
+      }
       if (p.meet) bar_sync(1, NC * 32);
-      if (p.mode >= 1 && threadIdx.x == 0)
+      if (p.mode >= 1 && p.mode != 6 && threadIdx.x == 0)
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.unit_cnt + j * kMaxUnits + i / 8) : "memory");
     }
-    if (p.mode == 0 && threadIdx.x == 0)
+    if (p.mode == 0 && !p.epi && threadIdx.x == 0)
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.seg_cnt + j) : "memory");
     if (p.mode >= 1 && p.mode <= 3 && q == 0 && b < 32) {  // head b's attention: its q, k and v units, then the gap
       if (threadIdx.x == 0) {
@@ -580,20 +604,25 @@ void run_deps(const unsigned char* data, const uint4* frags, const float2* ginfo
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   struct V {
-    int mode, meet, order;
+    int mode, meet, order, epi;
     const char* name;
-  } vs[] = {{0, 1, 0, "grid barriers"}, {0, 0, 0, "barriers, no item meet"}, {1, 1, 0, "unit counters, acquire"},
-            {2, 1, 0, "unit counters, relaxed"}, {2, 0, 0, "relaxed, no item meet"},
-            {3, 1, 0, "relaxed polls, never wait"}, {4, 1, 0, "no dependency at all"},
-            {4, 0, 0, "no dependency, no item meet"}, {5, 0, 0, "no dependency, no block sync"},
-            {4, 1, 1, "stage-major: no dependency"}, {0, 1, 1, "stage-major: barriers"},
-            {2, 1, 1, "stage-major: unit counters"}};
+  } vs[] = {{6, 1, 0, 0, "no dependency, no release"}, {0, 1, 0, 1, "barriers, releases by a warp"},
+            {2, 1, 0, 1, "unit counters, releases by a warp"}, {4, 1, 0, 1, "no dependency, releases by a warp"},
+            {0, 1, 0, 0, "grid barriers"}, {2, 1, 0, 0, "unit counters, relaxed"}};
+  V vs_old[] = {{0, 1, 0, 0, "grid barriers"}, {0, 0, 0, 0, "barriers, no item meet"}, {1, 1, 0, 0, "unit counters, acquire"},
+            {2, 1, 0, 0, "unit counters, relaxed"}, {2, 0, 0, 0, "relaxed, no item meet"},
+            {3, 1, 0, 0, "relaxed polls, never wait"}, {4, 1, 0, 0, "no dependency at all"},
+            {4, 0, 0, 0, "no dependency, no item meet"}, {5, 0, 0, 0, "no dependency, no block sync"},
+            {4, 1, 1, 0, "stage-major: no dependency"}, {0, 1, 1, 0, "stage-major: barriers"},
+            {2, 1, 1, 0, "stage-major: unit counters"}};
+  (void)vs_old;
   for (const V& v : vs)
     for (int gap : {0, 3000}) {
-      if (v.mode >= 4 && gap > 0) continue;
+      if ((v.mode >= 4 || v.epi) && gap > 0) continue;
       p.mode = v.mode;
       p.meet = v.meet;
       p.order = v.order;
+      p.epi = v.epi;
       p.gap_ns = gap;
       std::vector<float> ts;
       for (int it = 0; it < 12; ++it) {
@@ -601,7 +630,7 @@ void run_deps(const unsigned char* data, const uint4* frags, const float2* ginfo
         CK(cudaMemset(att, 0, sizeof(unsigned) * 64 * 32));
         CK(cudaMemset(seg_cnt, 0, sizeof(unsigned) * kMaxSeg));
         CK(cudaEventRecord(e0));
-        persist_deps<<<sms, (NC + 1) * 32, smem>>>(p);
+        persist_deps<<<sms, (NC + 2) * 32, smem>>>(p);
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         CK(cudaGetLastError());
