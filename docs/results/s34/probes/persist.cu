@@ -449,6 +449,7 @@ __global__ void __launch_bounds__((kDepNC + 2) * 32, 1) persist_deps(const __gri
   constexpr int NC = kDepNC, S = kDepS;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ unsigned ready[kMaxUnits / 32];
+  __shared__ unsigned watched[2][kMaxUnits / 32];  // mode 7: set by the watcher warp, by segment parity
   constexpr uint32_t kStage = NC * kUnit;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
   const int G = gridDim.x, b = blockIdx.x;
@@ -458,6 +459,7 @@ __global__ void __launch_bounds__((kDepNC + 2) * 32, 1) persist_deps(const __gri
     mbar_init(full0 + 8 * threadIdx.x, 1);
     mbar_init(empty0 + 8 * threadIdx.x, NC);
   }
+  if (threadIdx.x < 2 * (kMaxUnits / 32)) (&watched[0][0])[threadIdx.x] = 0;
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncthreads();
   if (warp == NC) {
@@ -477,6 +479,21 @@ __global__ void __launch_bounds__((kDepNC + 2) * 32, 1) persist_deps(const __gri
           }
       }
     }
+    return;
+  }
+  if (warp == NC + 1 && p.mode == 7) {  // the watcher: readiness learned ahead of need, into a shared mask
+    if (lane == 0)
+      for (int j = 1; j < p.nseg; ++j) {
+        // Segment j's mask is free: watching segment j - 1 ended once every block, this one included, had
+        // finished segment j - 2, the last user of this parity.
+        unsigned* m = watched[j & 1];
+        for (int w = 0; w < kMaxUnits / 32; ++w) atomicExch(&m[w], 0u);
+        const int q = j % 4, layer = j / 4, n = kGroups[q];
+        for (int g = 0; g < n; ++g) {
+          poll_relaxed(q == 1 ? p.att + layer * 32 + g : p.unit_cnt + (j - 1) * kMaxUnits + g, q == 1 ? 1 : 8);
+          atomicOr(&m[g >> 5], 1u << (g & 31));
+        }
+      }
     return;
   }
   if (warp == NC + 1) {  // epi: the releases, off the consumers' path (the consumers arrive at an item's end)
@@ -518,6 +535,12 @@ __global__ void __launch_bounds__((kDepNC + 2) * 32, 1) persist_deps(const __gri
     for (int i = b; i < kItems[q]; i += G) {
       for (int k = 0; k < spi; ++k) {
         const int u = k * 16 + warp, g = u / kTpi[q];
+        if (p.mode == 7 && j > 0) {  // the watcher's mask
+          if (lane == 0)
+            while (!((*(volatile unsigned*)&watched[j & 1][g >> 5] >> (g & 31)) & 1u)) {
+            }
+          __syncwarp();
+        }
         if (p.mode >= 1 && p.mode <= 3 && j > 0) {  // group g's input: unit g of the segment before (o: head g's attention)
           if (lane == 0 && !((*(volatile unsigned*)&ready[g >> 5] >> (g & 31)) & 1u)) {
             const unsigned* c = q == 1 ? p.att + layer * 32 + g : p.unit_cnt + (j - 1) * kMaxUnits + g;
@@ -561,7 +584,7 @@ __global__ void __launch_bounds__((kDepNC + 2) * 32, 1) persist_deps(const __gri
     }
     if (p.mode == 0 && !p.epi && threadIdx.x == 0)
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p.seg_cnt + j) : "memory");
-    if (p.mode >= 1 && p.mode <= 3 && q == 0 && b < 32) {  // head b's attention: its q, k and v units, then the gap
+    if (((p.mode >= 1 && p.mode <= 3) || p.mode == 7) && q == 0 && b < 32) {  // head b's attention: its q, k and v units, then the gap
       if (threadIdx.x == 0) {
         const unsigned* c = p.unit_cnt + j * kMaxUnits;
         poll_at_least(c + b, 8);
@@ -627,7 +650,9 @@ void run_deps(const unsigned char* data, const uint4* frags, const float2* ginfo
             {4, 1, 0, 0, 1, "no dependency, one x group a warp"},
             {0, 1, 0, 1, 0, "barriers, releases by a warp"},
             {2, 1, 0, 1, 0, "unit counters, releases by a warp"},
-            {4, 1, 0, 1, 0, "no dependency, releases by a warp"}};
+            {4, 1, 0, 1, 0, "no dependency, releases by a warp"},
+            {7, 1, 0, 0, 0, "unit counters, a watcher warp"},
+            {7, 1, 0, 0, 1, "watcher, one x group a warp"}};
   for (const V& v : vs)
     for (int gap : {0, 3000}) {
       if ((v.mode >= 4 || v.epi) && gap > 0) continue;
