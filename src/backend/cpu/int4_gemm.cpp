@@ -53,6 +53,7 @@
 //    cycles where the fp32 GEMV needed ~8; measured 1.4–1.5× faster on the 2-core
 //    VM. (Integer tiles for M ≥ 2 were slower than the fp32 tiles, which decode
 //    once for 4 rows: the integer path's cost is per row.)
+#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -93,12 +94,19 @@ float* scratch(int slot, int64_t floats) {
   return b.p;
 }
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 does not know "f16c"
+// in __builtin_cpu_supports, and `make fuzz` builds with clang.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool cpu_has(Isa isa) {
   switch (isa) {
     case Isa::Scalar:
       return true;
     case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
