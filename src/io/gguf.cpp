@@ -304,6 +304,9 @@ GgufFile GgufFile::from_buffer(std::shared_ptr<const void> owner, const uint8_t*
     if (!tt) r.fail(fmt::format("ggml type {} is unknown", t.type));
     const auto numel = checked_numel(t.ne);
     if (!numel) r.fail(fmt::format("ne {} overflows 64 bits", fmt::join(t.ne, " x ")));
+    if (t.ne.empty() && tt->block_size != 1)  // a 0-d tensor's one element cannot fill a block
+      r.fail(fmt::format("a 0-d tensor (one element) cannot be of {}, whose blocks hold {} elements", tt->name,
+                         tt->block_size));
     if (!t.ne.empty() && t.ne[0] % tt->block_size != 0)
       r.fail(fmt::format("the row length ne[0] = {} is not a multiple of {}'s block size {}", t.ne[0], tt->name,
                          tt->block_size));

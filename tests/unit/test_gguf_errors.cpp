@@ -194,6 +194,9 @@ TEST(GgufFile, TensorDefects) {
   EXPECT_ERROR(one("t", {1, 1, 1, 1, 1}, 0, std::string(4, '\0')).build(), "tensor 't': n_dims is 5, expected at most 4");
   EXPECT_ERROR(one("t", {16, 2}, 2, std::string(18, '\0')).build(),
                "tensor 't': the row length ne[0] = 16 is not a multiple of Q4_0's block size 32");
+  // Found by fuzz_gguf: a 0-d Q4_0 tensor opened (0 bytes) and failed only in dequantize(), without the file name.
+  EXPECT_ERROR(one("t", {}, 2, "").build(),
+               "tensor 't': a 0-d tensor (one element) cannot be of Q4_0, whose blocks hold 32 elements");
   EXPECT_ERROR(one("t", {uint64_t{1} << 40, uint64_t{1} << 40}, 0, "").build(), "tensor 't': ne 1099511627776 x "
                                                                                  "1099511627776 overflows 64 bits");
   EXPECT_ERROR(one("t", {uint64_t{1} << 63}, 0, "").build(), "ne[0] is 9223372036854775808, expected at most 2^63-1");
