@@ -200,6 +200,10 @@ TEST(GgufFile, TensorDefects) {
   EXPECT_ERROR(one("t", {uint64_t{1} << 40, uint64_t{1} << 40}, 0, "").build(), "tensor 't': ne 1099511627776 x "
                                                                                  "1099511627776 overflows 64 bits");
   EXPECT_ERROR(one("t", {uint64_t{1} << 63}, 0, "").build(), "ne[0] is 9223372036854775808, expected at most 2^63-1");
+  // Found by fuzz_gguf: an empty tensor (a zero dimension) whose other dimensions overflow opened, and failed in
+  // dequantize() without the file's name.
+  EXPECT_ERROR(one("t", {0, uint64_t{1} << 40, uint64_t{1} << 40}, 0, "").build(),
+               "tensor 't': ne 0 x 1099511627776 x 1099511627776 overflows 64 bits");
   EXPECT_ERROR(one("t", {4}, 0, std::string(16, '\0'), 8).build(),
                "tensor 't': data offset 8 is not a multiple of the alignment 32");
   // Declared bigger than the bytes the file holds.
