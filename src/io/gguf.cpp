@@ -147,7 +147,6 @@ GgufValue read_value(Reader& r, GgufType type, int depth) {
   return v;
 }
 
-// numel of ne (each checked <= INT64_MAX), or nullopt on overflow.
 // The element count, or nullopt when the product of the nonzero dimensions
 // overflows int64: a tensor with a zero dimension is empty, but its other
 // dimensions still have to fit, since a Tensor's shape and strides multiply them.
