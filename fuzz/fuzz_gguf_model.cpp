@@ -1,0 +1,69 @@
+// libFuzzer target for loading a model from GGUF (GgufSource: the config from
+// `<arch>.*` metadata, the tensor name map, the q/k row order).
+//
+// The input is written to a file in /dev/shm (GgufSource opens a path) and
+// opened. It must either open or throw nibble::Error with one line that starts
+// with the file's path. An opened model is used as the forward uses one: its
+// config, every tensor's meta, and every tensor of up to 1 MiB loaded, where
+// each load may only refuse with such an Error. A loaded tensor must have the
+// shape its meta promised.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "nibble/error.h"
+#include "nibble/gguf.h"
+
+namespace {
+
+const std::string& input_path() {
+  static const std::string path = "/dev/shm/fuzz_gguf_model_" + std::to_string(getpid()) + ".gguf";
+  return path;
+}
+
+void check_error(const nibble::Error& e) {
+  const std::string prefix = input_path() + ": ";
+  if (std::strchr(e.what(), '\n') || std::strncmp(e.what(), prefix.c_str(), prefix.size()) != 0) {
+    std::fprintf(stderr, "fuzz_gguf_model: bad message: %s\n", e.what());
+    std::abort();
+  }
+}
+
+[[noreturn]] void broken(const char* what) {
+  std::fprintf(stderr, "fuzz_gguf_model: invariant violated: %s\n", what);
+  std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  {
+    std::ofstream out(input_path(), std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  }
+  try {
+    const auto src = nibble::GgufSource::open(input_path());
+    const nibble::ModelConfig& c = src->config();
+    if (c.num_layers <= 0 || c.hidden_size <= 0 || c.num_heads <= 0 || c.num_kv_heads <= 0 || c.head_dim <= 0)
+      broken("an opened model has a non-positive size in its config");
+    for (const std::string& name : src->names()) {
+      if (!src->contains(name)) broken("names() lists a tensor contains() denies");
+      const nibble::TensorMeta m = src->meta(name);
+      if (src->file().info(src->gguf_name(name)).nbytes > (1u << 20)) continue;
+      try {
+        const nibble::Tensor t = src->load(name);
+        if (t.shape() != m.shape) broken("load() returned another shape than meta()");
+      } catch (const nibble::Error& e) {
+        check_error(e);
+      }
+    }
+  } catch (const nibble::Error& e) {
+    check_error(e);
+  }
+  return 0;
+}
