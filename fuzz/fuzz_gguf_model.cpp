@@ -1,8 +1,8 @@
 // libFuzzer target for loading a model from GGUF (GgufSource: the config from
 // `<arch>.*` metadata, the tensor name map, the q/k row order).
 //
-// The input is written to a file in /dev/shm (GgufSource opens a path) and
-// opened. It must either open or throw nibble::Error with one line that starts
+// The input is written to a file in /dev/shm (GgufSource opens a path),
+// opened, and removed. It must either open or throw nibble::Error with one line that starts
 // with the file's path. An opened model is used as the forward uses one: its
 // config, every tensor's meta, and every tensor of up to 1 MiB loaded, where
 // each load may only refuse with such an Error. A loaded tensor must have the
@@ -65,5 +65,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const nibble::Error& e) {
     check_error(e);
   }
+  std::remove(input_path().c_str());  // nothing left in /dev/shm between inputs or after the run
   return 0;
 }
