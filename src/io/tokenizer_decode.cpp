@@ -392,6 +392,13 @@ bool is_byte_piece(const Tokenizer& tok, int32_t id) {
          std::isxdigit(static_cast<unsigned char>((*s)[3])) && std::isxdigit(static_cast<unsigned char>((*s)[4]));
 }
 
+// An id that adds no piece to decode(): one that names no token, or a special
+// token being skipped. It does not end a byte-fallback run either (decode()
+// joins the runs on both sides), so text before it is not final yet.
+bool adds_no_piece(const Tokenizer& tok, int32_t id, bool skip_special_tokens) {
+  return !tok.id_to_token(id) || (skip_special_tokens && tok.is_special(id));
+}
+
 }  // namespace
 
 std::string StreamDecoder::step(int32_t id) {
@@ -399,10 +406,16 @@ std::string StreamDecoder::step(int32_t id) {
   std::string text = tokenizer_.decode(ids_, skip_special_tokens_);
   const std::string_view fffd = io::tok::kReplacementChar;
   const bool incomplete = text.size() >= fffd.size() && text.compare(text.size() - fffd.size(), fffd.size(), fffd) == 0;
-  if (text.size() <= context_text_.size() || incomplete || is_byte_piece(tokenizer_, id)) return {};
+  if (text.size() <= context_text_.size() || incomplete || is_byte_piece(tokenizer_, id) ||
+      adds_no_piece(tokenizer_, id, skip_special_tokens_))
+    return {};
+  // (Quoted with invalid UTF-8 replaced: the cut may split a character.)
+  const auto quote = [](const std::string& t) {
+    return io::tok::json(t).dump(-1, ' ', false, io::tok::json::error_handler_t::replace);
+  };
   NIBBLE_CHECK(text.compare(0, context_text_.size(), context_text_) == 0,
-               "StreamDecoder: decoding id {} changed text already emitted ({} became {})", id,
-               io::tok::json(context_text_).dump(), io::tok::json(text.substr(0, context_text_.size())).dump());
+               "StreamDecoder: decoding id {} changed text already emitted ({} became {})", id, quote(context_text_),
+               quote(text.substr(0, context_text_.size())));
   std::string out = text.substr(context_text_.size());
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_len_));
   context_len_ = ids_.size();

@@ -287,6 +287,24 @@ TEST(TokenizerStream, ByteFallbackRunsAreEmittedWhenComplete) {
   EXPECT_EQ(all, stories().decode(ids, true));
 }
 
+// A skipped special token (or an id that names no token) adds no piece and does
+// not end a byte-fallback run: decode() joins the runs on both sides, so "ib"
+// before <unk> turns into U+FFFDs once <0xFD> follows it. The stream must hold
+// the run back across such ids. (Found by fuzz_tokenizer: step() stopped with
+// "changed text already emitted".)
+TEST(TokenizerStream, SkippedSpecialTokensDoNotEndAByteRun) {
+  ASSERT_TRUE(stories().is_special(0));
+  ASSERT_EQ(stories().id_to_token(256), "<0xFD>");
+  for (const std::vector<int32_t>& ids : {std::vector<int32_t>{108, 101, 0, 0, 256, 0, 54, 511},
+                                          std::vector<int32_t>{132, 196, 104, 388, 84, 1, 160, 84, 132, 160, 383}}) {
+    StreamDecoder s(stories(), /*skip_special_tokens=*/true);
+    std::string all;
+    for (int32_t id : ids) all += s.step(id);
+    all += s.finish();
+    EXPECT_EQ(all, stories().decode(ids, true));
+  }
+}
+
 // ---- Bad input ----------------------------------------------------------------------
 
 TEST(TokenizerErrors, MalformedJsonNamesThePath) {
