@@ -19,24 +19,18 @@
 #include <string>
 #include <vector>
 
-#include "nibble/error.h"
+#include "fuzz_checks.h"
 #include "nibble/gguf.h"
+
+const char* const fuzz::kTarget = "fuzz_gguf";
 
 namespace {
 
+using fuzz::broken;
+
 constexpr const char* kName = "fuzz-input";
 
-[[noreturn]] void broken(const char* what) {
-  std::fprintf(stderr, "fuzz_gguf: invariant violated: %s\n", what);
-  std::abort();
-}
-
-void check_error(const nibble::Error& e) {
-  if (std::strchr(e.what(), '\n') || std::strncmp(e.what(), "fuzz-input: ", 12) != 0) {
-    std::fprintf(stderr, "fuzz_gguf: bad message: %s\n", e.what());
-    std::abort();
-  }
-}
+void check_error(const nibble::Error& e) { fuzz::check_error(e, "fuzz-input: "); }
 
 // Work done on a parsed file that may refuse with an Error (message checked).
 template <typename F>
@@ -56,11 +50,7 @@ void use_parsed(const nibble::io::GgufFile& f, size_t size) {
                          t.nbytes > size - f.data_offset() - t.offset))
       broken("tensor bytes outside the input");
     if (!f.contains(t.name) || &f.info(t.name) != &t) broken("index does not match tensors()");
-    const uint8_t* p = f.data(t);
-    uint8_t acc = 0;
-    for (uint64_t i = 0; i < t.nbytes; ++i) acc ^= p[i];
-    volatile uint8_t sink = acc;
-    (void)sink;
+    fuzz::touch(f.data(t), t.nbytes);
     if (t.nbytes > (1u << 20)) continue;  // keep each run fast
     may_refuse([&] {
       const nibble::Tensor x = f.dequantize(t.name);

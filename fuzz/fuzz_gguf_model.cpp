@@ -16,8 +16,10 @@
 #include <fstream>
 #include <string>
 
-#include "nibble/error.h"
+#include "fuzz_checks.h"
 #include "nibble/gguf.h"
+
+const char* const fuzz::kTarget = "fuzz_gguf_model";
 
 namespace {
 
@@ -26,18 +28,9 @@ const std::string& input_path() {
   return path;
 }
 
-void check_error(const nibble::Error& e) {
-  const std::string prefix = input_path() + ": ";
-  if (std::strchr(e.what(), '\n') || std::strncmp(e.what(), prefix.c_str(), prefix.size()) != 0) {
-    std::fprintf(stderr, "fuzz_gguf_model: bad message: %s\n", e.what());
-    std::abort();
-  }
-}
+using fuzz::broken;
 
-[[noreturn]] void broken(const char* what) {
-  std::fprintf(stderr, "fuzz_gguf_model: invariant violated: %s\n", what);
-  std::abort();
-}
+void check_error(const nibble::Error& e) { fuzz::check_error(e, input_path() + ": "); }
 
 }  // namespace
 

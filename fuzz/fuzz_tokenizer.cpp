@@ -19,8 +19,10 @@
 #include <string_view>
 #include <vector>
 
-#include "nibble/error.h"
+#include "fuzz_checks.h"
 #include "nibble/tokenizer.h"
+
+const char* const fuzz::kTarget = "fuzz_tokenizer";
 
 namespace {
 
@@ -29,10 +31,7 @@ std::vector<std::unique_ptr<nibble::Tokenizer>>& tokenizers() {
   return t;
 }
 
-[[noreturn]] void broken(const char* what) {
-  std::fprintf(stderr, "fuzz_tokenizer: invariant violated: %s\n", what);
-  std::abort();
-}
+using fuzz::broken;
 
 void check_stream(const nibble::Tokenizer& tok, const std::vector<int32_t>& ids, bool skip) {
   const std::string whole = tok.decode(ids, skip);
@@ -70,7 +69,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     ids = tok.encode(text, special);
   } catch (const nibble::Error& e) {
-    if (std::strchr(e.what(), '\n')) broken("a multi-line error from encode()");
+    fuzz::check_error(e, "");
     return 0;
   }
   for (int32_t id : ids)

@@ -1,0 +1,43 @@
+// What every libFuzzer target here checks, in one place. A finding aborts, so
+// libFuzzer keeps the input.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "nibble/error.h"
+
+namespace fuzz {
+
+// The target's name, for its messages (each target defines it).
+extern const char* const kTarget;
+
+// A broken invariant of the code under test.
+[[noreturn]] inline void broken(const char* what) {
+  std::fprintf(stderr, "%s: invariant violated: %s\n", kTarget, what);
+  std::abort();
+}
+
+// A refusal must be one line that starts with `prefix` (the input's name and
+// ": "; empty: any start).
+inline void check_error(const nibble::Error& e, std::string_view prefix) {
+  const char* m = e.what();
+  if (std::strchr(m, '\n') || std::strncmp(m, prefix.data(), prefix.size()) != 0) {
+    std::fprintf(stderr, "%s: bad message: %s\n", kTarget, m);
+    std::abort();
+  }
+}
+
+// Reads every byte, so AddressSanitizer reports a range outside the input.
+inline void touch(const void* p, uint64_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  uint8_t acc = 0;
+  for (uint64_t i = 0; i < n; ++i) acc ^= b[i];
+  volatile uint8_t sink = acc;
+  (void)sink;
+}
+
+}  // namespace fuzz
