@@ -94,7 +94,11 @@ class Tokenizer {
   const TokenizerConfig& config() const;
 
  private:
+  friend class StreamDecoder;
   explicit Tokenizer(std::shared_ptr<const io::tok::TokenizerImpl> impl) : impl_(std::move(impl)) {}
+  // decode(); continuation: the ids continue a sequence past its start, so the
+  // decoder's edits at a sequence's start are not applied.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens, bool continuation) const;
   std::shared_ptr<const io::tok::TokenizerImpl> impl_;  // immutable after loading: copies share it
 };
 
@@ -108,12 +112,13 @@ class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false);
   std::string step(int32_t id);
-  std::string finish();  // whatever is still pending (incomplete bytes come out as U+FFFD)
+  std::string finish();  // whatever is still pending (incomplete bytes come out as U+FFFD); the next step() starts a new sequence
 
  private:
   Tokenizer tokenizer_;
   bool skip_special_tokens_;
   std::vector<int32_t> ids_;  // context ids (already emitted) followed by pending ids
+  bool at_start_ = true;      // ids_ starts the sequence (no emitted id has been dropped yet)
   size_t context_len_ = 0;
   std::string context_text_;  // decode(ids_[0..context_len_))
 };

@@ -21,7 +21,7 @@ json read_json_file(const fs::path& path) {
   NIBBLE_CHECK(f.good(), "{}: cannot open", path.string());
   try {
     return json::parse(f);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
     NIBBLE_FAIL("{}: malformed JSON: {}", path.string(), e.what());
   }
 }
@@ -150,7 +150,7 @@ void CheckpointDir::index_files() {
       json tensors;
       try {
         tensors = json::parse(it->second);
-      } catch (const json::parse_error& e) {
+      } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
         NIBBLE_FAIL("{}: __metadata__['{}'] is not valid JSON: {}", fname, kMetaTensors, e.what());
       }
       NIBBLE_CHECK(tensors.is_object(), "{}: __metadata__['{}'] should be a JSON object", fname, kMetaTensors);

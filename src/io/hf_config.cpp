@@ -14,6 +14,13 @@ namespace {
 
 using json = nlohmann::json;
 
+// A string from the file in single quotes for a message, with JSON's escapes
+// inside (a newline in it stays "\n": the message stays one line).
+std::string in_quotes(const std::string& s) {
+  const std::string d = json(s).dump();
+  return "'" + d.substr(1, d.size() - 2) + "'";
+}
+
 struct Reader {
   const std::filesystem::path& path;
   const json& j;
@@ -50,7 +57,8 @@ RopeScaling parse_rope(const Reader& r, const json& rope, const char* where) {
   // transformers 4 used "type", later versions "rope_type".
   s.type = sub.optional<std::string>("rope_type", sub.optional<std::string>("type", "default"));
   NIBBLE_CHECK(s.type == "default" || s.type == "linear" || s.type == "llama3",
-               "{}: rope type '{}' is not supported (supported: default, linear, llama3)", r.path.string(), s.type);
+               "{}: rope type {} is not supported (supported: default, linear, llama3)", r.path.string(),
+               in_quotes(s.type));
   s.factor = sub.optional<double>("factor", 1.0);
   if (s.type == "llama3") {
     s.low_freq_factor = sub.required<double>("low_freq_factor");
@@ -69,7 +77,7 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
   json j;
   try {
     j = json::parse(f);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
     NIBBLE_FAIL("{}: malformed JSON: {}", path.string(), e.what());
   }
   NIBBLE_CHECK(j.is_object(), "{}: expected a JSON object at top level", path.string());
@@ -77,8 +85,8 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
 
   ModelConfig c;
   c.model_type = r.required<std::string>("model_type");
-  NIBBLE_CHECK(lookup_arch(c.model_type), "{}: model_type '{}' is not supported (supported: {})", path.string(),
-               c.model_type, supported_model_types());
+  NIBBLE_CHECK(lookup_arch(c.model_type), "{}: model_type {} is not supported (supported: {})", path.string(),
+               in_quotes(c.model_type), supported_model_types());
   c.hidden_size = r.required<int64_t>("hidden_size");
   c.intermediate_size = r.required<int64_t>("intermediate_size");
   c.num_layers = r.required<int64_t>("num_hidden_layers");
@@ -86,6 +94,15 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
   c.num_kv_heads = r.optional<int64_t>("num_key_value_heads", c.num_heads);
   c.vocab_size = r.required<int64_t>("vocab_size");
   c.max_position_embeddings = r.optional<int64_t>("max_position_embeddings", 2048);
+  for (auto [key, value] : {std::pair{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                            {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
+                            {"num_key_value_heads", c.num_kv_heads}, {"vocab_size", c.vocab_size}})
+    NIBBLE_CHECK(value > 0, "{}: '{}' must be positive, found {}", path.string(), key, value);
+  // Layers are counted in the tens to hundreds; a count past this is a broken
+  // file, refused before anything is sized by it.
+  constexpr int64_t kMaxLayers = 1 << 16;
+  NIBBLE_CHECK(c.num_layers <= kMaxLayers, "{}: 'num_hidden_layers' = {} is not plausible (at most {})", path.string(),
+               c.num_layers, kMaxLayers);
   c.rms_norm_eps = r.optional<double>("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = r.optional<bool>("tie_word_embeddings", false);
   c.attention_bias = r.optional<bool>("attention_bias", false);
@@ -102,10 +119,10 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
                  "{}: 'layer_types' must list one entry per layer ({}), found {}", path.string(), c.num_layers,
                  lt.dump());
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
       NIBBLE_CHECK(t == "full_attention" || t == "sliding_attention",
-                   "{}: layer_types[{}] = '{}' is not supported (full_attention, sliding_attention)", path.string(), i,
-                   t);
+                   "{}: layer_types[{}] = {} is not supported (full_attention, sliding_attention)", path.string(), i,
+                   lt[i].is_string() ? in_quotes(t) : lt[i].dump());
       if (t == "sliding_attention") c.layer_windows[i] = c.sliding_window.value_or(0);
     }
   } else if (c.sliding_window) {
@@ -115,10 +132,6 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
     for (int64_t i = std::max<int64_t>(first, 0); i < c.num_layers; ++i) c.layer_windows[i] = *c.sliding_window;
   }
 
-  for (auto [key, value] : {std::pair{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
-                            {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_heads},
-                            {"num_key_value_heads", c.num_kv_heads}, {"vocab_size", c.vocab_size}})
-    NIBBLE_CHECK(value > 0, "{}: '{}' must be positive, found {}", path.string(), key, value);
   NIBBLE_CHECK(c.num_heads % c.num_kv_heads == 0,
                "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", path.string(),
                c.num_heads, c.num_kv_heads);

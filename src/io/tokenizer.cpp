@@ -286,6 +286,13 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
   }
   NIBBLE_CHECK(max_id >= 0, "{}: the vocabulary is empty", origin);
   NIBBLE_CHECK(max_id < INT32_MAX, "{}: token ids go past int32", origin);
+  // The id tables are dense (one entry per id up to the largest), as every
+  // real vocabulary is; a lone huge id is a broken file, refused before it
+  // sizes gigabytes of table (found by fuzz_hf_json).
+  int64_t defined = model_size;
+  for (const io::tok::AddedToken& t : impl->added) defined += impl->model->token_to_id(t.content) ? 0 : 1;
+  NIBBLE_CHECK(max_id < 2 * defined + 65536, "{}: token id {} is far past the {} tokens the file defines", origin,
+               max_id, defined);
   const auto n = static_cast<size_t>(max_id + 1);
   impl->id_to_token.assign(n, std::string());
   impl->has_token.assign(n, 0);
@@ -355,6 +362,10 @@ std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return decode(ids, skip_special_tokens, /*continuation=*/false);
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens, bool continuation) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
@@ -369,7 +380,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
     for (size_t k = 0; k < tokens.size(); ++k) out += (k ? " " : "") + tokens[k];
     return out;
   }
-  impl_->decoder->decode_chain(tokens, /*raw=*/false);
+  impl_->decoder->decode_chain(tokens, continuation ? io::tok::DecodeMode::continuation : io::tok::DecodeMode::sequence);
   std::string out;
   for (const std::string& t : tokens) out += t;
   return out;
@@ -381,7 +392,7 @@ std::string Tokenizer::decode_token(int32_t id) const {
   const auto i = static_cast<size_t>(id);
   if (!impl_->has_token[i]) return {};
   std::vector<std::string> tokens{impl_->id_to_token[i]};
-  if (impl_->decoder) impl_->decoder->decode_chain(tokens, /*raw=*/true);
+  if (impl_->decoder) impl_->decoder->decode_chain(tokens, io::tok::DecodeMode::token);
   std::string out;
   for (const std::string& t : tokens) out += t;
   return out;

@@ -47,8 +47,8 @@ namespace {
 
 struct SequenceDecoder : Decoder {
   std::vector<std::unique_ptr<Decoder>> parts;
-  void decode_chain(std::vector<std::string>& tokens, bool raw) const override {
-    for (const auto& d : parts) d->decode_chain(tokens, raw);
+  void decode_chain(std::vector<std::string>& tokens, DecodeMode mode) const override {
+    for (const auto& d : parts) d->decode_chain(tokens, mode);
   }
 };
 
@@ -56,7 +56,7 @@ struct SequenceDecoder : Decoder {
 // outside the map, e.g. an added token, keeps its own UTF-8) and joins them;
 // the whole byte string then goes through from_utf8_lossy.
 struct ByteLevelDecoder : Decoder {
-  void decode_chain(std::vector<std::string>& tokens, bool raw) const override {
+  void decode_chain(std::vector<std::string>& tokens, DecodeMode mode) const override {
     std::string bytes;
     for (const std::string& t : tokens) {
       const size_t mark = bytes.size();
@@ -74,7 +74,7 @@ struct ByteLevelDecoder : Decoder {
         bytes += t;
       }
     }
-    tokens.assign(1, raw ? std::move(bytes) : utf8_lossy(bytes));
+    tokens.assign(1, mode == DecodeMode::token ? std::move(bytes) : utf8_lossy(bytes));
   }
 };
 
@@ -83,14 +83,14 @@ struct ByteLevelDecoder : Decoder {
 struct MetaspaceDecoder : Decoder {
   std::string replacement = "\xE2\x96\x81";
   bool strip_first = true;  // prepend_scheme != never
-  void decode_chain(std::vector<std::string>& tokens, bool raw) const override {
+  void decode_chain(std::vector<std::string>& tokens, DecodeMode mode) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       const std::string& t = tokens[i];
       std::string out;
       out.reserve(t.size());
       for (size_t p = 0; p < t.size();) {
         if (t.compare(p, replacement.size(), replacement) == 0) {
-          if (!(i == 0 && strip_first && !raw)) out += ' ';
+          if (!(i == 0 && strip_first && mode == DecodeMode::sequence)) out += ' ';
           p += replacement.size();
         } else {
           out += t[p++];
@@ -104,7 +104,7 @@ struct MetaspaceDecoder : Decoder {
 struct ReplaceDecoder : Decoder {
   std::unique_ptr<Pattern> pattern;
   std::string content;
-  void decode_chain(std::vector<std::string>& tokens, bool) const override {
+  void decode_chain(std::vector<std::string>& tokens, DecodeMode) const override {
     std::vector<std::pair<size_t, size_t>> m;
     for (std::string& t : tokens) {
       m.clear();
@@ -137,13 +137,13 @@ struct ByteFallbackDecoder : Decoder {
     const int hi = hex(t[3]), lo = hex(t[4]);
     return (hi < 0 || lo < 0) ? -1 : hi * 16 + lo;
   }
-  void decode_chain(std::vector<std::string>& tokens, bool raw) const override {
+  void decode_chain(std::vector<std::string>& tokens, DecodeMode mode) const override {
     std::vector<std::string> out;
     out.reserve(tokens.size());
     std::string pending;
     auto flush = [&] {
       if (pending.empty()) return;
-      if (raw || utf8_invalid_at(pending) == std::string_view::npos) {
+      if (mode == DecodeMode::token || utf8_invalid_at(pending) == std::string_view::npos) {
         out.push_back(pending);
       } else {
         for (size_t k = 0; k < pending.size(); ++k) out.emplace_back(kReplacementChar);
@@ -165,7 +165,7 @@ struct ByteFallbackDecoder : Decoder {
 };
 
 struct FuseDecoder : Decoder {
-  void decode_chain(std::vector<std::string>& tokens, bool) const override {
+  void decode_chain(std::vector<std::string>& tokens, DecodeMode) const override {
     std::string all;
     for (const std::string& t : tokens) all += t;
     tokens.assign(1, std::move(all));
@@ -173,16 +173,20 @@ struct FuseDecoder : Decoder {
 };
 
 // Removes up to `start` leading and `stop` trailing `content` characters from
-// every token (after Fuse there is one: Llama 2's leading space). Skipped in
-// raw (per-token) mode: it is a sequence-level edit.
+// every token (after Fuse there is one: Llama 2's leading space). Skipped for
+// one token's bytes: it is a sequence-level edit. A continuation's first token
+// keeps its leading characters when it comes first in the chain: they are not
+// the sequence's.
 struct StripDecoder : Decoder {
   std::string content;
   size_t start = 0, stop = 0;
-  void decode_chain(std::vector<std::string>& tokens, bool raw) const override {
-    if (raw) return;
-    for (std::string& t : tokens) {
+  void decode_chain(std::vector<std::string>& tokens, DecodeMode mode) const override {
+    if (mode == DecodeMode::token) return;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      std::string& t = tokens[i];
+      const size_t lead = i == 0 && mode == DecodeMode::continuation ? 0 : start;
       size_t begin = 0, end = t.size();
-      for (size_t k = 0; k < start && t.compare(begin, content.size(), content) == 0 && begin < end; ++k)
+      for (size_t k = 0; k < lead && t.compare(begin, content.size(), content) == 0 && begin < end; ++k)
         begin += content.size();
       for (size_t k = 0; k < stop && end >= begin + content.size() &&
                          t.compare(end - content.size(), content.size(), content) == 0;
@@ -403,7 +407,7 @@ bool adds_no_piece(const Tokenizer& tok, int32_t id, bool skip_special_tokens) {
 
 std::string StreamDecoder::step(int32_t id) {
   ids_.push_back(id);
-  std::string text = tokenizer_.decode(ids_, skip_special_tokens_);
+  std::string text = tokenizer_.decode(ids_, skip_special_tokens_, !at_start_);
   const std::string_view fffd = io::tok::kReplacementChar;
   const bool incomplete = text.size() >= fffd.size() && text.compare(text.size() - fffd.size(), fffd.size(), fffd) == 0;
   if (text.size() <= context_text_.size() || incomplete || is_byte_piece(tokenizer_, id) ||
@@ -418,18 +422,21 @@ std::string StreamDecoder::step(int32_t id) {
                quote(text.substr(0, context_text_.size())));
   std::string out = text.substr(context_text_.size());
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(context_len_));
+  at_start_ = at_start_ && context_len_ == 0;
   context_len_ = ids_.size();
-  context_text_ = tokenizer_.decode(ids_, skip_special_tokens_);
+  context_text_ = tokenizer_.decode(ids_, skip_special_tokens_, !at_start_);
   return out;
 }
 
 std::string StreamDecoder::finish() {
-  if (ids_.size() == context_len_) return {};
-  std::string text = tokenizer_.decode(ids_, skip_special_tokens_);
-  std::string out = text.size() > context_text_.size() && text.compare(0, context_text_.size(), context_text_) == 0
-                        ? text.substr(context_text_.size())
-                        : std::string();
+  std::string out;
+  if (ids_.size() > context_len_) {
+    const std::string text = tokenizer_.decode(ids_, skip_special_tokens_, !at_start_);
+    if (text.size() > context_text_.size() && text.compare(0, context_text_.size(), context_text_) == 0)
+      out = text.substr(context_text_.size());
+  }
   ids_.clear();
+  at_start_ = true;
   context_len_ = 0;
   context_text_.clear();
   return out;

@@ -158,12 +158,21 @@ class BpeModel {
 uint32_t byte_to_char(uint8_t b);
 int byte_from_char(uint32_t cp);  // -1 when cp is not in the map
 
+// What decode_chain decodes:
+// - sequence: a whole sequence (decode());
+// - continuation: ids that continue a sequence past its start (StreamDecoder's
+//   windows): the same, without the edits at a sequence's start (Strip's
+//   leading `start`, Metaspace's first-token rule), which the start's own
+//   window has already applied;
+// - token: one token's raw bytes (decode_token: byte pieces stay raw bytes, no
+//   U+FFFD, no sequence-level stripping).
+enum class DecodeMode { sequence, continuation, token };
+
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  // `tokenizers`' decode_chain. raw: per-token bytes for decode_token (byte
-  // pieces stay raw bytes, no U+FFFD, no sequence-level stripping).
-  virtual void decode_chain(std::vector<std::string>& tokens, bool raw) const = 0;
+  // `tokenizers`' decode_chain.
+  virtual void decode_chain(std::vector<std::string>& tokens, DecodeMode mode) const = 0;
 };
 std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where);
 

@@ -6,6 +6,7 @@
 #include "nibble/arch.h"
 #include "nibble/error.h"
 #include "nibble/model_config.h"
+#include "nibble/source.h"
 #include "test_util.h"
 
 namespace nibble {
@@ -142,14 +143,33 @@ TEST(Config, BadInputNamesFileAndKey) {
           "num_attention_heads": 4, "vocab_size": 10})", "'num_hidden_layers' must be positive"},
       {R"({"model_type": "llama",)", "malformed JSON"},
       {R"([1, 2])", "expected a JSON object"},
+      // Found by fuzz_hf_json: a number past double's range is nlohmann's
+      // out_of_range, not a parse_error, and escaped as a foreign exception.
+      {R"({"model_type": "llama", "hidden_size": 1e400})", "malformed JSON"},
+      // A string from the file stays on the message's one line.
+      {R"({"model_type": "gpt2\nx"})", R"(model_type 'gpt2\nx' is not supported)"},
+      {R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1000000000000,
+          "num_attention_heads": 4, "vocab_size": 10})", "'num_hidden_layers' = 1000000000000 is not plausible"},
   };
   for (const Case& c : cases) {
     const auto p = write_config(d, c.text);
     const std::string err = error_of(p);
     EXPECT_NE(err.find(c.expect), std::string::npos) << "for " << c.text << "\n got: " << err;
     EXPECT_NE(err.find(p.string()), std::string::npos) << err;  // names the file
+    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
   }
   EXPECT_NE(error_of(d / "missing.json").find("cannot open"), std::string::npos);
+}
+
+// The shard index is JSON too: a number past double's range in it is refused
+// with the index's name (found by fuzz_hf_json in config.json's reader, which
+// shares the cause).
+TEST(Config, ShardIndexWithANumberPastDoubleNamesTheFile) {
+  TempDir d;
+  std::filesystem::copy_file(test::model_dir("stories260K") / "config.json", d / "config.json");
+  std::ofstream(d / "model.safetensors.index.json") << R"({"metadata": {"total_size": 1e400}, "weight_map": {}})";
+  const std::string err = test::error_of([&] { CheckpointDir::open(d.path()); });
+  EXPECT_NE(err.find("model.safetensors.index.json: malformed JSON"), std::string::npos) << err;
 }
 
 }  // namespace

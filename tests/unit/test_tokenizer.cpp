@@ -305,6 +305,34 @@ TEST(TokenizerStream, SkippedSpecialTokensDoNotEndAByteRun) {
   }
 }
 
+// A Strip decoder that removes more than one leading space eats into the
+// tokens after the first when they begin with spaces. A stream window that
+// starts past the sequence's start must not strip again: its leading spaces are
+// not the sequence's. (Found by fuzz_hf_json: a Strip of start 2 streamed
+// "   a " where decode() gives "    a  ".)
+TEST(TokenizerStream, LeadingStripOfMoreThanOneToken) {
+  json j = read_json(test::model_dir("stories260K") / "tokenizer.json");
+  ASSERT_EQ(j["decoder"]["decoders"][3]["type"], "Strip");
+  j["decoder"]["decoders"][3]["start"] = 2;
+  const Tokenizer t = Tokenizer::from_json(j.dump(), "strip2");
+  const int32_t sp = t.token_to_id("\xE2\x96\x81").value(), a = t.token_to_id("\xE2\x96\x81" "a").value();
+  const std::vector<int32_t> ids = {sp, sp, sp, sp, sp, a, sp, sp};
+  // Six spaces, "a", two spaces; the first two spaces stripped.
+  ASSERT_EQ(t.decode(ids), "    a  ");
+  for (const bool skip : {false, true}) {
+    StreamDecoder s(t, skip);
+    std::string all;
+    for (int32_t id : ids) all += s.step(id);
+    all += s.finish();
+    EXPECT_EQ(all, "    a  ");
+    // After finish() the next step starts a new sequence, stripped again:
+    // three spaces and "a", less two.
+    std::string again;
+    for (int32_t id : {sp, sp, a}) again += s.step(id);
+    EXPECT_EQ(again + s.finish(), " a");
+  }
+}
+
 // ---- Bad input ----------------------------------------------------------------------
 
 TEST(TokenizerErrors, MalformedJsonNamesThePath) {
@@ -349,6 +377,18 @@ TEST(TokenizerErrors, UnsupportedComponentsAreNamedWithTheSupportedList) {
   bad_merge["model"]["merges"].push_back("\xE2\x96\x81" "q zz");
   const std::string merge = error_of([&] { Tokenizer::from_json(bad_merge.dump(), "edited/tokenizer.json"); });
   EXPECT_NE(merge.find("is not in the vocab"), std::string::npos) << merge;
+}
+
+// One huge id in the vocabulary would size the dense id tables at tens of GB
+// (found by fuzz_hf_json: an out-of-memory abort); it is refused instead.
+TEST(TokenizerErrors, ALoneHugeIdIsRefused) {
+  json j = read_json(test::model_dir("stories260K") / "tokenizer.json");
+  j["model"]["vocab"]["<far>"] = 1400000000;
+  const std::string e = error_of([&] { Tokenizer::from_json(j.dump(), "far.json"); });
+  EXPECT_NE(e.find("far.json: token id 1400000000 is far past the 513 tokens the file defines"), std::string::npos)
+      << e;
+  j["model"]["vocab"]["<far>"] = 600;  // a gap of unused ids is fine
+  EXPECT_EQ(Tokenizer::from_json(j.dump(), "gap.json").vocab_size(), 601);
 }
 
 TEST(TokenizerErrors, DecodeOutOfRangeNamesIdAndVocabSize) {
