@@ -1,7 +1,8 @@
-// libFuzzer target for the two JSON files of a Hugging Face directory that
-// nibble parses itself: config.json (parse_model_config) and tokenizer.json
-// (Tokenizer::from_json). The first input byte picks the file (bit 0); the
-// rest is the file's text.
+// libFuzzer target for the JSON files of a Hugging Face directory that nibble
+// parses itself: config.json (parse_model_config), tokenizer.json
+// (Tokenizer::from_json) and tokenizer_config.json (Tokenizer::from_file).
+// The first input byte picks the file (its value mod 3); the rest is the
+// file's text.
 // - config.json is written to a file in /dev/shm (the parser opens a path),
 //   parsed, and removed. It parses, or throws nibble::Error with one line that
 //   starts with the file's path. A parsed config keeps the promises the
@@ -12,11 +13,17 @@
 //   outside ASCII in it) to ids inside its vocabulary, or refuses with one
 //   nibble::Error line; decode and StreamDecoder of those ids agree, and
 //   every id below 512 decodes without throwing.
+// - tokenizer_config.json is written to a directory in /dev/shm beside a fixed
+//   tokenizer.json, and the tokenizer is loaded from the directory. It loads,
+//   or throws one Error line that starts with the directory; a loaded
+//   tokenizer's bos and eos ids, when it names them, are tokens.
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,14 +101,51 @@ void fuzz_tokenizer(std::string_view text) {
   }
 }
 
+const std::string& tokenizer_dir() {
+  static const std::string dir = "/dev/shm/fuzz_hf_json_" + std::to_string(getpid());
+  return dir;
+}
+
+// A fixed tokenizer.json for tokenizer_config.json to go beside: three tokens
+// and Llama 2's post-processor.
+constexpr const char* kFixedTokenizer = R"({"added_tokens": [
+  {"id": 0, "content": "<s>", "special": true}, {"id": 1, "content": "</s>", "special": true}],
+ "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+   {"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
+ "model": {"type": "BPE", "vocab": {"<s>": 0, "</s>": 1, "a": 2}, "merges": []}})";
+
+void fuzz_tokenizer_config(std::string_view text) {
+  const std::string dir = tokenizer_dir();
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json", std::ios::binary | std::ios::trunc) << kFixedTokenizer;
+  {
+    std::ofstream out(dir + "/tokenizer_config.json", std::ios::binary | std::ios::trunc);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  }
+  try {
+    const nibble::Tokenizer tok = nibble::Tokenizer::from_file(dir + "/tokenizer.json");
+    for (const std::optional<int32_t> id : {tok.bos_id(), tok.eos_id()})
+      if (id && (*id < 0 || *id >= tok.vocab_size())) broken("a bos or eos id outside the vocabulary");
+  } catch (const nibble::Error& e) {
+    fuzz::check_error(e, dir + "/");
+  }
+  std::filesystem::remove_all(dir);  // nothing left in /dev/shm between inputs or after the run
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
-  if (data[0] & 1)
-    fuzz_tokenizer(text);
-  else
-    fuzz_config(text);
+  switch (data[0] % 3) {
+    case 0:
+      fuzz_config(text);
+      break;
+    case 1:
+      fuzz_tokenizer(text);
+      break;
+    default:
+      fuzz_tokenizer_config(text);
+  }
   return 0;
 }

@@ -190,6 +190,8 @@ TokenizerConfig read_config(const std::filesystem::path& path) {
         NIBBLE_CHECK(e.is_object() && e.contains("template") && e["template"].is_string(),
                      "{}: a chat_template entry should be {{\"name\": ..., \"template\": ...}}, found {}", where,
                      e.dump().substr(0, 200));
+        NIBBLE_CHECK(!e.contains("name") || e["name"].is_string(), "{}: a chat_template entry's name should be a "
+                     "string, found {}", where, e["name"].dump().substr(0, 200));
         if (c.chat_template.empty() || e.value("name", "") == "default") c.chat_template = e["template"].get<std::string>();
       }
     }

@@ -381,6 +381,27 @@ TEST(TokenizerErrors, UnsupportedComponentsAreNamedWithTheSupportedList) {
 
 // One huge id in the vocabulary would size the dense id tables at tens of GB
 // (found by fuzz_hf_json: an out-of-memory abort); it is refused instead.
+// tokenizer_config.json's chat_template list: an entry named by a non-string
+// is refused with the file's name (found by fuzz_hf_json: nlohmann's
+// type_error escaped when a later entry was checked for "default").
+TEST(TokenizerErrors, ChatTemplateEntryNames) {
+  test::TempDir dir;
+  std::filesystem::copy_file(test::model_dir("stories260K") / "tokenizer.json", dir / "tokenizer.json");
+  auto load_with = [&](const std::string& templates) {
+    std::ofstream(dir / "tokenizer_config.json") << R"({"chat_template": )" + templates + "}";
+    return Tokenizer::from_file(dir / "tokenizer.json");
+  };
+  EXPECT_EQ(load_with(R"([{"template": "a"}, {"name": "default", "template": "b"}, {"name": "x", "template": "c"}])")
+                .config()
+                .chat_template,
+            "b");
+  const std::string e = error_of([&] { load_with(R"([{"template": "a"}, {"name": 5, "template": "b"}])"); });
+  EXPECT_NE(e.find((dir / "tokenizer_config.json").string() + ": a chat_template entry's name should be a string, "
+                                                               "found 5"),
+            std::string::npos)
+      << e;
+}
+
 TEST(TokenizerErrors, ALoneHugeIdIsRefused) {
   json j = read_json(test::model_dir("stories260K") / "tokenizer.json");
   j["model"]["vocab"]["<far>"] = 1400000000;
