@@ -8,7 +8,11 @@
 #include <cstring>
 #include <string_view>
 
+#include <string>
+#include <vector>
+
 #include "nibble/error.h"
+#include "nibble/tokenizer.h"
 
 namespace fuzz {
 
@@ -38,6 +42,17 @@ inline void touch(const void* p, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) acc ^= b[i];
   volatile uint8_t sink = acc;
   (void)sink;
+}
+
+// StreamDecoder's pieces plus finish() equal decode() of the same ids: its
+// documented contract.
+inline void check_stream(const nibble::Tokenizer& tok, const std::vector<int32_t>& ids, bool skip) {
+  const std::string whole = tok.decode(ids, skip);
+  nibble::StreamDecoder sd(tok, skip);
+  std::string streamed;
+  for (int32_t id : ids) streamed += sd.step(id);
+  streamed += sd.finish();
+  if (streamed != whole) broken("StreamDecoder's pieces differ from decode()");
 }
 
 }  // namespace fuzz

@@ -37,6 +37,7 @@ const char* const fuzz::kTarget = "fuzz_hf_json";
 namespace {
 
 using fuzz::broken;
+using fuzz::check_stream;
 
 const std::string& config_path() {
   static const std::string path = "/dev/shm/fuzz_hf_json_" + std::to_string(getpid()) + "_config.json";
@@ -61,15 +62,6 @@ void fuzz_config(std::string_view text) {
     fuzz::check_error(e, config_path() + ": ");
   }
   std::remove(config_path().c_str());  // nothing left in /dev/shm between inputs or after the run
-}
-
-void check_stream(const nibble::Tokenizer& tok, const std::vector<int32_t>& ids, bool skip) {
-  const std::string whole = tok.decode(ids, skip);
-  nibble::StreamDecoder sd(tok, skip);
-  std::string streamed;
-  for (int32_t id : ids) streamed += sd.step(id);
-  streamed += sd.finish();
-  if (streamed != whole) broken("StreamDecoder's pieces differ from decode()");
 }
 
 void fuzz_tokenizer(std::string_view text) {

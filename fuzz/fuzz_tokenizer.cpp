@@ -32,15 +32,7 @@ std::vector<std::unique_ptr<nibble::Tokenizer>>& tokenizers() {
 }
 
 using fuzz::broken;
-
-void check_stream(const nibble::Tokenizer& tok, const std::vector<int32_t>& ids, bool skip) {
-  const std::string whole = tok.decode(ids, skip);
-  nibble::StreamDecoder sd(tok, skip);
-  std::string streamed;
-  for (int32_t id : ids) streamed += sd.step(id);
-  streamed += sd.finish();
-  if (streamed != whole) broken("StreamDecoder's pieces differ from decode()");
-}
+using fuzz::check_stream;
 
 }  // namespace
 

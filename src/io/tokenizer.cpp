@@ -262,7 +262,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
   // in the vocab, else the next id after the vocab and the added tokens so
   // far. Real files agree with this; hand-edited ones may not.
   const auto model_size = static_cast<int64_t>(impl->model->vocab().size());
-  int64_t max_id = -1, max_added = -1;
+  int64_t max_id = -1, max_added = -1, defined = model_size;  // defined: distinct tokens
   for (const auto& [token, id] : impl->model->vocab()) max_id = std::max<int64_t>(max_id, id);
   if (const json* added = component("added_tokens")) {
     NIBBLE_CHECK(added->is_array(), "{}: 'added_tokens' should be an array", origin);
@@ -278,8 +278,12 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
       t.rstrip = io::tok::json_bool(a, "rstrip", false, at);
       t.normalized = io::tok::json_bool(a, "normalized", !t.special, at);
       if (impl->added_by_content.count(t.content)) continue;  // first definition wins
-      if (auto id = impl->model->token_to_id(t.content)) t.id = *id;
-      else t.id = static_cast<int32_t>(max_added >= model_size ? max_added + 1 : model_size);
+      if (auto id = impl->model->token_to_id(t.content)) {
+        t.id = *id;
+      } else {
+        t.id = static_cast<int32_t>(max_added >= model_size ? max_added + 1 : model_size);
+        ++defined;
+      }
       max_added = std::max<int64_t>(max_added, t.id);
       max_id = std::max<int64_t>(max_id, t.id);
       impl->added_by_content.emplace(t.content, impl->added.size());
@@ -291,8 +295,6 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
   // The id tables are dense (one entry per id up to the largest), as every
   // real vocabulary is; a lone huge id is a broken file, refused before it
   // sizes gigabytes of table (found by fuzz_hf_json).
-  int64_t defined = model_size;
-  for (const io::tok::AddedToken& t : impl->added) defined += impl->model->token_to_id(t.content) ? 0 : 1;
   NIBBLE_CHECK(max_id < 2 * defined + 65536, "{}: token id {} is far past the {} tokens the file defines", origin,
                max_id, defined);
   const auto n = static_cast<size_t>(max_id + 1);

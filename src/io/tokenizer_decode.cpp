@@ -174,9 +174,8 @@ struct FuseDecoder : Decoder {
 
 // Removes up to `start` leading and `stop` trailing `content` characters from
 // every token (after Fuse there is one: Llama 2's leading space). Skipped for
-// one token's bytes: it is a sequence-level edit. A continuation's first token
-// keeps its leading characters when it comes first in the chain: they are not
-// the sequence's.
+// one token's bytes: it is a sequence-level edit. In a continuation the first
+// token keeps its leading characters: they are not the sequence's.
 struct StripDecoder : Decoder {
   std::string content;
   size_t start = 0, stop = 0;
