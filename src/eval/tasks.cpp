@@ -67,8 +67,10 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokeniz
     ++lineno;
     if (line.empty()) continue;
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    NIBBLE_CHECK(!j.is_discarded() && j.contains("question") && j.contains("answer"),
-                 "gsm8k: {} line {}: expected a JSON object with \"question\" and \"answer\"", o.data.string(), lineno);
+    NIBBLE_CHECK(!j.is_discarded() && j.contains("question") && j.contains("answer") && j["question"].is_string() &&
+                     j["answer"].is_string(),
+                 "gsm8k: {} line {}: expected a JSON object with \"question\" and \"answer\" strings", o.data.string(),
+                 lineno);
     Gsm8kItem it;
     it.id = static_cast<int64_t>(items.size());
     it.question = j["question"].get<std::string>();

@@ -71,6 +71,17 @@ TEST(Tasks, FlipsAndGsm8kThroughTheCli) {
     ++lines;
   }
   EXPECT_EQ(lines, 3);
+
+  // A problem whose question is not a string is refused with the file and
+  // line (it was nlohmann's type_error, with neither).
+  std::ofstream(tmp / "bad.jsonl") << R"({"question": "2+2?", "answer": "#### 4"})" << "\n"
+                                   << R"({"question": 5, "answer": "#### 5"})" << "\n";
+  r = test::run_command(test::nibble_bin() + " gsm8k -q --model " + test::model_dir("stories260K").string() +
+                        " --data " + (tmp / "bad.jsonl").string() + " --n 3 --out " + (tmp / "h.jsonl").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("bad.jsonl line 2: expected a JSON object with \"question\" and \"answer\" strings"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace
