@@ -32,12 +32,12 @@ asan:
 debug:
 	@$(MAKE) --no-print-directory build BUILD_TYPE=Debug BUILD_DIR=build-debug
 
-# libFuzzer targets for the safetensors and GGUF readers, GGUF models, the tokenizer, config.json and tokenizer.json (clang); see docs/FUZZING.md.
+# libFuzzer targets for the safetensors, GGUF and .npy readers, GGUF models, the tokenizer, config.json and tokenizer.json (clang); see docs/FUZZING.md.
 fuzz:
 	@scripts/install-deps.sh --fuzz
 	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DNIBBLE_CUDA=off -DNIBBLE_TESTS=OFF -DNIBBLE_FUZZ=ON >/dev/null
-	@cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors fuzz_gguf fuzz_gguf_model fuzz_tokenizer fuzz_hf_json
+	@cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors fuzz_gguf fuzz_gguf_model fuzz_tokenizer fuzz_hf_json fuzz_npy
 
 demo: build
 	@scripts/demo.sh $(NIBBLE) $(NIBBLE_SHARED) $(DEMO_OUT)

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,12 @@ namespace nibble {
 using Shape = std::vector<int64_t>;
 
 int64_t shape_numel(const Shape& shape);
+// The element count of a shape of non-negative dimensions, or nullopt when the
+// product of its nonzero dimensions overflows int64: a shape with a zero
+// dimension is empty, but its other dimensions must still fit, since a
+// contiguous tensor's strides multiply them. For readers of untrusted shapes,
+// which refuse such a shape with their file's name.
+std::optional<int64_t> checked_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[64, 172]"
 
 class Tensor {

@@ -14,11 +14,12 @@ namespace {
 constexpr std::align_val_t kAlignment{64};
 
 Shape contiguous_strides(const Shape& shape) {
+  NIBBLE_CHECK(checked_numel(shape), "shape {} has more elements than int64 can count", shape_str(shape));
   Shape strides(shape.size());
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i];
+    if (shape[i] != 0) s *= shape[i];  // fits: checked above (a zero dimension leaves its outer strides finite)
   }
   return strides;
 }
@@ -48,6 +49,19 @@ int64_t shape_numel(const Shape& shape) {
                  shape_str(shape));
   }
   return n;
+}
+
+std::optional<int64_t> checked_numel(const Shape& shape) {
+  int64_t n = 1;
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  }
+  return empty ? 0 : n;
 }
 
 std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }

@@ -147,23 +147,6 @@ GgufValue read_value(Reader& r, GgufType type, int depth) {
   return v;
 }
 
-// The element count, or nullopt when the product of the nonzero dimensions
-// overflows int64: a tensor with a zero dimension is empty, but its other
-// dimensions still have to fit, since a Tensor's shape and strides multiply them.
-std::optional<int64_t> checked_numel(const std::vector<int64_t>& ne) {
-  int64_t n = 1;
-  bool empty = false;
-  for (int64_t d : ne) {
-    if (d == 0) {
-      empty = true;
-      continue;
-    }
-    if (n > std::numeric_limits<int64_t>::max() / d) return std::nullopt;
-    n *= d;
-  }
-  return empty ? 0 : n;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- values

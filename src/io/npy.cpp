@@ -206,12 +206,13 @@ DType dtype_of_descr(const std::string& descr, const std::string& path) {
   char order = '=';  // no byte-order character: native, which static_assert above makes little-endian
   if (!d.empty() && (d[0] == '<' || d[0] == '>' || d[0] == '|' || d[0] == '=')) order = d[0], d.remove_prefix(1);
   const char kind = d.empty() ? '?' : d[0];
-  int size = 0;
+  int size = 0;  // from at most 3 digits: a longer descr is not one nibble reads
   bool numeric_size = d.size() >= 2 && d.size() <= 4;
-  for (char c : d.substr(std::min<size_t>(1, d.size()))) {
-    if (c >= '0' && c <= '9') size = size * 10 + (c - '0');
-    else numeric_size = false;
-  }
+  if (numeric_size)
+    for (char c : d.substr(1)) {
+      if (c >= '0' && c <= '9') size = size * 10 + (c - '0');
+      else numeric_size = false;
+    }
   if (numeric_size) {
     for (const auto& row : kDescrs) {
       if (row.kind != kind || row.size != size) continue;
@@ -271,12 +272,14 @@ NpyHeader parse_header(const uint8_t* data, size_t size, const std::string& path
   return h;
 }
 
-// numel x itemsize, or an Error when it overflows.
+// numel x itemsize, or an Error when it overflows. An empty shape's other
+// dimensions must fit too (a Tensor's strides multiply them).
 uint64_t data_bytes(const NpyHeader& h, const std::string& path) {
-  uint64_t n = dtype_size(h.dtype);
-  for (int64_t d : h.shape)
-    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) || n > (uint64_t{1} << 62))
-      NIBBLE_FAIL("{}: .npy shape {} is too large", path, shape_str(h.shape));
+  const std::optional<int64_t> numel = checked_numel(h.shape);
+  uint64_t n = 0;
+  if (!numel || __builtin_mul_overflow(static_cast<uint64_t>(*numel), dtype_size(h.dtype), &n) ||
+      n > (uint64_t{1} << 62))
+    NIBBLE_FAIL("{}: .npy shape {} is too large", path, shape_str(h.shape));
   return n;
 }
 

@@ -252,10 +252,19 @@ TEST(Npy, MalformedFiles) {
        {"too large"}},
       {"overflow", hand_made("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296)}", two),
        {"too large"}},
+      // Found by fuzz_npy: an empty array whose other dimensions overflow
+      // int64 read as 0 bytes, and its tensor's strides overflowed.
+      {"empty_overflow",
+       hand_made("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4294967296, 4294967296)}", ""),
+       {"too large"}},
       {"trailing", hand_made(good_header + "junk", two), {"unexpected text after the header"}},
       {"c8", hand_made("{'descr': '<c8', 'fortran_order': False, 'shape': (1,)}", two),
        {"unsupported .npy dtype '<c8'", "complex"}},
       {"be", hand_made("{'descr': '>f4', 'fortran_order': False, 'shape': (2,)}", two), {"big-endian", "'>f4'"}},
+      // Found by fuzz_npy: the size digits of a long descr overflowed an int
+      // (undefined behaviour, which UBSan reports).
+      {"long_descr", hand_made("{'descr': '<f4000000000', 'fortran_order': False, 'shape': (2,)}", two),
+       {"unsupported .npy dtype '<f4000000000'"}},
       {"object", hand_made("{'descr': '|O', 'fortran_order': False, 'shape': (1,)}", two),
        {"unsupported .npy dtype '|O'", "Python object"}},
       {"pipe_f4", hand_made("{'descr': '|f4', 'fortran_order': False, 'shape': (2,)}", two), {"no byte order"}},

@@ -40,6 +40,25 @@ TEST(TensorShape, NumelAndStr) {
   EXPECT_EQ(shape_str({}), "[]");
 }
 
+// checked_numel: an empty shape's nonzero dimensions must still fit int64,
+// since a contiguous tensor's strides multiply them (found by fuzz_gguf and
+// fuzz_npy, whose readers now refuse such shapes with their file's name).
+TEST(TensorShape, CheckedNumelAndEmptyShapesThatOverflow) {
+  constexpr int64_t big = int64_t{1} << 40;
+  EXPECT_EQ(checked_numel({2, 3}), 6);
+  EXPECT_EQ(checked_numel({}), 1);
+  EXPECT_EQ(checked_numel({4, 0, 5}), 0);
+  EXPECT_EQ(checked_numel({0, big, big}), std::nullopt);
+  EXPECT_EQ(checked_numel({big, 0, big}), std::nullopt);
+  EXPECT_EQ(checked_numel({big, big}), std::nullopt);
+  EXPECT_EQ(checked_numel({3, -1}), std::nullopt);
+  EXPECT_EQ(checked_numel({0, big, 1 << 20}), 0);  // 2^60 fits
+  EXPECT_THROW(Tensor::empty(DType::F32, {0, big, big}), Error);
+  const Tensor t = Tensor::empty(DType::F32, {0, big, 1 << 20});
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_EQ(t.strides(), (Shape{int64_t{1} << 60, 1 << 20, 1}));
+}
+
 TEST(Tensor, DefaultIsUndefined) {
   Tensor t;
   EXPECT_FALSE(t.defined());
