@@ -442,16 +442,25 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
   if (head_selected) paths.push_back(dir / kHeadFile);
   for (const fs::path& p : paths) {
     files_.push_back(io::SafetensorsFile::open(p));
-    const ojson infos = ojson::parse(files_.back().metadata().at("nibble.infos"));
-    for (const auto& [name, j] : infos.items()) {
-      info_[name] = info_from(j);
-      file_of_[name] = files_.size() - 1;
-    }
     const auto& md = files_.back().metadata();
-    if (auto it = md.find("nibble.replaced"); it != md.end())
-      for (const auto& n : ojson::parse(it->second)) replaced_[n.get<std::string>()] = files_.size() - 1;
-    if (auto it = md.find("nibble.transform"); it != md.end())
-      report_["transform"][p.stem().string()] = ojson::parse(it->second);
+    // The state files are this program's own; one that is not (another
+    // version's, or damaged) is named, not reported as a JSON library's error.
+    try {
+      const ojson infos = ojson::parse(md.at("nibble.infos"));
+      for (const auto& [name, j] : infos.items()) {
+        info_[name] = info_from(j);
+        file_of_[name] = files_.size() - 1;
+      }
+      if (auto it = md.find("nibble.replaced"); it != md.end())
+        for (const auto& n : ojson::parse(it->second)) replaced_[n.get<std::string>()] = files_.size() - 1;
+      if (auto it = md.find("nibble.transform"); it != md.end())
+        report_["transform"][p.stem().string()] = ojson::parse(it->second);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      NIBBLE_FAIL("{}: not a calibration state file this nibble wrote ({}); pass --force to start over", p.string(),
+                  e.what());
+    }
   }
   for (const auto& s : selected) NIBBLE_CHECK(info_.count(s), "calibration state has no result for {}", s);
 }

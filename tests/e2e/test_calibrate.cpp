@@ -207,6 +207,28 @@ TEST(Gptq, KilledRunResumesAtTheNextLayerWithIdenticalResult) {
   EXPECT_FALSE(fs::exists(tmp / ".part.nibble-partial"));
 }
 
+// A saved layer that is not a state file this nibble wrote (here the model's
+// own weights in place of layer 1's) is refused with its name when the resumed
+// run indexes the saved layers, not with a JSON library's message.
+TEST(Gptq, ResumeRefusesAStateFileItDidNotWrite) {
+  TempDir tmp;
+  const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
+  const fs::path model = test::model_dir("stories260K");
+  const std::string cmd = test::nibble_bin() + " quantize -q --method gptq --group 64 --model " + model.string() +
+                          " --calib " + calib.string() + " --calib-samples 16 --calib-len 128 --out " +
+                          (tmp / "part").string();
+  auto r = test::run_command("NIBBLE_TEST_ABORT_AFTER_LAYER=2 " + cmd);
+  ASSERT_EQ(r.exit_code, 3) << r.err;
+  const fs::path layer1 = tmp / ".part.nibble-partial/.calib/layer-00001.safetensors";
+  ASSERT_TRUE(fs::exists(layer1));
+  fs::copy_file(model / "model.safetensors", layer1, fs::copy_options::overwrite_existing);
+  r = test::run_command(cmd + " --resume");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(layer1.string() + ": not a calibration state file this nibble wrote"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+}
+
 TEST(Gptq, BadCalibratedInputsFailClearly) {
   TempDir tmp;
   const std::string model = test::model_dir("stories260K").string();
