@@ -2,13 +2,15 @@
 // libFuzzer keeps the input.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
-
+#include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nibble/error.h"
@@ -42,6 +44,18 @@ inline void touch(const void* p, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) acc ^= b[i];
   volatile uint8_t sink = acc;
   (void)sink;
+}
+
+// A scratch path of this process in /dev/shm, for readers that open a path:
+// /dev/shm/<target>_<pid><suffix>. The target removes it after each input.
+inline std::string shm_path(std::string_view suffix) {
+  return "/dev/shm/" + std::string(kTarget) + "_" + std::to_string(getpid()) + std::string(suffix);
+}
+
+// Writes `bytes` to `path`, replacing what was there.
+inline void write_file(const std::string& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // StreamDecoder's pieces plus finish() equal decode() of the same ids: its

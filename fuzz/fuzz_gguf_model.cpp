@@ -7,13 +7,10 @@
 // config, every tensor's meta, and every tensor of up to 1 MiB loaded, where
 // each load may only refuse with such an Error. A loaded tensor must have the
 // shape its meta promised.
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "fuzz_checks.h"
@@ -24,7 +21,7 @@ const char* const fuzz::kTarget = "fuzz_gguf_model";
 namespace {
 
 const std::string& input_path() {
-  static const std::string path = "/dev/shm/fuzz_gguf_model_" + std::to_string(getpid()) + ".gguf";
+  static const std::string path = fuzz::shm_path(".gguf");
   return path;
 }
 
@@ -35,10 +32,7 @@ void check_error(const nibble::Error& e) { fuzz::check_error(e, input_path() + "
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  {
-    std::ofstream out(input_path(), std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  fuzz::write_file(input_path(), std::string_view(reinterpret_cast<const char*>(data), size));
   try {
     const auto src = nibble::GgufSource::open(input_path());
     const nibble::ModelConfig& c = src->config();

@@ -17,12 +17,9 @@
 //   tokenizer.json, and the tokenizer is loaded from the directory. It loads,
 //   or throws one Error line that starts with the directory; a loaded
 //   tokenizer's bos and eos ids, when it names them, are tokens.
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,15 +37,12 @@ using fuzz::broken;
 using fuzz::check_stream;
 
 const std::string& config_path() {
-  static const std::string path = "/dev/shm/fuzz_hf_json_" + std::to_string(getpid()) + "_config.json";
+  static const std::string path = fuzz::shm_path("_config.json");
   return path;
 }
 
 void fuzz_config(std::string_view text) {
-  {
-    std::ofstream out(config_path(), std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  }
+  fuzz::write_file(config_path(), text);
   try {
     const nibble::ModelConfig c = nibble::parse_model_config(config_path());
     if (c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
@@ -94,7 +88,7 @@ void fuzz_tokenizer(std::string_view text) {
 }
 
 const std::string& tokenizer_dir() {
-  static const std::string dir = "/dev/shm/fuzz_hf_json_" + std::to_string(getpid());
+  static const std::string dir = fuzz::shm_path("");
   return dir;
 }
 
@@ -109,11 +103,8 @@ constexpr const char* kFixedTokenizer = R"({"added_tokens": [
 void fuzz_tokenizer_config(std::string_view text) {
   const std::string dir = tokenizer_dir();
   std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/tokenizer.json", std::ios::binary | std::ios::trunc) << kFixedTokenizer;
-  {
-    std::ofstream out(dir + "/tokenizer_config.json", std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  }
+  fuzz::write_file(dir + "/tokenizer.json", kFixedTokenizer);
+  fuzz::write_file(dir + "/tokenizer_config.json", text);
   try {
     const nibble::Tokenizer tok = nibble::Tokenizer::from_file(dir + "/tokenizer.json");
     for (const std::optional<int32_t> id : {tok.bos_id(), tok.eos_id()})

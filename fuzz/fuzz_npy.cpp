@@ -6,8 +6,6 @@
 //   them readable (AddressSanitizer checks the reads).
 // - Written back with write_npy (to /dev/shm) and read again, it comes back with
 //   the same dtype, shape and bytes.
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -21,7 +19,7 @@ const char* const fuzz::kTarget = "fuzz_npy";
 namespace {
 
 const std::string& roundtrip_path() {
-  static const std::string path = "/dev/shm/fuzz_npy_" + std::to_string(getpid()) + ".npy";
+  static const std::string path = fuzz::shm_path(".npy");
   return path;
 }
 

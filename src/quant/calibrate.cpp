@@ -455,9 +455,7 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
         for (const auto& n : ojson::parse(it->second)) replaced_[n.get<std::string>()] = files_.size() - 1;
       if (auto it = md.find("nibble.transform"); it != md.end())
         report_["transform"][p.stem().string()] = ojson::parse(it->second);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // nlohmann's, or std::out_of_range from at()
       NIBBLE_FAIL("{}: not a calibration state file this nibble wrote ({}); pass --force to start over", p.string(),
                   e.what());
     }
