@@ -378,7 +378,8 @@ TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
 // narrow grid of one-tile warps (257 tiles, 33 groups) at 9..16 tokens and the
 // staged kernel at 2..8; staged two-tile warps at 9..16 (65 groups, a ragged
 // last chunk); wide two-tile warps (529 tiles); 63 tiles of one-tile warps at
-// 2..8 mixed with calls at 12 and 16.
+// 2..8 mixed with calls at 12 and 16; on sm_90, the resident-activation kernel
+// (its own Σx) at 9..16 mixed with a call at 4.
 TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   struct Case {
@@ -389,7 +390,8 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
   const Case cases[] = {{{4104, 4160, 128}, cuda::Act::BF16, {16, 9, 16, 4, 12}},
                         {{4104, 8196, 128}, cuda::Act::F16, {16, 10, 16}},
                         {{8456, 4160, 64}, cuda::Act::BF16, {16, 2, 16, 7}},
-                        {{1000, 4160, 128}, cuda::Act::F16, {3, 12, 8, 16, 5}}};
+                        {{1000, 4160, 128}, cuda::Act::F16, {3, 12, 8, 16, 5}},
+                        {{int64_t{16} * cuda::device_sm_count() * 32, 1024, 128}, cuda::Act::BF16, {16, 4, 12, 9}}};
   uint32_t seed = 40;
   for (const Case& c : cases) {
     const GemmCase& tc = c.tc;
@@ -570,60 +572,115 @@ TEST(Cuda, W4A16SingleTokenExtremeActivations) {
 // token's patterns rotated by its index, held to the same bound. A NaN in one
 // token makes that token's outputs NaN and leaves the others' bit for bit.
 // The matrices: a narrow one (3 row tiles) and one of 2052 rows.
+void check_extreme_few_tokens(int g, cuda::Act act, int64_t N, int64_t K, const std::vector<int>& ms) {
+  const int64_t ldx = K + 8;
+  std::mt19937 rng(static_cast<uint32_t>(40 + g + N));
+  const auto parts = random_int4_parts(rng, N, K, g);
+  const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", g)->upload(parts, N, K, g);
+  const std::vector<float> w = weights_kernel(parts, N, K, g, act, true);
+  for (int M : ms) {
+    std::vector<float> xf;
+    for (int m = 0; m < M; ++m) {
+      const auto t = extreme_activations(rng, K, g, act, m);
+      xf.insert(xf.end(), t.begin(), t.end());
+    }
+    std::vector<uint16_t> x(static_cast<size_t>(M * ldx), to_16bit(std::nanf(""), act));
+    for (int m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) x[m * ldx + k] = to_16bit(xf[m * K + k], act);
+    cuda::DeviceBuffer dx(x.size() * 2), dy(static_cast<size_t>(M * N) * 4);
+    std::vector<float> y(static_cast<size_t>(M * N));
+    auto run = [&] {
+      ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      dw.kernel->gemm(dw, dx.get(), M, ldx, dy.get(), N, act, true, nullptr, false);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    };
+    run();
+    int bad = 0;
+    for (int m = 0; m < M && bad < 5; ++m)
+      for (int64_t n = 0; n < N && bad < 5; ++n) {
+        const auto [r, tol] = extreme_reference(&xf[m * K], w, n, K, g);
+        const float v = y[m * N + n];
+        if (!(std::fabs(v - r) <= tol)) {
+          ++bad;
+          ADD_FAILURE() << "g=" << g << " N=" << N << " M=" << M << " y[" << m << "," << n << "]=" << v
+                        << " ref=" << r << " tol=" << tol;
+        }
+      }
+    const std::vector<float> clean = y;
+    const int m_nan = M / 2;
+    x[m_nan * ldx + 3 * g + 7] = to_16bit(std::nanf(""), act);
+    run();
+    for (int m = 0; m < M && bad < 5; ++m)
+      for (int64_t n = 0; n < N && bad < 5; ++n) {
+        const float v = y[m * N + n];
+        if (m == m_nan ? !std::isnan(v) : std::memcmp(&v, &clean[m * N + n], 4) != 0) {
+          ++bad;
+          ADD_FAILURE() << "NaN in token " << m_nan << ": g=" << g << " N=" << N << " M=" << M << " y[" << m
+                        << "," << n << "]=" << v;
+        }
+      }
+  }
+}
+
 TEST(Cuda, W4A16FewTokensExtremeActivations) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   for (int g : {64, 128})
     for (auto act : {cuda::Act::BF16, cuda::Act::F16})
-      for (int64_t N : {40, 2052}) {
-        const int64_t K = 4160, ldx = K + 8;
-        std::mt19937 rng(40 + g + N);
-        const auto parts = random_int4_parts(rng, N, K, g);
-        const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", g)->upload(parts, N, K, g);
-        const std::vector<float> w = weights_kernel(parts, N, K, g, act, true);
-        for (int M : {2, 9, 16}) {
-          std::vector<float> xf;
-          for (int m = 0; m < M; ++m) {
-            const auto t = extreme_activations(rng, K, g, act, m);
-            xf.insert(xf.end(), t.begin(), t.end());
-          }
-          std::vector<uint16_t> x(static_cast<size_t>(M * ldx), to_16bit(std::nanf(""), act));
-          for (int m = 0; m < M; ++m)
-            for (int64_t k = 0; k < K; ++k) x[m * ldx + k] = to_16bit(xf[m * K + k], act);
-          cuda::DeviceBuffer dx(x.size() * 2), dy(static_cast<size_t>(M * N) * 4);
-          std::vector<float> y(static_cast<size_t>(M * N));
-          auto run = [&] {
-            ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-            dw.kernel->gemm(dw, dx.get(), M, ldx, dy.get(), N, act, true, nullptr, false);
-            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-            ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-          };
-          run();
-          int bad = 0;
-          for (int m = 0; m < M && bad < 5; ++m)
-            for (int64_t n = 0; n < N && bad < 5; ++n) {
-              const auto [r, tol] = extreme_reference(&xf[m * K], w, n, K, g);
-              const float v = y[m * N + n];
-              if (!(std::fabs(v - r) <= tol)) {
-                ++bad;
-                ADD_FAILURE() << "g=" << g << " N=" << N << " M=" << M << " y[" << m << "," << n << "]=" << v
-                              << " ref=" << r << " tol=" << tol;
-              }
-            }
-          const std::vector<float> clean = y;
-          const int m_nan = M / 2;
-          x[m_nan * ldx + 3 * g + 7] = to_16bit(std::nanf(""), act);
-          run();
-          for (int m = 0; m < M && bad < 5; ++m)
-            for (int64_t n = 0; n < N && bad < 5; ++n) {
-              const float v = y[m * N + n];
-              if (m == m_nan ? !std::isnan(v) : std::memcmp(&v, &clean[m * N + n], 4) != 0) {
-                ++bad;
-                ADD_FAILURE() << "NaN in token " << m_nan << ": g=" << g << " N=" << N << " M=" << M << " y[" << m
-                              << "," << n << "]=" << v;
-              }
-            }
-        }
-      }
+      for (int64_t N : {40, 2052}) check_extreme_few_tokens(g, act, N, 4160, {2, 9, 16});
+}
+
+// 9..16 tokens on sm_90 with the activations resident in shared memory
+// (w4a16_resident_x_kernel): which shapes take it, worked by hand for 132 SMs
+// and bf16 (no device needed). Blocks of 16 warps with two row tiles each and
+// 2 ring stages, so at least 16 · 132 = 2112 units of two tiles: 4223 tiles,
+// 67553 rows. Shared memory per block: 128 + 16 padded rows of 2K + 16 bytes
+// (K = 4096: 8208) + Σx (groups · 64) + 16 warps · 2 stages · 2 tiles ·
+// (CPG · 512 + 256), at most 227 KiB = 232448 bytes.
+TEST(Cuda, W4A16ResidentShapeWorkedExamples) {
+  auto on_132 = [](int64_t rows, int64_t cols, int g, int64_t M) {
+    return cuda::w4a16_resident_x_shape(rows, cols, g, M, 132, 2);
+  };
+  // The head (128256 rows): 128 + 131328 + 2048 + 81920 = 215424 bytes.
+  EXPECT_TRUE(on_132(128256, 4096, 128, 16));
+  EXPECT_TRUE(on_132(128256, 4096, 128, 9));
+  // Groups of 64: Σx 4096 bytes, stages of 768: 128 + 131328 + 4096 + 49152 = 184704.
+  EXPECT_TRUE(on_132(128256, 4096, 64, 12));
+  // Not 9..16 tokens.
+  EXPECT_FALSE(on_132(128256, 4096, 128, 8));
+  EXPECT_FALSE(on_132(128256, 4096, 128, 17));
+  // Too few units: a 32000-row head (1000), gate|up (896), q|k|v, down; 67552 rows are 2111 units.
+  EXPECT_FALSE(on_132(32000, 4096, 128, 16));
+  EXPECT_FALSE(on_132(28672, 4096, 128, 16));
+  EXPECT_FALSE(on_132(6144, 4096, 128, 16));
+  EXPECT_FALSE(on_132(4096, 14336, 128, 16));
+  EXPECT_FALSE(on_132(67552, 4096, 128, 16));
+  EXPECT_TRUE(on_132(67553, 4096, 128, 16));
+  // K = 4608 (36 groups): 128 + 16 · 9232 + 2304 + 81920 = 232064 fits; K = 4736: 236224 does not.
+  EXPECT_TRUE(on_132(128256, 4608, 128, 16));
+  EXPECT_FALSE(on_132(128256, 4736, 128, 16));
+  // K not a whole number of groups, or groups of 32.
+  EXPECT_FALSE(on_132(128256, 4160, 128, 16));
+  EXPECT_FALSE(on_132(128256, 4096, 32, 16));
+}
+
+// The resident-activation kernel against the float64 reference: the least
+// matrix it takes plus 8 rows (so the last unit's second tile lies past the
+// matrix and its first has 8 rows), groups of 128 and 64, both activation
+// types, with and without the dependent launch, tokens past M; then extreme
+// activations with a NaN in one token (f32 outputs).
+TEST(Cuda, W4A16ResidentActivations) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const int sms = cuda::device_sm_count();
+  const int64_t rows = int64_t{16} * sms * 32 + 8;
+  if (cuda::w4a16_wgmma_device()) {
+    ASSERT_TRUE(cuda::w4a16_resident_x_shape(rows, 2048, 128, 9, sms, 2));
+    ASSERT_TRUE(cuda::w4a16_resident_x_shape(rows, 1024, 64, 11, sms, 2));
+  }
+  check_w4a16({rows, 2048, 128}, cuda::Act::BF16, {9, 16}, false, 33);
+  check_w4a16({rows, 1024, 64}, cuda::Act::F16, {12, 16}, true, 34);
+  check_extreme_few_tokens(128, cuda::Act::BF16, rows, 1024, {16});
+  check_extreme_few_tokens(64, cuda::Act::F16, rows, 1024, {11});
 }
 
 // The reference path (dequantize to bf16 once, cuBLAS) computes the same thing.

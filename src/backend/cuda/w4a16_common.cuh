@@ -168,6 +168,7 @@ struct ActTraits<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
   static constexpr float kOffset = 128.0f;
+  static constexpr uint32_t kOne = 0x3F803F80u;  // 1.0 in both halves
   __device__ static T2 magic() { return __floats2bfloat162_rn(128.0f, 128.0f); }
   __device__ static T2 broadcast(uint16_t bf16_bits) {
     __nv_bfloat16 h;
@@ -180,6 +181,7 @@ struct ActTraits<__half> {
   using T2 = __half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
   static constexpr float kOffset = 1024.0f;
+  static constexpr uint32_t kOne = 0x3C003C00u;  // 1.0 in both halves
   __device__ static T2 magic() { return __floats2half2_rn(1024.0f, 1024.0f); }
   __device__ static T2 broadcast(uint16_t bf16_bits) {
     const float v = __uint_as_float(static_cast<uint32_t>(bf16_bits) << 16);

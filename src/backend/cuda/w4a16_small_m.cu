@@ -36,6 +36,8 @@
 #include "backend/cuda/w4a16_small_m.cuh"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 namespace nibble::cuda {
@@ -386,6 +388,184 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
 }
 
+// 9..16 tokens on vocabulary-sized matrices (sm_90; session 36): the
+// activations resident in shared memory. The block (one per SM, 16 warps)
+// bulk-copies the call's x rows into shared memory once, each row padded to a
+// stride of 16 mod 128 bytes so that the lanes' 16-byte fragment loads are
+// conflict-free, and sums Σx per (group, token) from there with an all-ones
+// mma (no Σx kernel before it). Then each warp walks whole units of R = 2 row
+// tiles over all of K, one group per ring stage, its next unit's weights
+// streaming through its cp.async ring across unit boundaries, and stores each
+// unit's outputs itself (no meeting of warps). Units go to blocks round robin
+// (unit u: block u mod blocks), so blocks differ by at most one unit.
+// Measured on the H200 (docs/results/s36/): the 128256 x 4096 head at 16
+// tokens 100.2-100.9 -> 82.5-83.1 us (61 -> 74 % of the read bandwidth), fused
+// 8B stack 1.946-1.947 -> 1.922-1.929 ms. Not used where it lost: gate|up
+// (28672 rows; one tile per warp, 14 warps: fused stack 2.013 ms), where the
+// copy of x (128 KiB per SM, from L2, before the first group) and the fewer
+// warps cost more than the Σx kernel and the L1 traffic it saves. Also
+// measured and not kept: 3 or 4 ring stages with 12 or 9 warps (head 87-105
+// us), one tile per warp (89.5), an L2 prefetch of the weights 8-24 groups
+// ahead (110-128), x copied in pieces starting at a different piece per block
+// (-0.6 us).
+__host__ __device__ constexpr uint32_t resident_x_stride(int K, int elem) {
+  return (static_cast<uint32_t>(K) * elem + 127u) / 128u * 128u + 16u;
+}
+
+template <typename T, typename OutT, int CPG, int R, int S>
+__global__ void __launch_bounds__(512, 1)
+    w4a16_resident_x_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
+                            int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
+                            int groups, int groups_padded) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // bulk copies and mbarriers need sm_90 (launch_resident refuses older GPUs)
+#else
+  constexpr int NT = 2, G = CPG * kChunk;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const uint32_t xstride = resident_x_stride(K, sizeof(T));
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t xs = bar + 128;
+  const uint32_t sx = xs + kXsumTokens * xstride;  // Σx [group][16 tokens], f32
+  const uint32_t ring = sx + groups * kXsumTokens * 4;
+  uint32_t rq = ring + (warp * S * R * CPG * 32 + lane) * 16;
+  uint32_t rm = ring + wpb * S * R * CPG * 512 + (warp * S * R * 32 + lane) * 8;
+  uint32_t xl[NT];  // this lane's fragment row of each token tile (tokens past M read token M − 1)
+#pragma unroll
+  for (int n = 0; n < NT; ++n) xl[n] = xs + min(n * 8 + gid, M - 1) * xstride + 32 * tig;
+  asm volatile("" : "+r"(rq), "+r"(rm));
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // The warp's units: gw, gw + stride, ... with gw = warp·blocks + block.
+  const int units = (tiles + R - 1) / R, blocks = static_cast<int>(gridDim.x);
+  const int gw = warp * blocks + static_cast<int>(blockIdx.x), ustride = wpb * blocks;
+  const int my_units = gw < units ? (units - gw + ustride - 1) / ustride : 0;
+  const int iters = my_units * groups;
+  // The next group to issue: unit iu, group ig, its first tile's codes and
+  // scale/min pairs at cq and cm (this lane's), tile r's at + r·tile stride
+  // (a tile past the matrix reads the last one; its outputs are not stored).
+  int iu = gw, ig = 0, last_r = R - 1;
+  const int64_t cq_tile = static_cast<int64_t>(chunks) * 32, cm_tile = static_cast<int64_t>(groups_padded) * 8;
+  const uint4* cq = codes + static_cast<int64_t>(gw) * R * cq_tile + lane;
+  const uint2* cm = meta + static_cast<int64_t>(gw) * R * cm_tile + (lane >> 2);
+  auto unit_start = [&] { last_r = min(R, tiles - iu * R) - 1; };
+  if (iu < units) unit_start();
+  auto issue = [&](auto stage) {
+    constexpr int st = decltype(stage)::value;
+    if (iu < units) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int rr = min(r, last_r);
+#pragma unroll
+        for (int u = 0; u < CPG; ++u) cp_async16_s(rq + ((st * R + r) * CPG + u) * 512, cq + rr * cq_tile + u * 32);
+        cp_async8_s(rm + (st * R + r) * 256, cm + rr * cm_tile);
+      }
+    }
+    cq += CPG * 32;
+    cm += 8;
+    if (++ig == groups) {
+      ig = 0;
+      iu += ustride;
+      cq += (static_cast<int64_t>(ustride) * R - 1) * cq_tile + (cq_tile - groups * CPG * 32);
+      cm += (static_cast<int64_t>(ustride) * R - 1) * cm_tile + (cm_tile - groups * 8);
+      if (iu < units) unit_start();
+    }
+    cp_async_commit();
+  };
+  // The prologue: S − 1 groups of weights in flight before the dependency wait.
+  static_for<S - 1>([&](auto p) { issue(p); });
+  grid_dependency_wait();  // x is the previous kernel's output
+  if (threadIdx.x == 0) {
+    const unsigned row_bytes = static_cast<unsigned>(K) * sizeof(T);
+    mbar_expect_tx(bar, row_bytes * M);
+    for (int t = 0; t < M; ++t) bulk_copy(xs + t * xstride, x + t * ldx, row_bytes, bar);
+  }
+  mbar_wait(bar, 0);
+
+  // One group's activation fragments of chunk u (16 consecutive inputs per
+  // lane and token tile, the layout's k order).
+  auto load_xv = [&](int g, int u, uint4 (&xv)[NT][2]) {
+    const uint32_t off = (g * G + u * kChunk) * static_cast<uint32_t>(sizeof(T));
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      xv[n][0] = lds128(xl[n] + off);
+      xv[n][1] = lds128(xl[n] + off + 16);
+    }
+  };
+  // Σx per (group, token slot) by an mma with all-ones weights: every row of
+  // the product is the column sums.
+  for (int g = warp; g < groups; g += wpb) {
+    float acc[1][NT][4];
+    zero_acc(acc);
+    const uint4 ones = make_uint4(ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne);
+#pragma unroll
+    for (int u = 0; u < CPG; ++u) {
+      uint4 xv[NT][2];
+      load_xv(g, u, xv);
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint4& x2 = xv[n][s >> 1];
+          const uint32_t a[4] = {ones.x, ones.y, ones.z, ones.w};
+          mma_16816<T>(acc[0][n], a, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
+        }
+    }
+    if (gid == 0) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+        asm volatile("st.shared.v2.f32 [%0], {%1,%2};\n" ::"r"(sx + (g * kXsumTokens + n * 8 + 2 * tig) * 4),
+                     "f"(acc[0][n][0]), "f"(acc[0][n][1])
+                     : "memory");
+    }
+  }
+  __syncthreads();
+
+  float out[R][NT][4];
+  zero_acc(out);
+  int cu = gw, cg = 0;  // the group to compute: unit cu, group cg
+  for_ring_stages<S>(iters, [&](auto stage, int) {
+    constexpr int st = decltype(stage)::value;
+    issue(std::integral_constant<int, (st + S - 1) % S>{});
+    cp_async_wait<S - 1>();
+    float acc[R][NT][4];
+    zero_acc(acc);
+#pragma unroll
+    for (int u = 0; u < CPG; ++u) {
+      uint4 q[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) q[r] = lds128(rq + ((st * R + r) * CPG + u) * 512);
+      uint4 xv[NT][2];
+      load_xv(cg, u, xv);
+      exact_chunk_mmas<T, R, NT>(acc, q, xv);
+    }
+    float2 sb[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const uint2 v = lds64(sx + (cg * kXsumTokens + n * 8 + 2 * tig) * 4);
+      sb[n] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
+    }
+    uint2 sm[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
+    exact_combine<T, R, NT>(out, acc, sm, sb);
+    if (++cg == groups) {
+      store_tile_outputs<R, NT>(out, nullptr, 1, y, ldy, static_cast<int64_t>(cu) * R * kTileRows, M, N);
+      zero_acc(out);
+      cg = 0;
+      cu += ustride;
+    }
+  });
+  cp_async_wait<0>();
+  grid_dependents_launch();
+#endif
+}
+
 // Launches a small-M kernel (both kernels above take the same arguments).
 template <typename Kernel, typename T, typename OutT>
 void launch_small_m_kernel(Kernel kernel, const SmallMGrid& g, int64_t warps, size_t smem, bool pdl,
@@ -513,6 +693,62 @@ void launch_rounded(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   }
 }
 
+// The resident-activation kernel above: per block (one per SM) its warps and
+// shared memory for a matrix, with R row tiles per warp and S ring stages.
+constexpr int kResidentR = 2, kResidentS = 2, kResidentWarps = 16;
+constexpr size_t kResidentSmemMax = 227 << 10;  // sm_90's opt-in shared memory per block
+struct ResidentGrid {
+  int64_t warps;
+  size_t smem;
+  ResidentGrid(int64_t rows, int64_t cols, int group_size, int sms, size_t elem, int r, int s, int most) {
+    const SmallMGrid g(rows, cols, group_size, group_size / kChunk, r);
+    warps = std::min<int64_t>(most, (g.blocks + sms - 1) / sms);
+    smem = 128 + kXsumTokens * size_t{resident_x_stride(static_cast<int>(cols), static_cast<int>(elem))} +
+           static_cast<size_t>(g.groups) * kXsumTokens * 4 + warps * s * r * stage_bytes(group_size / kChunk);
+  }
+};
+
+template <typename T, typename OutT, int CPG, int R, int S, int MW>
+void launch_resident_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy,
+                       cudaStream_t stream, bool pdl, int sms) {
+  const SmallMGrid g(w, CPG, R);
+  const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), R, S, MW);
+  NIBBLE_CHECK(rg.smem <= kResidentSmemMax, "w4a16: {} bytes of shared memory", rg.smem);
+  auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, R, S>;
+  static const bool attr_set = [&] {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kResidentSmemMax)));
+    return true;
+  }();
+  (void)attr_set;
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(sms));
+  cfg.blockDim = dim3(static_cast<unsigned>(rg.warps * 32));
+  cfg.dynamicSmemBytes = rg.smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
+                                       static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
+                                       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles),
+                                       static_cast<int>(g.chunks), static_cast<int>(g.groups),
+                                       static_cast<int>(g.groups_padded)));
+}
+
+// Launches it where it applies (w4a16_resident_x_shape; sm_90; x rows 16-byte
+// aligned). NIBBLE_W4A16_RESIDENT=0 turns it off (for measurements).
+template <typename T, typename OutT, int CPG>
+bool launch_resident(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
+                     bool pdl, int sms) {
+  if (!w4a16_resident_x_shape(w.rows, w.cols, w.group_size, M, sms, sizeof(T))) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || (ldx * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
+  if (const char* e = std::getenv("NIBBLE_W4A16_RESIDENT"); e != nullptr && e[0] == '0') return false;
+  if (!w4a16_wgmma_device()) return false;
+  launch_resident_r<T, OutT, CPG, kResidentR, kResidentS, kResidentWarps>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+  return true;
+}
+
 template <typename T, typename OutT>
 void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* yv, int64_t ldy, cudaStream_t stream,
                bool pdl, int sms) {
@@ -526,6 +762,9 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   NIBBLE_CHECK(w.scratch.bytes() >= w4a16_small_m_scratch_bytes(w.cols, G),
                "w4a16: the weight's scratch holds {} bytes, Σx needs {}", w.scratch.bytes(),
                w4a16_small_m_scratch_bytes(w.cols, G));
+  if (g64 ? launch_resident<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms)
+          : launch_resident<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms))
+    return;
   auto* xsum = static_cast<float*>(w.scratch.get());
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
@@ -546,6 +785,14 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
 }  // namespace
 
 bool w4a16_small_m_applies(int group_size, int64_t M) { return M >= 2 && (group_size == 64 || group_size == 128); }
+
+bool w4a16_resident_x_shape(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem) {
+  if (M < 9 || M > kXsumTokens || (group_size != 64 && group_size != 128) || cols % group_size != 0) return false;
+  const SmallMGrid g(rows, cols, group_size, group_size / kChunk, kResidentR);
+  if (g.blocks < kResidentWarps * int64_t{sms}) return false;  // every warp of every block walks whole units
+  return ResidentGrid(rows, cols, group_size, sms, elem, kResidentR, kResidentS, kResidentWarps).smem <=
+         kResidentSmemMax;
+}
 
 size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size) {
   return static_cast<size_t>((cols + group_size - 1) / group_size) * kXsumTokens * sizeof(float);
