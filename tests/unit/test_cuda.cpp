@@ -379,7 +379,8 @@ TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
 // staged kernel at 2..8; staged two-tile warps at 9..16 (65 groups, a ragged
 // last chunk); wide two-tile warps (529 tiles); 63 tiles of one-tile warps at
 // 2..8 mixed with calls at 12 and 16; on sm_90, the resident-activation kernel
-// (its own Σx) at 9..16 mixed with a call at 4.
+// (its own Σx; K whole per block and split over clusters of two) at 9..16
+// mixed with a call at 4.
 TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   struct Case {
@@ -391,7 +392,8 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
                         {{4104, 8196, 128}, cuda::Act::F16, {16, 10, 16}},
                         {{8456, 4160, 64}, cuda::Act::BF16, {16, 2, 16, 7}},
                         {{1000, 4160, 128}, cuda::Act::F16, {3, 12, 8, 16, 5}},
-                        {{int64_t{16} * cuda::device_sm_count() * 32, 1024, 128}, cuda::Act::BF16, {16, 4, 12, 9}}};
+                        {{int64_t{16} * cuda::device_sm_count() * 32, 1024, 128}, cuda::Act::BF16, {16, 4, 12, 9}},
+                        {{int64_t{7} * cuda::device_sm_count() * 32, 1024, 128}, cuda::Act::F16, {9, 16, 2, 16}}};
   uint32_t seed = 40;
   for (const Case& c : cases) {
     const GemmCase& tc = c.tc;
@@ -631,56 +633,76 @@ TEST(Cuda, W4A16FewTokensExtremeActivations) {
 }
 
 // 9..16 tokens on sm_90 with the activations resident in shared memory
-// (w4a16_resident_x_kernel): which shapes take it, worked by hand for 132 SMs
-// and bf16 (no device needed). Blocks of 16 warps with two row tiles each and
-// 2 ring stages, so at least 16 · 132 = 2112 units of two tiles: 4223 tiles,
-// 67553 rows. Shared memory per block: 128 + 16 padded rows of 2K + 16 bytes
-// (K = 4096: 8208) + Σx (groups · 64) + 16 warps · 2 stages · 2 tiles ·
-// (CPG · 512 + 256), at most 227 KiB = 232448 bytes.
+// (w4a16_resident_x_kernel): which shapes take it, and with K split over how
+// many blocks of a cluster, worked by hand for 132 SMs and bf16 (no device
+// needed). Blocks of at most 16 warps with two row tiles each and 2 ring
+// stages. KS = 1: at least 16 · 132 = 2112 units of two tiles (4223 tiles,
+// 67553 rows); KS = 2 (66 clusters): an even number of groups and at least
+// 12 · 66 = 792 units (25313 rows), min(16, ⌈units / 66⌉) warps. Shared memory
+// per block: 1024 + 16 padded rows of 2·K/KS + 16 bytes (K/KS = 4096: 8208;
+// 2048: 4112) + Σx (groups/KS · 64) + warps · 2 stages · 2 tiles · (CPG · 512 +
+// 256) + with KS = 2 the partial sums (warps · 4096), at most 227 KiB = 232448.
 TEST(Cuda, W4A16ResidentShapeWorkedExamples) {
   auto on_132 = [](int64_t rows, int64_t cols, int g, int64_t M) {
-    return cuda::w4a16_resident_x_shape(rows, cols, g, M, 132, 2);
+    return cuda::w4a16_resident_x_ks(rows, cols, g, M, 132, 2);
   };
-  // The head (128256 rows): 128 + 131328 + 2048 + 81920 = 215424 bytes.
-  EXPECT_TRUE(on_132(128256, 4096, 128, 16));
-  EXPECT_TRUE(on_132(128256, 4096, 128, 9));
-  // Groups of 64: Σx 4096 bytes, stages of 768: 128 + 131328 + 4096 + 49152 = 184704.
-  EXPECT_TRUE(on_132(128256, 4096, 64, 12));
+  // The head (128256 rows): 1024 + 131328 + 2048 + 81920 = 216320 bytes.
+  EXPECT_EQ(on_132(128256, 4096, 128, 16), 1);
+  EXPECT_EQ(on_132(128256, 4096, 128, 9), 1);
+  // Groups of 64: Σx 4096 bytes, stages of 768: 1024 + 131328 + 4096 + 49152 = 185600.
+  EXPECT_EQ(on_132(128256, 4096, 64, 12), 1);
+  // gate|up (896 units, 14 warps): 1024 + 65792 + 1024 + 71680 + 57344 = 196864.
+  EXPECT_EQ(on_132(28672, 4096, 128, 16), 2);
+  EXPECT_EQ(on_132(28672, 4096, 128, 9), 2);
   // Not 9..16 tokens.
-  EXPECT_FALSE(on_132(128256, 4096, 128, 8));
-  EXPECT_FALSE(on_132(128256, 4096, 128, 17));
-  // Too few units: a 32000-row head (1000), gate|up (896), q|k|v, down; 67552 rows are 2111 units.
-  EXPECT_FALSE(on_132(32000, 4096, 128, 16));
-  EXPECT_FALSE(on_132(28672, 4096, 128, 16));
-  EXPECT_FALSE(on_132(6144, 4096, 128, 16));
-  EXPECT_FALSE(on_132(4096, 14336, 128, 16));
-  EXPECT_FALSE(on_132(67552, 4096, 128, 16));
-  EXPECT_TRUE(on_132(67553, 4096, 128, 16));
-  // K = 4608 (36 groups): 128 + 16 · 9232 + 2304 + 81920 = 232064 fits; K = 4736: 236224 does not.
-  EXPECT_TRUE(on_132(128256, 4608, 128, 16));
-  EXPECT_FALSE(on_132(128256, 4736, 128, 16));
+  EXPECT_EQ(on_132(128256, 4096, 128, 8), 0);
+  EXPECT_EQ(on_132(28672, 4096, 128, 17), 0);
+  // The unit counts at the edges: 67553 rows 2112 units, 67552 rows 2111 (KS = 2), 25344 rows 792, 25312 rows 791.
+  EXPECT_EQ(on_132(67553, 4096, 128, 16), 1);
+  EXPECT_EQ(on_132(67552, 4096, 128, 16), 2);
+  EXPECT_EQ(on_132(25344, 4096, 128, 16), 2);
+  EXPECT_EQ(on_132(25312, 4096, 128, 16), 0);
+  // Too few units: 14336 rows (448), q|k|v, down.
+  EXPECT_EQ(on_132(14336, 4096, 128, 16), 0);
+  EXPECT_EQ(on_132(6144, 4096, 128, 16), 0);
+  EXPECT_EQ(on_132(4096, 14336, 128, 16), 0);
+  // K = 4480 (35 groups) fits one block: 1024 + 16 · 8976 + 2240 + 81920 = 228800. K = 4608 does not
+  // (232960) and takes KS = 2: 1024 + 16 · 4624 + 1152 + 81920 + 65536 = 223616. K = 8192 fits neither
+  // (KS = 2: 1024 + 131328 + 2048 + 81920 + 65536 = 281856).
+  EXPECT_EQ(on_132(128256, 4480, 128, 16), 1);
+  EXPECT_EQ(on_132(128256, 4608, 128, 16), 2);
+  EXPECT_EQ(on_132(128256, 8192, 128, 16), 0);
+  // An odd number of groups cannot split: gate|up with 33 groups.
+  EXPECT_EQ(on_132(28672, 4224, 128, 16), 0);
   // K not a whole number of groups, or groups of 32.
-  EXPECT_FALSE(on_132(128256, 4160, 128, 16));
-  EXPECT_FALSE(on_132(128256, 4096, 32, 16));
+  EXPECT_EQ(on_132(128256, 4160, 128, 16), 0);
+  EXPECT_EQ(on_132(128256, 4096, 32, 16), 0);
 }
 
-// The resident-activation kernel against the float64 reference: the least
-// matrix it takes plus 8 rows (so the last unit's second tile lies past the
-// matrix and its first has 8 rows), groups of 128 and 64, both activation
-// types, with and without the dependent launch, tokens past M; then extreme
-// activations with a NaN in one token (f32 outputs).
+// The resident-activation kernel against the float64 reference, with K whole
+// per block (the least matrix that takes it plus 8 rows, so the last unit's
+// second tile lies past the matrix and its first has 8 rows) and split over
+// clusters of two (7 units per SM plus 8 rows): groups of 128 and 64, both
+// activation types, with and without the dependent launch, tokens past M;
+// then extreme activations with a NaN in one token (f32 outputs).
 TEST(Cuda, W4A16ResidentActivations) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   const int sms = cuda::device_sm_count();
-  const int64_t rows = int64_t{16} * sms * 32 + 8;
+  const int64_t rows1 = int64_t{16} * sms * 32 + 8, rows2 = int64_t{7} * sms * 32 + 8;
   if (cuda::w4a16_wgmma_device()) {
-    ASSERT_TRUE(cuda::w4a16_resident_x_shape(rows, 2048, 128, 9, sms, 2));
-    ASSERT_TRUE(cuda::w4a16_resident_x_shape(rows, 1024, 64, 11, sms, 2));
+    ASSERT_EQ(cuda::w4a16_resident_x_ks(rows1, 2048, 128, 9, sms, 2), 1);
+    ASSERT_EQ(cuda::w4a16_resident_x_ks(rows1, 1024, 64, 11, sms, 2), 1);
+    ASSERT_EQ(cuda::w4a16_resident_x_ks(rows2, 2048, 128, 10, sms, 2), 2);
+    ASSERT_EQ(cuda::w4a16_resident_x_ks(rows2, 1024, 64, 13, sms, 2), 2);
   }
-  check_w4a16({rows, 2048, 128}, cuda::Act::BF16, {9, 16}, false, 33);
-  check_w4a16({rows, 1024, 64}, cuda::Act::F16, {12, 16}, true, 34);
-  check_extreme_few_tokens(128, cuda::Act::BF16, rows, 1024, {16});
-  check_extreme_few_tokens(64, cuda::Act::F16, rows, 1024, {11});
+  check_w4a16({rows1, 2048, 128}, cuda::Act::BF16, {9, 16}, false, 33);
+  check_w4a16({rows1, 1024, 64}, cuda::Act::F16, {12, 16}, true, 34);
+  check_extreme_few_tokens(128, cuda::Act::BF16, rows1, 1024, {16});
+  check_extreme_few_tokens(64, cuda::Act::F16, rows1, 1024, {11});
+  check_w4a16({rows2, 2048, 128}, cuda::Act::BF16, {10, 16}, true, 35);
+  check_w4a16({rows2, 1024, 64}, cuda::Act::F16, {16}, false, 36);
+  check_extreme_few_tokens(128, cuda::Act::BF16, rows2, 1024, {16});
+  check_extreme_few_tokens(64, cuda::Act::F16, rows2, 1024, {13});
 }
 
 // The reference path (dequantize to bf16 once, cuBLAS) computes the same thing.

@@ -69,11 +69,14 @@ WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide)
 // µs, 4096 × 14336 28.9-30.3 → 23.1-25.3, fused stack M = 17 3.09 → 2.69 ms
 // (docs/CUDA.md, "17..64 tokens on Hopper").
 // 9..16 tokens on sm_90 with the activations resident in shared memory
-// (w4a16_small_m.cu, session 36): matrices with at least 16 units of two row
-// tiles per SM (vocabulary heads) whose K is a whole number of groups and
-// whose 16 padded activation rows, Σx and rings fit in 227 KiB (elem: bytes
-// per activation).
-bool w4a16_resident_x_shape(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem);
+// (w4a16_small_m.cu, session 36): 1 where each block (one per SM) takes all
+// of K (matrices of at least 16 units of two row tiles per SM: vocabulary
+// heads), 2 where the two blocks of a cluster split K (at least 12 units per
+// cluster and warp: gate|up), 0 where the kernel does not apply. K must be a
+// whole number of groups (an even number with 2), and the padded activation
+// rows, Σx, rings and (2) partial sums must fit in 227 KiB (elem: bytes per
+// activation).
+int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem);
 bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms);
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                  bool f32_out, cudaStream_t stream, bool pdl, int sms);

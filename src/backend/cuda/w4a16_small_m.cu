@@ -388,31 +388,44 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
 }
 
-// 9..16 tokens on vocabulary-sized matrices (sm_90; session 36): the
-// activations resident in shared memory. The block (one per SM, 16 warps)
-// bulk-copies the call's x rows into shared memory once, each row padded to a
-// stride of 16 mod 128 bytes so that the lanes' 16-byte fragment loads are
-// conflict-free, and sums Σx per (group, token) from there with an all-ones
-// mma (no Σx kernel before it). Then each warp walks whole units of R = 2 row
-// tiles over all of K, one group per ring stage, its next unit's weights
-// streaming through its cp.async ring across unit boundaries, and stores each
-// unit's outputs itself (no meeting of warps). Units go to blocks round robin
-// (unit u: block u mod blocks), so blocks differ by at most one unit.
+// 9..16 tokens on matrices of many row tiles (sm_90; session 36): the
+// activations resident in shared memory. The block (one per SM, up to 16
+// warps) bulk-copies the call's x rows (its slice of K) into shared memory
+// once, each row padded to a stride of 16 mod 128 bytes so that the lanes'
+// 16-byte fragment loads are conflict-free, and sums Σx per (group, token)
+// from there with an all-ones mma (no Σx kernel before it). Then each warp
+// walks whole units of R = 2 row tiles over its K, one group per ring stage,
+// its next unit's weights streaming through its cp.async ring across unit
+// boundaries, and stores each unit's outputs itself (no meeting of warps).
+// Units go to blocks (clusters) round robin, so they differ by at most one.
+// KS = 2 (matrices with too few units for 16 warps a block, w4a16_resident_x_ks):
+// the two blocks of a cluster take the two halves of K for the same units
+// (half the copy of x per SM), and rank 1 hands each unit's partial sums to
+// rank 0 through rank 0's shared memory (a slot per warp and unit parity, a
+// full and an empty mbarrier each), which adds them in rank order and stores.
 // Measured on the H200 (docs/results/s36/): the 128256 x 4096 head at 16
-// tokens 100.2-100.9 -> 82.5-83.1 us (61 -> 74 % of the read bandwidth), fused
-// 8B stack 1.946-1.947 -> 1.922-1.929 ms. Not used where it lost: gate|up
-// (28672 rows; one tile per warp, 14 warps: fused stack 2.013 ms), where the
-// copy of x (128 KiB per SM, from L2, before the first group) and the fewer
-// warps cost more than the Σx kernel and the L1 traffic it saves. Also
-// measured and not kept: 3 or 4 ring stages with 12 or 9 warps (head 87-105
-// us), one tile per warp (89.5), an L2 prefetch of the weights 8-24 groups
-// ahead (110-128), x copied in pieces starting at a different piece per block
-// (-0.6 us).
+// tokens 99.8-101.2 -> 82.2-83.9 us (61 -> 74 % of the read bandwidth; with
+// KS = 2 88.1-88.5); gate|up with KS = 2 about 1 us a call faster; fused 8B
+// stack 1.935-1.945 -> 1.89-1.90 ms. Not used where it lost: gate|up with the
+// whole K per block (one tile per warp, 14 warps: fused stack 2.013 ms),
+// where every SM copies all of x (128 KiB, from L2) before its first group.
+// Also measured and not kept: 3 or 4 ring stages with 12 or 9 warps (head
+// 87-105 us), one tile per warp (89.5), an L2 prefetch of the weights 8-24
+// groups ahead (110-128), x copied in pieces starting at a different piece
+// per block (-0.6 us).
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t saddr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
+  return r;
+}
 __host__ __device__ constexpr uint32_t resident_x_stride(int K, int elem) {
   return (static_cast<uint32_t>(K) * elem + 127u) / 128u * 128u + 16u;
 }
 
-template <typename T, typename OutT, int CPG, int R, int S>
+template <typename T, typename OutT, int CPG, int R, int S, int KS>
 __global__ void __launch_bounds__(512, 1)
     w4a16_resident_x_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                             int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
@@ -424,11 +437,19 @@ __global__ void __launch_bounds__(512, 1)
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
-  const uint32_t xstride = resident_x_stride(K, sizeof(T));
+  // K split over the KS blocks of a cluster: rank `rank` takes groups g0 ..
+  // g0 + gpr − 1 (its x slice, Σx and weights), and rank 0 adds the others'
+  // partial outputs of each unit (fixed rank order) and stores them.
+  uint32_t rank = 0;
+  if constexpr (KS > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  const int gpr = groups / KS, g0 = static_cast<int>(rank) * gpr;
+  const uint32_t xstride = resident_x_stride(gpr * G, sizeof(T));
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t xs = bar + 128;
-  const uint32_t sx = xs + kXsumTokens * xstride;  // Σx [group][16 tokens], f32
-  const uint32_t ring = sx + groups * kXsumTokens * 4;
+  const uint32_t full0 = bar + 8, empty0 = full0 + 16 * wpb;  // per warp and slot parity (KS > 1)
+  const uint32_t xs = bar + 1024;
+  const uint32_t sx = xs + kXsumTokens * xstride;  // Σx [local group][16 tokens], f32
+  const uint32_t ring = sx + gpr * kXsumTokens * 4;
+  const uint32_t red = ring + wpb * S * R * static_cast<uint32_t>(stage_bytes(CPG));  // [warp][parity][lane] × 64 B
   uint32_t rq = ring + (warp * S * R * CPG * 32 + lane) * 16;
   uint32_t rm = ring + wpb * S * R * CPG * 512 + (warp * S * R * 32 + lane) * 8;
   uint32_t xl[NT];  // this lane's fragment row of each token tile (tokens past M read token M − 1)
@@ -437,22 +458,28 @@ __global__ void __launch_bounds__(512, 1)
   asm volatile("" : "+r"(rq), "+r"(rm));
   if (threadIdx.x == 0) {
     mbar_init(bar, 1);
+    if constexpr (KS > 1)
+      for (int i = 0; i < 4 * wpb; ++i) mbar_init(full0 + 8 * i, 32);  // full and empty: every lane arrives
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (KS > 1)
+    cluster_sync_all();
+  else
+    __syncthreads();
 
-  // The warp's units: gw, gw + stride, ... with gw = warp·blocks + block.
-  const int units = (tiles + R - 1) / R, blocks = static_cast<int>(gridDim.x);
-  const int gw = warp * blocks + static_cast<int>(blockIdx.x), ustride = wpb * blocks;
+  // The warp's units: gw, gw + stride, ... with gw = warp·clusters + cluster
+  // (the same units for every rank of the cluster).
+  const int units = (tiles + R - 1) / R, blocks = static_cast<int>(gridDim.x) / KS;
+  const int gw = warp * blocks + static_cast<int>(blockIdx.x) / KS, ustride = wpb * blocks;
   const int my_units = gw < units ? (units - gw + ustride - 1) / ustride : 0;
-  const int iters = my_units * groups;
+  const int iters = my_units * gpr;
   // The next group to issue: unit iu, group ig, its first tile's codes and
   // scale/min pairs at cq and cm (this lane's), tile r's at + r·tile stride
   // (a tile past the matrix reads the last one; its outputs are not stored).
   int iu = gw, ig = 0, last_r = R - 1;
   const int64_t cq_tile = static_cast<int64_t>(chunks) * 32, cm_tile = static_cast<int64_t>(groups_padded) * 8;
-  const uint4* cq = codes + static_cast<int64_t>(gw) * R * cq_tile + lane;
-  const uint2* cm = meta + static_cast<int64_t>(gw) * R * cm_tile + (lane >> 2);
+  const uint4* cq = codes + static_cast<int64_t>(gw) * R * cq_tile + g0 * CPG * 32 + lane;
+  const uint2* cm = meta + static_cast<int64_t>(gw) * R * cm_tile + g0 * 8 + (lane >> 2);
   auto unit_start = [&] { last_r = min(R, tiles - iu * R) - 1; };
   if (iu < units) unit_start();
   auto issue = [&](auto stage) {
@@ -468,11 +495,11 @@ __global__ void __launch_bounds__(512, 1)
     }
     cq += CPG * 32;
     cm += 8;
-    if (++ig == groups) {
+    if (++ig == gpr) {
       ig = 0;
       iu += ustride;
-      cq += (static_cast<int64_t>(ustride) * R - 1) * cq_tile + (cq_tile - groups * CPG * 32);
-      cm += (static_cast<int64_t>(ustride) * R - 1) * cm_tile + (cm_tile - groups * 8);
+      cq += (static_cast<int64_t>(ustride) * R - 1) * cq_tile + (cq_tile - gpr * CPG * 32);
+      cm += (static_cast<int64_t>(ustride) * R - 1) * cm_tile + (cm_tile - gpr * 8);
       if (iu < units) unit_start();
     }
     cp_async_commit();
@@ -481,9 +508,9 @@ __global__ void __launch_bounds__(512, 1)
   static_for<S - 1>([&](auto p) { issue(p); });
   grid_dependency_wait();  // x is the previous kernel's output
   if (threadIdx.x == 0) {
-    const unsigned row_bytes = static_cast<unsigned>(K) * sizeof(T);
+    const unsigned row_bytes = static_cast<unsigned>(gpr * G) * sizeof(T);
     mbar_expect_tx(bar, row_bytes * M);
-    for (int t = 0; t < M; ++t) bulk_copy(xs + t * xstride, x + t * ldx, row_bytes, bar);
+    for (int t = 0; t < M; ++t) bulk_copy(xs + t * xstride, x + t * ldx + g0 * G, row_bytes, bar);
   }
   mbar_wait(bar, 0);
 
@@ -499,7 +526,7 @@ __global__ void __launch_bounds__(512, 1)
   };
   // Σx per (group, token slot) by an mma with all-ones weights: every row of
   // the product is the column sums.
-  for (int g = warp; g < groups; g += wpb) {
+  for (int g = warp; g < gpr; g += wpb) {
     float acc[1][NT][4];
     zero_acc(acc);
     const uint4 ones = make_uint4(ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne);
@@ -554,8 +581,41 @@ __global__ void __launch_bounds__(512, 1)
 #pragma unroll
     for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
     exact_combine<T, R, NT>(out, acc, sm, sb);
-    if (++cg == groups) {
-      store_tile_outputs<R, NT>(out, nullptr, 1, y, ldy, static_cast<int64_t>(cu) * R * kTileRows, M, N);
+    if (++cg == gpr) {
+      if constexpr (KS > 1) {
+        // Slot k % 2 of this warp in rank 0's shared memory holds the other
+        // ranks' partial sums of the warp's k-th unit (KS = 2: one rank).
+        static_assert(KS == 2, "one partner rank");
+        const int k = (cu - gw) / ustride, p = k & 1;
+        const uint32_t slot = red + ((warp * 2 + p) * 32 + lane) * 64;
+        const uint32_t full = full0 + 8 * (warp * 2 + p), empty = empty0 + 8 * (warp * 2 + p);
+        float* o = &out[0][0][0];
+        if (rank != 0) {
+          if (k >= 2) mbar_wait_cluster(empty, ((k >> 1) - 1) & 1);  // rank 0 has read unit k − 2
+          const uint32_t rs = mapa_shared(slot, 0), rf = mapa_shared(full, 0);
+#pragma unroll
+          for (int i = 0; i < R * NT * 4; i += 4)
+            asm volatile("st.shared::cluster.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(rs + 4 * i), "f"(o[i]),
+                         "f"(o[i + 1]), "f"(o[i + 2]), "f"(o[i + 3])
+                         : "memory");
+          asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(rf) : "memory");
+        } else {
+          mbar_wait_cluster(full, (k >> 1) & 1);
+#pragma unroll
+          for (int i = 0; i < R * NT * 4; i += 4) {
+            const uint4 v = lds128(slot + 4 * i);
+            o[i] += __uint_as_float(v.x);
+            o[i + 1] += __uint_as_float(v.y);
+            o[i + 2] += __uint_as_float(v.z);
+            o[i + 3] += __uint_as_float(v.w);
+          }
+          const uint32_t re = mapa_shared(empty, 1);
+          asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(re) : "memory");
+          store_tile_outputs<R, NT>(out, nullptr, 1, y, ldy, static_cast<int64_t>(cu) * R * kTileRows, M, N);
+        }
+      } else {
+        store_tile_outputs<R, NT>(out, nullptr, 1, y, ldy, static_cast<int64_t>(cu) * R * kTileRows, M, N);
+      }
       zero_acc(out);
       cg = 0;
       cu += ustride;
@@ -563,6 +623,7 @@ __global__ void __launch_bounds__(512, 1)
   });
   cp_async_wait<0>();
   grid_dependents_launch();
+  if constexpr (KS > 1) cluster_sync_all();  // no block leaves while its partner may still reach its memory
 #endif
 }
 
@@ -700,35 +761,43 @@ constexpr size_t kResidentSmemMax = 227 << 10;  // sm_90's opt-in shared memory 
 struct ResidentGrid {
   int64_t warps;
   size_t smem;
-  ResidentGrid(int64_t rows, int64_t cols, int group_size, int sms, size_t elem, int r, int s, int most) {
+  ResidentGrid(int64_t rows, int64_t cols, int group_size, int sms, size_t elem, int r, int s, int most, int ks) {
     const SmallMGrid g(rows, cols, group_size, group_size / kChunk, r);
-    warps = std::min<int64_t>(most, (g.blocks + sms - 1) / sms);
-    smem = 128 + kXsumTokens * size_t{resident_x_stride(static_cast<int>(cols), static_cast<int>(elem))} +
-           static_cast<size_t>(g.groups) * kXsumTokens * 4 + warps * s * r * stage_bytes(group_size / kChunk);
+    const int64_t gpr = g.groups / ks;
+    warps = std::min<int64_t>(most, (g.blocks + sms / ks - 1) / (sms / ks));
+    smem = 1024 +
+           kXsumTokens * size_t{resident_x_stride(static_cast<int>(gpr * group_size), static_cast<int>(elem))} +
+           static_cast<size_t>(gpr) * kXsumTokens * 4 + warps * s * r * stage_bytes(group_size / kChunk) +
+           (ks > 1 ? static_cast<size_t>(warps) * 2 * 32 * r * 2 * 4 * 4 : 0);
   }
 };
 
-template <typename T, typename OutT, int CPG, int R, int S, int MW>
+template <typename T, typename OutT, int CPG, int R, int S, int MW, int KS>
 void launch_resident_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy,
                        cudaStream_t stream, bool pdl, int sms) {
   const SmallMGrid g(w, CPG, R);
-  const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), R, S, MW);
+  const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), R, S, MW, KS);
   NIBBLE_CHECK(rg.smem <= kResidentSmemMax, "w4a16: {} bytes of shared memory", rg.smem);
-  auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, R, S>;
+  auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, R, S, KS>;
   static const bool attr_set = [&] {
     NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kResidentSmemMax)));
     return true;
   }();
   (void)attr_set;
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  cudaLaunchAttribute attr[2] = {pdl_attribute(), {}};
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = KS;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(sms));
+  cfg.gridDim = dim3(static_cast<unsigned>(sms / KS * KS));
   cfg.blockDim = dim3(static_cast<unsigned>(rg.warps * 32));
   cfg.dynamicSmemBytes = rg.smem;
   cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.attrs = pdl ? attr : attr + 1;
+  cfg.numAttrs = (pdl ? 1 : 0) + (KS > 1 ? 1 : 0);
+  if (!pdl && KS == 1) cfg.attrs = nullptr;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
                                        static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles),
@@ -736,16 +805,20 @@ void launch_resident_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, Ou
                                        static_cast<int>(g.groups_padded)));
 }
 
-// Launches it where it applies (w4a16_resident_x_shape; sm_90; x rows 16-byte
+// Launches it where it applies (w4a16_resident_x_ks; sm_90; x rows 16-byte
 // aligned). NIBBLE_W4A16_RESIDENT=0 turns it off (for measurements).
 template <typename T, typename OutT, int CPG>
 bool launch_resident(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
                      bool pdl, int sms) {
-  if (!w4a16_resident_x_shape(w.rows, w.cols, w.group_size, M, sms, sizeof(T))) return false;
+  const int ks = w4a16_resident_x_ks(w.rows, w.cols, w.group_size, M, sms, sizeof(T));
+  if (ks == 0) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || (ldx * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
   if (const char* e = std::getenv("NIBBLE_W4A16_RESIDENT"); e != nullptr && e[0] == '0') return false;
   if (!w4a16_wgmma_device()) return false;
-  launch_resident_r<T, OutT, CPG, kResidentR, kResidentS, kResidentWarps>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+  if (ks == 2)
+    launch_resident_r<T, OutT, CPG, kResidentR, kResidentS, kResidentWarps, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+  else
+    launch_resident_r<T, OutT, CPG, kResidentR, kResidentS, kResidentWarps, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
   return true;
 }
 
@@ -786,12 +859,18 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
 
 bool w4a16_small_m_applies(int group_size, int64_t M) { return M >= 2 && (group_size == 64 || group_size == 128); }
 
-bool w4a16_resident_x_shape(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem) {
-  if (M < 9 || M > kXsumTokens || (group_size != 64 && group_size != 128) || cols % group_size != 0) return false;
+int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem) {
+  if (M < 9 || M > kXsumTokens || (group_size != 64 && group_size != 128) || cols % group_size != 0) return 0;
   const SmallMGrid g(rows, cols, group_size, group_size / kChunk, kResidentR);
-  if (g.blocks < kResidentWarps * int64_t{sms}) return false;  // every warp of every block walks whole units
-  return ResidentGrid(rows, cols, group_size, sms, elem, kResidentR, kResidentS, kResidentWarps).smem <=
-         kResidentSmemMax;
+  auto fits = [&](int ks) {
+    return ResidentGrid(rows, cols, group_size, sms, elem, kResidentR, kResidentS, kResidentWarps, ks).smem <=
+           kResidentSmemMax;
+  };
+  // Every warp of every block walks whole units of all of K.
+  if (g.blocks >= kResidentWarps * int64_t{sms} && fits(1)) return 1;
+  // K halved over clusters of two blocks, at least 12 units per warp slot of a cluster.
+  if (g.groups % 2 == 0 && g.blocks >= 12 * int64_t{sms / 2} && fits(2)) return 2;
+  return 0;
 }
 
 size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size) {
