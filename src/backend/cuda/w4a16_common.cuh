@@ -157,6 +157,18 @@ __device__ inline void mbar_wait_cluster(uint32_t bar, unsigned parity) {
       : "memory");
 }
 
+// Thread-block clusters: a barrier of all threads of the cluster (release /
+// acquire), and this block's shared address saddr as the same address in the
+// shared memory of the cluster's block `rank`.
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ inline uint32_t mapa_shared(uint32_t saddr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
+  return r;
+}
+
 // Shared memory of one ring stage of a warp: a group's codes and its
 // scale/min pairs (one 8-byte entry per lane).
 __host__ __device__ constexpr size_t stage_bytes(int cpg) { return cpg * 32 * 16 + 32 * 8; }

@@ -404,23 +404,15 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 // rank 0 through rank 0's shared memory (a slot per warp and unit parity, a
 // full and an empty mbarrier each), which adds them in rank order and stores.
 // Measured on the H200 (docs/results/s36/): the 128256 x 4096 head at 16
-// tokens 99.8-101.2 -> 82.2-83.9 us (61 -> 74 % of the read bandwidth; with
+// tokens 99.4-101.2 -> 81.5-83.9 us (61 -> 75 % of the read bandwidth; with
 // KS = 2 88.1-88.5); gate|up with KS = 2 about 1 us a call faster; fused 8B
-// stack 1.935-1.945 -> 1.89-1.90 ms. Not used where it lost: gate|up with the
+// stack 1.944-1.958 -> 1.892-1.896 ms. Not used where it lost: gate|up with the
 // whole K per block (one tile per warp, 14 warps: fused stack 2.013 ms),
 // where every SM copies all of x (128 KiB, from L2) before its first group.
 // Also measured and not kept: 3 or 4 ring stages with 12 or 9 warps (head
 // 87-105 us), one tile per warp (89.5), an L2 prefetch of the weights 8-24
 // groups ahead (110-128), x copied in pieces starting at a different piece
 // per block (-0.6 us).
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ uint32_t mapa_shared(uint32_t saddr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
-  return r;
-}
 __host__ __device__ constexpr uint32_t resident_x_stride(int K, int elem) {
   return (static_cast<uint32_t>(K) * elem + 127u) / 128u * 128u + 16u;
 }
@@ -428,7 +420,7 @@ __host__ __device__ constexpr uint32_t resident_x_stride(int K, int elem) {
 template <typename T, typename OutT, int CPG, int R, int S, int KS>
 __global__ void __launch_bounds__(512, 1)
     w4a16_resident_x_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
-                            int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
+                            int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int tiles, int chunks,
                             int groups, int groups_padded) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // bulk copies and mbarriers need sm_90 (launch_resident refuses older GPUs)
@@ -463,7 +455,7 @@ __global__ void __launch_bounds__(512, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if constexpr (KS > 1)
-    cluster_sync_all();
+    cluster_sync();
   else
     __syncthreads();
 
@@ -623,7 +615,7 @@ __global__ void __launch_bounds__(512, 1)
   });
   cp_async_wait<0>();
   grid_dependents_launch();
-  if constexpr (KS > 1) cluster_sync_all();  // no block leaves while its partner may still reach its memory
+  if constexpr (KS > 1) cluster_sync();  // no block leaves while its partner may still reach its memory
 #endif
 }
 
@@ -800,9 +792,8 @@ void launch_resident_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, Ou
   if (!pdl && KS == 1) cfg.attrs = nullptr;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
-                                       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles),
-                                       static_cast<int>(g.chunks), static_cast<int>(g.groups),
-                                       static_cast<int>(g.groups_padded)));
+                                       static_cast<int>(w.rows), static_cast<int>(g.tiles), static_cast<int>(g.chunks),
+                                       static_cast<int>(g.groups), static_cast<int>(g.groups_padded)));
 }
 
 // Launches it where it applies (w4a16_resident_x_ks; sm_90; x rows 16-byte

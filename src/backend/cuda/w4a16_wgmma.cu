@@ -176,15 +176,11 @@ __device__ __forceinline__ uint64_t image_desc(uint32_t lo) {
          (static_cast<uint64_t>(256 >> 4) << 32);
 }
 
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 // 16 bytes of rank `rank`'s shared memory at its shared address saddr (after
 // a cluster barrier: ordered by it, and independent of each other).
 __device__ __forceinline__ float4 ld_cluster_v4(uint32_t saddr, uint32_t rank) {
-  uint32_t r;
+  const uint32_t r = mapa_shared(saddr, rank);
   float4 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(saddr), "r"(rank));
   asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(r));
