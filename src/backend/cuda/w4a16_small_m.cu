@@ -746,50 +746,58 @@ void launch_rounded(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   }
 }
 
-// The resident-activation kernel above: per block (one per SM) its warps and
-// shared memory for a matrix, with R row tiles per warp and S ring stages.
+// The resident-activation kernel above: R = 2 row tiles per warp, S = 2 ring
+// stages, at most 16 warps a block (one block per SM), and per block, with K
+// split over KS blocks of a cluster, its warps and shared memory: the header
+// of mbarriers, the padded x rows, Σx, the rings and (KS > 1) the partial-sum
+// slots (2 unit parities × 32 lanes × R·NT·4 floats per warp).
 constexpr int kResidentR = 2, kResidentS = 2, kResidentWarps = 16;
 constexpr size_t kResidentSmemMax = 227 << 10;  // sm_90's opt-in shared memory per block
 struct ResidentGrid {
   int64_t warps;
   size_t smem;
-  ResidentGrid(int64_t rows, int64_t cols, int group_size, int sms, size_t elem, int r, int s, int most, int ks) {
-    const SmallMGrid g(rows, cols, group_size, group_size / kChunk, r);
-    const int64_t gpr = g.groups / ks;
-    warps = std::min<int64_t>(most, (g.blocks + sms / ks - 1) / (sms / ks));
+  ResidentGrid(int64_t rows, int64_t cols, int group_size, int sms, size_t elem, int ks) {
+    const SmallMGrid g(rows, cols, group_size, group_size / kChunk, kResidentR);
+    const int64_t gpr = g.groups / ks, clusters = sms / ks;
+    warps = std::min<int64_t>(kResidentWarps, (g.blocks + clusters - 1) / clusters);
     smem = 1024 +
            kXsumTokens * size_t{resident_x_stride(static_cast<int>(gpr * group_size), static_cast<int>(elem))} +
-           static_cast<size_t>(gpr) * kXsumTokens * 4 + warps * s * r * stage_bytes(group_size / kChunk) +
-           (ks > 1 ? static_cast<size_t>(warps) * 2 * 32 * r * 2 * 4 * 4 : 0);
+           static_cast<size_t>(gpr) * kXsumTokens * 4 +
+           warps * kResidentS * kResidentR * stage_bytes(group_size / kChunk) +
+           (ks > 1 ? static_cast<size_t>(warps) * 2 * 32 * (kResidentR * 2 * 4) * sizeof(float) : 0);
   }
 };
 
-template <typename T, typename OutT, int CPG, int R, int S, int MW, int KS>
-void launch_resident_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy,
-                       cudaStream_t stream, bool pdl, int sms) {
-  const SmallMGrid g(w, CPG, R);
-  const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), R, S, MW, KS);
+template <typename T, typename OutT, int CPG, int KS>
+void launch_resident_ks(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy,
+                        cudaStream_t stream, bool pdl, int sms) {
+  const SmallMGrid g(w, CPG, kResidentR);
+  const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), KS);
   NIBBLE_CHECK(rg.smem <= kResidentSmemMax, "w4a16: {} bytes of shared memory", rg.smem);
-  auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, R, S, KS>;
+  auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, kResidentR, kResidentS, KS>;
   static const bool attr_set = [&] {
     NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kResidentSmemMax)));
     return true;
   }();
   (void)attr_set;
-  cudaLaunchAttribute attr[2] = {pdl_attribute(), {}};
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = KS;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2] = {};
+  unsigned nattr = 0;
+  if (pdl) attr[nattr++] = pdl_attribute();
+  if (KS > 1) {
+    attr[nattr].id = cudaLaunchAttributeClusterDimension;
+    attr[nattr].val.clusterDim.x = KS;
+    attr[nattr].val.clusterDim.y = 1;
+    attr[nattr].val.clusterDim.z = 1;
+    ++nattr;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(sms / KS * KS));
   cfg.blockDim = dim3(static_cast<unsigned>(rg.warps * 32));
   cfg.dynamicSmemBytes = rg.smem;
   cfg.stream = stream;
-  cfg.attrs = pdl ? attr : attr + 1;
-  cfg.numAttrs = (pdl ? 1 : 0) + (KS > 1 ? 1 : 0);
-  if (!pdl && KS == 1) cfg.attrs = nullptr;
+  cfg.attrs = attr;
+  cfg.numAttrs = nattr;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
                                        static_cast<int>(w.rows), static_cast<int>(g.tiles), static_cast<int>(g.chunks),
@@ -807,9 +815,9 @@ bool launch_resident(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT
   if (const char* e = std::getenv("NIBBLE_W4A16_RESIDENT"); e != nullptr && e[0] == '0') return false;
   if (!w4a16_wgmma_device()) return false;
   if (ks == 2)
-    launch_resident_r<T, OutT, CPG, kResidentR, kResidentS, kResidentWarps, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+    launch_resident_ks<T, OutT, CPG, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
   else
-    launch_resident_r<T, OutT, CPG, kResidentR, kResidentS, kResidentWarps, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+    launch_resident_ks<T, OutT, CPG, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
   return true;
 }
 
@@ -854,8 +862,7 @@ int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, i
   if (M < 9 || M > kXsumTokens || (group_size != 64 && group_size != 128) || cols % group_size != 0) return 0;
   const SmallMGrid g(rows, cols, group_size, group_size / kChunk, kResidentR);
   auto fits = [&](int ks) {
-    return ResidentGrid(rows, cols, group_size, sms, elem, kResidentR, kResidentS, kResidentWarps, ks).smem <=
-           kResidentSmemMax;
+    return ResidentGrid(rows, cols, group_size, sms, elem, ks).smem <= kResidentSmemMax;
   };
   // Every warp of every block walks whole units of all of K.
   if (g.blocks >= kResidentWarps * int64_t{sms} && fits(1)) return 1;
