@@ -2,12 +2,15 @@
 // libFuzzer keeps the input.
 #pragma once
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <string_view>
@@ -46,9 +49,35 @@ inline void touch(const void* p, uint64_t n) {
   (void)sink;
 }
 
+// Removes, once per process, the scratch files and folders that earlier
+// processes of this target left in /dev/shm (named <target>_<pid>...; a
+// worker killed mid-input leaves its own: after a crash, or at the end of a
+// -fork run). Only those whose process no longer exists are removed.
+inline void sweep_stale_shm() {
+  static const bool done = [] {
+    const std::string prefix = std::string(kTarget) + "_";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      const char* digits = name.c_str() + prefix.size();
+      char* end = nullptr;
+      const long pid = std::strtol(digits, &end, 10);
+      if (end == digits || pid <= 0 || pid == getpid()) continue;  // another target's name, or this process
+      if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+      std::error_code rm;
+      std::filesystem::remove_all(e.path(), rm);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
 // A scratch path of this process in /dev/shm, for readers that open a path:
-// /dev/shm/<target>_<pid><suffix>. The target removes it after each input.
+// /dev/shm/<target>_<pid><suffix>. The target removes it after each input;
+// the first call sweeps what dead processes of this target left.
 inline std::string shm_path(std::string_view suffix) {
+  sweep_stale_shm();
   return "/dev/shm/" + std::string(kTarget) + "_" + std::to_string(getpid()) + std::string(suffix);
 }
 
