@@ -19,6 +19,9 @@
 //    memory at the end. Programmatic dependent launch: the ring's first stages
 //    are in flight before the kernel waits for the Σx kernel (which waited for
 //    the kernel that wrote x).
+//  * 9..16 tokens on matrices of many row tiles on sm_90 (the head, gate|up)
+//    take w4a16_resident_x_kernel instead: the call's activations resident in
+//    shared memory, Σx summed there (no Σx kernel), whole units per warp.
 //  * Tokens are the mma's N side (8 per tile, NT tiles). A token column past M
 //    reads token M − 1's row (any valid memory will do: an mma's output column
 //    depends only on its own input column, and those columns are not stored).
