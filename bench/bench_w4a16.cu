@@ -10,6 +10,9 @@
 // Stacks: "unfused" = q, k, v, o, gate, up, down per layer (7 launches, as the
 // torch reference in bench/torch_int4_stack.py times it); "fused" = qkv and
 // gate|up concatenated (4 launches per layer, what the GPU forward does).
+// Before each stack's row at each M, per distinct shape: all its copies in the
+// stack, one graph (the fused stack: q|k|v and gate|up, the shapes the unfused
+// stack lacks).
 // With M = 1, the fused stack again with each input already prepared (the
 // decode path: LinearKernel::gemv_prepared, one launch per linear), as GEMV
 // chains, and per shape; and, as their reference, the same weights read by
@@ -281,6 +284,7 @@ int main(int argc, char** argv) {
 
   std::printf("\n%-8s %3s %12s %10s %10s %10s %12s %10s %8s\n", "stack", "M", "int4 GB", "nibble ms", "no-PDL ms",
               "cuBLAS ms", "bf16 GB", "of read BW", "x M=1");
+  const std::vector<Shape> unfused_shapes = stack_shapes(layers, false);
   for (bool fused : {false, true}) {
     const std::vector<Shape> shapes = stack_shapes(layers, fused);
     // One host random matrix per distinct shape; each linear gets its own device copy.
@@ -310,28 +314,31 @@ int main(int argc, char** argv) {
       }
       CK(cudaDeviceSynchronize());
     }
-    if (!fused)
-      for (int M : ms) {  // per distinct shape: all its copies in the stack, one graph
-        std::vector<Shape> seen;
-        for (const Shape& sh : shapes) {
-          if (std::any_of(seen.begin(), seen.end(), [&](const Shape& o) { return o.n == sh.n && o.k == sh.k; }))
-            continue;
-          seen.push_back(sh);
-          std::vector<size_t> idx;
-          double bytes = 0;
-          for (size_t i = 0; i < shapes.size(); ++i)
-            if (shapes[i].n == sh.n && shapes[i].k == sh.k) {
-              idx.push_back(i);
-              bytes += static_cast<double>(w[i].weight_bytes());
-            }
-          const float t = time_captured(s, reps, [&] {
-            for (size_t i : idx) w[i].kernel->gemm(w[i], x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, true);
-          });
-          std::printf("  shape %6lld x %5lld  M=%2d  x%-3zu %8.2f us each  %6.0f GB/s  %5.1f%% of read BW\n",
-                      static_cast<long long>(sh.n), static_cast<long long>(sh.k), M, idx.size(),
-                      1e3 * t / idx.size(), bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
-        }
+    for (int M : ms) {  // per distinct shape: all its copies in the stack, one graph
+      // (the fused stack: only the shapes the unfused one lacks, q|k|v and gate|up)
+      std::vector<Shape> seen;
+      for (const Shape& sh : shapes) {
+        if (std::any_of(seen.begin(), seen.end(), [&](const Shape& o) { return o.n == sh.n && o.k == sh.k; }))
+          continue;
+        seen.push_back(sh);
+        if (fused && std::any_of(unfused_shapes.begin(), unfused_shapes.end(),
+                                 [&](const Shape& o) { return o.n == sh.n && o.k == sh.k; }))
+          continue;
+        std::vector<size_t> idx;
+        double bytes = 0;
+        for (size_t i = 0; i < shapes.size(); ++i)
+          if (shapes[i].n == sh.n && shapes[i].k == sh.k) {
+            idx.push_back(i);
+            bytes += static_cast<double>(w[i].weight_bytes());
+          }
+        const float t = time_captured(s, reps, [&] {
+          for (size_t i : idx) w[i].kernel->gemm(w[i], x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, true);
+        });
+        std::printf("  shape %6lld x %5lld  M=%2d  x%-3zu %8.2f us each  %6.0f GB/s  %5.1f%% of read BW\n",
+                    static_cast<long long>(sh.n), static_cast<long long>(sh.k), M, idx.size(),
+                    1e3 * t / idx.size(), bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
       }
+    }
     std::string m1_rows;  // printed after the table, measured right after the M = 1 row
     auto out = [&](const char* fmt, auto... a) {
       char line[256];
