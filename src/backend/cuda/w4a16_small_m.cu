@@ -419,6 +419,9 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 // unit (32-bit) instead of a 64-bit multiply per group and tile, about 14
 // fewer instructions per group (SASS, 273 -> 259): gate|up 23.6 -> 22.6 us,
 // the head 84.1-84.5 -> 83.0-83.6 (docs/results/s37/ab_issue_offsets.txt).
+// Then the activation rows' and Σx's lane addresses kept in registers with
+// running offsets (268 -> 256 per group, 104-105 registers): gate|up 22.44 ->
+// 22.34 us, fused M = 16 1.856-1.862 -> 1.840-1.845 ms (ab_pinned_addresses.txt).
 __host__ __device__ constexpr uint32_t resident_x_stride(int K, int elem) {
   return (static_cast<uint32_t>(K) * elem + 127u) / 128u * 128u + 16u;
 }
@@ -453,7 +456,10 @@ __global__ void __launch_bounds__(512, 1)
   uint32_t xl[NT];  // this lane's fragment row of each token tile (tokens past M read token M − 1)
 #pragma unroll
   for (int n = 0; n < NT; ++n) xl[n] = xs + min(n * 8 + gid, M - 1) * xstride + 32 * tig;
-  asm volatile("" : "+r"(rq), "+r"(rm));
+  uint32_t sxl = sx + 8 * tig;  // Σx of this lane's tokens 2tig, 2tig + 1 (+ n·8) in group 0
+  // Kept in registers: recomputed from the block's shared window in every
+  // group, they cost about 15 instructions a group.
+  asm volatile("" : "+r"(rq), "+r"(rm), "+r"(xl[0]), "+r"(xl[1]), "+r"(sxl));
   if (threadIdx.x == 0) {
     mbar_init(bar, 1);
     if constexpr (KS > 1)
@@ -525,13 +531,15 @@ __global__ void __launch_bounds__(512, 1)
 
   // One group's activation fragments of chunk u (16 consecutive inputs per
   // lane and token tile, the layout's k order).
-  auto load_xv = [&](int g, int u, uint4 (&xv)[NT][2]) {
-    const uint32_t off = (g * G + u * kChunk) * static_cast<uint32_t>(sizeof(T));
+  auto load_xv_at = [&](uint32_t off, uint4 (&xv)[NT][2]) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       xv[n][0] = lds128(xl[n] + off);
       xv[n][1] = lds128(xl[n] + off + 16);
     }
+  };
+  auto load_xv = [&](int g, int u, uint4 (&xv)[NT][2]) {
+    load_xv_at((g * G + u * kChunk) * static_cast<uint32_t>(sizeof(T)), xv);
   };
   // Σx per (group, token slot) by an mma with all-ones weights: every row of
   // the product is the column sums.
@@ -565,6 +573,7 @@ __global__ void __launch_bounds__(512, 1)
   float out[R][NT][4];
   zero_acc(out);
   int cu = gw, cg = 0;  // the group to compute: unit cu, group cg
+  uint32_t xo = 0, so = sxl;  // group cg's byte offset in the x rows, and this lane's Σx of it
   for_ring_stages<S>(iters, [&](auto stage, int) {
     constexpr int st = decltype(stage)::value;
     issue(std::integral_constant<int, (st + S - 1) % S>{});
@@ -577,20 +586,24 @@ __global__ void __launch_bounds__(512, 1)
 #pragma unroll
       for (int r = 0; r < R; ++r) q[r] = lds128(rq + ((st * R + r) * CPG + u) * 512);
       uint4 xv[NT][2];
-      load_xv(cg, u, xv);
+      load_xv_at(xo + u * kChunk * static_cast<uint32_t>(sizeof(T)), xv);
       exact_chunk_mmas<T, R, NT>(acc, q, xv);
     }
     float2 sb[NT];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      const uint2 v = lds64(sx + (cg * kXsumTokens + n * 8 + 2 * tig) * 4);
+      const uint2 v = lds64(so + n * 8 * 4);
       sb[n] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
     }
     uint2 sm[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
     exact_combine<T, R, NT>(out, acc, sm, sb);
+    xo += G * static_cast<uint32_t>(sizeof(T));
+    so += kXsumTokens * 4;
     if (++cg == gpr) {
+      xo = 0;
+      so = sxl;
       if constexpr (KS > 1) {
         // Slot k % 2 of this warp in rank 0's shared memory holds the other
         // ranks' partial sums of the warp's k-th unit (KS = 2: one rank).
