@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(512, 1)
   for (int n = 0; n < NT; ++n) xl[n] = xs + min(n * 8 + gid, M - 1) * xstride + 32 * tig;
   uint32_t sxl = sx + 8 * tig;  // Σx of this lane's tokens 2tig, 2tig + 1 (+ n·8) in group 0
   // Kept in registers: recomputed from the block's shared window in every
-  // group, they cost about 15 instructions a group.
+  // group, they cost about 12 instructions a group.
   asm volatile("" : "+r"(rq), "+r"(rm), "+r"(xl[0]), "+r"(xl[1]), "+r"(sxl));
   if (threadIdx.x == 0) {
     mbar_init(bar, 1);
