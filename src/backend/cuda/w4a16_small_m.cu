@@ -416,8 +416,8 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 // 87-105 us), one tile per warp (89.5), an L2 prefetch of the weights 8-24
 // groups ahead (110-128), x copied in pieces starting at a different piece
 // per block (-0.6 us). Session 37: the weights' tile offsets set once per
-// unit (32-bit) instead of a 64-bit multiply per group and tile, about 14
-// fewer instructions per group (SASS, 273 -> 259): gate|up 23.6 -> 22.6 us,
+// unit (32-bit) instead of a 64-bit multiply per group and tile (SASS: the
+// copies' issue 48 -> 22 instructions, the group 273 -> 268): gate|up 23.6 -> 22.6 us,
 // the head 84.1-84.5 -> 83.0-83.6 (docs/results/s37/ab_issue_offsets.txt).
 // Then the activation rows' and Σx's lane addresses kept in registers with
 // running offsets (268 -> 256 per group, 104-105 registers): gate|up 22.44 ->
