@@ -3,7 +3,10 @@
 // against the read bandwidth measured in the same run (issue 6, item 2).
 //
 //   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas] [--profile]
+//               [--shapes NxK,...]
 //
+// --shapes: only these shapes, each as `--layers` copies in one graph per M
+// (as the per-shape rows below), then exit; for sweeps of one kernel's grid.
 // --profile: no timing; a few plain launches per distinct shape and M (and at
 // M = 1 each shape as a GEMV chain of one call, twice), for Nsight Compute.
 //
@@ -203,6 +206,7 @@ int main(int argc, char** argv) {
   int layers = 32, reps = 20;
   bool skip_cublas = false, profile = false;
   std::vector<int> ms = {1, 4, 16, 64};
+  std::vector<Shape> only;  // --shapes
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--layers" && i + 1 < argc) layers = std::atoi(argv[++i]);
@@ -217,10 +221,22 @@ int main(int argc, char** argv) {
         ms.push_back(std::atoi(v.substr(0, c).c_str()));
         v = c == std::string::npos ? "" : v.substr(c + 1);
       }
+    } else if (a == "--shapes" && i + 1 < argc) {
+      for (std::string v = argv[++i]; !v.empty();) {
+        const size_t c = v.find(','), x = v.find('x');
+        const long long n = std::atoll(v.substr(0, x).c_str()),
+                        k = x < c ? std::atoll(v.substr(x + 1, c - x - 1).c_str()) : 0;
+        if (n <= 0 || k <= 0) {
+          std::fprintf(stderr, "bench_w4a16: --shapes wants NxK,... (found '%s')\n", v.substr(0, c).c_str());
+          return 2;
+        }
+        only.push_back({n, k});
+        v = c == std::string::npos ? "" : v.substr(c + 1);
+      }
     } else {
       std::fprintf(stderr,
                    "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--group 128|64|32] [--skip-cublas] "
-                   "[--profile]\n");
+                   "[--profile] [--shapes NxK,...]\n");
       return 2;
     }
   }
@@ -281,6 +297,27 @@ int main(int argc, char** argv) {
   DeviceBuffer x(static_cast<size_t>(max_m * width * 2)), y(static_cast<size_t>(max_m * width * 2));
   fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), max_m * width, 7);
   CK(cudaGetLastError());
+
+  if (!only.empty()) {  // --shapes: each shape's copies in one graph per M
+    const auto* k = nibble::cuda::find_linear_kernel("int4_asym", g_group);
+    for (const Shape& sh : only) {
+      const std::vector<nibble::Tensor> parts = random_parts(sh.n, sh.k, 1);
+      std::vector<DeviceLinear> w;
+      for (int i = 0; i < layers; ++i) w.push_back(k->upload(parts, sh.n, sh.k, g_group));
+      DeviceBuffer xs(static_cast<size_t>(max_m * sh.k * 2)), ys(static_cast<size_t>(max_m * sh.n * 2));
+      fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(xs.get()), max_m * sh.k, 7);
+      for (int M : ms) {
+        const float t = time_captured(s, reps, [&] {
+          for (const DeviceLinear& wi : w) k->gemm(wi, xs.get(), M, sh.k, ys.get(), sh.n, Act::BF16, false, s, true);
+        });
+        const double bytes = static_cast<double>(w[0].weight_bytes()) * layers;
+        std::printf("  shape %6lld x %5lld  M=%2d  x%-3d %8.2f us each  %6.0f GB/s  %5.1f%% of read BW\n",
+                    static_cast<long long>(sh.n), static_cast<long long>(sh.k), M, layers, 1e3 * t / layers,
+                    bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
+      }
+    }
+    return 0;
+  }
 
   std::printf("\n%-8s %3s %12s %10s %10s %10s %12s %10s %8s\n", "stack", "M", "int4 GB", "nibble ms", "no-PDL ms",
               "cuBLAS ms", "bf16 GB", "of read BW", "x M=1");
