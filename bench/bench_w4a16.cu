@@ -118,7 +118,26 @@ __global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint32_t seed) {
 
 struct Shape {
   int64_t n, k;
+  bool operator==(const Shape& o) const { return n == o.n && k == o.k; }
 };
+
+// "a,b,c" -> {"a", "b", "c"} ("" and a trailing comma add no piece).
+std::vector<std::string> split_commas(std::string v) {
+  std::vector<std::string> out;
+  while (!v.empty()) {
+    const size_t c = v.find(',');
+    out.push_back(v.substr(0, c));
+    v = c == std::string::npos ? "" : v.substr(c + 1);
+  }
+  return out;
+}
+
+// One per-shape row: `copies` copies of the shape in one graph took t_ms.
+void print_shape_row(const Shape& sh, int M, size_t copies, float t_ms, double bytes, double read_gbs) {
+  std::printf("  shape %6lld x %5lld  M=%2d  x%-3zu %8.2f us each  %6.0f GB/s  %5.1f%% of read BW\n",
+              static_cast<long long>(sh.n), static_cast<long long>(sh.k), M, copies, 1e3 * t_ms / copies,
+              bytes / (t_ms * 1e-3) / 1e9, 100.0 * bytes / (t_ms * 1e-3) / (read_gbs * 1e9));
+}
 
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -216,22 +235,17 @@ int main(int argc, char** argv) {
     else if (a == "--profile") profile = true;
     else if (a == "--ms" && i + 1 < argc) {
       ms.clear();
-      for (std::string v = argv[++i]; !v.empty();) {
-        const size_t c = v.find(',');
-        ms.push_back(std::atoi(v.substr(0, c).c_str()));
-        v = c == std::string::npos ? "" : v.substr(c + 1);
-      }
+      for (const std::string& v : split_commas(argv[++i])) ms.push_back(std::atoi(v.c_str()));
     } else if (a == "--shapes" && i + 1 < argc) {
-      for (std::string v = argv[++i]; !v.empty();) {
-        const size_t c = v.find(','), x = v.find('x');
+      for (const std::string& v : split_commas(argv[++i])) {
+        const size_t x = v.find('x');
         const long long n = std::atoll(v.substr(0, x).c_str()),
-                        k = x < c ? std::atoll(v.substr(x + 1, c - x - 1).c_str()) : 0;
+                        k = x == std::string::npos ? 0 : std::atoll(v.substr(x + 1).c_str());
         if (n <= 0 || k <= 0) {
-          std::fprintf(stderr, "bench_w4a16: --shapes wants NxK,... (found '%s')\n", v.substr(0, c).c_str());
+          std::fprintf(stderr, "bench_w4a16: --shapes wants NxK,... (found '%s')\n", v.c_str());
           return 2;
         }
         only.push_back({n, k});
-        v = c == std::string::npos ? "" : v.substr(c + 1);
       }
     } else {
       std::fprintf(stderr,
@@ -310,10 +324,7 @@ int main(int argc, char** argv) {
         const float t = time_captured(s, reps, [&] {
           for (const DeviceLinear& wi : w) k->gemm(wi, xs.get(), M, sh.k, ys.get(), sh.n, Act::BF16, false, s, true);
         });
-        const double bytes = static_cast<double>(w[0].weight_bytes()) * layers;
-        std::printf("  shape %6lld x %5lld  M=%2d  x%-3d %8.2f us each  %6.0f GB/s  %5.1f%% of read BW\n",
-                    static_cast<long long>(sh.n), static_cast<long long>(sh.k), M, layers, 1e3 * t / layers,
-                    bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
+        print_shape_row(sh, M, w.size(), t, static_cast<double>(w[0].weight_bytes()) * layers, read_gbs);
       }
     }
     return 0;
@@ -331,8 +342,7 @@ int main(int argc, char** argv) {
       std::vector<std::pair<Shape, std::vector<nibble::Tensor>>> cache;
       const auto* k = nibble::cuda::find_linear_kernel("int4_asym", g_group);
       for (const Shape& sh : shapes) {
-        auto it = std::find_if(cache.begin(), cache.end(),
-                               [&](const auto& c) { return c.first.n == sh.n && c.first.k == sh.k; });
+        auto it = std::find_if(cache.begin(), cache.end(), [&](const auto& c) { return c.first == sh; });
         if (it == cache.end()) {
           cache.emplace_back(sh, random_parts(sh.n, sh.k, static_cast<uint32_t>(cache.size() + 1)));
           it = cache.end() - 1;
@@ -355,25 +365,20 @@ int main(int argc, char** argv) {
       // (the fused stack: only the shapes the unfused one lacks, q|k|v and gate|up)
       std::vector<Shape> seen;
       for (const Shape& sh : shapes) {
-        if (std::any_of(seen.begin(), seen.end(), [&](const Shape& o) { return o.n == sh.n && o.k == sh.k; }))
-          continue;
+        if (std::find(seen.begin(), seen.end(), sh) != seen.end()) continue;
         seen.push_back(sh);
-        if (fused && std::any_of(unfused_shapes.begin(), unfused_shapes.end(),
-                                 [&](const Shape& o) { return o.n == sh.n && o.k == sh.k; }))
-          continue;
+        if (fused && std::find(unfused_shapes.begin(), unfused_shapes.end(), sh) != unfused_shapes.end()) continue;
         std::vector<size_t> idx;
         double bytes = 0;
         for (size_t i = 0; i < shapes.size(); ++i)
-          if (shapes[i].n == sh.n && shapes[i].k == sh.k) {
+          if (shapes[i] == sh) {
             idx.push_back(i);
             bytes += static_cast<double>(w[i].weight_bytes());
           }
         const float t = time_captured(s, reps, [&] {
           for (size_t i : idx) w[i].kernel->gemm(w[i], x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, true);
         });
-        std::printf("  shape %6lld x %5lld  M=%2d  x%-3zu %8.2f us each  %6.0f GB/s  %5.1f%% of read BW\n",
-                    static_cast<long long>(sh.n), static_cast<long long>(sh.k), M, idx.size(),
-                    1e3 * t / idx.size(), bytes / (t * 1e-3) / 1e9, 100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
+        print_shape_row(sh, M, idx.size(), t, bytes, read_gbs);
       }
     }
     std::string m1_rows;  // printed after the table, measured right after the M = 1 row
