@@ -3,8 +3,10 @@
 // against the read bandwidth measured in the same run (issue 6, item 2).
 //
 //   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas] [--profile]
-//               [--shapes NxK,...]
+//               [--shapes NxK,...] [--act bf16|fp16]
 //
+// --act: the activations' type for nibble's kernels (bf16 by default; cuBLAS
+// stays bf16 and reads the same buffer, for its time only).
 // --shapes: only these shapes, each as `--layers` copies in one graph per M
 // (as the per-shape rows below), then exit; for sweeps of one kernel's grid.
 // --profile: no timing; a few plain launches per distinct shape and M (and at
@@ -25,6 +27,7 @@
 // "M = 16 within 1.3× of M = 1"; needs 1 first in --ms).
 // Weights are random (codes, scales, mins), never zeros.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -106,14 +109,28 @@ void read_weight(const DeviceLinear& l, int blocks_per_sm, int sms, unsigned* si
                         static_cast<int64_t>(l.b.bytes() / 16), sink));
 }
 
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint32_t seed) {
+template <typename T>
+__global__ void fill_kernel(T* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
     h ^= h >> 15;
     h *= 2246822519u;
     h ^= h >> 13;
-    p[i] = __float2bfloat16((static_cast<float>(h & 0xFFFF) / 65535.0f - 0.5f) * 0.1f);
+    p[i] = static_cast<T>((static_cast<float>(h & 0xFFFF) / 65535.0f - 0.5f) * 0.1f);
   }
+}
+void fill_bf16(void* p, int64_t n, uint32_t seed, int blocks = 1024) {
+  fill_kernel<<<blocks, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+}
+
+Act g_act = Act::BF16;  // --act: the activations' type for nibble's kernels
+
+// n activations of type g_act (the same values in bf16 or fp16).
+void fill_act(void* p, int64_t n, uint32_t seed) {
+  if (g_act == Act::F16)
+    fill_kernel<<<1024, 256>>>(static_cast<__half*>(p), n, seed);
+  else
+    fill_bf16(p, n, seed);
 }
 
 struct Shape {
@@ -233,6 +250,14 @@ int main(int argc, char** argv) {
     else if (a == "--group" && i + 1 < argc) g_group = std::atoi(argv[++i]);
     else if (a == "--skip-cublas") skip_cublas = true;
     else if (a == "--profile") profile = true;
+    else if (a == "--act" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "bf16" && v != "fp16") {
+        std::fprintf(stderr, "bench_w4a16: --act must be bf16 or fp16 (found '%s')\n", v.c_str());
+        return 2;
+      }
+      g_act = v == "fp16" ? Act::F16 : Act::BF16;
+    }
     else if (a == "--ms" && i + 1 < argc) {
       ms.clear();
       for (const std::string& v : split_commas(argv[++i])) ms.push_back(std::atoi(v.c_str()));
@@ -250,7 +275,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--group 128|64|32] [--skip-cublas] "
-                   "[--profile] [--shapes NxK,...]\n");
+                   "[--profile] [--shapes NxK,...] [--act bf16|fp16]\n");
       return 2;
     }
   }
@@ -260,8 +285,8 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MiB; int4 groups of %d\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20, g_group);
+  std::printf("device: %s, %d SMs, L2 %d MiB; int4 groups of %d; %s activations\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, g_group, g_act == Act::F16 ? "fp16" : "bf16");
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
@@ -269,14 +294,14 @@ int main(int argc, char** argv) {
     const auto* k = nibble::cuda::find_linear_kernel("int4_asym", g_group);
     const int64_t mx = std::max<int64_t>(64, *std::max_element(ms.begin(), ms.end()));
     DeviceBuffer x(mx * 14336 * 2), y(mx * 128256 * 2);
-    fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), mx * 14336, 7);
+    fill_act(x.get(), mx * 14336, 7);
     for (const Shape sh : {Shape{4096, 4096}, Shape{28672, 4096}, Shape{4096, 14336}, Shape{128256, 4096}}) {
       const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, g_group);
       for (int M : ms)
-        for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, false);
+        for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, g_act, false, s, false);
       if (k->gemv_chain != nullptr && k->prepare != nullptr &&
           std::find(ms.begin(), ms.end(), 1) != ms.end()) {  // M = 1: the weight as a chain of one call
-        k->prepare(w, x.get(), Act::BF16, w.scratch.get(), w.scratch.bytes(), s, false);
+        k->prepare(w, x.get(), g_act, w.scratch.get(), w.scratch.bytes(), s, false);
         DeviceBuffer sync(nibble::cuda::kGemvChainSync * sizeof(unsigned));
         CK(cudaMemset(sync.get(), 0, sync.bytes()));
         nibble::cuda::GemvCall c;
@@ -309,7 +334,7 @@ int main(int argc, char** argv) {
   const int64_t max_m = *std::max_element(ms.begin(), ms.end());
   const int64_t width = 2 * 14336 + 128256;  // any K or N of the stack fits
   DeviceBuffer x(static_cast<size_t>(max_m * width * 2)), y(static_cast<size_t>(max_m * width * 2));
-  fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(x.get()), max_m * width, 7);
+  fill_act(x.get(), max_m * width, 7);
   CK(cudaGetLastError());
 
   if (!only.empty()) {  // --shapes: each shape's copies in one graph per M
@@ -319,10 +344,10 @@ int main(int argc, char** argv) {
       std::vector<DeviceLinear> w;
       for (int i = 0; i < layers; ++i) w.push_back(k->upload(parts, sh.n, sh.k, g_group));
       DeviceBuffer xs(static_cast<size_t>(max_m * sh.k * 2)), ys(static_cast<size_t>(max_m * sh.n * 2));
-      fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(xs.get()), max_m * sh.k, 7);
+      fill_act(xs.get(), max_m * sh.k, 7);
       for (int M : ms) {
         const float t = time_captured(s, reps, [&] {
-          for (const DeviceLinear& wi : w) k->gemm(wi, xs.get(), M, sh.k, ys.get(), sh.n, Act::BF16, false, s, true);
+          for (const DeviceLinear& wi : w) k->gemm(wi, xs.get(), M, sh.k, ys.get(), sh.n, g_act, false, s, true);
         });
         print_shape_row(sh, M, w.size(), t, static_cast<double>(w[0].weight_bytes()) * layers, read_gbs);
       }
@@ -356,8 +381,7 @@ int main(int argc, char** argv) {
     if (!skip_cublas) {
       for (size_t i = 0; i < shapes.size(); ++i) {
         wb.emplace_back(static_cast<size_t>(shapes[i].n * shapes[i].k * 2));
-        fill_bf16<<<4096, 256>>>(static_cast<__nv_bfloat16*>(wb.back().get()), shapes[i].n * shapes[i].k,
-                                 static_cast<uint32_t>(i));
+        fill_bf16(wb.back().get(), shapes[i].n * shapes[i].k, static_cast<uint32_t>(i), 4096);
       }
       CK(cudaDeviceSynchronize());
     }
@@ -376,7 +400,7 @@ int main(int argc, char** argv) {
             bytes += static_cast<double>(w[i].weight_bytes());
           }
         const float t = time_captured(s, reps, [&] {
-          for (size_t i : idx) w[i].kernel->gemm(w[i], x.get(), M, sh.k, y.get(), sh.n, Act::BF16, false, s, true);
+          for (size_t i : idx) w[i].kernel->gemm(w[i], x.get(), M, sh.k, y.get(), sh.n, g_act, false, s, true);
         });
         print_shape_row(sh, M, idx.size(), t, bytes, read_gbs);
       }
@@ -396,7 +420,7 @@ int main(int argc, char** argv) {
       // linears as persistent chains (gemv_chain) of kGemvChainMax calls.
       const auto* k = w[0].kernel;
       // Each linear's prepared input in its own workspace (DeviceLinear::scratch).
-      for (const DeviceLinear& l : w) k->prepare(l, x.get(), Act::BF16, l.scratch.get(), l.scratch.bytes(), s, false);
+      for (const DeviceLinear& l : w) k->prepare(l, x.get(), g_act, l.scratch.get(), l.scratch.bytes(), s, false);
       DeviceBuffer sync(nibble::cuda::kGemvChainSync * sizeof(unsigned));
       CK(cudaMemset(sync.get(), 0, sync.bytes()));
       CK(cudaStreamSynchronize(s));
@@ -471,7 +495,7 @@ int main(int argc, char** argv) {
     for (int M : ms) {
       auto run_stack = [&](bool pdl) {
         for (size_t i = 0; i < shapes.size(); ++i)
-          w[i].kernel->gemm(w[i], x.get(), M, shapes[i].k, y.get(), shapes[i].n, Act::BF16, false, s, pdl);
+          w[i].kernel->gemm(w[i], x.get(), M, shapes[i].k, y.get(), shapes[i].n, g_act, false, s, pdl);
       };
       const float t_pdl = time_captured(s, reps, [&] { run_stack(true); });
       const float t_plain = time_captured(s, reps, [&] { run_stack(false); });

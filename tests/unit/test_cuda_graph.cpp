@@ -133,15 +133,19 @@ void check_decode_graph(const std::filesystem::path& dir, int32_t vocab, bool fu
   EXPECT_LE(ch.worst, 1e-5) << dir;
   // kv_shared_attention from position 20 on (graph and eager): against the
   // default kernel the attention sums run over other key ranges, so fp32
-  // rounding differs: 1e-4 of the largest |logit| where the linears take f32
-  // inputs; where they take bf16 (the bf16 checkpoint: measured 1.5e-3 on the
-  // H200) a last-bit difference can flip an input's bf16 rounding (2^-9), as
-  // between fused and separate linears above: 1e-2. Graph against eager with
-  // the switch is the same kernels (1e-6), both graphs replayed.
+  // rounding differs: 1e-3 of the largest |logit| where the linears take f32
+  // inputs (measured on the H200: rtn 7e-7, rtn128 2e-6, rtn64 8.7e-5 until
+  // session 38 and 1.7e-4 since session 39's Σx changed the prefill's fp32
+  // rounding; the same model's fused-vs-separate difference, also fp32 order
+  // only, measured 3.6e-4 in session 33; a wrong key range moves logits by
+  // far more); where they take bf16 (the bf16 checkpoint: measured 1.5e-3 on
+  // the H200) a last-bit difference can flip an input's bf16 rounding (2^-9),
+  // as between fused and separate linears above: 1e-2. Graph against eager
+  // with the switch is the same kernels (1e-6), both graphs replayed.
   cuda::GpuOptions kvs_eager = eager, kvs_graph = graph;
   kvs_eager.kv_shared_from = kvs_graph.kv_shared_from = 20;
   const auto ke = compare_decode(*src, eager, kvs_eager, some_ids(8, vocab), 40);
-  EXPECT_LE(ke.worst, bf16_linears ? 1e-2 : 1e-4) << dir;
+  EXPECT_LE(ke.worst, bf16_linears ? 1e-2 : 1e-3) << dir;
   const auto kg = compare_decode(*src, kvs_eager, kvs_graph, some_ids(8, vocab), 40);
   EXPECT_LE(kg.worst, 1e-6) << dir;
   std::printf("[decode graph] %s: kv-shared attention from position 20 vs default worst %.3g; its graph vs eager %.3g\n",

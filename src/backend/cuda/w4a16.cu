@@ -93,7 +93,8 @@ void check_parts(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, i
 // fused multiply-add per pair), then multiplied by the mma. Since session 12
 // this kernel serves groups of 32 only (w4a16_small_m.cu takes 64 and 128);
 // its exact-weight variant (offset codes and an all-ones mma for Σx) went with
-// that, replaced by the small-M kernel's Σx kernel.
+// that: the small-M kernel's exact path (which, since session 39, also sums Σx
+// with all-ones mmas, in the warps that hold the activations).
 template <typename T, typename OutT, int NT, int R, int S>
 __global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
     w4a16_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
@@ -393,9 +394,9 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
   out.group_size = group_size;
   out.a = DeviceBuffer(static_cast<size_t>(d.tiles * d.chunks * 32 * 16));
   out.b = DeviceBuffer(static_cast<size_t>(d.tiles * d.groups_padded * 8 * 8));
-  if (w4a16_gemv_applies(group_size))  // the prepared activation (M = 1), Σx (M = 2..16), the x image (17..64, sm_90)
-    out.scratch = DeviceBuffer(std::max({w4a16_gemv_scratch_bytes(cols), w4a16_small_m_scratch_bytes(cols, group_size),
-                                         w4a16_wgmma_device() ? w4a16_wgmma_scratch_bytes(cols, group_size) : 0}));
+  if (w4a16_gemv_applies(group_size))  // the prepared activation (M = 1), the x image (17..64, sm_90)
+    out.scratch = DeviceBuffer(std::max(w4a16_gemv_scratch_bytes(cols),
+                                        w4a16_wgmma_device() ? w4a16_wgmma_scratch_bytes(cols, group_size) : 0));
   const DeviceBuffer qw = upload(parts[0]), sc = upload(parts[1]), mn = upload(parts[2]);
   const int64_t words = d.tiles * d.chunks * 32 * 4, entries = d.tiles * d.groups_padded * 8;
   relayout_codes_kernel<<<blocks_for(words, 256), 256>>>(static_cast<const uint8_t*>(qw.get()),

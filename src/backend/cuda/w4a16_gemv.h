@@ -35,11 +35,9 @@ void w4a16_gemv_chain(const GemvCall* calls, int count, unsigned* sync, cudaStre
 void w4a16_gemv_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared, size_t prepared_bytes,
                         cudaStream_t stream, bool pdl);
 // The kernel for M >= 2 tokens with groups of 64 or 128 (w4a16_small_m.cu).
-// Up to 16 tokens: exact weights, Σx per token and group from its own small
-// kernel, written into w.scratch (so, as above, one stream at a time per
-// DeviceLinear); more: 16-bit weights (w4a16_exact_weights).
+// Up to 16 tokens: exact weights, Σx per token and group summed by the
+// kernel's own warps (no scratch); more: 16-bit weights (w4a16_exact_weights).
 bool w4a16_small_m_applies(int group_size, int64_t M);
-size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size);
 void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                    bool f32_out, cudaStream_t stream, bool pdl, int sms);
 // The wgmma kernel for more than 16 tokens (w4a16_wgmma.cu; sm_90a GPUs;

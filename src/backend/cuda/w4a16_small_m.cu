@@ -7,21 +7,26 @@
 //  * The mma multiplies x by the offset codes 128 + c (0x4300 | c is exactly
 //    that in bf16; 0x6400 | c is 1024 + c in fp16): one and-or per register
 //    of the A fragment, no arithmetic on the weights.
+//    In fp16 the codes of rows gid + 8 are read in place as 1024 + 16·c
+//    (ActTraits::kHiInPlace): one shift per word of 8 codes instead of three.
 //  * Per group of G inputs, Σ(c·s + m)·x = s·Σ(128 + c)·x + (m − 128·s)·Σx.
-//    Σx per token and group comes from a small kernel launched before this one
-//    (xsum_kernel), not from a second, all-ones mma per chunk as in w4a16.cu:
-//    that one doubled the tensor-core work at 16 tokens.
+//    Σx per token and group: each warp sums its own groups' activations with
+//    all-ones mmas on the fragments it already holds (ones_chunk_mmas), in
+//    the lanes and layout the combine wants. Until session 39 a small kernel
+//    launched before each call (xsum_kernel) wrote Σx; that extra link in
+//    the chain of dependent launches cost more than the mmas (fused 8B stack
+//    at 16 tokens 1.844 → 1.757-1.761 ms, at 4 tokens 1.601 → 1.493-1.502;
+//    docs/results/s39/).
 //  * The structure is the integer GEMV's: one block per 16-row tile (or two),
 //    its warps take interleaved groups; each warp streams its groups' codes and
 //    scale/min pairs through a cp.async ring in shared memory addressed by
 //    32-bit shared-window addresses held in registers; the activations of the
 //    warp's next group are loaded one group ahead; the warps meet in shared
 //    memory at the end. Programmatic dependent launch: the ring's first stages
-//    are in flight before the kernel waits for the Σx kernel (which waited for
-//    the kernel that wrote x).
+//    are in flight before the kernel waits for the kernel that wrote x.
 //  * 9..16 tokens on matrices of many row tiles on sm_90 (the head, gate|up)
 //    take w4a16_resident_x_kernel instead: the call's activations resident in
-//    shared memory, Σx summed there (no Σx kernel), whole units per warp.
+//    shared memory, Σx summed there once per block, whole units per warp.
 //  * Tokens are the mma's N side (8 per tile, NT tiles). A token column past M
 //    reads token M − 1's row (any valid memory will do: an mma's output column
 //    depends only on its own input column, and those columns are not stored).
@@ -49,37 +54,7 @@ namespace {
 
 using namespace w4a16;
 
-constexpr int kXsumTokens = 16;  // Σx is stored for 16 token slots per group (the exact path's largest M)
-
-// Σx per (group, token): one warp each, a fixed summation order (lane l adds
-// its G / 32 inputs in order, then a butterfly), so repeated calls agree bit
-// for bit. Token slots past M hold 0.
-template <typename T>
-__global__ void __launch_bounds__(256)
-    xsum_kernel(const T* __restrict__ x, int64_t ldx, int M, int K, int G, int groups, float* __restrict__ xsum) {
-  grid_dependents_launch();  // the GEMM may start streaming weights now
-  const int lane = threadIdx.x & 31;
-  const int w = static_cast<int>((static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5);
-  if (w >= groups * kXsumTokens) return;
-  const int g = w / kXsumTokens, tok = w % kXsumTokens;
-  grid_dependency_wait();  // x is the previous kernel's output; the previous GEMM may still read xsum
-  float s = 0.0f;
-  if (tok < M) {
-    const T* row = x + static_cast<int64_t>(tok) * ldx;
-    const int per = G / 32, k0 = g * G + lane * per;
-    for (int i = 0; i < per; ++i) {
-      const int k = k0 + i;
-      if (k < K) {
-        if constexpr (std::is_same_v<T, __nv_bfloat16>)
-          s += __bfloat162float(row[k]);
-        else
-          s += __half2float(row[k]);
-      }
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-  if (lane == 0) xsum[g * kXsumTokens + tok] = s;
-}
+constexpr int kXsumTokens = 16;  // the resident kernel keeps Σx for 16 token slots per group (the exact path's largest M)
 
 // One block per R consecutive 16-row tiles; its `wpt` warps take interleaved
 // groups of all R tiles, so each activation fragment loaded is used R times
@@ -96,26 +71,24 @@ __global__ void __launch_bounds__(256)
 template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
 __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     w4a16_small_m_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
-                         int64_t ldx, const float* __restrict__ xsum, OutT* __restrict__ y, int64_t ldy, int M, int N,
-                         int K, int tiles, int chunks, int groups, int groups_padded) {
+                         int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
+                         int groups, int groups_padded) {
   constexpr int S = 2, G = CPG * kChunk;
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpt = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
-  // The warp's next group: weights to issue (ws.gi), activations and Σx to
-  // load (gx, running pointers xp and sp).
+  // The warp's next group: weights to issue (ws.gi), activations to load (gx,
+  // running pointers xp).
   WeightStream<R, CPG> ws(codes, meta, tile0, tiles, chunks, groups_padded, warp, wpt);
   const T* xp[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + warp * G + 16 * tig;
-  const float* sp = xsum + warp * kXsumTokens + 2 * tig;
   uint32_t rq = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (warp * S * R * CPG * 32 + lane) * 16;
   uint32_t rm = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + wpt * S * R * CPG * 32 * 16 +
                 (warp * S * R * 32 + lane) * 8;
   asm volatile("" : "+l"(ws.cp), "+l"(ws.mp), "+r"(rq), "+r"(rm));
   const int64_t xp_step = static_cast<int64_t>(wpt) * G;
-  const int sp_step = wpt * kXsumTokens;
   int gx = warp;
 
   auto issue = [&](auto stage) {  // group ws.gi into `stage`
@@ -123,9 +96,8 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     cp_async_commit();
   };
   using X = uint4[CPG][NT][2];
-  using XS = float2[NT];
-  auto load_x = [&](X& xb, XS& sb) {  // group gx's activations and Σx
-    if ((gx + 1) * G <= K) {          // a whole group (warp-uniform)
+  auto load_x = [&](X& xb) {  // group gx's activations
+    if ((gx + 1) * G <= K) {  // a whole group (warp-uniform)
 #pragma unroll
       for (int u = 0; u < CPG; ++u)
 #pragma unroll
@@ -146,16 +118,13 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
       }
     }
 #pragma unroll
-    for (int n = 0; n < NT; ++n) sb[n] = __ldg(reinterpret_cast<const float2*>(sp + n * 8));
-#pragma unroll
     for (int n = 0; n < NT; ++n) xp[n] += xp_step;
-    sp += sp_step;
     gx += wpt;
   };
   float out[R][NT][4];
   zero_acc(out);
-  // Group g (the warp's i-th) from `stage`, with its activations xb, Σx sb.
-  auto compute = [&](auto stage, int g, const X& xb, const XS& sb) {
+  // Group g (the warp's i-th) from `stage`, with its activations xb.
+  auto compute = [&](auto stage, int g, const X& xb) {
     constexpr int st = decltype(stage)::value;
     if constexpr (!EXACT) {                 // activations loaded here, weights decoded to 16 bits
       const bool whole = (g + 1) * G <= K;  // warp-uniform
@@ -191,51 +160,51 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 #pragma unroll
       for (int n = 0; n < NT; ++n) xp[n] += xp_step;
     } else {
-      float acc[R][NT][4];
+      float acc[R][NT][4], sx[1][NT][4];  // the group's sums, and its Σx (all-ones mmas)
       zero_acc(acc);
+      zero_acc(sx);
 #pragma unroll
       for (int u = 0; u < CPG; ++u) {  // no branch for a ragged last chunk: load_x zeroed its activations
         uint4 q[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) q[r] = lds128(rq + ((st * R + r) * CPG + u) * 512);
         exact_chunk_mmas<T, R, NT>(acc, q, xb[u]);
+        ones_chunk_mmas<T, NT>(sx[0], xb[u]);
       }
       uint2 sm[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
-      exact_combine<T, R, NT>(out, acc, sm, sb);
+      exact_combine<T, R, NT>(out, acc, sm, ones_sums(sx[0]).v);
     }
   };
   const int iters = warp < groups ? (groups - warp + wpt - 1) / wpt : 0;
   using C0 = std::integral_constant<int, 0>;
   using C1 = std::integral_constant<int, 1>;
   issue(C0{});
-  grid_dependency_wait();  // weights are in flight; x and Σx are the previous kernels' outputs
+  grid_dependency_wait();  // weights are in flight; x is the previous kernel's output
   if constexpr (PF && EXACT) {
     // Group i from stage i % 2 with activations in buffer i % 2; group i + 1's
     // are loaded meanwhile into the other buffer.
     X xa, xb;
-    XS sa, sb;
-    auto step = [&](auto stage, int i, const X& xc, const XS& sc, X& xn, XS& sn) {
+    auto step = [&](auto stage, int i, const X& xc, X& xn) {
       issue(std::integral_constant<int, 1 - decltype(stage)::value>{});
-      if (i + 1 < iters) load_x(xn, sn);
+      if (i + 1 < iters) load_x(xn);
       cp_async_wait<1>();
-      compute(stage, warp + i * wpt, xc, sc);
+      compute(stage, warp + i * wpt, xc);
     };
-    if (iters > 0) load_x(xa, sa);
+    if (iters > 0) load_x(xa);
     for (int i = 0; i < iters; i += 2) {
-      step(C0{}, i, xa, sa, xb, sb);
+      step(C0{}, i, xa, xb);
       if (i + 1 >= iters) break;
-      step(C1{}, i + 1, xb, sb, xa, sa);
+      step(C1{}, i + 1, xb, xa);
     }
   } else {
     X xa;
-    XS sa;
     auto step = [&](auto stage, int i) {
       issue(std::integral_constant<int, 1 - decltype(stage)::value>{});
-      if constexpr (EXACT) load_x(xa, sa);
+      if constexpr (EXACT) load_x(xa);
       cp_async_wait<1>();
-      compute(stage, warp + i * wpt, xa, sa);
+      compute(stage, warp + i * wpt, xa);
     };
     for (int i = 0; i < iters; i += 2) {
       step(C0{}, i);
@@ -259,7 +228,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 // finite 128 + c). Stage layout per warp, lane-major so that every 16-byte
 // shared load is conflict-free: codes [S][R][CPG] × 512 B and scale/min pairs
 // [S][R] × 256 B (as the kernel above), then activations [S][CPG][NT][2] ×
-// 512 B and Σx [S][NT] × 256 B.
+// 512 B.
 // Measured on the H200 (docs/results/s23/): fused 8B stack M = 2 1.68 → 1.60
 // ms, M = 4 1.70 → 1.60, M = 8 1.73 → 1.67. At 9..16 tokens (4 KB of
 // activations per stage and warp) only on narrow matrices with long rows
@@ -271,14 +240,14 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 //  * with one row tile per warp (fused M = 4 2.00 ms) or three stages (1.76).
 template <int NT, int CPG, int R>
 __host__ __device__ constexpr size_t staged_stage_bytes() {
-  return R * stage_bytes(CPG) + CPG * NT * 2 * 512 + NT * 256;
+  return R * stage_bytes(CPG) + CPG * NT * 2 * 512;
 }
 
 template <typename T, typename OutT, int NT, int CPG, int R, int S>
 __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     w4a16_staged_x_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
-                          int64_t ldx, const float* __restrict__ xsum, OutT* __restrict__ y, int64_t ldy, int M, int N,
-                          int K, int tiles, int chunks, int groups, int groups_padded) {
+                          int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
+                          int groups, int groups_padded) {
   constexpr int G = CPG * kChunk, XI = CPG * NT * 2;
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpt = blockDim.x >> 5;
@@ -288,15 +257,12 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   const T* xp[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + warp * G + 16 * tig;
-  const float* sp = xsum + warp * kXsumTokens + 2 * tig;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   uint32_t rq = base + (warp * S * R * CPG * 32 + lane) * 16;
   uint32_t rm = base + wpt * S * R * CPG * 512 + (warp * S * R * 32 + lane) * 8;
   uint32_t rx = base + wpt * S * R * stage_bytes(CPG) + (warp * S * XI * 32 + lane) * 16;
-  uint32_t rs = base + wpt * S * (R * stage_bytes(CPG) + XI * 512) + (warp * S * NT * 32 + lane) * 8;
-  asm volatile("" : "+l"(ws.cp), "+l"(ws.mp), "+r"(rq), "+r"(rm), "+r"(rx), "+r"(rs));
+  asm volatile("" : "+l"(ws.cp), "+l"(ws.mp), "+r"(rq), "+r"(rm), "+r"(rx));
   const int64_t xp_step = static_cast<int64_t>(wpt) * G;
-  const int sp_step = wpt * kXsumTokens;
   int gx = warp;
 
   auto issue_w = [&](auto stage) { ws.template issue<decltype(stage)::value>(rq, rm, groups, chunks); };
@@ -326,20 +292,18 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
                   bytes);
           }
       }
-#pragma unroll
-      for (int n = 0; n < NT; ++n) cp_async8_s(rs + (st * NT + n) * 256, sp + n * 8);
     }
 #pragma unroll
     for (int n = 0; n < NT; ++n) xp[n] += xp_step;
-    sp += sp_step;
     gx += wpt;
   };
   float out[R][NT][4];
   zero_acc(out);
   auto compute = [&](auto stage) {
     constexpr int st = decltype(stage)::value;
-    float acc[R][NT][4];
+    float acc[R][NT][4], sx[1][NT][4];  // the group's sums, and its Σx (all-ones mmas)
     zero_acc(acc);
+    zero_acc(sx);
 #pragma unroll 1
     for (int u = 0; u < CPG; ++u) {
       uint4 q[R];
@@ -351,17 +315,12 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 #pragma unroll
         for (int h = 0; h < 2; ++h) xv[n][h] = lds128(rx + (((st * CPG + u) * NT + n) * 2 + h) * 512);
       exact_chunk_mmas<T, R, NT>(acc, q, xv);
-    }
-    float2 sb[NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const uint2 v = lds64(rs + (st * NT + n) * 256);
-      sb[n] = make_float2(__uint_as_float(v.x), __uint_as_float(v.y));
+      ones_chunk_mmas<T, NT>(sx[0], xv);
     }
     uint2 sm[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
-    exact_combine<T, R, NT>(out, acc, sm, sb);
+    exact_combine<T, R, NT>(out, acc, sm, ones_sums(sx[0]).v);
   };
   const int iters = warp < groups ? (groups - warp + wpt - 1) / wpt : 0;
   // Prologue: the first S − 1 groups' weights before the wait, their
@@ -652,8 +611,8 @@ __global__ void __launch_bounds__(512, 1)
 // Launches a small-M kernel (both kernels above take the same arguments).
 template <typename Kernel, typename T, typename OutT>
 void launch_small_m_kernel(Kernel kernel, const SmallMGrid& g, int64_t warps, size_t smem, bool pdl,
-                           cudaStream_t stream, const DeviceLinear& w, const T* x, int64_t ldx, const float* xsum,
-                           OutT* y, int64_t ldy, int M) {
+                           cudaStream_t stream, const DeviceLinear& w, const T* x, int64_t ldx, OutT* y, int64_t ldy,
+                           int M) {
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(g.blocks));
@@ -663,14 +622,14 @@ void launch_small_m_kernel(Kernel kernel, const SmallMGrid& g, int64_t warps, si
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
-      &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()), x, ldx, xsum, y, ldy, M,
+      &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles), static_cast<int>(g.chunks),
       static_cast<int>(g.groups), static_cast<int>(g.groups_padded)));
 }
 
 template <typename T, typename OutT, int NT, int CPG, int R, int S>
-bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
-                   cudaStream_t stream, int sms) {
+bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
+                   int sms, bool pdl) {
   const SmallMGrid g(w, CPG, R);
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
@@ -687,13 +646,13 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, const 
       one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms);
   if (warps == 0) return false;  // more than one wave: the kernel above
   const size_t smem = warps == 1 ? S * staged_stage_bytes<NT, CPG, R>() : static_cast<size_t>(warps) * smem_warp;
-  launch_small_m_kernel(kernel, g, warps, smem, true, stream, w, x, ldx, xsum, y, ldy, M);
+  launch_small_m_kernel(kernel, g, warps, smem, pdl, stream, w, x, ldx, y, ldy, M);
   return true;
 }
 
 template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
-void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
-                    cudaStream_t stream, int sms, bool pdl) {
+void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
+                    int sms, bool pdl) {
   const SmallMGrid g(w, CPG, R);
   // Warps per block: at most one per group, at most 16 for one token tile and
   // 8 for more (whose warps hold 116-128 registers: two blocks of 8 warps per
@@ -717,9 +676,7 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
   int64_t warps =
       NT > 1 ? one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms) : 0;
   if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);
-  // The exact path always follows its own Σx kernel.
-  launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, EXACT || pdl, stream, w, x, ldx, xsum,
-                        y, ldy, M);
+  launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, pdl, stream, w, x, ldx, y, ldy, M);
 }
 
 // Row tiles per warp, measured on the H200 (bench_w4a16, docs/results/
@@ -731,12 +688,12 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, const
 // staged kernel (activations through the ring; session 23); at 9..16 tokens,
 // narrow matrices of at least 64 groups do (session 32).
 template <typename T, typename OutT, int NT, int CPG>
-void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, const float* xsum, OutT* y, int64_t ldy,
-                  cudaStream_t stream, int sms) {
+void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
+                  int sms, bool pdl) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
   const bool wide = NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms};  // two row tiles per warp
   if constexpr (NT == 1) {
-    if (wide && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms)) return;
+    if (wide && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl)) return;
   }
   if constexpr (NT == 2) {
     // 9..16 tokens on a narrow matrix (one-tile warps below) with long rows:
@@ -747,13 +704,13 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, const f
     // it lost (1024 x 4096 5.2 -> 6.0 us; with q|k|v and o too, fused 1.97 ->
     // 2.15 ms; a third ring stage, down 15.9 us; docs/results/s32/).
     if (!wide && SmallMGrid(w, CPG, 2).groups >= 64 &&
-        launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms))
+        launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl))
       return;
   }
   if (wide)
-    launch_small_r<T, OutT, NT, CPG, 2, NT == 1, true>(w, x, M, ldx, xsum, y, ldy, stream, sms, true);
+    launch_small_r<T, OutT, NT, CPG, 2, NT == 1, true>(w, x, M, ldx, y, ldy, stream, sms, pdl);
   else
-    launch_small_r<T, OutT, NT, CPG, 1, true, true>(w, x, M, ldx, xsum, y, ldy, stream, sms, true);
+    launch_small_r<T, OutT, NT, CPG, 1, true, true>(w, x, M, ldx, y, ldy, stream, sms, pdl);
 }
 
 // More than 16 tokens: 16-bit weights, blocks of at most 32 tokens (measured
@@ -768,11 +725,11 @@ void launch_rounded(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
     const T* xm = x + m0 * ldx;
     OutT* ym = y + m0 * ldy;
     if (m <= 8)
-      launch_small_r<T, OutT, 1, CPG, 1, false, false>(w, xm, m, ldx, nullptr, ym, ldy, stream, sms, pdl);
+      launch_small_r<T, OutT, 1, CPG, 1, false, false>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
     else if (m <= 16)
-      launch_small_r<T, OutT, 2, CPG, 1, false, false>(w, xm, m, ldx, nullptr, ym, ldy, stream, sms, pdl);
+      launch_small_r<T, OutT, 2, CPG, 1, false, false>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
     else
-      launch_small_r<T, OutT, 4, CPG, 1, false, false>(w, xm, m, ldx, nullptr, ym, ldy, stream, sms, pdl);
+      launch_small_r<T, OutT, 4, CPG, 1, false, false>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
   }
 }
 
@@ -856,32 +813,20 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
                bool pdl, int sms) {
   const T* x = static_cast<const T*>(xv);
   OutT* y = static_cast<OutT*>(yv);
-  const int G = w.group_size, groups = static_cast<int>((w.cols + G - 1) / G);
+  const int G = w.group_size;
   const bool g64 = G == 64;
   if (!w4a16_exact_weights(G, M))
     return g64 ? launch_rounded<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
                : launch_rounded<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
-  NIBBLE_CHECK(w.scratch.bytes() >= w4a16_small_m_scratch_bytes(w.cols, G),
-               "w4a16: the weight's scratch holds {} bytes, Σx needs {}", w.scratch.bytes(),
-               w4a16_small_m_scratch_bytes(w.cols, G));
   if (g64 ? launch_resident<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms)
           : launch_resident<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms))
     return;
-  auto* xsum = static_cast<float*>(w.scratch.get());
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((groups * kXsumTokens + 7) / 8));
-  cfg.blockDim = dim3(256);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, xsum_kernel<T>, x, ldx, M, static_cast<int>(w.cols), G, groups, xsum));
   if (M <= 8)
-    g64 ? launch_small<T, OutT, 1, 1>(w, x, M, ldx, xsum, y, ldy, stream, sms)
-        : launch_small<T, OutT, 1, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms);
+    g64 ? launch_small<T, OutT, 1, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
+        : launch_small<T, OutT, 1, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
   else
-    g64 ? launch_small<T, OutT, 2, 1>(w, x, M, ldx, xsum, y, ldy, stream, sms)
-        : launch_small<T, OutT, 2, 2>(w, x, M, ldx, xsum, y, ldy, stream, sms);
+    g64 ? launch_small<T, OutT, 2, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
+        : launch_small<T, OutT, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
 }
 
 }  // namespace
@@ -899,10 +844,6 @@ int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, i
   // K halved over clusters of two blocks, at least 12 units per warp slot of a cluster.
   if (g.groups % 2 == 0 && g.blocks >= 12 * int64_t{sms / 2} && fits(2)) return 2;
   return 0;
-}
-
-size_t w4a16_small_m_scratch_bytes(int64_t cols, int group_size) {
-  return static_cast<size_t>((cols + group_size - 1) / group_size) * kXsumTokens * sizeof(float);
 }
 
 void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,

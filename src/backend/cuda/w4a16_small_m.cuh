@@ -90,13 +90,46 @@ __device__ __forceinline__ void exact_chunk_mmas(float (&acc)[R][NT][4], const u
       const uint32_t w = s == 0 ? q[r].x : s == 1 ? q[r].y : s == 2 ? q[r].z : q[r].w;
       uint32_t a[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[j] = and_or(w >> (4 * j), 0x000F000Fu, ActTraits<T>::kMagic);
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (ActTraits<T>::kHiInPlace)  // 1024 + 16·c for rows gid + 8 (registers 1, 3)
+          a[j] = and_or(j < 2 ? w : w >> 8, (j & 1) ? 0x00F000F0u : 0x000F000Fu, ActTraits<T>::kMagic);
+        else
+          a[j] = and_or(w >> (4 * j), 0x000F000Fu, ActTraits<T>::kMagic);
+      }
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const uint4& x2 = xv[n][s >> 1];
         mma_16816<T>(acc[r][n], a, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
       }
     }
+}
+
+// Σx of one chunk's activations xv by mmas with all-ones weights: every row of
+// the product is the column sums, so sx[n][0] and [1] gather the sums of this
+// lane's tokens n·8 + 2tig and + 1 (what exact_combine's sb wants).
+template <typename T, int NT>
+__device__ __forceinline__ void ones_chunk_mmas(float (&sx)[NT][4], const uint4 (&xv)[NT][2]) {
+  const uint32_t a[4] = {ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne};
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const uint4& x2 = xv[n][s >> 1];
+      mma_16816<T>(sx[n], a, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
+    }
+}
+
+// The Σx pairs exact_combine wants, from ones_chunk_mmas' accumulators.
+template <int NT>
+struct OnesSums {
+  float2 v[NT];
+};
+template <int NT>
+__device__ __forceinline__ OnesSums<NT> ones_sums(const float (&sx)[NT][4]) {
+  OnesSums<NT> r;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) r.v[n] = make_float2(sx[n][0], sx[n][1]);
+  return r;
 }
 
 // A group's exact-path sums into the outputs: out += s·acc + (m − 128·s)·Σx
@@ -109,7 +142,9 @@ __device__ __forceinline__ void exact_combine(float (&out)[R][NT][4], const floa
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float s_lo = bf16_bits_to_float(sm[r].x & 0xFFFFu), m_lo = bf16_bits_to_float(sm[r].x >> 16);
-    const float s_hi = bf16_bits_to_float(sm[r].y & 0xFFFFu), m_hi = bf16_bits_to_float(sm[r].y >> 16);
+    const float s_hi_in = bf16_bits_to_float(sm[r].y & 0xFFFFu), m_hi = bf16_bits_to_float(sm[r].y >> 16);
+    // Rows gid + 8 in fp16 summed 1024 + 16·c: Σc·x = acc / 16 − 64·Σx.
+    const float s_hi = ActTraits<T>::kHiInPlace ? s_hi_in * 0.0625f : s_hi_in;
     const float o_lo = fmaf(-ActTraits<T>::kOffset, s_lo, m_lo), o_hi = fmaf(-ActTraits<T>::kOffset, s_hi, m_hi);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
