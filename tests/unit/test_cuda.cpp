@@ -363,18 +363,28 @@ TEST(Cuda, W4A16SmallMStagedActivations) {
 
 // 9..16 tokens stage their activations on narrow matrices of at least 64
 // groups whose two-tile grid is resident at once (here 257 and 129 tiles): 65
-// groups of 128 with a ragged last chunk of 4 inputs, 129 groups of 64.
+// groups of 128 with a ragged last chunk of 4 inputs, 129 groups of 64. On
+// sm_90 these take the four-tile kernel with K halved over clusters of two
+// (65 groups: 33 and 32, the ragged chunk in rank 1's; 257 tiles: the last
+// block's tiles past the matrix), and with NIBBLE_W4A16_SPLIT=0 the two-tile
+// kernel.
 TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-  check_w4a16({4104, 8196, 128}, cuda::Act::BF16, {9, 16}, false, 31);
-  check_w4a16({2056, 8256, 64}, cuda::Act::F16, {12, 16}, true, 32);
+  for (const char* split : {"1", "0"}) {
+    SCOPED_TRACE(std::string("NIBBLE_W4A16_SPLIT=") + split);
+    ASSERT_EQ(setenv("NIBBLE_W4A16_SPLIT", split, 1), 0);
+    check_w4a16({4104, 8196, 128}, cuda::Act::BF16, {9, 16}, false, 31);
+    check_w4a16({2056, 8256, 64}, cuda::Act::F16, {12, 16}, true, 32);
+  }
+  ASSERT_EQ(unsetenv("NIBBLE_W4A16_SPLIT"), 0);
 }
 
-// 2..16 tokens: Σx per group and token lives in the weight's scratch between
-// calls. Calls back to back on one weight (no sync between them, programmatic
-// dependent launch), each with new activations and its own token count, must
-// each use their own sums: a stale Σx from the call before would give the
-// previous activations' sums. The shapes take every kernel on the H200: a
+// 2..16 tokens: each call sums its own Σx per group and token (until session
+// 39 a Σx kernel wrote them into the weight's scratch between calls). Calls
+// back to back on one weight (no sync between them, programmatic dependent
+// launch), each with new activations and its own token count, must each use
+// their own sums: a stale Σx from the call before would give the previous
+// activations' sums. The shapes take every kernel on the H200: a
 // narrow grid of one-tile warps (257 tiles, 33 groups) at 9..16 tokens and the
 // staged kernel at 2..8; staged two-tile warps at 9..16 (65 groups, a ragged
 // last chunk); wide two-tile warps (529 tiles); 63 tiles of one-tile warps at

@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 }
 
 // Two to eight tokens where the grid is resident at once (session 23): the
-// exact path with each lane's activations and Σx carried through its own
-// cp.async ring stage beside the weights, so no activation registers are held
+// exact path with each lane's activations carried through its own cp.async
+// ring stage beside the weights (Σx, until session 39, too), so no activation registers are held
 // across groups and no activation load is on a group's critical path; the
 // group body has no branch, and its R·NT accumulator chains are interleaved.
 // Activations past K are zero-filled by the copy, so a ragged last chunk needs
@@ -229,6 +229,10 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 // shared load is conflict-free: codes [S][R][CPG] × 512 B and scale/min pairs
 // [S][R] × 256 B (as the kernel above), then activations [S][CPG][NT][2] ×
 // 512 B.
+// KS > 1 (launch_staged_split; 9..16 tokens, sm_90): the KS blocks of a
+// cluster take the same R = 4 tiles, each its share of the groups; the block's
+// warps meet in shared memory, ranks 1.. write their sums into rank 0's, which
+// adds them in rank order and stores.
 // Measured on the H200 (docs/results/s23/): fused 8B stack M = 2 1.68 → 1.60
 // ms, M = 4 1.70 → 1.60, M = 8 1.73 → 1.67. At 9..16 tokens (4 KB of
 // activations per stage and warp) only on narrow matrices with long rows
@@ -243,7 +247,7 @@ __host__ __device__ constexpr size_t staged_stage_bytes() {
   return R * stage_bytes(CPG) + CPG * NT * 2 * 512;
 }
 
-template <typename T, typename OutT, int NT, int CPG, int R, int S>
+template <typename T, typename OutT, int NT, int CPG, int R, int S, int KS>
 __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     w4a16_staged_x_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                           int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
@@ -252,23 +256,35 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpt = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
-  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
-  WeightStream<R, CPG> ws(codes, meta, tile0, tiles, chunks, groups_padded, warp, wpt);
+  // KS > 1: the KS blocks of a cluster take the same R tiles, rank r the
+  // groups g0 .. g1 − 1 of its share of K; rank 0 adds the others' sums.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kClusters = false;  // launch_staged_split runs it on sm_90 only
+  if constexpr (KS > 1) __trap();
+#else
+  constexpr bool kClusters = KS > 1;
+#endif
+  uint32_t rank = 0;
+  if constexpr (kClusters) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  const int share = (groups + KS - 1) / KS, g0 = static_cast<int>(rank) * share, g1 = min(groups, g0 + share);
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) / KS * R;
+  WeightStream<R, CPG> ws(codes, meta, tile0, tiles, chunks, groups_padded, g0 + warp, wpt);
   const T* xp[NT];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + warp * G + 16 * tig;
+  for (int n = 0; n < NT; ++n)
+    xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + (g0 + warp) * G + 16 * tig;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   uint32_t rq = base + (warp * S * R * CPG * 32 + lane) * 16;
   uint32_t rm = base + wpt * S * R * CPG * 512 + (warp * S * R * 32 + lane) * 8;
   uint32_t rx = base + wpt * S * R * stage_bytes(CPG) + (warp * S * XI * 32 + lane) * 16;
   asm volatile("" : "+l"(ws.cp), "+l"(ws.mp), "+r"(rq), "+r"(rm), "+r"(rx));
   const int64_t xp_step = static_cast<int64_t>(wpt) * G;
-  int gx = warp;
+  int gx = g0 + warp;
 
-  auto issue_w = [&](auto stage) { ws.template issue<decltype(stage)::value>(rq, rm, groups, chunks); };
+  auto issue_w = [&](auto stage) { ws.template issue<decltype(stage)::value>(rq, rm, g1, chunks); };
   auto issue_x = [&](auto stage) {
     constexpr int st = decltype(stage)::value;
-    if (gx < groups) {
+    if (gx < g1) {
       if ((gx + 1) * G <= K) {
 #pragma unroll
         for (int u = 0; u < CPG; ++u)
@@ -322,7 +338,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
     exact_combine<T, R, NT>(out, acc, sm, ones_sums(sx[0]).v);
   };
-  const int iters = warp < groups ? (groups - warp + wpt - 1) / wpt : 0;
+  const int iters = g0 + warp < g1 ? (g1 - g0 - warp + wpt - 1) / wpt : 0;
   // Prologue: the first S − 1 groups' weights before the wait, their
   // activations after it (two commit groups).
   static_for<S - 1>([&](auto p) { issue_w(p); });
@@ -347,7 +363,44 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   });
   grid_dependents_launch();
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(wpt) * S * staged_stage_bytes<NT, CPG, R>());
-  store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
+  if constexpr (!kClusters) {
+    store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
+  } else {
+    // The block's warps meet in `red` (as store_tile_outputs); rank k > 0
+    // puts its block sums into slot k − 1 of rank 0's `part`, and rank 0 adds
+    // them in rank order and stores.
+    constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          red[warp * kOut + (n * 8 + 2 * tig + (j & 1)) * kRows + r * kTileRows + gid + 8 * (j >> 1)] = out[r][n][j];
+    __syncthreads();
+    float* part = red + wpt * kOut;  // [KS − 1][kOut]
+    for (int i = threadIdx.x; i < kOut; i += blockDim.x) {
+      float v = 0.0f;
+      for (int w = 0; w < wpt; ++w) v += red[w * kOut + i];
+      if (rank == 0) {
+        red[i] = v;  // only this thread reads index i of any warp's slice
+      } else {
+        const uint32_t dst =
+            mapa_shared(static_cast<uint32_t>(__cvta_generic_to_shared(part + (rank - 1) * kOut + i)), 0);
+        asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(dst), "f"(v) : "memory");
+      }
+    }
+    cluster_sync();  // the other ranks' sums are in rank 0's `part`; none reads another rank's memory after this
+    if (rank == 0) {
+      for (int i = threadIdx.x; i < kOut; i += blockDim.x) {
+        float v = red[i];
+        for (int k = 0; k < KS - 1; ++k) v += part[k * kOut + i];
+        const int tok = i / kRows;
+        const int64_t row = tile0 * kTileRows + i % kRows;
+        if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(v);
+      }
+    }
+  }
 }
 
 // 9..16 tokens on matrices of many row tiles (sm_90; session 36): the
@@ -633,7 +686,7 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* 
   const SmallMGrid g(w, CPG, R);
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
-  auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S>;
+  auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, 1>;
   static const bool attr_set = [&] {
     NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(device_smem_cap(200 << 10))));
@@ -647,6 +700,59 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* 
   if (warps == 0) return false;  // more than one wave: the kernel above
   const size_t smem = warps == 1 ? S * staged_stage_bytes<NT, CPG, R>() : static_cast<size_t>(warps) * smem_warp;
   launch_small_m_kernel(kernel, g, warps, smem, pdl, stream, w, x, ldx, y, ldy, M);
+  return true;
+}
+
+// The staged kernel with K split over clusters of KS blocks (the same R tiles,
+// rank k the k-th share of the groups), where the grid is resident at once.
+template <typename T, typename OutT, int NT, int CPG, int R, int S, int KS>
+bool launch_staged_split(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy,
+                         cudaStream_t stream, int sms, bool pdl) {
+  const SmallMGrid g(w, CPG, R);
+  constexpr int kMaxWarps = NT == 1 ? 16 : 8;
+  constexpr size_t kPart = (KS - 1) * NT * 8 * R * kTileRows * 4;  // rank 0's slots for the others' sums
+  const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
+  auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, KS>;
+  static const bool attr_set = [&] {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(device_smem_cap(200 << 10))));
+    return true;
+  }();
+  (void)attr_set;
+  const int64_t blocks = g.blocks * KS, share = (g.groups + KS - 1) / KS;
+  const int64_t fit = static_cast<int64_t>((device_smem_cap(200 << 10) - kPart) / smem_warp);
+  const int64_t most = std::min<int64_t>({kMaxWarps, share, fit});
+  if (most < 1 || blocks > sms) return false;
+  const int64_t warps = one_wave_warps(reinterpret_cast<const void*>(kernel), blocks, most, share, 1, smem_warp, sms);
+  if (warps == 0) return false;
+  cudaLaunchAttribute attr[2] = {};
+  unsigned nattr = 0;
+  if (pdl) attr[nattr++] = pdl_attribute();
+  attr[nattr].id = cudaLaunchAttributeClusterDimension;
+  attr[nattr].val.clusterDim.x = KS;
+  attr[nattr].val.clusterDim.y = 1;
+  attr[nattr].val.clusterDim.z = 1;
+  ++nattr;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = static_cast<size_t>(warps) * smem_warp + kPart;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = nattr;
+  // Every cluster resident at once, or not this kernel.
+  static int clusters_fit = -1;
+  static int64_t fit_warps = -1;
+  if (fit_warps != warps) {
+    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters_fit, kernel, &cfg));
+    fit_warps = warps;
+  }
+  if (int64_t{clusters_fit} * KS < blocks) return false;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
+                                       static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
+                                       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles),
+                                       static_cast<int>(g.chunks), static_cast<int>(g.groups),
+                                       static_cast<int>(g.groups_padded)));
   return true;
 }
 
@@ -703,9 +809,19 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
     // 15.4 us; fused stack M = 16 1.977 -> 1.938 ms, session 32). On short rows
     // it lost (1024 x 4096 5.2 -> 6.0 us; with q|k|v and o too, fused 1.97 ->
     // 2.15 ms; a third ring stage, down 15.9 us; docs/results/s32/).
-    if (!wide && SmallMGrid(w, CPG, 2).groups >= 64 &&
-        launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl))
-      return;
+    // Session 39: first the same kernel with four-tile warps and K halved
+    // over clusters of two blocks, where that grid is resident at once (sm_90;
+    // NIBBLE_W4A16_SPLIT=0 turns it off): each SM takes in half of x for twice
+    // the rows. Down 14.6-14.7 -> 13.0-13.1 us, fused stack M = 16 1.747-1.753
+    // -> 1.691-1.692 ms. Also on matrices of 32-63 groups (o) it lost (6.1 ->
+    // 6.3 us).
+    if (!wide && SmallMGrid(w, CPG, 2).groups >= 64) {
+      const char* e = std::getenv("NIBBLE_W4A16_SPLIT");
+      if ((e == nullptr || e[0] != '0') && w4a16_wgmma_device() &&
+          launch_staged_split<T, OutT, NT, CPG, 4, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl))
+        return;
+      if (launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl)) return;
+    }
   }
   if (wide)
     launch_small_r<T, OutT, NT, CPG, 2, NT == 1, true>(w, x, M, ldx, y, ldy, stream, sms, pdl);
