@@ -269,15 +269,40 @@ __device__ inline void decode_chunk(const uint4& q, const uint2& sm, uint32_t (&
     }
 }
 
+// The block's warps (splitting K) meet in `red` (warps · NT·8·16R floats of
+// shared memory): each puts its mma C fragments acc[r][n][j] (row 16r + gid +
+// 8·(j / 2), token n·8 + 2·tig + j % 2) at red[warp·kOut + token·16R + row],
+// then the block waits for all of them. warps_sum adds entry i over the warps,
+// in warp order.
+template <int R, int NT>
+__device__ __forceinline__ void warps_meet(const float (&acc)[R][NT][4], float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+  constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        red[warp * kOut + (n * 8 + 2 * tig + (j & 1)) * kRows + r * kTileRows + gid + 8 * (j >> 1)] = acc[r][n][j];
+  __syncthreads();
+}
+template <int R, int NT>
+__device__ __forceinline__ float warps_sum(const float* red, int nwarps, int i) {
+  constexpr int kOut = NT * 8 * R * kTileRows;
+  float s = 0.0f;
+  for (int w = 0; w < nwarps; ++w) s += red[w * kOut + i];
+  return s;
+}
+
 // Writes a warp's mma C fragments to y: acc[r][n][j] is row row0 + 16r + gid +
 // 8·(j / 2), token n·8 + 2·tig + j % 2; rows ≥ N and tokens ≥ M are not
 // stored. With one warp per block directly; otherwise the block's `nwarps`
-// warps (splitting K) meet in `red` (nwarps · NT·8·16R floats of shared
-// memory) and their sums, in warp order, are stored.
+// warps meet in `red` (warps_meet) and their sums, in warp order, are stored.
 template <int R, int NT, typename OutT>
 __device__ __forceinline__ void store_tile_outputs(const float (&acc)[R][NT][4], float* red, int nwarps, OutT* y,
                                                    int64_t ldy, int64_t row0, int M, int N) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+  const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
   if (nwarps == 1) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -292,17 +317,9 @@ __device__ __forceinline__ void store_tile_outputs(const float (&acc)[R][NT][4],
     return;
   }
   constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        red[warp * kOut + (n * 8 + 2 * tig + (j & 1)) * kRows + r * kTileRows + gid + 8 * (j >> 1)] = acc[r][n][j];
-  __syncthreads();
+  warps_meet<R, NT>(acc, red);
   for (int i = threadIdx.x; i < kOut; i += blockDim.x) {
-    float s = 0.0f;
-    for (int w = 0; w < nwarps; ++w) s += red[w * kOut + i];
+    const float s = warps_sum<R, NT>(red, nwarps, i);
     const int tok = i / kRows;
     const int64_t row = row0 + i % kRows;
     if (tok < M && row < N) y[tok * ldy + row] = to_out<OutT>(s);

@@ -370,18 +370,10 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     // puts its block sums into slot k − 1 of rank 0's `part`, and rank 0 adds
     // them in rank order and stores.
     constexpr int kRows = R * kTileRows, kOut = NT * 8 * kRows;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          red[warp * kOut + (n * 8 + 2 * tig + (j & 1)) * kRows + r * kTileRows + gid + 8 * (j >> 1)] = out[r][n][j];
-    __syncthreads();
+    warps_meet<R, NT>(out, red);
     float* part = red + wpt * kOut;  // [KS − 1][kOut]
     for (int i = threadIdx.x; i < kOut; i += blockDim.x) {
-      float v = 0.0f;
-      for (int w = 0; w < wpt; ++w) v += red[w * kOut + i];
+      const float v = warps_sum<R, NT>(red, wpt, i);
       if (rank == 0) {
         red[i] = v;  // only this thread reads index i of any warp's slice
       } else {
