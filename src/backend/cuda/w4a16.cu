@@ -479,12 +479,7 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int6
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   auto kernel = w4a16_kernel<T, OutT, NT, R, S>;
-  static const bool attr_set = [&] {  // once per instantiation: allow > 48 KiB of dynamic shared memory
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(device_smem_cap(110 << 10))));
-    return true;
-  }();
-  (void)attr_set;
+  max_dynamic_smem_once<w4a16_kernel<T, OutT, NT, R, S>>(device_smem_cap(110 << 10));
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel,
                                        static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,

@@ -5,6 +5,8 @@
 // helpers serve the flash attention kernels too.
 #pragma once
 
+#include "backend/cuda/check.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -13,6 +15,17 @@
 #include <cstring>
 
 namespace nibble::cuda::w4a16 {
+
+// Allows kernel K up to `bytes` of dynamic shared memory (more than the
+// default 48 KiB), once per process and kernel: the first call's bytes.
+template <auto K>
+void max_dynamic_smem_once(size_t bytes) {
+  static const bool set = [bytes] {
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)set;
+}
 
 constexpr int kTileRows = 16;  // output rows per mma tile
 constexpr int kChunk = 64;     // inputs per 16-byte lane load

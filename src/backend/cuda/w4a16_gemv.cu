@@ -756,16 +756,8 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const int tpb = fa.mode == kSwiglu ? 2 : 1;
   const int stages = deep ? kDeepStages : kStages;
   auto kernel = deep ? w4a16_gemv_kernel<OutT, CPG, kDeepStages> : w4a16_gemv_kernel<OutT, CPG, kStages>;
-  static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_gemv_kernel<OutT, CPG, kStages>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(device_smem_cap(110 << 10))));
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(w4a16_gemv_kernel<OutT, CPG, kDeepStages>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(device_smem_cap(200 << 10))));
-    return true;
-  }();
-  (void)attr_set;
+  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages>>(device_smem_cap(110 << 10));
+  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kDeepStages>>(device_smem_cap(200 << 10));
   // Warps per tile: at most 16 (8 where a block takes two tiles) and at most
   // one per group; as many as keep the whole grid resident at once
   // (one_wave_warps), else ~32 resident per SM over the grid.

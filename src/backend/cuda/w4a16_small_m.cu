@@ -679,12 +679,7 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* 
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
   auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, 1>;
-  static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(device_smem_cap(200 << 10))));
-    return true;
-  }();
-  (void)attr_set;
+  max_dynamic_smem_once<w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, 1>>(device_smem_cap(200 << 10));
   const int64_t fit = static_cast<int64_t>(device_smem_cap(200 << 10) / smem_warp);
   const int64_t most = std::min<int64_t>({kMaxWarps, g.groups, fit});
   const int64_t warps =
@@ -705,12 +700,7 @@ bool launch_staged_split(const DeviceLinear& w, const T* x, int M, int64_t ldx, 
   constexpr size_t kPart = (KS - 1) * NT * 8 * R * kTileRows * 4;  // rank 0's slots for the others' sums
   const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
   auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, KS>;
-  static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(device_smem_cap(200 << 10))));
-    return true;
-  }();
-  (void)attr_set;
+  max_dynamic_smem_once<w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, KS>>(device_smem_cap(200 << 10));
   const int64_t blocks = g.blocks * KS, share = (g.groups + KS - 1) / KS;
   const int64_t fit = static_cast<int64_t>((device_smem_cap(200 << 10) - kPart) / smem_warp);
   const int64_t most = std::min<int64_t>({kMaxWarps, share, fit});
@@ -763,12 +753,7 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = 2 * R * stage_bytes(CPG) + NT * 8 * R * kTileRows * 4;  // ring + reduction
   auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>;
-  static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(device_smem_cap(110 << 10))));
-    return true;
-  }();
-  (void)attr_set;
+  max_dynamic_smem_once<w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>>(device_smem_cap(110 << 10));
   const int64_t fit = static_cast<int64_t>(device_smem_cap(110 << 10) / smem_warp);
   const int64_t most = std::max<int64_t>(std::min<int64_t>({kMaxWarps, g.groups, fit}), 1);
   int64_t warps =
@@ -870,12 +855,7 @@ void launch_resident_ks(const DeviceLinear& w, const T* x, int M, int64_t ldx, O
   const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), KS);
   NIBBLE_CHECK(rg.smem <= kResidentSmemMax, "w4a16: {} bytes of shared memory", rg.smem);
   auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, kResidentR, kResidentS, KS>;
-  static const bool attr_set = [&] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kResidentSmemMax)));
-    return true;
-  }();
-  (void)attr_set;
+  max_dynamic_smem_once<w4a16_resident_x_kernel<T, OutT, CPG, kResidentR, kResidentS, KS>>(kResidentSmemMax);
   cudaLaunchAttribute attr[2] = {};
   unsigned nattr = 0;
   if (pdl) attr[nattr++] = pdl_attribute();
