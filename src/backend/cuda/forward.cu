@@ -1256,11 +1256,7 @@ namespace {
 template <int HD, typename KvT>
 void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size_t smem, const RopeIn& rope,
                              void* stream) {
-  cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), {}};
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = kDecodeRanks;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), w4a16::cluster_attribute(kDecodeRanks)};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(a.heads * kDecodeRanks));
   cfg.blockDim = dim3(kDecodeThreads);

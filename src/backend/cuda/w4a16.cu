@@ -478,8 +478,8 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int6
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  auto kernel = w4a16_kernel<T, OutT, NT, R, S>;
-  max_dynamic_smem_once<w4a16_kernel<T, OutT, NT, R, S>>(device_smem_cap(110 << 10));
+  constexpr auto kernel = w4a16_kernel<T, OutT, NT, R, S>;
+  max_dynamic_smem_once<kernel>(device_smem_cap(110 << 10));
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel,
                                        static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,

@@ -53,6 +53,15 @@ inline cudaLaunchAttribute pdl_attribute() {
   a.val.programmaticStreamSerializationAllowed = 1;
   return a;
 }
+// Thread-block clusters of `blocks` blocks along x.
+inline cudaLaunchAttribute cluster_attribute(unsigned blocks) {
+  cudaLaunchAttribute a = {};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = blocks;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
 
 __device__ inline void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -193,8 +202,8 @@ struct ActTraits<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
   static constexpr float kOffset = 128.0f;
-  // Rows gid + 8's codes (A registers 1 and 3) read in place from bits 4-7 of
-  // each byte pair, as kHiScale·c? Not in bf16: bit 7 is the exponent's.
+  // Rows gid + 8's codes (A registers 1 and 3) cannot be read in place from
+  // bits 4-7 as in fp16: bf16 has 7 mantissa bits, and bit 7 is the exponent's.
   static constexpr bool kHiInPlace = false;
   static constexpr uint32_t kOne = 0x3F803F80u;  // 1.0 in both halves
   __device__ static T2 magic() { return __floats2bfloat162_rn(128.0f, 128.0f); }

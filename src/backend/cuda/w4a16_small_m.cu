@@ -678,8 +678,8 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* 
   const SmallMGrid g(w, CPG, R);
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
-  auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, 1>;
-  max_dynamic_smem_once<w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, 1>>(device_smem_cap(200 << 10));
+  constexpr auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, 1>;
+  max_dynamic_smem_once<kernel>(device_smem_cap(200 << 10));
   const int64_t fit = static_cast<int64_t>(device_smem_cap(200 << 10) / smem_warp);
   const int64_t most = std::min<int64_t>({kMaxWarps, g.groups, fit});
   const int64_t warps =
@@ -699,8 +699,8 @@ bool launch_staged_split(const DeviceLinear& w, const T* x, int M, int64_t ldx, 
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   constexpr size_t kPart = (KS - 1) * NT * 8 * R * kTileRows * 4;  // rank 0's slots for the others' sums
   const size_t smem_warp = S * staged_stage_bytes<NT, CPG, R>() + NT * 8 * R * kTileRows * 4;
-  auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, KS>;
-  max_dynamic_smem_once<w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, KS>>(device_smem_cap(200 << 10));
+  constexpr auto kernel = w4a16_staged_x_kernel<T, OutT, NT, CPG, R, S, KS>;
+  max_dynamic_smem_once<kernel>(device_smem_cap(200 << 10));
   const int64_t blocks = g.blocks * KS, share = (g.groups + KS - 1) / KS;
   const int64_t fit = static_cast<int64_t>((device_smem_cap(200 << 10) - kPart) / smem_warp);
   const int64_t most = std::min<int64_t>({kMaxWarps, share, fit});
@@ -710,11 +710,7 @@ bool launch_staged_split(const DeviceLinear& w, const T* x, int M, int64_t ldx, 
   cudaLaunchAttribute attr[2] = {};
   unsigned nattr = 0;
   if (pdl) attr[nattr++] = pdl_attribute();
-  attr[nattr].id = cudaLaunchAttributeClusterDimension;
-  attr[nattr].val.clusterDim.x = KS;
-  attr[nattr].val.clusterDim.y = 1;
-  attr[nattr].val.clusterDim.z = 1;
-  ++nattr;
+  attr[nattr++] = cluster_attribute(KS);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
@@ -752,8 +748,8 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   // from 1.669-1.718 to 1.737-1.803 ms.
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = 2 * R * stage_bytes(CPG) + NT * 8 * R * kTileRows * 4;  // ring + reduction
-  auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>;
-  max_dynamic_smem_once<w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>>(device_smem_cap(110 << 10));
+  constexpr auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>;
+  max_dynamic_smem_once<kernel>(device_smem_cap(110 << 10));
   const int64_t fit = static_cast<int64_t>(device_smem_cap(110 << 10) / smem_warp);
   const int64_t most = std::max<int64_t>(std::min<int64_t>({kMaxWarps, g.groups, fit}), 1);
   int64_t warps =
@@ -854,18 +850,12 @@ void launch_resident_ks(const DeviceLinear& w, const T* x, int M, int64_t ldx, O
   const SmallMGrid g(w, CPG, kResidentR);
   const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), KS);
   NIBBLE_CHECK(rg.smem <= kResidentSmemMax, "w4a16: {} bytes of shared memory", rg.smem);
-  auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, kResidentR, kResidentS, KS>;
-  max_dynamic_smem_once<w4a16_resident_x_kernel<T, OutT, CPG, kResidentR, kResidentS, KS>>(kResidentSmemMax);
+  constexpr auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, kResidentR, kResidentS, KS>;
+  max_dynamic_smem_once<kernel>(kResidentSmemMax);
   cudaLaunchAttribute attr[2] = {};
   unsigned nattr = 0;
   if (pdl) attr[nattr++] = pdl_attribute();
-  if (KS > 1) {
-    attr[nattr].id = cudaLaunchAttributeClusterDimension;
-    attr[nattr].val.clusterDim.x = KS;
-    attr[nattr].val.clusterDim.y = 1;
-    attr[nattr].val.clusterDim.z = 1;
-    ++nattr;
-  }
+  if (KS > 1) attr[nattr++] = cluster_attribute(KS);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(sms / KS * KS));
   cfg.blockDim = dim3(static_cast<unsigned>(rg.warps * 32));

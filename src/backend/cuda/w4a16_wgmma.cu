@@ -375,8 +375,8 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, x_image_kernel<T, NTOK, G>, x, ldx, M, static_cast<int>(w.cols), img));
-  auto kernel = w4a16_wgmma_kernel<T, OutT, NTOK, CPG>;
-  max_dynamic_smem_once<w4a16_wgmma_kernel<T, OutT, NTOK, CPG>>(kWgMaxSmem);
+  constexpr auto kernel = w4a16_wgmma_kernel<T, OutT, NTOK, CPG>;
+  max_dynamic_smem_once<kernel>(kWgMaxSmem);
   const WgGrid g = wg_grid(d.blocks, d.groups, sms, wg_max_nwg(NTOK), NTOK >= 128);
   cfg.gridDim = dim3(static_cast<unsigned>(g.blocks), static_cast<unsigned>(g.ks));
   cfg.blockDim = dim3(static_cast<unsigned>(g.nwg * 128));
