@@ -545,31 +545,20 @@ __global__ void __launch_bounds__(512, 1)
   auto load_xv = [&](int g, int u, uint4 (&xv)[NT][2]) {
     load_xv_at((g * G + u * kChunk) * static_cast<uint32_t>(sizeof(T)), xv);
   };
-  // Σx per (group, token slot) by an mma with all-ones weights: every row of
-  // the product is the column sums.
+  // Σx per (group, token slot) by all-ones mmas (ones_chunk_mmas: one per
+  // k-step for the 16 tokens); the lanes of tig 0 hold tokens gid and gid + 8.
   for (int g = warp; g < gpr; g += wpb) {
-    float acc[1][NT][4];
-    zero_acc(acc);
-    const uint4 ones = make_uint4(ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne);
+    float acc[NT][4] = {};
 #pragma unroll
     for (int u = 0; u < CPG; ++u) {
       uint4 xv[NT][2];
       load_xv(g, u, xv);
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const uint4& x2 = xv[n][s >> 1];
-          const uint32_t a[4] = {ones.x, ones.y, ones.z, ones.w};
-          mma_16816<T>(acc[0][n], a, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
-        }
+      ones_chunk_mmas<T, NT>(acc, xv);
     }
-    if (gid == 0) {
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-        asm volatile("st.shared.v2.f32 [%0], {%1,%2};\n" ::"r"(sx + (g * kXsumTokens + n * 8 + 2 * tig) * 4),
-                     "f"(acc[0][n][0]), "f"(acc[0][n][1])
-                     : "memory");
+    if (tig == 0) {
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sx + (g * kXsumTokens + gid) * 4), "f"(acc[0][0]) : "memory");
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sx + (g * kXsumTokens + gid + 8) * 4), "f"(acc[0][2])
+                   : "memory");
     }
   }
   __syncthreads();

@@ -104,22 +104,44 @@ __device__ __forceinline__ void exact_chunk_mmas(float (&acc)[R][NT][4], const u
     }
 }
 
-// Σx of one chunk's activations xv by mmas with all-ones weights: every row of
-// the product is the column sums, so sx[n][0] and [1] gather the sums of this
-// lane's tokens n·8 + 2tig and + 1 (what exact_combine's sb wants).
+// Σx of one chunk's activations xv by mmas with all-ones operands.
+//  * One token tile: x is the B operand and the weights are ones, so every row
+//    of the product is the column sums: sx[0][0] and [1] are the sums of this
+//    lane's tokens 2tig and 2tig + 1, what exact_combine's sb wants.
+//  * Two token tiles: x is the A operand (16 tokens × 16 inputs) and ones the
+//    B operand, so every column of the product is the row sums, one mma per
+//    k-step for all 16 tokens instead of one per token tile. The B fragments
+//    of the two tiles are that A fragment as they are: a0 and a2 (token gid,
+//    inputs 2tig.. and 2tig + 8..) are tile 0's b0 and b1, a1 and a3 (token
+//    gid + 8) tile 1's. sx[0][0] holds token gid's sum and sx[0][2] token
+//    gid + 8's; ones_sums moves them to the lanes exact_combine wants them in.
+//    Half the mmas of one per token tile; measured on the H200 (session 41,
+//    docs/results/s41/, alternated with the code before in three device
+//    calls): q|k|v at 16 tokens 8.47-8.51 -> 8.38-8.45 us, o 6.19-6.20 ->
+//    6.11-6.15, gate|up (its Σx prologue) 22.43-22.50 -> 22.25-22.38.
 template <typename T, int NT>
 __device__ __forceinline__ void ones_chunk_mmas(float (&sx)[NT][4], const uint4 (&xv)[NT][2]) {
-  const uint32_t a[4] = {ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne};
+  const uint32_t one[4] = {ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne};
 #pragma unroll
-  for (int s = 0; s < 4; ++s)
+  for (int s = 0; s < 4; ++s) {
+    if constexpr (NT == 2) {
+      const uint4 &t0 = xv[0][s >> 1], &t1 = xv[1][s >> 1];
+      const uint32_t a[4] = {(s & 1) ? t0.z : t0.x, (s & 1) ? t1.z : t1.x, (s & 1) ? t0.w : t0.y,
+                             (s & 1) ? t1.w : t1.y};
+      mma_16816<T>(sx[0], a, one[0], one[1]);
+    } else {
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const uint4& x2 = xv[n][s >> 1];
-      mma_16816<T>(sx[n], a, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
+      for (int n = 0; n < NT; ++n) {
+        const uint4& x2 = xv[n][s >> 1];
+        mma_16816<T>(sx[n], one, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
+      }
     }
+  }
 }
 
-// The Σx pairs exact_combine wants, from ones_chunk_mmas' accumulators.
+// The Σx pairs exact_combine wants (tokens n·8 + 2tig and + 1), from
+// ones_chunk_mmas' accumulators. Two token tiles: token t's sum is in the lanes
+// of gid t mod 8, element 0 (t < 8) or 2, so four shuffles gather them.
 template <int NT>
 struct OnesSums {
   float2 v[NT];
@@ -127,8 +149,14 @@ struct OnesSums {
 template <int NT>
 __device__ __forceinline__ OnesSums<NT> ones_sums(const float (&sx)[NT][4]) {
   OnesSums<NT> r;
+  if constexpr (NT == 2) {
+    const int src = 8 * (threadIdx.x & 3);  // the lanes of gid 2tig; + 4: of gid 2tig + 1
+    r.v[0] = make_float2(__shfl_sync(0xFFFFFFFFu, sx[0][0], src), __shfl_sync(0xFFFFFFFFu, sx[0][0], src + 4));
+    r.v[1] = make_float2(__shfl_sync(0xFFFFFFFFu, sx[0][2], src), __shfl_sync(0xFFFFFFFFu, sx[0][2], src + 4));
+  } else {
 #pragma unroll
-  for (int n = 0; n < NT; ++n) r.v[n] = make_float2(sx[n][0], sx[n][1]);
+    for (int n = 0; n < NT; ++n) r.v[n] = make_float2(sx[n][0], sx[n][1]);
+  }
   return r;
 }
 
