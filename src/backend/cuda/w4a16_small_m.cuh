@@ -117,8 +117,10 @@ __device__ __forceinline__ void exact_chunk_mmas(float (&acc)[R][NT][4], const u
 //    gid + 8's; ones_sums moves them to the lanes exact_combine wants them in.
 //    Half the mmas of one per token tile; measured on the H200 (session 41,
 //    docs/results/s41/, alternated with the code before in three device
-//    calls): q|k|v at 16 tokens 8.47-8.51 -> 8.38-8.45 us, o 6.19-6.20 ->
-//    6.11-6.15, gate|up (its Σx prologue) 22.43-22.50 -> 22.25-22.38.
+//    calls): q|k|v at 16 tokens 8.47-8.52 -> 8.38-8.45 us, o 6.19-6.21 ->
+//    6.11-6.16, down 13.06-13.15 -> 13.00-13.11; the fused 8B stack moved
+//    within its noise. Leaving Σx out altogether (a probe) saved about 1 us
+//    on q|k|v, so what it costs is not its mma count alone.
 template <typename T, int NT>
 __device__ __forceinline__ void ones_chunk_mmas(float (&sx)[NT][4], const uint4 (&xv)[NT][2]) {
   const uint32_t one[4] = {ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne};
