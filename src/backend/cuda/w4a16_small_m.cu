@@ -242,13 +242,18 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 //    take is L1 that main's kernel uses to share the activations between warps;
 //  * for grids larger than one wave (the head: 81.5 → 84.0 µs at M = 4);
 //  * with one row tile per warp (fused M = 4 2.00 ms) or three stages (1.76).
+// Up to 8 tokens the launch bounds ask for one block of 512 threads per SM
+// (session 42): without a minimum, ptxas kept these kernels at 64 registers,
+// and at groups of 128 spilled 16 bytes; now 72 (groups of 128) and 92 (64),
+// no spills. Fused 8B stack M = 4 1.518-1.521 → 1.443 ms; groups of 64, M =
+// 2..8 1.94-1.96 → 1.79-1.80 ms (docs/results/s42/).
 template <int NT, int CPG, int R>
 __host__ __device__ constexpr size_t staged_stage_bytes() {
   return R * stage_bytes(CPG) + CPG * NT * 2 * 512;
 }
 
 template <typename T, typename OutT, int NT, int CPG, int R, int S, int KS>
-__global__ void __launch_bounds__(NT == 1 ? 512 : 256)
+__global__ void __launch_bounds__(NT == 1 ? 512 : 256, NT == 1 ? 1 : 0)
     w4a16_staged_x_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                           int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
                           int groups, int groups_padded) {
