@@ -3,12 +3,14 @@
 // against the read bandwidth measured in the same run (issue 6, item 2).
 //
 //   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas] [--profile]
-//               [--shapes NxK,...] [--act bf16|fp16]
+//               [--shapes NxK,...] [--no-pdl] [--act bf16|fp16]
 //
 // --act: the activations' type for nibble's kernels (bf16 by default; cuBLAS
 // stays bf16 and reads the same buffer, for its time only).
 // --shapes: only these shapes, each as `--layers` copies in one graph per M
 // (as the per-shape rows below), then exit; for sweeps of one kernel's grid.
+// --no-pdl: with --shapes, launch without programmatic dependent launch (the
+// stacks' rows always print both).
 // --profile: no timing; a few plain launches per distinct shape and M (and at
 // M = 1 each shape as a GEMV chain of one call, twice), for Nsight Compute.
 //
@@ -240,7 +242,7 @@ std::vector<Shape> stack_shapes(int layers, bool fused) {
 
 int main(int argc, char** argv) {
   int layers = 32, reps = 20;
-  bool skip_cublas = false, profile = false;
+  bool skip_cublas = false, profile = false, no_pdl = false;
   std::vector<int> ms = {1, 4, 16, 64};
   std::vector<Shape> only;  // --shapes
   for (int i = 1; i < argc; ++i) {
@@ -250,6 +252,7 @@ int main(int argc, char** argv) {
     else if (a == "--group" && i + 1 < argc) g_group = std::atoi(argv[++i]);
     else if (a == "--skip-cublas") skip_cublas = true;
     else if (a == "--profile") profile = true;
+    else if (a == "--no-pdl") no_pdl = true;
     else if (a == "--act" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v != "bf16" && v != "fp16") {
@@ -275,7 +278,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--group 128|64|32] [--skip-cublas] "
-                   "[--profile] [--shapes NxK,...] [--act bf16|fp16]\n");
+                   "[--profile] [--shapes NxK,...] [--no-pdl] [--act bf16|fp16]\n");
       return 2;
     }
   }
@@ -347,7 +350,7 @@ int main(int argc, char** argv) {
       fill_act(xs.get(), max_m * sh.k, 7);
       for (int M : ms) {
         const float t = time_captured(s, reps, [&] {
-          for (const DeviceLinear& wi : w) k->gemm(wi, xs.get(), M, sh.k, ys.get(), sh.n, g_act, false, s, true);
+          for (const DeviceLinear& wi : w) k->gemm(wi, xs.get(), M, sh.k, ys.get(), sh.n, g_act, false, s, !no_pdl);
         });
         print_shape_row(sh, M, w.size(), t, static_cast<double>(w[0].weight_bytes()) * layers, read_gbs);
       }

@@ -342,12 +342,16 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
 }
 
 // The 2..16-token kernel (w4a16_small_m.cu) gives each warp two row tiles on
-// wide matrices (at least 256 tiles for one token tile, 4 per SM for two): an
-// odd number of tiles, so the last block's second tile lies past the matrix.
+// wide matrices (at least 256 tiles for one token tile, 4 per SM for two; at
+// 9..16 tokens also 2 per SM, too few units for the resident kernel): an odd
+// number of tiles, so the last block's second tile lies past the matrix (and
+// 4232 rows end in half a tile).
 TEST(Cuda, W4A16SmallMTwoTilesPerWarp) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   check_w4a16({8456, 4160, 128}, cuda::Act::BF16, {2, 9, 16}, false, 14);
   check_w4a16({8456, 4096, 64}, cuda::Act::F16, {5, 16}, true, 15);
+  check_w4a16({4232, 4096, 128}, cuda::Act::BF16, {9, 16}, true, 25);
+  check_w4a16({4232, 4096, 64}, cuda::Act::F16, {12}, false, 26);
 }
 
 // Up to 8 tokens, grids that are resident at once (here 257 tiles) stage each

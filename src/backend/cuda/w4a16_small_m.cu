@@ -764,7 +764,13 @@ template <typename T, typename OutT, int NT, int CPG>
 void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
                   int sms, bool pdl) {
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows;
-  const bool wide = NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms};  // two row tiles per warp
+  const bool wide = NT == 1 ? tiles >= 256 : tiles >= 4 * int64_t{sms};
+  // Two row tiles per warp: wide matrices, and at 9..16 tokens also those of
+  // 2-4 tiles per SM (session 42: q|k|v at 16 tokens 8.41-8.52 -> 8.04-8.14
+  // us over five calls; the fused stack at M = 16 3.5 us faster on average
+  // over eight, within its noise; o, 1.9 tiles per SM, lost with two: 6.1 ->
+  // 7.3 us in session 41).
+  const bool two_tiles = NT == 1 ? wide : tiles >= 2 * int64_t{sms};
   if constexpr (NT == 1) {
     if (wide && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl)) return;
   }
@@ -790,7 +796,7 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
       if (launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl)) return;
     }
   }
-  if (wide)
+  if (two_tiles)
     launch_small_r<T, OutT, NT, CPG, 2, NT == 1, true>(w, x, M, ldx, y, ldy, stream, sms, pdl);
   else
     launch_small_r<T, OutT, NT, CPG, 1, true, true>(w, x, M, ldx, y, ldy, stream, sms, pdl);
