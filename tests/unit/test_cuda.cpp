@@ -354,6 +354,15 @@ TEST(Cuda, W4A16SmallMTwoTilesPerWarp) {
   check_w4a16({4232, 4096, 64}, cuda::Act::F16, {12}, false, 26);
 }
 
+// Groups of 64 at 2..8 tokens on wide matrices whose staged grid is more than
+// one wave (here 2113 tiles): four row tiles per warp, the last block's last
+// three past the matrix.
+TEST(Cuda, W4A16SmallMFourTilesPerWarpGroupsOf64) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({33800, 576, 64}, cuda::Act::BF16, {3, 8}, true, 27);
+  check_w4a16({33800, 4160, 64}, cuda::Act::F16, {2}, false, 28);
+}
+
 // Up to 8 tokens, grids that are resident at once (here 257 tiles) stage each
 // lane's activations through its weight ring (w4a16_staged_x_kernel): a ragged
 // last chunk of 4 inputs (a partial, zero-filled copy) and of 64 (a ragged last
