@@ -3,7 +3,7 @@
 // against the read bandwidth measured in the same run (issue 6, item 2).
 //
 //   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas] [--profile]
-//               [--shapes NxK,...] [--no-pdl] [--act bf16|fp16]
+//               [--shapes NxK,...] [--no-pdl] [--interleave] [--act bf16|fp16]
 //
 // --act: the activations' type for nibble's kernels (bf16 by default; cuBLAS
 // stays bf16 and reads the same buffer, for its time only).
@@ -11,6 +11,8 @@
 // (as the per-shape rows below), then exit; for sweeps of one kernel's grid.
 // --no-pdl: with --shapes, launch without programmatic dependent launch (the
 // stacks' rows always print both).
+// --interleave: with --shapes, also the given shapes in turn, --layers rounds
+// in one graph per M (their transitions, against the per-shape rows' sum).
 // --profile: no timing; a few plain launches per distinct shape and M (and at
 // M = 1 each shape as a GEMV chain of one call, twice), for Nsight Compute.
 //
@@ -242,7 +244,7 @@ std::vector<Shape> stack_shapes(int layers, bool fused) {
 
 int main(int argc, char** argv) {
   int layers = 32, reps = 20;
-  bool skip_cublas = false, profile = false, no_pdl = false;
+  bool skip_cublas = false, profile = false, no_pdl = false, interleave = false;
   std::vector<int> ms = {1, 4, 16, 64};
   std::vector<Shape> only;  // --shapes
   for (int i = 1; i < argc; ++i) {
@@ -253,6 +255,7 @@ int main(int argc, char** argv) {
     else if (a == "--skip-cublas") skip_cublas = true;
     else if (a == "--profile") profile = true;
     else if (a == "--no-pdl") no_pdl = true;
+    else if (a == "--interleave") interleave = true;
     else if (a == "--act" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v != "bf16" && v != "fp16") {
@@ -278,7 +281,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--group 128|64|32] [--skip-cublas] "
-                   "[--profile] [--shapes NxK,...] [--no-pdl] [--act bf16|fp16]\n");
+                   "[--profile] [--shapes NxK,...] [--no-pdl] [--interleave] [--act bf16|fp16]\n");
       return 2;
     }
   }
@@ -353,6 +356,25 @@ int main(int argc, char** argv) {
           for (const DeviceLinear& wi : w) k->gemm(wi, xs.get(), M, sh.k, ys.get(), sh.n, g_act, false, s, !no_pdl);
         });
         print_shape_row(sh, M, w.size(), t, static_cast<double>(w[0].weight_bytes()) * layers, read_gbs);
+      }
+    }
+    if (interleave) {  // --interleave: the given shapes in turn, `layers` rounds in one graph per M
+      std::vector<std::vector<DeviceLinear>> w(only.size());
+      double bytes = 0;
+      for (size_t j = 0; j < only.size(); ++j) {
+        const std::vector<nibble::Tensor> parts = random_parts(only[j].n, only[j].k, static_cast<uint32_t>(j + 1));
+        for (int i = 0; i < layers; ++i) w[j].push_back(k->upload(parts, only[j].n, only[j].k, g_group));
+        bytes += static_cast<double>(w[j][0].weight_bytes()) * layers;
+      }
+      for (int M : ms) {
+        const float t = time_captured(s, reps, [&] {
+          for (int i = 0; i < layers; ++i)
+            for (size_t j = 0; j < only.size(); ++j)
+              k->gemm(w[j][i], x.get(), M, only[j].k, y.get(), only[j].n, g_act, false, s, !no_pdl);
+        });
+        std::printf("  interleaved %zu shapes  M=%2d  x%-3d %8.2f us a round  %6.0f GB/s  %5.1f%% of read BW\n",
+                    only.size(), M, layers, 1e3 * t / layers, bytes / (t * 1e-3) / 1e9,
+                    100.0 * bytes / (t * 1e-3) / (read_gbs * 1e9));
       }
     }
     return 0;

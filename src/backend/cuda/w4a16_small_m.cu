@@ -680,6 +680,13 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* 
       one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms);
   if (warps == 0) return false;  // more than one wave: the kernel above
   const size_t smem = warps == 1 ? S * staged_stage_bytes<NT, CPG, R>() : static_cast<size_t>(warps) * smem_warp;
+  // Groups of 64 on grids of more than 4 blocks per SM (gate|up of the 8B
+  // stack: 896 blocks of 3 warps) launch without the dependent launch: with it
+  // the 8B stack at 4 tokens took 1.775-1.783 ms, without it on gate|up alone
+  // 1.598-1.600 (session 42, docs/results/s42/g64_pdl_probe.txt). Why its
+  // early launch costs about 6 us there (and not at groups of 128, with the
+  // same 896 blocks of 4 warps) is not known.
+  if (CPG == 1 && g.blocks > 4 * int64_t{sms}) pdl = false;
   launch_small_m_kernel(kernel, g, warps, smem, pdl, stream, w, x, ldx, y, ldy, M);
   return true;
 }
