@@ -354,10 +354,10 @@ TEST(Cuda, W4A16SmallMTwoTilesPerWarp) {
   check_w4a16({4232, 4096, 64}, cuda::Act::F16, {12}, false, 26);
 }
 
-// Groups of 64 at 2..8 tokens on wide matrices whose staged grid is more than
-// one wave (here 2113 tiles): four row tiles per warp, the last block's last
-// three past the matrix.
-TEST(Cuda, W4A16SmallMFourTilesPerWarpGroupsOf64) {
+// Groups of 64 at 2..8 tokens on a staged grid of more than 4 blocks per SM
+// (here 2113 tiles, 1057 blocks), which launches without the dependent launch
+// even when asked for one; the last block's second tile past the matrix.
+TEST(Cuda, W4A16StagedManyBlocksGroupsOf64) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   check_w4a16({33800, 576, 64}, cuda::Act::BF16, {3, 8}, true, 27);
   check_w4a16({33800, 4160, 64}, cuda::Act::F16, {2}, false, 28);
