@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
 // Up to 8 tokens the launch bounds ask for one block of 512 threads per SM
 // (session 42): without a minimum, ptxas kept these kernels at 64 registers,
 // and at groups of 128 spilled 16 bytes; now 72 (groups of 128) and 92 (64),
-// no spills. Fused 8B stack M = 4 1.518-1.521 → 1.443 ms; groups of 64, M =
+// no spills. Fused 8B stack M = 4 1.518-1.530 → 1.443-1.458 ms; groups of 64, M =
 // 2..8 1.94-1.96 → 1.79-1.80 ms (docs/results/s42/).
 template <int NT, int CPG, int R>
 __host__ __device__ constexpr size_t staged_stage_bytes() {
