@@ -363,6 +363,18 @@ TEST(Cuda, W4A16StagedManyBlocksGroupsOf64) {
   check_w4a16({33800, 4160, 64}, cuda::Act::F16, {2}, false, 28);
 }
 
+// Groups of 64 at 2..8 tokens where the staged grid is more than one wave
+// (the head) take four row tiles per warp: 140008 rows are 8751 tiles, 4376
+// staged blocks, more than the H200's 132 SMs hold at 32 blocks each whatever
+// the registers. The last tile is half full and the last unit of four tiles
+// has three (its fourth lies past the matrix); K = 1092 ends in a ragged group
+// (a chunk of 4 inputs).
+TEST(Cuda, W4A16SmallMFourTilesGroupsOf64) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({140008, 576, 64}, cuda::Act::BF16, {2, 5, 8}, true, 29);
+  check_w4a16({140008, 1092, 64}, cuda::Act::F16, {3, 8}, false, 30);
+}
+
 // Up to 8 tokens, grids that are resident at once (here 257 tiles) stage each
 // lane's activations through its weight ring (w4a16_staged_x_kernel): a ragged
 // last chunk of 4 inputs (a partial, zero-filled copy) and of 64 (a ragged last

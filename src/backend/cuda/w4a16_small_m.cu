@@ -780,6 +780,14 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   const bool two_tiles = NT == 1 ? wide : tiles >= 2 * int64_t{sms};
   if constexpr (NT == 1) {
     if (wide && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl)) return;
+    // Groups of 64 where the staged grid is more than one wave (the head):
+    // four row tiles per warp, so each group's ring bookkeeping and
+    // activation loads serve twice the weights (session 42: the head at 4
+    // tokens 101.4-101.8 -> 83.7-85.4 us, 65 -> 78 % of the read bandwidth;
+    // fused stack M = 2..8 about 1 % faster; 100 registers, no spill).
+    if constexpr (CPG == 1) {
+      if (wide) return launch_small_r<T, OutT, NT, CPG, 4, true, true>(w, x, M, ldx, y, ldy, stream, sms, pdl);
+    }
   }
   if constexpr (NT == 2) {
     // 9..16 tokens on a narrow matrix (one-tile warps below) with long rows:
