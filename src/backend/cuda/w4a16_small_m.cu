@@ -182,6 +182,14 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   using C1 = std::integral_constant<int, 1>;
   issue(C0{});
   grid_dependency_wait();  // weights are in flight; x is the previous kernel's output
+  // The next kernel may launch now: its blocks take each SM this grid's
+  // blocks leave and issue their first weights while this grid's last blocks
+  // finish (session 43: fused 8B stack M = 4 1.445-1.452 -> 1.411-1.420 ms,
+  // M = 8 1.552-1.559 -> 1.489-1.494; M = 16 unchanged, 1.682-1.697 against
+  // 1.683-1.687). Triggering after the main loop, as before, held the next
+  // grid back until every block got there. Every block has started once all
+  // have triggered, so the next grid cannot take an SM one of ours waits for.
+  grid_dependents_launch();
   if constexpr (PF && EXACT) {
     // Group i from stage i % 2 with activations in buffer i % 2; group i + 1's
     // are loaded meanwhile into the other buffer.
@@ -212,7 +220,6 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
       step(C1{}, i + 1);
     }
   }
-  grid_dependents_launch();
 
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(wpt) * S * R * stage_bytes(CPG));
   store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
@@ -349,6 +356,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256, NT == 1 ? 1 : 0)
   static_for<S - 1>([&](auto p) { issue_w(p); });
   cp_async_commit();
   grid_dependency_wait();
+  grid_dependents_launch();  // the next kernel may launch (as in the kernel above)
   static_for<S - 1>([&](auto p) { issue_x(p); });
   cp_async_commit();
   for_ring_stages<S>(iters, [&](auto stage, int i) {
@@ -366,7 +374,6 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256, NT == 1 ? 1 : 0)
     }
     compute(stage);
   });
-  grid_dependents_launch();
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(wpt) * S * staged_stage_bytes<NT, CPG, R>());
   if constexpr (!kClusters) {
     store_tile_outputs<R, NT>(out, red, wpt, y, ldy, tile0 * kTileRows, M, N);
@@ -531,6 +538,7 @@ __global__ void __launch_bounds__(512, 1)
   // The prologue: S − 1 groups of weights in flight before the dependency wait.
   static_for<S - 1>([&](auto p) { issue(p); });
   grid_dependency_wait();  // x is the previous kernel's output
+  grid_dependents_launch();  // the next kernel may launch (as in the kernel above)
   if (threadIdx.x == 0) {
     const unsigned row_bytes = static_cast<unsigned>(gpr * G) * sizeof(T);
     mbar_expect_tx(bar, row_bytes * M);
@@ -642,7 +650,6 @@ __global__ void __launch_bounds__(512, 1)
     }
   });
   cp_async_wait<0>();
-  grid_dependents_launch();
   if constexpr (KS > 1) cluster_sync();  // no block leaves while its partner may still reach its memory
 #endif
 }
