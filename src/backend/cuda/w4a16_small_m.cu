@@ -23,7 +23,8 @@
 //    32-bit shared-window addresses held in registers; the activations of the
 //    warp's next group are loaded one group ahead; the warps meet in shared
 //    memory at the end. Programmatic dependent launch: the ring's first stages
-//    are in flight before the kernel waits for the kernel that wrote x.
+//    are in flight before the kernel waits for the kernel that wrote x, and
+//    once that wait returns the kernel lets the next one launch (session 43).
 //  * 9..16 tokens on matrices of many row tiles on sm_90 (the head, gate|up)
 //    take w4a16_resident_x_kernel instead: the call's activations resident in
 //    shared memory, Σx summed there once per block, whole units per warp.
