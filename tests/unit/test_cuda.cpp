@@ -487,6 +487,16 @@ TEST(Cuda, W4A16WgmmaGrids) {
   check_w4a16({264, 576, 64}, cuda::Act::F16, {20, 33}, true, 25);
 }
 
+// Grids whose clusters the device cannot hold at once take a smaller K split,
+// launched without the dependent launch (launch_wgmma): on the H200 the 8B
+// model's o and down at 33..64 tokens (32 clusters of 8 blocks, 30 resident)
+// split K 7 ways instead of 8, 5 or 4 groups of o's 32 per block.
+TEST(Cuda, W4A16WgmmaClustersThatFit) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  check_w4a16({4096, 4096, 128}, cuda::Act::BF16, {40, 64}, true, 31);
+  check_w4a16({4096, 14336, 128}, cuda::Act::F16, {48}, false, 32);
+}
+
 // Beyond 64 tokens on Hopper: passes of up to 256 tokens (two wgmma of 128
 // per k-step), each on the narrowest image that holds it (128, 64, 32), with
 // images beyond 64 tokens from the stream-ordered pool. Ragged last groups; on

@@ -35,6 +35,9 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace nibble::cuda {
 
@@ -264,8 +267,12 @@ __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
 #pragma unroll
     for (int u = 0; u < CPG; ++u) decode_chunk<T>(lds128(rq + (st * CPG + u) * 512), sm, a[u]);
     // The descriptors' low words from a register the compiler cannot see
-    // through, so that it does not hoist 4·CPG·S descriptors out of the loop.
-    uint32_t lo = (base + st * GB) >> 4;
+    // through, so that it does not hoist 4·CPG·S descriptors out of the loop;
+    // masked and or-ed once per group (the stage's offsets stay within the
+    // 14-bit field: shared memory is under 256 KB), so each wgmma's descriptor
+    // is one add (session 44: 5 uniform instructions per wgmma -> 3; gate|up at
+    // 32 tokens 33.8-34.2 -> 33.2-33.5 us, the head 134-135 -> 128-132).
+    uint32_t lo = static_cast<uint32_t>(image_desc((base + st * GB) >> 4));
     asm volatile("" : "+r"(lo));
     fence_acc();
     wgmma_fence();
@@ -273,7 +280,8 @@ __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
     for (int j = 0; j < 4 * CPG; ++j)  // k-step j's image: NTOK·32 bytes, tokens p·NW on at p·NW·32
 #pragma unroll
       for (int p = 0; p < P; ++p)
-        Wgmma<T, NW>::mma(acc[p], a[j / 4][j % 4], image_desc(lo + ((j * NTOK * 32 + p * NW * 32) >> 4)), 1);
+        Wgmma<T, NW>::mma(acc[p], a[j / 4][j % 4],
+                          (image_desc(0) & ~uint64_t{0xFFFFFFFFu}) | (lo + ((j * NTOK * 32 + p * NW * 32) >> 4)), 1);
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc();
@@ -364,6 +372,35 @@ __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
 }
 
 
+// The most clusters of `ks` blocks (threads each, smem bytes of dynamic shared
+// memory) of `kernel` the current device holds at once; cached per device and
+// configuration (cudaOccupancyMaxActiveClusters).
+template <auto kernel>
+int max_active_clusters(int threads, size_t smem, int ks) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, size_t, int>, int> known;
+  int dev = 0;
+  NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto key = std::make_tuple(dev, threads, smem, ks);
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1;
+  attr.val.clusterDim.y = static_cast<unsigned>(ks);
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, static_cast<unsigned>(ks));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+  known.emplace(key, n);
+  return n;
+}
+
 // One pass of up to NTOK tokens; img: the pass's x image (groups × NTOK·G·2 bytes).
 template <typename T, typename OutT, int NTOK, int CPG>
 void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, unsigned char* img,
@@ -380,7 +417,21 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, x_image_kernel<T, NTOK, G>, x, ldx, M, static_cast<int>(w.cols), img));
   constexpr auto kernel = w4a16_wgmma_kernel<T, OutT, NTOK, CPG>;
   max_dynamic_smem_once<kernel>(kWgMaxSmem);
-  const WgGrid g = wg_grid(d.blocks, d.groups, sms, wg_max_nwg(NTOK), NTOK >= 128);
+  // Clusters the device cannot hold at once would run as a second wave: on the
+  // H200, o and down of the 8B model at 33..64 tokens make 32 clusters of 8
+  // blocks, of which 30 fit. The split shrinks by one until they all fit, and
+  // such a grid launches without programmatic dependent launch: launched
+  // early, its clusters would find the previous kernel's blocks still on the
+  // SMs and again not all fit (session 44: fused 8B stack M = 64 3.80 -> 3.56
+  // ms, M = 128 6.35 -> 4.98; with the dependent launch kept, M = 64 3.77).
+  WgGrid g = wg_grid(d.blocks, d.groups, sms, wg_max_nwg(NTOK), NTOK >= 128);
+  bool lowered = false;
+  while (g.ks > 1 &&
+         g.blocks > max_active_clusters<kernel>(static_cast<int>(g.nwg * 128),
+                                                wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg)), static_cast<int>(g.ks))) {
+    --g.ks;
+    lowered = true;
+  }
   cfg.gridDim = dim3(static_cast<unsigned>(g.blocks), static_cast<unsigned>(g.ks));
   cfg.blockDim = dim3(static_cast<unsigned>(g.nwg * 128));
   cfg.dynamicSmemBytes = wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg));
@@ -388,7 +439,11 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   attr[1].val.clusterDim.x = 1;
   attr[1].val.clusterDim.y = static_cast<unsigned>(g.ks);
   attr[1].val.clusterDim.z = 1;
-  cfg.numAttrs = 2;  // always after its image kernel
+  cfg.numAttrs = 2;  // always after its image kernel, unless its split was lowered
+  if (lowered) {
+    attr[0] = attr[1];
+    cfg.numAttrs = 1;
+  }
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
       &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()),
       static_cast<const unsigned char*>(img), y, ldy, M, static_cast<int>(w.rows), static_cast<int>(d.tiles),
