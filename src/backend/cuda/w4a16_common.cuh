@@ -53,12 +53,12 @@ inline cudaLaunchAttribute pdl_attribute() {
   a.val.programmaticStreamSerializationAllowed = 1;
   return a;
 }
-// Thread-block clusters of `blocks` blocks along x.
-inline cudaLaunchAttribute cluster_attribute(unsigned blocks) {
+// Thread-block clusters of `blocks` blocks along x (and `blocks_y` along y).
+inline cudaLaunchAttribute cluster_attribute(unsigned blocks, unsigned blocks_y = 1) {
   cudaLaunchAttribute a = {};
   a.id = cudaLaunchAttributeClusterDimension;
   a.val.clusterDim.x = blocks;
-  a.val.clusterDim.y = 1;
+  a.val.clusterDim.y = blocks_y;
   a.val.clusterDim.z = 1;
   return a;
 }

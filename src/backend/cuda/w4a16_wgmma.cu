@@ -384,11 +384,7 @@ int max_active_clusters(int threads, size_t smem, int ks) {
   const auto key = std::make_tuple(dev, threads, smem, ks);
   std::lock_guard<std::mutex> lock(mu);
   if (const auto it = known.find(key); it != known.end()) return it->second;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1;
-  attr.val.clusterDim.y = static_cast<unsigned>(ks);
-  attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr = cluster_attribute(1, static_cast<unsigned>(ks));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(1, static_cast<unsigned>(ks));
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
@@ -422,8 +418,9 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   // blocks, of which 30 fit. The split shrinks by one until they all fit, and
   // such a grid launches without programmatic dependent launch: launched
   // early, its clusters would find the previous kernel's blocks still on the
-  // SMs and again not all fit (session 44: fused 8B stack M = 64 3.80 -> 3.56
-  // ms, M = 128 6.35 -> 4.98; with the dependent launch kept, M = 64 3.77).
+  // SMs and again not all fit (session 44: fused 8B stack M = 64 3.81-3.83 ->
+  // 3.50-3.52 ms, M = 128 6.36 -> 4.97-4.99; with the dependent launch kept,
+  // M = 64 3.77-3.80).
   WgGrid g = wg_grid(d.blocks, d.groups, sms, wg_max_nwg(NTOK), NTOK >= 128);
   bool lowered = false;
   while (g.ks > 1 &&
@@ -435,10 +432,7 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   cfg.gridDim = dim3(static_cast<unsigned>(g.blocks), static_cast<unsigned>(g.ks));
   cfg.blockDim = dim3(static_cast<unsigned>(g.nwg * 128));
   cfg.dynamicSmemBytes = wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg));
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = 1;
-  attr[1].val.clusterDim.y = static_cast<unsigned>(g.ks);
-  attr[1].val.clusterDim.z = 1;
+  attr[1] = cluster_attribute(1, static_cast<unsigned>(g.ks));
   cfg.numAttrs = 2;  // always after its image kernel, unless its split was lowered
   if (lowered) {
     attr[0] = attr[1];
