@@ -189,10 +189,13 @@ const std::vector<const LinearKernel*>& linear_kernel_registry();
 // The kernel for a format, or nullptr when the reference path must be used.
 const LinearKernel* find_linear_kernel(std::string_view format, int group_size);
 
-// W4A16 numerics (fp32 accumulation always): with group size >= 64 and M <= 16
-// the kernel uses the exact weights code·scale + min; otherwise it rounds each
-// weight once to the activation type, fl16(code·scale + min).
-bool w4a16_exact_weights(int group_size, int64_t M);
+// W4A16 numerics (fp32 accumulation always): whether a call of M tokens on w
+// with `act` activations uses the exact weights code·scale + min (groups of
+// 64 or more: up to 16 tokens always, 17..24 where the small-M kernel takes
+// the call on three token tiles, w4a16_three_tiles_exact; the current
+// device decides) or rounds each weight once to the activation type,
+// fl16(code·scale + min).
+bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act);
 
 // The w4a16 layout built on the host (tests, and what upload does on the device):
 // codes [ceil(rows/16)][ceil(cols/64)][32 lanes] × 16 bytes, scale/min pairs

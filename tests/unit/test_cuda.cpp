@@ -62,7 +62,7 @@ std::vector<Tensor> random_int4_parts(std::mt19937& rng, int64_t rows, int64_t c
 }
 
 // Ŵ as the W4A16 kernels use it: exact (fp32 c·s + m) or rounded once to 16
-// bits, fl16(c·s + m) (fused), as cuda::w4a16_exact_weights says.
+// bits, fl16(c·s + m) (fused), as cuda::w4a16_exact_weights says for the call.
 std::vector<float> weights_kernel(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int g,
                                   cuda::Act act, bool exact) {
   const FormatChoice f = find_format("int4_asym", g);
@@ -154,7 +154,7 @@ void check_w4a16(const GemmCase& tc, cuda::Act act, const std::vector<int>& ms, 
   ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   std::vector<uint16_t> y(static_cast<size_t>(Mmax * ldy));
   for (int M : ms) {
-    const bool exact = cuda::w4a16_exact_weights(tc.g, M);
+    const bool exact = cuda::w4a16_exact_weights(dw, M, act);
     if (w.empty() || exact != w_exact) reference(exact);
     ASSERT_EQ(cudaMemset(dy.get(), 0xFF, dy.bytes()), cudaSuccess);  // poison: NaN in both 16-bit types
     k->gemm(dw, dx.get(), M, ldx, dy.get(), ldy, act, false, nullptr, pdl);
@@ -255,23 +255,46 @@ TEST(Cuda, W4A16WgmmaGridWorkedExamples) {
 }
 
 // Up to 32 tokens, matrices whose wgmma grid splits K 4 or more ways take the
-// small-M kernel instead (w4a16_small_m_first), by the grids above on 132 SMs.
-// No device needed.
+// small-M kernel instead (w4a16_small_m_first), by the grids above on 132 SMs;
+// up to 24 tokens also those it splits 2 ways where the small-M kernel takes
+// three exact token tiles (w4a16_three_tiles_exact, next test). No device
+// needed.
 TEST(Cuda, W4A16SmallMFirstWorkedExamples) {
-  for (int64_t M : {17, 32}) {
+  for (int64_t M : {17, 24, 25, 32}) {
     EXPECT_TRUE(cuda::w4a16_small_m_first(4096, 4096, 128, M, 132));     // o: KS 8
     EXPECT_TRUE(cuda::w4a16_small_m_first(4096, 14336, 128, M, 132));    // down: KS 8
     EXPECT_TRUE(cuda::w4a16_small_m_first(6144, 4096, 128, M, 132));     // q|k|v: KS 4
-    EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 128, M, 132));   // 224 row blocks: KS 2
+    // 224 row blocks: KS 2; 896 tiles, two-tile warps (exact at 17..24)
+    EXPECT_EQ(cuda::w4a16_small_m_first(14336, 4096, 128, M, 132), M <= 24);
     EXPECT_FALSE(cuda::w4a16_small_m_first(28672, 4096, 128, M, 132));   // gate|up: no split
     EXPECT_FALSE(cuda::w4a16_small_m_first(128256, 4096, 128, M, 132));  // the head: no split
   }
   // Groups of 64 (twice the groups): 14336 × 4096 still KS 2 (224·2·2 = 896 > 528).
-  EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 64, 24, 132));
-  // 9 groups of 64 over 264 rows: KS 2 (KS 4 needs 16 groups).
-  EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 64, 20, 132));
+  EXPECT_TRUE(cuda::w4a16_small_m_first(14336, 4096, 64, 24, 132));
+  EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 64, 25, 132));
+  // 9 groups of 64 over 264 rows: KS 2 (KS 4 needs 16 groups); 17 tiles, fewer than SMs.
+  EXPECT_TRUE(cuda::w4a16_small_m_first(264, 576, 64, 20, 132));
+  EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 64, 28, 132));
   // Beyond 32 tokens the small-M kernel takes two passes: always the wgmma kernel.
   EXPECT_FALSE(cuda::w4a16_small_m_first(4096, 4096, 128, 33, 132));
+}
+
+// Which matrices the small-M kernel runs exactly on three token tiles at
+// 17..24 tokens (w4a16_three_tiles_exact), worked by hand for 132 SMs: those
+// whose grid (launch_small) has two-tile warps (at least 264 tiles), staged
+// activations (at least 64 groups) or fewer tiles than SMs; not one-tile grids
+// of 132..263 tiles with fewer groups. No device needed.
+TEST(Cuda, W4A16ThreeTilesExactWorkedExamples) {
+  EXPECT_TRUE(cuda::w4a16_three_tiles_exact(6144, 4096, 128, 132));    // q|k|v: 384 tiles
+  EXPECT_FALSE(cuda::w4a16_three_tiles_exact(4096, 4096, 128, 132));   // o: 256 tiles, 32 groups
+  EXPECT_TRUE(cuda::w4a16_three_tiles_exact(4096, 14336, 128, 132));   // down: 112 groups
+  EXPECT_TRUE(cuda::w4a16_three_tiles_exact(1024, 4096, 128, 132));    // k, v: 64 tiles
+  EXPECT_TRUE(cuda::w4a16_three_tiles_exact(14336, 4096, 128, 132));   // 896 tiles
+  EXPECT_TRUE(cuda::w4a16_three_tiles_exact(4096, 4096, 64, 132));     // o at groups of 64: 64 groups
+  EXPECT_FALSE(cuda::w4a16_three_tiles_exact(4104, 4096, 128, 132));   // 257 tiles, 32 groups
+  EXPECT_TRUE(cuda::w4a16_three_tiles_exact(4232, 4096, 128, 132));    // 265 tiles
+  EXPECT_TRUE(cuda::w4a16_three_tiles_exact(2088, 4096, 128, 132));    // 131 tiles (the last half full)
+  EXPECT_FALSE(cuda::w4a16_three_tiles_exact(2104, 4096, 128, 132));   // 132 tiles
 }
 
 // f32 activations are a single-token feature: any other M is refused.
@@ -345,13 +368,14 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
 // wide matrices (at least 256 tiles for one token tile, 4 per SM for two; at
 // 9..16 tokens also 2 per SM, too few units for the resident kernel): an odd
 // number of tiles, so the last block's second tile lies past the matrix (and
-// 4232 rows end in half a tile).
+// 4232 rows end in half a tile). At 17..24 tokens 4232 rows take the same
+// two-tile warps on three exact token tiles (wgmma splits them only 2 ways).
 TEST(Cuda, W4A16SmallMTwoTilesPerWarp) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   check_w4a16({8456, 4160, 128}, cuda::Act::BF16, {2, 9, 16}, false, 14);
   check_w4a16({8456, 4096, 64}, cuda::Act::F16, {5, 16}, true, 15);
-  check_w4a16({4232, 4096, 128}, cuda::Act::BF16, {9, 16}, true, 25);
-  check_w4a16({4232, 4096, 64}, cuda::Act::F16, {12}, false, 26);
+  check_w4a16({4232, 4096, 128}, cuda::Act::BF16, {9, 16, 17, 24}, true, 25);
+  check_w4a16({4232, 4096, 64}, cuda::Act::F16, {12, 20}, false, 26);
 }
 
 // Groups of 64 at 2..8 tokens on a staged grid of more than 4 blocks per SM
@@ -392,14 +416,15 @@ TEST(Cuda, W4A16SmallMStagedActivations) {
 // sm_90 these take the four-tile kernel with K halved over clusters of two
 // (65 groups: 33 and 32, the ragged chunk in rank 1's; 257 tiles: the last
 // block's tiles past the matrix), and with NIBBLE_W4A16_SPLIT=0 the two-tile
-// kernel.
+// kernel. At 17..24 tokens the same, on three exact token tiles (two-tile
+// warps in the split).
 TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   for (const char* split : {"1", "0"}) {
     SCOPED_TRACE(std::string("NIBBLE_W4A16_SPLIT=") + split);
     ASSERT_EQ(setenv("NIBBLE_W4A16_SPLIT", split, 1), 0);
-    check_w4a16({4104, 8196, 128}, cuda::Act::BF16, {9, 16}, false, 31);
-    check_w4a16({2056, 8256, 64}, cuda::Act::F16, {12, 16}, true, 32);
+    check_w4a16({4104, 8196, 128}, cuda::Act::BF16, {9, 16, 17, 24}, false, 31);
+    check_w4a16({2056, 8256, 64}, cuda::Act::F16, {12, 16, 21}, true, 32);
   }
   ASSERT_EQ(unsetenv("NIBBLE_W4A16_SPLIT"), 0);
 }
@@ -442,7 +467,7 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
     std::vector<std::vector<float>> xs;
     std::vector<cuda::DeviceBuffer> dx, dy;
     for (int M : c.ms) {  // every call's activations and output in their own buffers, launched together
-      ASSERT_TRUE(cuda::w4a16_exact_weights(tc.g, M));
+      ASSERT_TRUE(cuda::w4a16_exact_weights(dw, M, c.act));
       std::vector<uint16_t> x;
       std::vector<float> xf;
       random_activations(rng, M, tc.K, ldx, c.act, x, xf);
@@ -522,7 +547,7 @@ TEST(Cuda, W4A16PortablePathBeyond16Tokens) {
 
 TEST(Cuda, W4A16WithProgrammaticDependentLaunch) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-  check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 16}, true, 13);
+  check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 16, 20}, true, 13);
 }
 
 // Activations that stress x held per group in 24-bit fixed point (the integer
@@ -626,6 +651,7 @@ void check_extreme_few_tokens(int g, cuda::Act act, int64_t N, int64_t K, const 
   const cuda::DeviceLinear dw = cuda::find_linear_kernel("int4_asym", g)->upload(parts, N, K, g);
   const std::vector<float> w = weights_kernel(parts, N, K, g, act, true);
   for (int M : ms) {
+    ASSERT_TRUE(cuda::w4a16_exact_weights(dw, M, act)) << "M=" << M;
     std::vector<float> xf;
     for (int m = 0; m < M; ++m) {
       const auto t = extreme_activations(rng, K, g, act, m);
@@ -674,7 +700,7 @@ TEST(Cuda, W4A16FewTokensExtremeActivations) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   for (int g : {64, 128})
     for (auto act : {cuda::Act::BF16, cuda::Act::F16})
-      for (int64_t N : {40, 2052}) check_extreme_few_tokens(g, act, N, 4160, {2, 9, 16});
+      for (int64_t N : {40, 2052}) check_extreme_few_tokens(g, act, N, 4160, {2, 9, 16, 20, 24});
 }
 
 // 9..16 tokens on sm_90 with the activations resident in shared memory

@@ -412,8 +412,6 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
 
 }  // namespace
 
-bool w4a16_exact_weights(int group_size, int64_t M) { return group_size >= 64 && M <= 16; }
-
 namespace {
 // Above this many tokens a bf16 call dequantizes the weight and runs cuBLAS
 // (on sm_90 GPUs only above 256, w4a16_wgmma_applies: the wgmma kernel takes
@@ -494,7 +492,7 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int6
 template <typename T, typename OutT>
 void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, cudaStream_t s,
               bool pdl) {
-  NIBBLE_CHECK(!w4a16_exact_weights(w.group_size, M), "w4a16: the general kernel has no exact-weight path");
+  NIBBLE_CHECK(w.group_size < 64, "w4a16: the general kernel has no exact-weight path");
   for (int64_t m0 = 0; m0 < M; m0 += 64) {
     const int m = static_cast<int>(std::min<int64_t>(64, M - m0));
     const T* xm = static_cast<const T*>(x) + m0 * ldx;

@@ -36,7 +36,8 @@ void w4a16_gemv_prepare(const DeviceLinear& w, const void* x, Act act, void* pre
                         cudaStream_t stream, bool pdl);
 // The kernel for M >= 2 tokens with groups of 64 or 128 (w4a16_small_m.cu).
 // Up to 16 tokens: exact weights, Σx per token and group summed by the
-// kernel's own warps (no scratch); more: 16-bit weights (w4a16_exact_weights).
+// kernel's own warps (no scratch); 17..24 exact on three token tiles where
+// w4a16_three_tiles_exact says; else 16-bit weights (w4a16_exact_weights).
 bool w4a16_small_m_applies(int group_size, int64_t M);
 void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                    bool f32_out, cudaStream_t stream, bool pdl, int sms);
@@ -65,7 +66,10 @@ WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide)
 // image kernel, clusters, the reduction through distributed shared memory)
 // dominate. H200, 8B stack at 17..32 tokens: 4096 × 4096 14.5-15.2 → 8.4-9.0
 // µs, 4096 × 14336 28.9-30.3 → 23.1-25.3, fused stack M = 17 3.09 → 2.69 ms
-// (docs/CUDA.md, "17..64 tokens on Hopper").
+// (docs/CUDA.md, "17..64 tokens on Hopper"). Also at 17..24 tokens where it
+// splits K 2 ways and the small-M kernel takes three exact token tiles
+// (session 45: 14336 × 4096 19.75 -> 17.92 us at 17 tokens, 20.00 -> 18.43 at
+// 24).
 // 9..16 tokens on sm_90 with the activations resident in shared memory
 // (w4a16_small_m.cu, session 36): 1 where each block (one per SM) takes all
 // of K (matrices of at least 16 units of two row tiles per SM: vocabulary
@@ -76,6 +80,12 @@ WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide)
 // activation).
 int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem);
 bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms);
+// 17..24 tokens on the small-M kernel: exact weights on three token tiles
+// where its grid has two-tile warps (at least 2 tiles per SM), staged
+// activations (at least 64 groups) or fewer tiles than SMs; the rounded path
+// of four token tiles elsewhere (one-tile grids of 1-2 tiles per SM, where
+// three exact tiles lost: 4096 × 4096 8.35 -> 9.32 us on the H200).
+bool w4a16_three_tiles_exact(int64_t rows, int64_t cols, int group_size, int sms);
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                  bool f32_out, cudaStream_t stream, bool pdl, int sms);
 // The memory pool of per-call scratch (dequantized weights, large x images),

@@ -3,7 +3,8 @@
 // GEMV, w4a16_gemv.cu, and groups of 32 the general kernel, w4a16.cu).
 //
 // y[M, N] = x[M, K] · Ŵᵀ, x bf16 or fp16, fp32 accumulation. Up to 16 tokens
-// the weights are exact (FORMAT.md's c·s + m, never rounded to 16 bits):
+// the weights are exact (FORMAT.md's c·s + m, never rounded to 16 bits), and
+// up to 24 on the matrices w4a16_three_tiles_exact names:
 //  * The mma multiplies x by the offset codes 128 + c (0x4300 | c is exactly
 //    that in bf16; 0x6400 | c is 1024 + c in fp16): one and-or per register
 //    of the A fragment, no arithmetic on the weights.
@@ -31,7 +32,14 @@
 //  * Tokens are the mma's N side (8 per tile, NT tiles). A token column past M
 //    reads token M − 1's row (any valid memory will do: an mma's output column
 //    depends only on its own input column, and those columns are not stored).
-//  * More than 16 tokens (w4a16_exact_weights false): the same kernel on blocks
+//  * 17..24 tokens, exact, on three token tiles (session 45), where the grid
+//    has two-tile warps, staged activations or fewer tiles than SMs: in the
+//    8B stack q|k|v 12.18 -> 10.81 us, down 23.17 -> 18.35, 1024 × 4096 6.72
+//    -> 5.52 against the rounded path below; 14336 × 4096 19.75 -> 17.92
+//    against the wgmma kernel. One-tile grids of 1-2 tiles per SM lost (o:
+//    8.35 -> 9.32 us) and stay rounded, as do 25..32 tokens (four exact
+//    tiles, 158-224 registers: fused stack M = 32 2.82 -> 3.00 ms).
+//  * Otherwise more than 16 tokens (w4a16_exact_weights false): the same kernel on blocks
 //    of up to 32 tokens (4 token tiles), each weight decoded once to
 //    fl16(c·s + m) (and-or, subtract, fused multiply-add per pair) and used by
 //    all of them; the mma accumulates the outputs directly. This replaced the
@@ -797,8 +805,8 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
       if (wide) return launch_small_r<T, OutT, NT, CPG, 4, true, true>(w, x, M, ldx, y, ldy, stream, sms, pdl);
     }
   }
-  if constexpr (NT == 2) {
-    // 9..16 tokens on a narrow matrix (one-tile warps below) with long rows:
+  if constexpr (NT >= 2) {
+    // 9..24 tokens on a narrow matrix (one-tile warps below) with long rows:
     // two-tile warps staging their activations, where that grid is resident
     // at once. Each warp reads its activations once for two tiles, and holds
     // none in registers. In the 8B stack that is down (4096 x 14336: 16.8 ->
@@ -814,7 +822,7 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
     if (!wide && SmallMGrid(w, CPG, 2).groups >= 64) {
       const char* e = std::getenv("NIBBLE_W4A16_SPLIT");
       if ((e == nullptr || e[0] != '0') && w4a16_wgmma_device() &&
-          launch_staged_split<T, OutT, NT, CPG, 4, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl))
+          launch_staged_split<T, OutT, NT, CPG, NT == 2 ? 4 : 2, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl))
         return;
       if (launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl)) return;
     }
@@ -909,6 +917,13 @@ bool launch_resident(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT
   return true;
 }
 
+// Whether the kernels here run a call of M tokens (groups of 64 or 128) on
+// exact weights: up to 16 tokens, and 17..24 on three token tiles where
+// w4a16_three_tiles_exact says.
+bool small_m_exact(int64_t rows, int64_t cols, int group_size, int64_t M, int sms) {
+  return M <= 16 || (M <= 24 && w4a16_three_tiles_exact(rows, cols, group_size, sms));
+}
+
 template <typename T, typename OutT>
 void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* yv, int64_t ldy, cudaStream_t stream,
                bool pdl, int sms) {
@@ -916,7 +931,7 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   OutT* y = static_cast<OutT*>(yv);
   const int G = w.group_size;
   const bool g64 = G == 64;
-  if (!w4a16_exact_weights(G, M))
+  if (!small_m_exact(w.rows, w.cols, G, M, sms))
     return g64 ? launch_rounded<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
                : launch_rounded<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
   if (g64 ? launch_resident<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms)
@@ -925,12 +940,27 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   if (M <= 8)
     g64 ? launch_small<T, OutT, 1, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
         : launch_small<T, OutT, 1, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
-  else
+  else if (M <= 16)
     g64 ? launch_small<T, OutT, 2, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
         : launch_small<T, OutT, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
+  else
+    g64 ? launch_small<T, OutT, 3, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
+        : launch_small<T, OutT, 3, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
 }
 
 }  // namespace
+
+bool w4a16_three_tiles_exact(int64_t rows, int64_t cols, int group_size, int sms) {
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  const bool staged = SmallMGrid(rows, cols, group_size, group_size / kChunk, 2).groups >= 64;
+  return tiles >= 2 * int64_t{sms} || staged || tiles < sms;  // launch_small: two-tile, staged, or < 1 block per SM
+}
+
+bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act) {
+  if (w.group_size < 64) return false;  // groups of 32: the general kernel (w4a16.cu), rounded
+  if (M <= 16) return true;             // the integer GEMV and the small-M kernels
+  return !w4a16_wgmma_applies(w, M, act) && small_m_exact(w.rows, w.cols, w.group_size, M, device_sm_count());
+}
 
 bool w4a16_small_m_applies(int group_size, int64_t M) { return M >= 2 && (group_size == 64 || group_size == 128); }
 

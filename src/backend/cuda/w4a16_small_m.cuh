@@ -108,8 +108,9 @@ __device__ __forceinline__ void exact_chunk_mmas(float (&acc)[R][NT][4], const u
 //  * One token tile: x is the B operand and the weights are ones, so every row
 //    of the product is the column sums: sx[0][0] and [1] are the sums of this
 //    lane's tokens 2tig and 2tig + 1, what exact_combine's sb wants.
-//  * Two token tiles: x is the A operand (16 tokens × 16 inputs) and ones the
-//    B operand, so every column of the product is the row sums, one mma per
+//  * Two token tiles (and tiles 0 and 1 of three, the third as one tile
+//    above with its sums in sx[2]; session 45): x is the A operand (16
+//    tokens × 16 inputs) and ones the B operand, so every column of the product is the row sums, one mma per
 //    k-step for all 16 tokens instead of one per token tile. The B fragments
 //    of the two tiles are that A fragment as they are: a0 and a2 (token gid,
 //    inputs 2tig.. and 2tig + 8..) are tile 0's b0 and b1, a1 and a3 (token
@@ -126,24 +127,24 @@ __device__ __forceinline__ void ones_chunk_mmas(float (&sx)[NT][4], const uint4 
   const uint32_t one[4] = {ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne, ActTraits<T>::kOne};
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
-    if constexpr (NT == 2) {
-      const uint4 &t0 = xv[0][s >> 1], &t1 = xv[1][s >> 1];
+#pragma unroll
+    for (int p = 0; p < NT / 2; ++p) {  // token tiles 2p and 2p + 1 as one A operand, sums into sx[p]
+      const uint4 &t0 = xv[2 * p][s >> 1], &t1 = xv[2 * p + 1][s >> 1];
       const uint32_t a[4] = {(s & 1) ? t0.z : t0.x, (s & 1) ? t1.z : t1.x, (s & 1) ? t0.w : t0.y,
                              (s & 1) ? t1.w : t1.y};
-      mma_16816<T>(sx[0], a, one[0], one[1]);
-    } else {
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const uint4& x2 = xv[n][s >> 1];
-        mma_16816<T>(sx[n], one, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
-      }
+      mma_16816<T>(sx[p], a, one[0], one[1]);
+    }
+    if constexpr (NT % 2 == 1) {  // the last, unpaired tile as the B operand, sums into sx[NT - 1]
+      const uint4& x2 = xv[NT - 1][s >> 1];
+      mma_16816<T>(sx[NT - 1], one, (s & 1) ? x2.z : x2.x, (s & 1) ? x2.w : x2.y);
     }
   }
 }
 
 // The Σx pairs exact_combine wants (tokens n·8 + 2tig and + 1), from
-// ones_chunk_mmas' accumulators. Two token tiles: token t's sum is in the lanes
-// of gid t mod 8, element 0 (t < 8) or 2, so four shuffles gather them.
+// ones_chunk_mmas' accumulators. A pair of token tiles 2p, 2p + 1: token
+// 16p + t's sum is in the lanes of gid t mod 8, element 0 (t < 8) or 2 of
+// sx[p], so four shuffles gather them; an unpaired last tile's are in place.
 template <int NT>
 struct OnesSums {
   float2 v[NT];
@@ -151,14 +152,14 @@ struct OnesSums {
 template <int NT>
 __device__ __forceinline__ OnesSums<NT> ones_sums(const float (&sx)[NT][4]) {
   OnesSums<NT> r;
-  if constexpr (NT == 2) {
-    const int src = 8 * (threadIdx.x & 3);  // the lanes of gid 2tig; + 4: of gid 2tig + 1
-    r.v[0] = make_float2(__shfl_sync(0xFFFFFFFFu, sx[0][0], src), __shfl_sync(0xFFFFFFFFu, sx[0][0], src + 4));
-    r.v[1] = make_float2(__shfl_sync(0xFFFFFFFFu, sx[0][2], src), __shfl_sync(0xFFFFFFFFu, sx[0][2], src + 4));
-  } else {
+  const int src = 8 * (threadIdx.x & 3);  // the lanes of gid 2tig; + 4: of gid 2tig + 1
 #pragma unroll
-    for (int n = 0; n < NT; ++n) r.v[n] = make_float2(sx[n][0], sx[n][1]);
+  for (int p = 0; p < NT / 2; ++p) {
+    r.v[2 * p] = make_float2(__shfl_sync(0xFFFFFFFFu, sx[p][0], src), __shfl_sync(0xFFFFFFFFu, sx[p][0], src + 4));
+    r.v[2 * p + 1] =
+        make_float2(__shfl_sync(0xFFFFFFFFu, sx[p][2], src), __shfl_sync(0xFFFFFFFFu, sx[p][2], src + 4));
   }
+  if constexpr (NT % 2 == 1) r.v[NT - 1] = make_float2(sx[NT - 1][0], sx[NT - 1][1]);
   return r;
 }
 

@@ -551,7 +551,8 @@ bool w4a16_wgmma_applies(const DeviceLinear& w, int64_t M, Act act) {
 bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms) {
   if (M > 32) return false;
   const SmallMGrid d(rows, cols, group_size, group_size / kChunk, 4);  // as launch_wgmma's grid
-  return wg_grid(d.blocks, d.groups, sms, 4, false).ks >= 4;
+  const int64_t ks = wg_grid(d.blocks, d.groups, sms, 4, false).ks;
+  return ks >= 4 || (M <= 24 && ks >= 2 && w4a16_three_tiles_exact(rows, cols, group_size, sms));
 }
 
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
