@@ -429,16 +429,17 @@ TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
   ASSERT_EQ(unsetenv("NIBBLE_W4A16_SPLIT"), 0);
 }
 
-// 2..16 tokens: each call sums its own Σx per group and token (until session
+// 2..24 tokens: each call sums its own Σx per group and token (until session
 // 39 a Σx kernel wrote them into the weight's scratch between calls). Calls
 // back to back on one weight (no sync between them, programmatic dependent
 // launch), each with new activations and its own token count, must each use
 // their own sums: a stale Σx from the call before would give the previous
 // activations' sums. The shapes take every kernel on the H200: a
 // narrow grid of one-tile warps (257 tiles, 33 groups) at 9..16 tokens and the
-// staged kernel at 2..8; staged two-tile warps at 9..16 (65 groups, a ragged
-// last chunk); wide two-tile warps (529 tiles); 63 tiles of one-tile warps at
-// 2..8 mixed with calls at 12 and 16; on sm_90, the resident-activation kernel
+// staged kernel at 2..8; staged two-tile warps at 9..16, and at 20 on three
+// token tiles (65 groups, a ragged last chunk); wide two-tile warps (529
+// tiles); 63 tiles of one-tile warps at 2..8 mixed with calls at 12, 16 and
+// (three token tiles) 20 and 24; on sm_90, the resident-activation kernel
 // (its own Σx; K whole per block and split over clusters of two) at 9..16
 // mixed with a call at 4.
 TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
@@ -449,9 +450,9 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
     std::vector<int> ms;
   };
   const Case cases[] = {{{4104, 4160, 128}, cuda::Act::BF16, {16, 9, 16, 4, 12}},
-                        {{4104, 8196, 128}, cuda::Act::F16, {16, 10, 16}},
+                        {{4104, 8196, 128}, cuda::Act::F16, {16, 10, 20, 16}},
                         {{8456, 4160, 64}, cuda::Act::BF16, {16, 2, 16, 7}},
-                        {{1000, 4160, 128}, cuda::Act::F16, {3, 12, 8, 16, 5}},
+                        {{1000, 4160, 128}, cuda::Act::F16, {3, 12, 20, 8, 16, 5, 24}},
                         {{int64_t{16} * cuda::device_sm_count() * 32, 1024, 128}, cuda::Act::BF16, {16, 4, 12, 9}},
                         {{int64_t{7} * cuda::device_sm_count() * 32, 1024, 128}, cuda::Act::F16, {9, 16, 2, 16}}};
   uint32_t seed = 40;
