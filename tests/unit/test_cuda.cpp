@@ -269,12 +269,17 @@ TEST(Cuda, W4A16SmallMFirstWorkedExamples) {
     EXPECT_FALSE(cuda::w4a16_small_m_first(28672, 4096, 128, M, 132));   // gate|up: no split
     EXPECT_FALSE(cuda::w4a16_small_m_first(128256, 4096, 128, M, 132));  // the head: no split
   }
-  // Groups of 64 (twice the groups): 14336 × 4096 still KS 2 (224·2·2 = 896 > 528).
-  EXPECT_TRUE(cuda::w4a16_small_m_first(14336, 4096, 64, 24, 132));
-  EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 64, 25, 132));
-  // 9 groups of 64 over 264 rows: KS 2 (KS 4 needs 16 groups); 17 tiles, fewer than SMs.
-  EXPECT_TRUE(cuda::w4a16_small_m_first(264, 576, 64, 20, 132));
-  EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 64, 28, 132));
+  // Groups of 64 (twice the groups): 14336 × 4096 still KS 2 (224·2·2 = 896 >
+  // 528), and groups of 64 have no three exact tiles: the wgmma kernel.
+  EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 64, 24, 132));
+  // 9 groups of 64 over 264 rows: KS 2 (KS 4 needs 16 groups); 5 groups of 128: no split.
+  EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 64, 20, 132));
+  EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 128, 20, 132));
+  // 12 groups of 128 over 264 rows: KS 2 (KS 4 needs 16 groups), 17 tiles (fewer than SMs): three exact
+  // tiles up to 24 tokens; 17 groups: KS 4, the small-M kernel up to 32.
+  EXPECT_TRUE(cuda::w4a16_small_m_first(264, 1536, 128, 20, 132));
+  EXPECT_FALSE(cuda::w4a16_small_m_first(264, 1536, 128, 28, 132));
+  EXPECT_TRUE(cuda::w4a16_small_m_first(264, 2176, 128, 28, 132));
   // Beyond 32 tokens the small-M kernel takes two passes: always the wgmma kernel.
   EXPECT_FALSE(cuda::w4a16_small_m_first(4096, 4096, 128, 33, 132));
 }
@@ -290,7 +295,8 @@ TEST(Cuda, W4A16ThreeTilesExactWorkedExamples) {
   EXPECT_TRUE(cuda::w4a16_three_tiles_exact(4096, 14336, 128, 132));   // down: 112 groups
   EXPECT_TRUE(cuda::w4a16_three_tiles_exact(1024, 4096, 128, 132));    // k, v: 64 tiles
   EXPECT_TRUE(cuda::w4a16_three_tiles_exact(14336, 4096, 128, 132));   // 896 tiles
-  EXPECT_TRUE(cuda::w4a16_three_tiles_exact(4096, 4096, 64, 132));     // o at groups of 64: 64 groups
+  EXPECT_FALSE(cuda::w4a16_three_tiles_exact(4096, 4096, 64, 132));    // groups of 64 stay rounded
+  EXPECT_FALSE(cuda::w4a16_three_tiles_exact(4096, 14336, 64, 132));
   EXPECT_FALSE(cuda::w4a16_three_tiles_exact(4104, 4096, 128, 132));   // 257 tiles, 32 groups
   EXPECT_TRUE(cuda::w4a16_three_tiles_exact(4232, 4096, 128, 132));    // 265 tiles
   EXPECT_TRUE(cuda::w4a16_three_tiles_exact(2088, 4096, 128, 132));    // 131 tiles (the last half full)
@@ -506,10 +512,14 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
 // (on the H200's 132 SMs): a matrix of 529 warpgroup row blocks gets 4
 // warpgroups per block and no K split, and 5 groups (a ragged last one of 64)
 // are too few to split K; the sweep's narrow matrices split K over clusters
-// of 4 and 8 blocks.
+// of 4 and 8 blocks. Up to 24 tokens the image and the wgmma are 24 tokens
+// wide for groups of 128 (fp16 here with a ragged last chunk of 4 inputs),
+// 32 wide for groups of 64 and at 25..32 tokens.
 TEST(Cuda, W4A16WgmmaGrids) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-  check_w4a16({33800, 576, 128}, cuda::Act::BF16, {17, 64}, false, 24);
+  check_w4a16({33800, 576, 128}, cuda::Act::BF16, {17, 24, 25, 64}, false, 24);
+  check_w4a16({33800, 1092, 128}, cuda::Act::F16, {20}, true, 33);
+  check_w4a16({33800, 1092, 64}, cuda::Act::F16, {20}, false, 34);
   check_w4a16({264, 576, 64}, cuda::Act::F16, {20, 33}, true, 25);
 }
 
@@ -701,7 +711,8 @@ TEST(Cuda, W4A16FewTokensExtremeActivations) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   for (int g : {64, 128})
     for (auto act : {cuda::Act::BF16, cuda::Act::F16})
-      for (int64_t N : {40, 2052}) check_extreme_few_tokens(g, act, N, 4160, {2, 9, 16, 20, 24});
+      for (int64_t N : {40, 2052})  // 20 and 24 tokens: three exact token tiles (groups of 128)
+        check_extreme_few_tokens(g, act, N, 4160, g == 128 ? std::vector<int>{2, 9, 16, 20, 24} : std::vector<int>{2, 9, 16});
 }
 
 // 9..16 tokens on sm_90 with the activations resident in shared memory

@@ -80,11 +80,12 @@ WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide)
 // activation).
 int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem);
 bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms);
-// 17..24 tokens on the small-M kernel: exact weights on three token tiles
-// where its grid has two-tile warps (at least 2 tiles per SM), staged
+// 17..24 tokens on the small-M kernel, groups of 128: exact weights on three
+// token tiles where its grid has two-tile warps (at least 2 tiles per SM), staged
 // activations (at least 64 groups) or fewer tiles than SMs; the rounded path
 // of four token tiles elsewhere (one-tile grids of 1-2 tiles per SM, where
-// three exact tiles lost: 4096 × 4096 8.35 -> 9.32 us on the H200).
+// three exact tiles lost: 4096 × 4096 8.35 -> 9.32 us on the H200) and for
+// groups of 64 (the 8B stack lost with the dependent launch).
 bool w4a16_three_tiles_exact(int64_t rows, int64_t cols, int group_size, int sms);
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                  bool f32_out, cudaStream_t stream, bool pdl, int sms);

@@ -4,7 +4,7 @@
 //
 // y[M, N] = x[M, K] · Ŵᵀ, x bf16 or fp16, fp32 accumulation. Up to 16 tokens
 // the weights are exact (FORMAT.md's c·s + m, never rounded to 16 bits), and
-// up to 24 on the matrices w4a16_three_tiles_exact names:
+// up to 24 on the matrices w4a16_three_tiles_exact names (groups of 128):
 //  * The mma multiplies x by the offset codes 128 + c (0x4300 | c is exactly
 //    that in bf16; 0x6400 | c is 1024 + c in fp16): one and-or per register
 //    of the A fragment, no arithmetic on the weights.
@@ -951,6 +951,13 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
 }  // namespace
 
 bool w4a16_three_tiles_exact(int64_t rows, int64_t cols, int group_size, int sms) {
+  // Groups of 64 stay rounded: each shape was faster on three exact tiles
+  // (o at 17 tokens 8.92 -> 7.67 us, down 25.39 -> 21.03), but the fused 8B
+  // stack at groups of 64 took 3.00-3.01 -> 3.38-3.40 ms with programmatic
+  // dependent launch (2.89-2.91 without it, against 3.07-3.09): the early
+  // launch costs more there, as in session 42's staged gate|up at groups of
+  // 64 (docs/results/s45/ntok24/g64_*.txt).
+  if (group_size != 128) return false;
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const bool staged = SmallMGrid(rows, cols, group_size, group_size / kChunk, 2).groups >= 64;
   return tiles >= 2 * int64_t{sms} || staged || tiles < sms;  // launch_small: two-tile, staged, or < 1 block per SM

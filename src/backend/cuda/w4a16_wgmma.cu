@@ -10,7 +10,7 @@
 //    passes re-read all weights at 64). wgmma reads its B operand from shared
 //    memory: a warpgroup (4 warps, each one 16-row tile as its A fragments)
 //    multiplies 64 rows by one copy of the activations, up to 256 tokens per
-//    pass (32, 64 or 128 tokens per wgmma; 256 as two of 128).
+//    pass (24, 32, 64 or 128 tokens per wgmma; 256 as two of 128).
 //  * x image: a small kernel writes the activations, per group of G inputs, in
 //    the order the tensor cores read them: the layout's k order within a chunk
 //    (docs/CUDA.md, "The w4a16_mma layout") as wgmma's no-swizzle K-major core
@@ -98,12 +98,25 @@ __global__ void __launch_bounds__(G)
 }
 
 // wgmma.m64nNk16 with A from registers (the mma.m16n8k16 A fragment of each
-// warp's 16 rows) and B from shared memory; D += A·B. N = 32, 64, 128 (a
+// warp's 16 rows) and B from shared memory; D += A·B. N = 24, 32, 64, 128 (a
 // pass of 256 tokens issues two of 128).
 template <typename T, int N>
 struct Wgmma;
 // Both activation types (PTX: the type's name in the instruction).
 #define NIBBLE_WGMMA_RS(T, PTX)                                                                                       \
+  template <>                                                                                                         \
+  struct Wgmma<T, 24> {                                                                                               \
+    static __device__ __forceinline__ void mma(float (&d)[12], const uint32_t (&a)[4], uint64_t desc, int scale_d) {  \
+      asm volatile(                                                                                                   \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"                                                                \
+          "wgmma.mma_async.sync.aligned.m64n24k16.f32." PTX "." PTX                                                   \
+          " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, "                                                                \
+          "{%12,%13,%14,%15}, %16, p, 1, 1, 0;\n}\n"                                                                  \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),           \
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])                                                          \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));                                     \
+    }                                                                                                                 \
+  };                                                                                                                  \
   template <>                                                                                                         \
   struct Wgmma<T, 32> {                                                                                               \
     static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int scale_d) {  \
@@ -463,7 +476,14 @@ void run_wgmma(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
     const int m = std::min(kWgPass, M - m0);
     const T* xm = x + m0 * ldx;
     OutT* ym = y + m0 * ldy;
-    if (m <= 32)
+    // Groups of 128: up to 24 tokens a 24-token image and wgmma (session 45:
+    // gate|up at 17 tokens 33.1-33.2 -> 31.3-31.4 us, the head 123.1-123.5 ->
+    // 118.2-118.4; fused 8B stack M = 17 2.427 -> 2.365-2.377 ms, M = 24
+    // 2.466-2.468 -> 2.393). Groups of 64 keep 32: gate|up at 17 tokens took
+    // 40.8 -> 55.2 us with 24 (docs/results/s45/ntok24/).
+    if (CPG == 2 && m <= 24)
+      launch_wgmma<T, OutT, 24, CPG>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
+    else if (m <= 32)
       launch_wgmma<T, OutT, 32, CPG>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
     else if (m <= 64)
       launch_wgmma<T, OutT, 64, CPG>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
