@@ -943,9 +943,8 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   else if (M <= 16)
     g64 ? launch_small<T, OutT, 2, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
         : launch_small<T, OutT, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
-  else
-    g64 ? launch_small<T, OutT, 3, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
-        : launch_small<T, OutT, 3, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
+  else  // 17..24 tokens: groups of 128 only (w4a16_three_tiles_exact)
+    launch_small<T, OutT, 3, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
 }
 
 }  // namespace
