@@ -771,6 +771,15 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   const int64_t most = std::max<int64_t>(std::min<int64_t>({kMaxWarps, g.groups, fit}), 1);
   int64_t warps =
       NT > 1 ? one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms) : 0;
+  // Three token tiles (17..24 tokens) on grids of more than 4 blocks per SM
+  // launch without the dependent launch. On the path of GPUs without wgmma
+  // (NIBBLE_W4A16_WGMMA=0 on the H200) gate|up's 896 blocks at 17 tokens took
+  // 45.97 us a call with it, 37.96 without (the head 125.8 -> 127.9), and the
+  // fused 8B stack went 2.839-2.842 -> 2.482-2.483 ms at 17 tokens, 2.963-2.977
+  // -> 2.555 at 24 (session 46, docs/results/s46/portable_pdl/). As for
+  // groups of 64 on the staged kernel (launch_staged), the mechanism is not
+  // known. On the H200's own path no such call takes this kernel.
+  if (NT == 3 && g.blocks > 4 * int64_t{sms}) pdl = false;
   if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);
   launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, pdl, stream, w, x, ldx, y, ldy, M);
 }
