@@ -778,8 +778,8 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   // fused 8B stack went 2.839-2.842 -> 2.482-2.483 ms at 17 tokens, 2.963-2.977
   // -> 2.555 at 24 (session 46, docs/results/s46/portable_pdl/). As for
   // groups of 64 on the staged kernel (launch_staged), the mechanism is not
-  // known. On the H200's own path the 8B stack has no such call here
-  // (gate|up and the head take the wgmma kernel).
+  // known. On sm_90 no call reaches it: at 17..24 tokens only matrices the
+  // wgmma grid would split come here, at most 16896 rows (528 blocks).
   if (NT == 3 && g.blocks > 4 * int64_t{sms}) pdl = false;
   if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);
   launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, pdl, stream, w, x, ldx, y, ldy, M);
