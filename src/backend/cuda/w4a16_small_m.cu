@@ -785,6 +785,15 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, pdl, stream, w, x, ldx, y, ldy, M);
 }
 
+// launch_small's choices at two or more token tiles, which
+// w4a16_three_tiles_exact follows too: two-tile warps from 2 row tiles per SM,
+// and staged activations (where their grid is one wave) for rows of at least
+// 64 groups.
+bool small_m_two_tiles(int64_t tiles, int sms) { return tiles >= 2 * int64_t{sms}; }
+bool small_m_staged_rows(int64_t rows, int64_t cols, int group_size) {
+  return SmallMGrid(rows, cols, group_size, group_size / kChunk, 2).groups >= 64;
+}
+
 // Row tiles per warp, measured on the H200 (bench_w4a16, docs/results/
 // w4a16-small-m-s12.md): two where the grid stays large (x read once for two
 // tiles), one for narrow matrices, whose few blocks need every warp they can
@@ -803,7 +812,7 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   // us over five calls; the fused stack at M = 16 3.5 us faster on average
   // over eight, within its noise; o, 1.9 tiles per SM, lost with two: 6.1 ->
   // 7.3 us in session 41).
-  const bool two_tiles = NT == 1 ? wide : tiles >= 2 * int64_t{sms};
+  const bool two_tiles = NT == 1 ? wide : small_m_two_tiles(tiles, sms);
   if constexpr (NT == 1) {
     if (wide && launch_staged<T, OutT, NT, CPG, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl)) return;
     // Groups of 64 where the staged grid is more than one wave (the head):
@@ -829,7 +838,7 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
     // the rows. Down 14.6-14.7 -> 13.0-13.1 us, fused stack M = 16 1.747-1.753
     // -> 1.691-1.692 ms. Also on matrices of 32-63 groups (o) it lost (6.1 ->
     // 6.3 us).
-    if (!wide && SmallMGrid(w, CPG, 2).groups >= 64) {
+    if (!wide && small_m_staged_rows(w.rows, w.cols, w.group_size)) {
       const char* e = std::getenv("NIBBLE_W4A16_SPLIT");
       if ((e == nullptr || e[0] != '0') && w4a16_wgmma_device() &&
           launch_staged_split<T, OutT, NT, CPG, NT == 2 ? 4 : 2, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl))
@@ -968,8 +977,8 @@ bool w4a16_three_tiles_exact(int64_t rows, int64_t cols, int group_size, int sms
   // 64 (docs/results/s45/ntok24/g64_*.txt).
   if (group_size != 128) return false;
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  const bool staged = SmallMGrid(rows, cols, group_size, group_size / kChunk, 2).groups >= 64;
-  return tiles >= 2 * int64_t{sms} || staged || tiles < sms;  // launch_small: two-tile, staged, or < 1 block per SM
+  // launch_small's two-tile or staged grids, or fewer tiles than SMs.
+  return small_m_two_tiles(tiles, sms) || small_m_staged_rows(rows, cols, group_size) || tiles < sms;
 }
 
 bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act) {
