@@ -257,8 +257,9 @@ TEST(Cuda, W4A16WgmmaGridWorkedExamples) {
 // Up to 32 tokens, matrices whose wgmma grid splits K 4 or more ways take the
 // small-M kernel instead (w4a16_small_m_first), by the grids above on 132 SMs;
 // up to 24 tokens also those it splits 2 ways where the small-M kernel takes
-// three exact token tiles (w4a16_three_tiles_exact, next test). No device
-// needed.
+// three exact token tiles (w4a16_three_tiles_exact, next test), and those the
+// resident-activation kernel takes (w4a16_resident_x_ks, below: gate|up and
+// the head). No device needed.
 TEST(Cuda, W4A16SmallMFirstWorkedExamples) {
   for (int64_t M : {17, 24, 25, 32}) {
     EXPECT_TRUE(cuda::w4a16_small_m_first(4096, 4096, 128, M, 132));     // o: KS 8
@@ -266,12 +267,15 @@ TEST(Cuda, W4A16SmallMFirstWorkedExamples) {
     EXPECT_TRUE(cuda::w4a16_small_m_first(6144, 4096, 128, M, 132));     // q|k|v: KS 4
     // 224 row blocks: KS 2; 896 tiles, two-tile warps (exact at 17..24)
     EXPECT_EQ(cuda::w4a16_small_m_first(14336, 4096, 128, M, 132), M <= 24);
-    EXPECT_FALSE(cuda::w4a16_small_m_first(28672, 4096, 128, M, 132));   // gate|up: no split
-    EXPECT_FALSE(cuda::w4a16_small_m_first(128256, 4096, 128, M, 132));  // the head: no split
+    // gate|up and the head: no split, resident activations at 17..24 tokens
+    EXPECT_EQ(cuda::w4a16_small_m_first(28672, 4096, 128, M, 132), M <= 24);
+    EXPECT_EQ(cuda::w4a16_small_m_first(128256, 4096, 128, M, 132), M <= 24);
   }
   // Groups of 64 (twice the groups): 14336 × 4096 still KS 2 (224·2·2 = 896 >
-  // 528), and groups of 64 have no three exact tiles: the wgmma kernel.
+  // 528), and groups of 64 have no three exact tiles: the wgmma kernel; nor
+  // resident activations past 16 tokens (gate|up).
   EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 64, 24, 132));
+  EXPECT_FALSE(cuda::w4a16_small_m_first(28672, 4096, 64, 17, 132));
   // 9 groups of 64 over 264 rows: KS 2 (KS 4 needs 16 groups); 5 groups of 128: no split.
   EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 64, 20, 132));
   EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 128, 20, 132));
@@ -715,16 +719,19 @@ TEST(Cuda, W4A16FewTokensExtremeActivations) {
         check_extreme_few_tokens(g, act, N, 4160, g == 128 ? std::vector<int>{2, 9, 16, 20, 24} : std::vector<int>{2, 9, 16});
 }
 
-// 9..16 tokens on sm_90 with the activations resident in shared memory
-// (w4a16_resident_x_kernel): which shapes take it, and with K split over how
-// many blocks of a cluster, worked by hand for 132 SMs and bf16 (no device
-// needed). Blocks of at most 16 warps with two row tiles each and 2 ring
-// stages. KS = 1: at least 16 · 132 = 2112 units of two tiles (4223 tiles,
-// 67553 rows); KS = 2 (66 clusters): an even number of groups and at least
-// 12 · 66 = 792 units (25313 rows), min(16, ⌈units / 66⌉) warps. Shared memory
-// per block: 1024 + 16 padded rows of 2·K/KS + 16 bytes (K/KS = 4096: 8208;
-// 2048: 4112) + Σx (groups/KS · 64) + warps · 2 stages · 2 tiles · (CPG · 512 +
-// 256) + with KS = 2 the partial sums (warps · 4096), at most 227 KiB = 232448.
+// 9..24 tokens on sm_90 with the activations resident in shared memory
+// (w4a16_resident_x_kernel; 17..24 tokens groups of 128 only): which shapes
+// take it, and with K split over how many blocks of a cluster, worked by hand
+// for 132 SMs and bf16 (no device needed). Blocks of at most 16 warps with two
+// row tiles each and 2 ring stages. KS = 1: at least 16 · 132 = 2112 units of
+// two tiles (4223 tiles, 67553 rows); KS = 2 (66 clusters): an even number of
+// groups and at least 12 · 66 = 792 units (25313 rows), min(16, ⌈units / 66⌉)
+// warps. Shared memory per block, T = 16 token slots up to 16 tokens, 24 from
+// 17: 1024 + T padded rows of 2·K/KS + 16 bytes (K/KS = 4096: 8208; 2048: 4112)
+// + Σx (groups/KS · 4T) + warps · 2 stages · 2 tiles · (CPG · 512 + 256) + with
+// KS = 2 the partial sums (warps · 32 lanes · 2·T/8·4 floats, two unit
+// parities at T = 16, one at 24: warps · 4096 both ways), at most 227 KiB =
+// 232448.
 TEST(Cuda, W4A16ResidentShapeWorkedExamples) {
   auto on_132 = [](int64_t rows, int64_t cols, int g, int64_t M) {
     return cuda::w4a16_resident_x_ks(rows, cols, g, M, 132, 2);
@@ -737,9 +744,20 @@ TEST(Cuda, W4A16ResidentShapeWorkedExamples) {
   // gate|up (896 units, 14 warps): 1024 + 65792 + 1024 + 71680 + 57344 = 196864.
   EXPECT_EQ(on_132(28672, 4096, 128, 16), 2);
   EXPECT_EQ(on_132(28672, 4096, 128, 9), 2);
-  // Not 9..16 tokens.
+  // 17..24 tokens. gate|up: 1024 + 24 · 4112 + 16 · 96 + 71680 + 14 · 3072 = 215936 bytes. The head
+  // takes KS = 2 (KS = 1: 1024 + 24 · 8208 + 32 · 96 + 81920 = 283008): 1024 + 98688 + 1536 + 81920 +
+  // 16 · 3072 = 232320, 128 bytes to spare; with K = 4352 (34 groups) 1024 + 24 · 4368 + 17 · 96 + 81920
+  // + 49152 = 238560 does not fit, where 16 tokens fit one block (1024 + 16 · 8720 + 34 · 64 + 81920 =
+  // 224640).
+  EXPECT_EQ(on_132(28672, 4096, 128, 17), 2);
+  EXPECT_EQ(on_132(28672, 4096, 128, 24), 2);
+  EXPECT_EQ(on_132(128256, 4096, 128, 24), 2);
+  EXPECT_EQ(on_132(128256, 4352, 128, 24), 0);
+  EXPECT_EQ(on_132(128256, 4352, 128, 16), 1);
+  // Groups of 64 stay at 16 tokens; not 9..24 tokens.
+  EXPECT_EQ(on_132(28672, 4096, 64, 17), 0);
   EXPECT_EQ(on_132(128256, 4096, 128, 8), 0);
-  EXPECT_EQ(on_132(28672, 4096, 128, 17), 0);
+  EXPECT_EQ(on_132(28672, 4096, 128, 25), 0);
   // The unit counts at the edges: 67553 rows 2112 units, 67552 rows 2111 (KS = 2), 25344 rows 792, 25312 rows 791.
   EXPECT_EQ(on_132(67553, 4096, 128, 16), 1);
   EXPECT_EQ(on_132(67552, 4096, 128, 16), 2);
@@ -766,8 +784,9 @@ TEST(Cuda, W4A16ResidentShapeWorkedExamples) {
 // per block (the least matrix that takes it plus 8 rows, so the last unit's
 // second tile lies past the matrix and its first has 8 rows) and split over
 // clusters of two (7 units per SM plus 8 rows): groups of 128 and 64, both
-// activation types, with and without the dependent launch, tokens past M;
-// then extreme activations with a NaN in one token (f32 outputs).
+// activation types, with and without the dependent launch, tokens past M,
+// three token tiles at 17..24 (groups of 128); then extreme activations with
+// a NaN in one token (f32 outputs).
 TEST(Cuda, W4A16ResidentActivations) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   const int sms = cuda::device_sm_count();
@@ -777,6 +796,8 @@ TEST(Cuda, W4A16ResidentActivations) {
     ASSERT_EQ(cuda::w4a16_resident_x_ks(rows1, 1024, 64, 11, sms, 2), 1);
     ASSERT_EQ(cuda::w4a16_resident_x_ks(rows2, 2048, 128, 10, sms, 2), 2);
     ASSERT_EQ(cuda::w4a16_resident_x_ks(rows2, 1024, 64, 13, sms, 2), 2);
+    ASSERT_EQ(cuda::w4a16_resident_x_ks(rows1, 2048, 128, 24, sms, 2), 1);
+    ASSERT_EQ(cuda::w4a16_resident_x_ks(rows2, 2048, 128, 17, sms, 2), 2);
   }
   check_w4a16({rows1, 2048, 128}, cuda::Act::BF16, {9, 16}, false, 33);
   check_w4a16({rows1, 1024, 64}, cuda::Act::F16, {12, 16}, true, 34);
@@ -784,7 +805,12 @@ TEST(Cuda, W4A16ResidentActivations) {
   check_extreme_few_tokens(64, cuda::Act::F16, rows1, 1024, {11});
   check_w4a16({rows2, 2048, 128}, cuda::Act::BF16, {10, 16}, true, 35);
   check_w4a16({rows2, 1024, 64}, cuda::Act::F16, {16}, false, 36);
-  check_extreme_few_tokens(128, cuda::Act::BF16, rows2, 1024, {16});
+  check_w4a16({rows1, 2048, 128}, cuda::Act::BF16, {17, 24}, true, 37);
+  check_w4a16({rows1, 2048, 128}, cuda::Act::F16, {20}, false, 38);
+  check_w4a16({rows2, 2048, 128}, cuda::Act::BF16, {17, 24}, false, 39);
+  check_w4a16({rows2, 2048, 128}, cuda::Act::F16, {21}, true, 40);
+  check_extreme_few_tokens(128, cuda::Act::BF16, rows2, 1024, {16, 24});
+  check_extreme_few_tokens(128, cuda::Act::F16, rows1, 1024, {19});
   check_extreme_few_tokens(64, cuda::Act::F16, rows2, 1024, {13});
 }
 

@@ -69,15 +69,19 @@ WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide)
 // (docs/CUDA.md, "17..64 tokens on Hopper"). Also at 17..24 tokens where it
 // splits K 2 ways and the small-M kernel takes three exact token tiles
 // (session 45: 14336 × 4096 19.75 -> 17.92 us at 17 tokens, 20.00 -> 18.43 at
-// 24).
+// 24), and at 17..24 tokens where the resident-activation kernel takes the
+// call (w4a16_resident_x_ks below; session 47: gate|up 31.3 -> 26.9 us at 17
+// tokens).
 // 9..16 tokens on sm_90 with the activations resident in shared memory
-// (w4a16_small_m.cu, session 36): 1 where each block (one per SM) takes all
-// of K (matrices of at least 16 units of two row tiles per SM: vocabulary
-// heads), 2 where the two blocks of a cluster split K (at least 12 units per
-// cluster and warp: gate|up), 0 where the kernel does not apply. K must be a
-// whole number of groups (an even number with 2), and the padded activation
-// rows, Σx, rings and (2) partial sums must fit in 227 KiB (elem: bytes per
-// activation).
+// (w4a16_small_m.cu, session 36), and 17..24 at groups of 128 on three token
+// tiles (session 47): 1 where each block (one per SM) takes all of K
+// (matrices of at least 16 units of two row tiles per SM: vocabulary heads),
+// 2 where the two blocks of a cluster split K (at least 12 units per cluster
+// and warp: gate|up; the head at 17..24, whose 24 rows of x do not fit one
+// block), 0 where the kernel does not apply. K must be a whole number of
+// groups (an even number with 2), and the padded activation rows, Σx, rings
+// and (2) partial sums must fit in 227 KiB (elem: bytes per activation).
+// w4a16_small_m_first sends 17..24-token calls it takes to the small-M path.
 int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem);
 bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms);
 // 17..24 tokens on the small-M kernel, groups of 128: exact weights on three

@@ -28,7 +28,8 @@
 //    once that wait returns the kernel lets the next one launch (session 43).
 //  * 9..16 tokens on matrices of many row tiles on sm_90 (the head, gate|up)
 //    take w4a16_resident_x_kernel instead: the call's activations resident in
-//    shared memory, Σx summed there once per block, whole units per warp.
+//    shared memory, Σx summed there once per block, whole units per warp; so
+//    do 17..24 tokens at groups of 128, on three token tiles (session 47).
 //  * Tokens are the mma's N side (8 per tile, NT tiles). A token column past M
 //    reads token M − 1's row (any valid memory will do: an mma's output column
 //    depends only on its own input column, and those columns are not stored).
@@ -63,7 +64,10 @@ namespace {
 
 using namespace w4a16;
 
-constexpr int kXsumTokens = 16;  // the resident kernel keeps Σx for 16 token slots per group (the exact path's largest M)
+// The resident kernel keeps Σx for 8·NT token slots per group, and (KS = 2)
+// RP(NT) partial-sum slots per warp: two unit parities at two token tiles,
+// one at three (24 tokens of x leave no room for a second).
+__host__ __device__ constexpr int resident_parities(int nt) { return nt == 2 ? 2 : 1; }
 
 // One block per R consecutive 16-row tiles; its `wpt` warps take interleaved
 // groups of all R tiles, so each activation fragment loaded is used R times
@@ -447,11 +451,20 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256, NT == 1 ? 1 : 0)
 // Then the activation rows' and Σx's lane addresses kept in registers with
 // running offsets (268 -> 256 per group, 104-105 registers): gate|up 22.44 ->
 // 22.34 us, fused M = 16 1.856-1.862 -> 1.840-1.845 ms (ab_pinned_addresses.txt).
+// NT = 3 (17..24 tokens, groups of 128; session 47): 24 token slots of x, Σx
+// of the third tile by the all-ones mma with x as its B operand (its sums in
+// every row, stored by the lanes of gid 0), one partial-sum parity per warp
+// (two do not fit beside 24 rows of x: the head's block takes 232320 of the
+// 232448 bytes), 128 registers, no spill. Against the wgmma kernel that took
+// these calls (docs/results/s47/resident24/): gate|up at 17 / 24 tokens
+// 31.35 / 31.25 -> 26.89 / 27.46 us, the head 132.2 / 122.3 -> 103.2 / 103.7;
+// fused 8B stack M = 17 2.359-2.385 -> 2.218-2.234 ms, M = 20 2.375-2.392 ->
+// 2.277-2.292, M = 24 2.391-2.409 -> 2.345-2.353; fp16 M = 17 2.373 -> 2.153.
 __host__ __device__ constexpr uint32_t resident_x_stride(int K, int elem) {
   return (static_cast<uint32_t>(K) * elem + 127u) / 128u * 128u + 16u;
 }
 
-template <typename T, typename OutT, int CPG, int R, int S, int KS>
+template <typename T, typename OutT, int NT, int CPG, int R, int S, int KS>
 __global__ void __launch_bounds__(512, 1)
     w4a16_resident_x_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                             int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int tiles, int chunks,
@@ -459,7 +472,8 @@ __global__ void __launch_bounds__(512, 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // bulk copies and mbarriers need sm_90 (launch_resident refuses older GPUs)
 #else
-  constexpr int NT = 2, G = CPG * kChunk;
+  static_assert(NT == 2 || NT == 3, "9..16 or 17..24 tokens");
+  constexpr int G = CPG * kChunk, kSlots = 8 * NT, P = resident_parities(NT);
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
   const int gid = lane >> 2, tig = lane & 3;
@@ -471,11 +485,11 @@ __global__ void __launch_bounds__(512, 1)
   const int gpr = groups / KS, g0 = static_cast<int>(rank) * gpr;
   const uint32_t xstride = resident_x_stride(gpr * G, sizeof(T));
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t full0 = bar + 8, empty0 = full0 + 16 * wpb;  // per warp and slot parity (KS > 1)
+  const uint32_t full0 = bar + 8, empty0 = full0 + 8 * P * wpb;  // per warp and slot parity (KS > 1)
   const uint32_t xs = bar + 1024;
-  const uint32_t sx = xs + kXsumTokens * xstride;  // Σx [local group][16 tokens], f32
-  const uint32_t ring = sx + gpr * kXsumTokens * 4;
-  const uint32_t red = ring + wpb * S * R * static_cast<uint32_t>(stage_bytes(CPG));  // [warp][parity][lane] × 64 B
+  const uint32_t sx = xs + kSlots * xstride;  // Σx [local group][8·NT tokens], f32
+  const uint32_t ring = sx + gpr * kSlots * 4;
+  const uint32_t red = ring + wpb * S * R * static_cast<uint32_t>(stage_bytes(CPG));  // [warp][parity][lane] × R·NT·16 B
   uint32_t rq = ring + (warp * S * R * CPG * 32 + lane) * 16;
   uint32_t rm = ring + wpb * S * R * CPG * 512 + (warp * S * R * 32 + lane) * 8;
   uint32_t xl[NT];  // this lane's fragment row of each token tile (tokens past M read token M − 1)
@@ -485,10 +499,11 @@ __global__ void __launch_bounds__(512, 1)
   // Kept in registers: recomputed from the block's shared window in every
   // group, they cost about 12 instructions a group.
   asm volatile("" : "+r"(rq), "+r"(rm), "+r"(xl[0]), "+r"(xl[1]), "+r"(sxl));
+  if constexpr (NT > 2) asm volatile("" : "+r"(xl[2]));
   if (threadIdx.x == 0) {
     mbar_init(bar, 1);
     if constexpr (KS > 1)
-      for (int i = 0; i < 4 * wpb; ++i) mbar_init(full0 + 8 * i, 32);  // full and empty: every lane arrives
+      for (int i = 0; i < 2 * P * wpb; ++i) mbar_init(full0 + 8 * i, 32);  // full and empty: every lane arrives
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   if constexpr (KS > 1)
@@ -578,9 +593,15 @@ __global__ void __launch_bounds__(512, 1)
       ones_chunk_mmas<T, NT>(acc, xv);
     }
     if (tig == 0) {
-      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sx + (g * kXsumTokens + gid) * 4), "f"(acc[0][0]) : "memory");
-      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sx + (g * kXsumTokens + gid + 8) * 4), "f"(acc[0][2])
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sx + (g * kSlots + gid) * 4), "f"(acc[0][0]) : "memory");
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(sx + (g * kSlots + gid + 8) * 4), "f"(acc[0][2])
                    : "memory");
+    }
+    if constexpr (NT == 3) {  // the third tile's sums (the B operand): tokens 16 + 2tig, + 1 in every row
+      if (gid == 0)
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sx + (g * kSlots + 16 + 2 * tig) * 4),
+                     "f"(acc[2][0]), "f"(acc[2][1])
+                     : "memory");
     }
   }
   __syncthreads();
@@ -615,20 +636,20 @@ __global__ void __launch_bounds__(512, 1)
     for (int r = 0; r < R; ++r) sm[r] = lds64(rm + (st * R + r) * 256);
     exact_combine<T, R, NT>(out, acc, sm, sb);
     xo += G * static_cast<uint32_t>(sizeof(T));
-    so += kXsumTokens * 4;
+    so += kSlots * 4;
     if (++cg == gpr) {
       xo = 0;
       so = sxl;
       if constexpr (KS > 1) {
-        // Slot k % 2 of this warp in rank 0's shared memory holds the other
+        // Slot k % P of this warp in rank 0's shared memory holds the other
         // ranks' partial sums of the warp's k-th unit (KS = 2: one rank).
         static_assert(KS == 2, "one partner rank");
-        const int k = (cu - gw) / ustride, p = k & 1;
-        const uint32_t slot = red + ((warp * 2 + p) * 32 + lane) * 64;
-        const uint32_t full = full0 + 8 * (warp * 2 + p), empty = empty0 + 8 * (warp * 2 + p);
+        const unsigned k = static_cast<unsigned>((cu - gw) / ustride), p = k % P;
+        const uint32_t slot = red + ((warp * P + p) * 32 + lane) * (R * NT * 16);
+        const uint32_t full = full0 + 8 * (warp * P + p), empty = empty0 + 8 * (warp * P + p);
         float* o = &out[0][0][0];
         if (rank != 0) {
-          if (k >= 2) mbar_wait_cluster(empty, ((k >> 1) - 1) & 1);  // rank 0 has read unit k − 2
+          if (k >= P) mbar_wait_cluster(empty, (k / P - 1) & 1);  // rank 0 has read unit k − P
           const uint32_t rs = mapa_shared(slot, 0), rf = mapa_shared(full, 0);
 #pragma unroll
           for (int i = 0; i < R * NT * 4; i += 4)
@@ -637,7 +658,7 @@ __global__ void __launch_bounds__(512, 1)
                          : "memory");
           asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(rf) : "memory");
         } else {
-          mbar_wait_cluster(full, (k >> 1) & 1);
+          mbar_wait_cluster(full, (k / P) & 1);
 #pragma unroll
           for (int i = 0; i < R * NT * 4; i += 4) {
             const uint4 v = lds128(slot + 4 * i);
@@ -778,8 +799,10 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   // fused 8B stack went 2.839-2.842 -> 2.482-2.483 ms at 17 tokens, 2.963-2.977
   // -> 2.555 at 24 (session 46, docs/results/s46/portable_pdl/). As for
   // groups of 64 on the staged kernel (launch_staged), the mechanism is not
-  // known. On sm_90 no call reaches it: at 17..24 tokens only matrices the
-  // wgmma grid would split come here, at most 16896 rows (528 blocks).
+  // known. On sm_90 a call reaches it only where the resident-activation
+  // kernel declines one it would take (x rows not 16-byte aligned, or
+  // NIBBLE_W4A16_RESIDENT=0): the others that come here at 17..24 tokens are
+  // matrices the wgmma grid would split, at most 16896 rows (528 blocks).
   if (NT == 3 && g.blocks > 4 * int64_t{sms}) pdl = false;
   if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);
   launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, pdl, stream, w, x, ldx, y, ldy, M);
@@ -875,32 +898,33 @@ void launch_rounded(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
 // The resident-activation kernel above: R = 2 row tiles per warp, S = 2 ring
 // stages, at most 16 warps a block (one block per SM), and per block, with K
 // split over KS blocks of a cluster, its warps and shared memory: the header
-// of mbarriers, the padded x rows, Σx, the rings and (KS > 1) the partial-sum
-// slots (2 unit parities × 32 lanes × R·NT·4 floats per warp).
+// of mbarriers, the x rows of 8·nt token slots (padded), Σx, the rings and
+// (KS > 1) the partial-sum slots (resident_parities(nt) unit parities × 32
+// lanes × R·nt·4 floats per warp).
 constexpr int kResidentR = 2, kResidentS = 2, kResidentWarps = 16;
 constexpr size_t kResidentSmemMax = 227 << 10;  // sm_90's opt-in shared memory per block
 struct ResidentGrid {
   int64_t warps;
   size_t smem;
-  ResidentGrid(int64_t rows, int64_t cols, int group_size, int sms, size_t elem, int ks) {
+  ResidentGrid(int64_t rows, int64_t cols, int group_size, int sms, size_t elem, int ks, int nt) {
     const SmallMGrid g(rows, cols, group_size, group_size / kChunk, kResidentR);
     const int64_t gpr = g.groups / ks, clusters = sms / ks;
+    const size_t slots = 8 * static_cast<size_t>(nt);
     warps = std::min<int64_t>(kResidentWarps, (g.blocks + clusters - 1) / clusters);
-    smem = 1024 +
-           kXsumTokens * size_t{resident_x_stride(static_cast<int>(gpr * group_size), static_cast<int>(elem))} +
-           static_cast<size_t>(gpr) * kXsumTokens * 4 +
-           warps * kResidentS * kResidentR * stage_bytes(group_size / kChunk) +
-           (ks > 1 ? static_cast<size_t>(warps) * 2 * 32 * (kResidentR * 2 * 4) * sizeof(float) : 0);
+    smem = 1024 + slots * size_t{resident_x_stride(static_cast<int>(gpr * group_size), static_cast<int>(elem))} +
+           static_cast<size_t>(gpr) * slots * 4 + warps * kResidentS * kResidentR * stage_bytes(group_size / kChunk) +
+           (ks > 1 ? static_cast<size_t>(warps) * resident_parities(nt) * 32 * (kResidentR * nt * 4) * sizeof(float)
+                   : 0);
   }
 };
 
-template <typename T, typename OutT, int CPG, int KS>
+template <typename T, typename OutT, int NT, int CPG, int KS>
 void launch_resident_ks(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy,
                         cudaStream_t stream, bool pdl, int sms) {
   const SmallMGrid g(w, CPG, kResidentR);
-  const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), KS);
+  const ResidentGrid rg(w.rows, w.cols, w.group_size, sms, sizeof(T), KS, NT);
   NIBBLE_CHECK(rg.smem <= kResidentSmemMax, "w4a16: {} bytes of shared memory", rg.smem);
-  constexpr auto kernel = w4a16_resident_x_kernel<T, OutT, CPG, kResidentR, kResidentS, KS>;
+  constexpr auto kernel = w4a16_resident_x_kernel<T, OutT, NT, CPG, kResidentR, kResidentS, KS>;
   max_dynamic_smem_once<kernel>(kResidentSmemMax);
   cudaLaunchAttribute attr[2] = {};
   unsigned nattr = 0;
@@ -929,10 +953,20 @@ bool launch_resident(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || (ldx * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
   if (const char* e = std::getenv("NIBBLE_W4A16_RESIDENT"); e != nullptr && e[0] == '0') return false;
   if (!w4a16_wgmma_device()) return false;
+  if (M > 16) {  // groups of 128 only (w4a16_resident_x_ks)
+    if constexpr (CPG == 2) {
+      if (ks == 2)
+        launch_resident_ks<T, OutT, 3, CPG, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+      else
+        launch_resident_ks<T, OutT, 3, CPG, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+      return true;
+    }
+    return false;
+  }
   if (ks == 2)
-    launch_resident_ks<T, OutT, CPG, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+    launch_resident_ks<T, OutT, 2, CPG, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
   else
-    launch_resident_ks<T, OutT, CPG, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+    launch_resident_ks<T, OutT, 2, CPG, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
   return true;
 }
 
@@ -990,10 +1024,12 @@ bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act) {
 bool w4a16_small_m_applies(int group_size, int64_t M) { return M >= 2 && (group_size == 64 || group_size == 128); }
 
 int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem) {
-  if (M < 9 || M > kXsumTokens || (group_size != 64 && group_size != 128) || cols % group_size != 0) return 0;
+  if (M < 9 || M > 24 || (group_size != 64 && group_size != 128) || cols % group_size != 0) return 0;
+  if (M > 16 && group_size != 128) return 0;  // 17..24 tokens: three token tiles, groups of 128
+  const int nt = M > 16 ? 3 : 2;
   const SmallMGrid g(rows, cols, group_size, group_size / kChunk, kResidentR);
   auto fits = [&](int ks) {
-    return ResidentGrid(rows, cols, group_size, sms, elem, ks).smem <= kResidentSmemMax;
+    return ResidentGrid(rows, cols, group_size, sms, elem, ks, nt).smem <= kResidentSmemMax;
   };
   // Every warp of every block walks whole units of all of K.
   if (g.blocks >= kResidentWarps * int64_t{sms} && fits(1)) return 1;

@@ -572,7 +572,8 @@ bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, 
   if (M > 32) return false;
   const SmallMGrid d(rows, cols, group_size, group_size / kChunk, 4);  // as launch_wgmma's grid
   const int64_t ks = wg_grid(d.blocks, d.groups, sms, 4, false).ks;
-  return ks >= 4 || (M <= 24 && ks >= 2 && w4a16_three_tiles_exact(rows, cols, group_size, sms));
+  return ks >= 4 || (M <= 24 && ks >= 2 && w4a16_three_tiles_exact(rows, cols, group_size, sms)) ||
+         w4a16_resident_x_ks(rows, cols, group_size, M, sms, 2) > 0;
 }
 
 void w4a16_wgmma(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
