@@ -191,11 +191,11 @@ const LinearKernel* find_linear_kernel(std::string_view format, int group_size);
 
 // W4A16 numerics (fp32 accumulation always): whether a call of M tokens on w
 // with `act` activations uses the exact weights code·scale + min (groups of
-// 64 or more: up to 16 tokens always; groups of 128 at 17..24 tokens where
-// the small-M kernel takes the call on three token tiles,
-// w4a16_three_tiles_exact; the current
-// device decides) or rounds each weight once to the activation type,
-// fl16(code·scale + min).
+// 64 or more: up to 16 tokens always; at 17..24 tokens where the small-M
+// kernel takes the call on three token tiles: groups of 128 on the matrices
+// w4a16_three_tiles_exact names, and on sm_90 both group sizes where the
+// resident-activation kernel applies; the current device decides) or rounds
+// each weight once to the activation type, fl16(code·scale + min).
 bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act);
 
 // The w4a16 layout built on the host (tests, and what upload does on the device):

@@ -272,10 +272,11 @@ TEST(Cuda, W4A16SmallMFirstWorkedExamples) {
     EXPECT_EQ(cuda::w4a16_small_m_first(128256, 4096, 128, M, 132), M <= 24);
   }
   // Groups of 64 (twice the groups): 14336 × 4096 still KS 2 (224·2·2 = 896 >
-  // 528), and groups of 64 have no three exact tiles: the wgmma kernel; nor
-  // resident activations past 16 tokens (gate|up).
+  // 528), and groups of 64 have no three exact tiles: the wgmma kernel; but
+  // gate|up keeps its resident activations (up to 24 tokens).
   EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 64, 24, 132));
-  EXPECT_FALSE(cuda::w4a16_small_m_first(28672, 4096, 64, 17, 132));
+  EXPECT_TRUE(cuda::w4a16_small_m_first(28672, 4096, 64, 17, 132));
+  EXPECT_FALSE(cuda::w4a16_small_m_first(28672, 4096, 64, 25, 132));
   // 9 groups of 64 over 264 rows: KS 2 (KS 4 needs 16 groups); 5 groups of 128: no split.
   EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 64, 20, 132));
   EXPECT_FALSE(cuda::w4a16_small_m_first(264, 576, 128, 20, 132));
@@ -720,7 +721,7 @@ TEST(Cuda, W4A16FewTokensExtremeActivations) {
 }
 
 // 9..24 tokens on sm_90 with the activations resident in shared memory
-// (w4a16_resident_x_kernel; 17..24 tokens groups of 128 only): which shapes
+// (w4a16_resident_x_kernel): which shapes
 // take it, and with K split over how many blocks of a cluster, worked by hand
 // for 132 SMs and bf16 (no device needed). Blocks of at most 16 warps with two
 // row tiles each and 2 ring stages. KS = 1: at least 16 · 132 = 2112 units of
@@ -754,8 +755,11 @@ TEST(Cuda, W4A16ResidentShapeWorkedExamples) {
   EXPECT_EQ(on_132(128256, 4096, 128, 24), 2);
   EXPECT_EQ(on_132(128256, 4352, 128, 24), 0);
   EXPECT_EQ(on_132(128256, 4352, 128, 16), 1);
-  // Groups of 64 stay at 16 tokens; not 9..24 tokens.
-  EXPECT_EQ(on_132(28672, 4096, 64, 17), 0);
+  // Groups of 64 at 24 tokens (Σx 32 · 96 per rank, stages of 768): gate|up 1024 + 98688 + 3072 + 43008 +
+  // 43008 = 188800; the head KS = 2 (KS = 1: 1024 + 196992 + 6144 + 49152 = 253312): 1024 + 98688 + 3072
+  // + 49152 + 49152 = 201088. Not 9..24 tokens.
+  EXPECT_EQ(on_132(28672, 4096, 64, 17), 2);
+  EXPECT_EQ(on_132(128256, 4096, 64, 24), 2);
   EXPECT_EQ(on_132(128256, 4096, 128, 8), 0);
   EXPECT_EQ(on_132(28672, 4096, 128, 25), 0);
   // The unit counts at the edges: 67553 rows 2112 units, 67552 rows 2111 (KS = 2), 25344 rows 792, 25312 rows 791.
@@ -785,8 +789,8 @@ TEST(Cuda, W4A16ResidentShapeWorkedExamples) {
 // second tile lies past the matrix and its first has 8 rows) and split over
 // clusters of two (7 units per SM plus 8 rows): groups of 128 and 64, both
 // activation types, with and without the dependent launch, tokens past M,
-// three token tiles at 17..24 (groups of 128); then extreme activations with
-// a NaN in one token (f32 outputs).
+// three token tiles at 17..24; then extreme activations with a NaN in one
+// token (f32 outputs).
 TEST(Cuda, W4A16ResidentActivations) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   const int sms = cuda::device_sm_count();
@@ -798,6 +802,8 @@ TEST(Cuda, W4A16ResidentActivations) {
     ASSERT_EQ(cuda::w4a16_resident_x_ks(rows2, 1024, 64, 13, sms, 2), 2);
     ASSERT_EQ(cuda::w4a16_resident_x_ks(rows1, 2048, 128, 24, sms, 2), 1);
     ASSERT_EQ(cuda::w4a16_resident_x_ks(rows2, 2048, 128, 17, sms, 2), 2);
+    ASSERT_EQ(cuda::w4a16_resident_x_ks(rows1, 1024, 64, 22, sms, 2), 1);
+    ASSERT_EQ(cuda::w4a16_resident_x_ks(rows2, 1024, 64, 24, sms, 2), 2);
   }
   check_w4a16({rows1, 2048, 128}, cuda::Act::BF16, {9, 16}, false, 33);
   check_w4a16({rows1, 1024, 64}, cuda::Act::F16, {12, 16}, true, 34);
@@ -811,6 +817,9 @@ TEST(Cuda, W4A16ResidentActivations) {
   check_w4a16({rows2, 2048, 128}, cuda::Act::F16, {21}, true, 40);
   check_extreme_few_tokens(128, cuda::Act::BF16, rows2, 1024, {16, 24});
   check_extreme_few_tokens(128, cuda::Act::F16, rows1, 1024, {19});
+  check_w4a16({rows1, 1024, 64}, cuda::Act::BF16, {22}, true, 41);
+  check_w4a16({rows2, 1024, 64}, cuda::Act::F16, {17, 24}, false, 42);
+  check_extreme_few_tokens(64, cuda::Act::BF16, rows2, 1024, {23});
   check_extreme_few_tokens(64, cuda::Act::F16, rows2, 1024, {13});
 }
 

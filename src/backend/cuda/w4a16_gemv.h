@@ -37,7 +37,8 @@ void w4a16_gemv_prepare(const DeviceLinear& w, const void* x, Act act, void* pre
 // The kernel for M >= 2 tokens with groups of 64 or 128 (w4a16_small_m.cu).
 // Up to 16 tokens: exact weights, Σx per token and group summed by the
 // kernel's own warps (no scratch); 17..24 exact on three token tiles where
-// w4a16_three_tiles_exact says; else 16-bit weights (w4a16_exact_weights).
+// w4a16_three_tiles_exact says or the resident-activation kernel takes the
+// call; else 16-bit weights (w4a16_exact_weights).
 bool w4a16_small_m_applies(int group_size, int64_t M);
 void w4a16_small_m(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, Act act, void* y, int64_t ldy,
                    bool f32_out, cudaStream_t stream, bool pdl, int sms);
@@ -73,8 +74,8 @@ WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide)
 // call (w4a16_resident_x_ks below; session 47: gate|up 31.3 -> 26.9 us at 17
 // tokens).
 // 9..16 tokens on sm_90 with the activations resident in shared memory
-// (w4a16_small_m.cu, session 36), and 17..24 at groups of 128 on three token
-// tiles (session 47): 1 where each block (one per SM) takes all of K
+// (w4a16_small_m.cu, session 36), and 17..24 on three token tiles (session
+// 47): 1 where each block (one per SM) takes all of K
 // (matrices of at least 16 units of two row tiles per SM: vocabulary heads),
 // 2 where the two blocks of a cluster split K (at least 12 units per cluster
 // and warp: gate|up; the head at 17..24, whose 24 rows of x do not fit one

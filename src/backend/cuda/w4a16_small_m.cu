@@ -4,7 +4,8 @@
 //
 // y[M, N] = x[M, K] · Ŵᵀ, x bf16 or fp16, fp32 accumulation. Up to 16 tokens
 // the weights are exact (FORMAT.md's c·s + m, never rounded to 16 bits), and
-// up to 24 on the matrices w4a16_three_tiles_exact names (groups of 128):
+// up to 24 on the matrices w4a16_three_tiles_exact names (groups of 128) and
+// those the resident-activation kernel takes (sm_90; groups of 64 and 128):
 //  * The mma multiplies x by the offset codes 128 + c (0x4300 | c is exactly
 //    that in bf16; 0x6400 | c is 1024 + c in fp16): one and-or per register
 //    of the A fragment, no arithmetic on the weights.
@@ -29,7 +30,7 @@
 //  * 9..16 tokens on matrices of many row tiles on sm_90 (the head, gate|up)
 //    take w4a16_resident_x_kernel instead: the call's activations resident in
 //    shared memory, Σx summed there once per block, whole units per warp; so
-//    do 17..24 tokens at groups of 128, on three token tiles (session 47).
+//    do 17..24 tokens, on three token tiles (session 47).
 //  * Tokens are the mma's N side (8 per tile, NT tiles). A token column past M
 //    reads token M − 1's row (any valid memory will do: an mma's output column
 //    depends only on its own input column, and those columns are not stored).
@@ -451,7 +452,7 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256, NT == 1 ? 1 : 0)
 // Then the activation rows' and Σx's lane addresses kept in registers with
 // running offsets (268 -> 256 per group, 104-105 registers): gate|up 22.44 ->
 // 22.34 us, fused M = 16 1.856-1.862 -> 1.840-1.845 ms (ab_pinned_addresses.txt).
-// NT = 3 (17..24 tokens, groups of 128; session 47): 24 token slots of x, Σx
+// NT = 3 (17..24 tokens; session 47): 24 token slots of x, Σx
 // of the third tile by the all-ones mma with x as its B operand (its sums in
 // every row, stored by the lanes of gid 0), one partial-sum parity per warp
 // (two do not fit beside 24 rows of x: the head's block takes 232320 of the
@@ -460,6 +461,9 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256, NT == 1 ? 1 : 0)
 // 31.35 / 31.25 -> 26.89 / 27.46 us, the head 132.2 / 122.3 -> 103.2 / 103.7;
 // fused 8B stack M = 17 2.359-2.385 -> 2.218-2.234 ms, M = 20 2.375-2.392 ->
 // 2.277-2.292, M = 24 2.391-2.409 -> 2.345-2.353; fp16 M = 17 2.373 -> 2.153.
+// Groups of 64 (resident24_g64/): gate|up at 17 tokens 41.25 -> 31.22 us, the
+// head 160.5 -> 121.1; fused stack M = 17 2.995-3.005 -> 2.627-2.630 ms, M = 24
+// 3.034-3.036 -> 2.728-2.742, fp16 M = 17 3.527 -> 2.570.
 __host__ __device__ constexpr uint32_t resident_x_stride(int K, int elem) {
   return (static_cast<uint32_t>(K) * elem + 127u) / 128u * 128u + 16u;
 }
@@ -953,15 +957,12 @@ bool launch_resident(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || (ldx * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
   if (const char* e = std::getenv("NIBBLE_W4A16_RESIDENT"); e != nullptr && e[0] == '0') return false;
   if (!w4a16_wgmma_device()) return false;
-  if (M > 16) {  // groups of 128 only (w4a16_resident_x_ks)
-    if constexpr (CPG == 2) {
-      if (ks == 2)
-        launch_resident_ks<T, OutT, 3, CPG, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
-      else
-        launch_resident_ks<T, OutT, 3, CPG, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
-      return true;
-    }
-    return false;
+  if (M > 16) {
+    if (ks == 2)
+      launch_resident_ks<T, OutT, 3, CPG, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+    else
+      launch_resident_ks<T, OutT, 3, CPG, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+    return true;
   }
   if (ks == 2)
     launch_resident_ks<T, OutT, 2, CPG, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
@@ -972,9 +973,11 @@ bool launch_resident(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT
 
 // Whether the kernels here run a call of M tokens (groups of 64 or 128) on
 // exact weights: up to 16 tokens, and 17..24 on three token tiles where
-// w4a16_three_tiles_exact says.
+// w4a16_three_tiles_exact says or the resident-activation kernel takes the
+// call (where it then declines one, launch_small's exact kernels run it).
 bool small_m_exact(int64_t rows, int64_t cols, int group_size, int64_t M, int sms) {
-  return M <= 16 || (M <= 24 && w4a16_three_tiles_exact(rows, cols, group_size, sms));
+  return M <= 16 || (M <= 24 && (w4a16_three_tiles_exact(rows, cols, group_size, sms) ||
+                                 (w4a16_wgmma_device() && w4a16_resident_x_ks(rows, cols, group_size, M, sms, 2) > 0)));
 }
 
 template <typename T, typename OutT>
@@ -996,14 +999,16 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   else if (M <= 16)
     g64 ? launch_small<T, OutT, 2, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
         : launch_small<T, OutT, 2, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
-  else  // 17..24 tokens: groups of 128 only (w4a16_three_tiles_exact)
-    launch_small<T, OutT, 3, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
+  else  // 17..24 tokens (w4a16_three_tiles_exact; groups of 64 only where the resident kernel declined)
+    g64 ? launch_small<T, OutT, 3, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
+        : launch_small<T, OutT, 3, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
 }
 
 }  // namespace
 
 bool w4a16_three_tiles_exact(int64_t rows, int64_t cols, int group_size, int sms) {
-  // Groups of 64 stay rounded: each shape was faster on three exact tiles
+  // Groups of 64 stay rounded (but where the resident-activation kernel
+  // takes the call, small_m_exact): each shape was faster on three exact tiles
   // (o at 17 tokens 8.92 -> 7.67 us, down 25.39 -> 21.03), but the fused 8B
   // stack at groups of 64 took 3.00-3.01 -> 3.38-3.40 ms with programmatic
   // dependent launch (2.89-2.91 without it, against 3.07-3.09): the early
@@ -1025,7 +1030,6 @@ bool w4a16_small_m_applies(int group_size, int64_t M) { return M >= 2 && (group_
 
 int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem) {
   if (M < 9 || M > 24 || (group_size != 64 && group_size != 128) || cols % group_size != 0) return 0;
-  if (M > 16 && group_size != 128) return 0;  // 17..24 tokens: three token tiles, groups of 128
   const int nt = M > 16 ? 3 : 2;
   const SmallMGrid g(rows, cols, group_size, group_size / kChunk, kResidentR);
   auto fits = [&](int ks) {
