@@ -221,6 +221,37 @@ TEST(Cuda, W4A16OneWaveWarpsWorkedExamples) {
   EXPECT_EQ(on_132(64, 16, 3, 1), 3);
 }
 
+// The early-launched grid's shared memory (even_share_smem_for) worked by hand
+// for 132 SMs of 233472 bytes, 1024 of them reserved per block, and a kernel
+// whose registers allow 3 blocks per SM (80 a thread, 256 threads: the fp16
+// wgmma kernel at groups of 64). No device needed.
+TEST(Cuda, W4A16EvenShareSmemWorkedExamples) {
+  auto per_sm = [](size_t s) { return std::min<int64_t>(3, static_cast<int64_t>(233472 / (s + 1024))); };
+  auto even = [&](size_t smem, int64_t blocks, size_t most) {
+    return cuda::even_share_smem_for(smem, blocks, 132, most, per_sm);
+  };
+  // gate|up's 224 blocks: an even share of 2. 3 fit while s + 1024 <= 77824,
+  // so s must exceed 76800: 40000 + 128·288 = 76864 (76736 still fits 3).
+  EXPECT_EQ(even(40000, 224, 232448), 76864u);
+  EXPECT_EQ(per_sm(76864), 2);
+  EXPECT_EQ(per_sm(76736), 3);
+  // 132 blocks: a share of 1; 2 fit while 2·(s + 1024) <= 233472, i.e. s <= 115712:
+  // 40000 + 128·592 = 115776.
+  EXPECT_EQ(even(40000, 132, 232448), 115776u);
+  EXPECT_EQ(per_sm(115776), 1);
+  EXPECT_EQ(per_sm(115648), 2);
+  // 300 blocks: a share of 3, which the registers already hold.
+  EXPECT_EQ(even(40000, 300, 232448), 40000u);
+  // Too little room to raise it to: unchanged.
+  EXPECT_EQ(even(40000, 132, 100000), 40000u);
+  // Already at its share.
+  EXPECT_EQ(even(90000, 224, 232448), 90000u);
+  // `most` itself where the next step of 128 would pass it (115776 > 115750),
+  // and unchanged where `most` still holds 2 (115700 + 1024 <= 116736).
+  EXPECT_EQ(even(40000, 132, 115750), 115750u);
+  EXPECT_EQ(even(40000, 132, 115700), 40000u);
+}
+
 // The wgmma kernel's grid (wg_grid) on the Llama-3-8B shapes with groups of
 // 128, worked by hand for 132 SMs. No device needed. {ks, nwg, blocks}.
 TEST(Cuda, W4A16WgmmaGridWorkedExamples) {

@@ -900,6 +900,23 @@ int64_t one_wave_warps(const void* kernel, int64_t blocks, int64_t most, int64_t
   return it->second;
 }
 
+size_t even_share_smem(const void* kernel, int threads, size_t smem, int64_t blocks, int sms, size_t most) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t, int64_t, int, size_t>, size_t> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kernel, threads, smem, blocks, sms, most);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const size_t bytes = even_share_smem_for(smem, blocks, sms, most, [&](size_t s) {
+      int n = 0;
+      NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, s));
+      return int64_t{n};
+    });
+    it = cache.emplace(key, bytes).first;
+  }
+  return it->second;
+}
+
 bool w4a16_gemv_applies(int group_size) { return group_size == 64 || group_size == 128; }
 
 size_t w4a16_gemv_scratch_bytes(int64_t cols) { return prep_bytes(cols); }

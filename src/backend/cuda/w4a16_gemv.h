@@ -121,4 +121,32 @@ int64_t one_wave_warps_for(int64_t blocks, int64_t most, int64_t groups, int sms
   return 0;
 }
 
+// Dynamic shared memory for a grid of `blocks` blocks (`threads` each, asking
+// `smem` bytes) that launches early (programmatic dependent launch): raised,
+// up to `most` bytes, until no more than the even share of ceil(blocks / sms)
+// blocks fit on one SM; `smem` where they already do or cannot be made to.
+// Launched early, a grid's blocks take the room the kernel before leaves as
+// its SMs drain, so where an SM holds more than the even share, the first SMs
+// to empty take more than theirs and the grid ends with them (session 48: the
+// fp16 wgmma kernel at groups of 64 fits 3 blocks of 256 threads per SM, bf16
+// 2; gate|up's 224 blocks at 25 tokens took 58 us after o with the early
+// launch and 43 without; docs/CUDA.md "Session 48").
+size_t even_share_smem(const void* kernel, int threads, size_t smem, int64_t blocks, int sms, size_t most);
+// The same rule on a given occupancy: per_sm(s) blocks of s bytes are
+// resident on one SM (non-increasing in s). Sizes step by 128 bytes.
+template <typename PerSm>
+size_t even_share_smem_for(size_t smem, int64_t blocks, int sms, size_t most, PerSm per_sm) {
+  if (sms <= 0 || blocks <= 0) return smem;
+  const int64_t share = (blocks + sms - 1) / sms;
+  if (per_sm(smem) <= share || most <= smem || per_sm(most) > share) return smem;
+  // The least s = smem + 128·k (or `most`) with per_sm(s) <= share.
+  auto at = [&](int64_t k) { return std::min(smem + static_cast<size_t>(k) * 128, most); };
+  int64_t lo = 0, hi = static_cast<int64_t>((most - smem + 127) / 128);  // per_sm(at(lo)) > share >= per_sm(at(hi))
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (per_sm(at(mid)) > share ? lo : hi) = mid;
+  }
+  return at(hi);
+}
+
 }  // namespace nibble::cuda

@@ -451,6 +451,21 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
     attr[0] = attr[1];
     cfg.numAttrs = 1;
   }
+  else {
+    // Launched early, no more blocks on one SM than the even share
+    // (even_share_smem), as long as all its clusters still fit. fp16 at groups
+    // of 64 fits 3 blocks of 256 threads per SM at 25..64 tokens (78-81
+    // registers), and gate|up's 224 blocks piled onto the SMs that o left
+    // first: o then gate|up took 68.1 us a pair, 51.2 with the share; fused
+    // 8B stack at groups of 64, fp16, M = 25 3.54-3.58 -> 3.03-3.05 ms, M = 32
+    // 3.62-3.64 -> 3.10-3.11 (session 48, docs/results/s48/even_share/).
+    const size_t even = even_share_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(g.nwg * 128),
+                                        cfg.dynamicSmemBytes, g.blocks * g.ks, sms, kWgMaxSmem);
+    if (even != cfg.dynamicSmemBytes &&
+        (g.ks == 1 || g.blocks <= max_active_clusters<kernel>(static_cast<int>(g.nwg * 128), even,
+                                                              static_cast<int>(g.ks))))
+      cfg.dynamicSmemBytes = even;
+  }
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
       &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()),
       static_cast<const unsigned char*>(img), y, ldy, M, static_cast<int>(w.rows), static_cast<int>(d.tiles),
