@@ -721,14 +721,17 @@ bool launch_staged(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* 
       one_wave_warps(reinterpret_cast<const void*>(kernel), g.blocks, most, g.groups, 1, smem_warp, sms);
   if (warps == 0) return false;  // more than one wave: the kernel above
   const size_t smem = warps == 1 ? S * staged_stage_bytes<NT, CPG, R>() : static_cast<size_t>(warps) * smem_warp;
-  // Groups of 64 on grids of more than 4 blocks per SM (gate|up of the 8B
-  // stack: 896 blocks of 3 warps) launch without the dependent launch: with it
-  // the 8B stack at 4 tokens took 1.775-1.783 ms, without it on gate|up alone
-  // 1.598-1.600 (session 42, docs/results/s42/g64_pdl_probe.txt). Why its
-  // early launch costs about 6 us there (and not at groups of 128, with the
-  // same 896 blocks of 4 warps) is not known.
-  if (CPG == 1 && g.blocks > 4 * int64_t{sms}) pdl = false;
-  launch_small_m_kernel(kernel, g, warps, smem, pdl, stream, w, x, ldx, y, ldy, M);
+  // Launched early, no more blocks on one SM than the even share
+  // (even_share_smem). Groups of 64 on gate|up of the 8B stack (896 blocks of
+  // 3 warps) lost about 6 us a call to the early launch without it (session
+  // 42, docs/results/s42/g64_pdl_probe.txt), and launched without it since;
+  // with the share and the early launch the fused 8B stack at groups of 64
+  // took 1.583 -> 1.545 ms at 4 tokens, 1.583-1.588 -> 1.546-1.553 at 2 and 8
+  // (session 48, docs/results/s48/even_share/).
+  const size_t even = pdl ? even_share_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(warps * 32), smem,
+                                            g.blocks, sms, device_smem_cap(200 << 10))
+                          : smem;
+  launch_small_m_kernel(kernel, g, warps, even, pdl, stream, w, x, ldx, y, ldy, M);
   return true;
 }
 
@@ -807,6 +810,10 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   // kernel declines one it would take (x rows not 16-byte aligned, or
   // NIBBLE_W4A16_RESIDENT=0): the others that come here at 17..24 tokens are
   // matrices the wgmma grid would split, at most 16896 rows (528 blocks).
+  // The even share of launch_staged (even_share_smem) does not recover this
+  // loss: with it and the early launch instead of this rule the stack took
+  // 2.48 -> 2.70 ms at 17 tokens on that path (session 48,
+  // docs/results/s48/even_share/ab_small.txt).
   if (NT == 3 && g.blocks > 4 * int64_t{sms}) pdl = false;
   if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);
   launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, pdl, stream, w, x, ldx, y, ldy, M);
