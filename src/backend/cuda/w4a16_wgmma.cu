@@ -450,8 +450,7 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   if (lowered) {
     attr[0] = attr[1];
     cfg.numAttrs = 1;
-  }
-  else {
+  } else {
     // Launched early, no more blocks on one SM than the even share
     // (even_share_smem), as long as all its clusters still fit. fp16 at groups
     // of 64 fits 3 blocks of 256 threads per SM at 25..64 tokens (78-81
