@@ -804,15 +804,15 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   // (NIBBLE_W4A16_WGMMA=0 on the H200) gate|up's 896 blocks at 17 tokens took
   // 45.97 us a call with it, 37.96 without (the head 125.8 -> 127.9), and the
   // fused 8B stack went 2.839-2.842 -> 2.482-2.483 ms at 17 tokens, 2.963-2.977
-  // -> 2.555 at 24 (session 46, docs/results/s46/portable_pdl/). As for
-  // groups of 64 on the staged kernel (launch_staged), the mechanism is not
-  // known. On sm_90 a call reaches it only where the resident-activation
+  // -> 2.555 at 24 (session 46, docs/results/s46/portable_pdl/). The
+  // mechanism is not known: it is not the piling that launch_staged's even
+  // share prevents (below). On sm_90 a call reaches it only where the resident-activation
   // kernel declines one it would take (x rows not 16-byte aligned, or
   // NIBBLE_W4A16_RESIDENT=0): the others that come here at 17..24 tokens are
   // matrices the wgmma grid would split, at most 16896 rows (528 blocks).
-  // The even share of launch_staged (even_share_smem) does not recover this
-  // loss: with it and the early launch instead of this rule the stack took
-  // 2.48 -> 2.70 ms at 17 tokens on that path (session 48,
+  // With that share (even_share_smem: these 896 one-warp blocks, 12 of which
+  // fit per SM, capped at 7) and the early launch instead of this rule, the
+  // stack took 2.48 -> 2.70 ms at 17 tokens on that path (session 48,
   // docs/results/s48/even_share/ab_small.txt).
   if (NT == 3 && g.blocks > 4 * int64_t{sms}) pdl = false;
   if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);

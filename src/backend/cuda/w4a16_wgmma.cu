@@ -453,7 +453,7 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   } else {
     // Launched early, no more blocks on one SM than the even share
     // (even_share_smem), as long as all its clusters still fit. fp16 at groups
-    // of 64 fits 3 blocks of 256 threads per SM at 25..64 tokens (78-81
+    // of 64 fits 3 blocks of 256 threads per SM on the 32-token image (78-81
     // registers), and gate|up's 224 blocks piled onto the SMs that o left
     // first: o then gate|up took 68.1 us a pair, 51.2 with the share; fused
     // 8B stack at groups of 64, fp16, M = 25 3.54-3.58 -> 3.03-3.05 ms, M = 32
