@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "backend/cuda/w4a16_gemv.h"
 #include "nibble/convert.h"
@@ -219,6 +220,29 @@ TEST(Cuda, W4A16OneWaveWarpsWorkedExamples) {
   EXPECT_EQ(on_132(8016, 16, 32, 1), 0);
   // Fewer groups than warps: one group per warp.
   EXPECT_EQ(on_132(64, 16, 3, 1), 3);
+}
+
+// The Memo behind the launch rules' occupancy caches: each key's value is
+// computed once, by its first call; later calls with that key return it
+// without running their own computation. No device needed.
+TEST(Cuda, W4A16MemoComputesEachKeyOnce) {
+  cuda::Memo<std::tuple<int, size_t>, int64_t> memo;
+  int runs = 0;
+  auto square = [&](int a, size_t b) {
+    return memo.get(std::make_tuple(a, b), [&] {
+      ++runs;
+      return int64_t{a} * a + static_cast<int64_t>(b);
+    });
+  };
+  EXPECT_EQ(square(3, 1), 10);
+  EXPECT_EQ(square(4, 1), 17);
+  EXPECT_EQ(square(3, 2), 11);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(square(3, 1), 10);
+  EXPECT_EQ(square(4, 1), 17);
+  EXPECT_EQ(runs, 3);
+  // A later call's computation does not replace the first value.
+  EXPECT_EQ(memo.get(std::make_tuple(3, size_t{1}), [] { return int64_t{-1}; }), 10);
 }
 
 // The early-launched grid's shared memory (even_share_smem_for) worked by hand

@@ -24,8 +24,6 @@
 //    (one stage per group), as in the mma kernel; the warps of a block split K
 //    by groups and meet in shared memory. Programmatic dependent launch: the
 //    ring's first stages are in flight before the kernel waits for x.
-#include <map>
-#include <mutex>
 #include <tuple>
 
 #include "backend/cuda/check.h"
@@ -878,43 +876,29 @@ void check_prepared(const DeviceLinear& w, size_t bytes) {
 // the q|k|v shape 6144 × 4096 (384 tiles) took 7.52 µs with 11 warps per tile
 // (352-thread blocks, two per SM: 1.45 waves) and 5.36 µs with 8 (four per SM,
 // one wave).
-// The answer depends only on the arguments, so it is cached: a launch costs
-// one lookup, not an occupancy query per warp count (eager decode launches
-// every GEMV from the host).
+// The answer depends only on the arguments, so it is kept in a Memo.
 int64_t one_wave_warps(const void* kernel, int64_t blocks, int64_t most, int64_t groups, int unit, size_t smem_per_warp,
                        int sms) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int64_t, int, size_t, int>, int64_t> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kernel, blocks, most, groups, unit, smem_per_warp, sms);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    const int64_t warps = one_wave_warps_for(blocks, most, groups, sms, [&](int64_t w) {
+  static Memo<std::tuple<const void*, int64_t, int64_t, int64_t, int, size_t, int>, int64_t> known;
+  return known.get(std::make_tuple(kernel, blocks, most, groups, unit, smem_per_warp, sms), [&] {
+    return one_wave_warps_for(blocks, most, groups, sms, [&](int64_t w) {
       int n = 0;  // blocks resident on one SM
       NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
           &n, kernel, static_cast<int>(unit * w * 32), static_cast<size_t>(unit * w) * smem_per_warp));
       return n;
     });
-    it = cache.emplace(key, warps).first;
-  }
-  return it->second;
+  });
 }
 
 size_t even_share_smem(const void* kernel, int threads, size_t smem, int64_t blocks, int sms, size_t most) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, size_t, int64_t, int, size_t>, size_t> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kernel, threads, smem, blocks, sms, most);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    const size_t bytes = even_share_smem_for(smem, blocks, sms, most, [&](size_t s) {
+  static Memo<std::tuple<const void*, int, size_t, int64_t, int, size_t>, size_t> known;
+  return known.get(std::make_tuple(kernel, threads, smem, blocks, sms, most), [&] {
+    return even_share_smem_for(smem, blocks, sms, most, [&](size_t s) {
       int n = 0;
       NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, s));
       return int64_t{n};
     });
-    it = cache.emplace(key, bytes).first;
-  }
-  return it->second;
+  });
 }
 
 bool w4a16_gemv_applies(int group_size) { return group_size == 64 || group_size == 128; }

@@ -8,10 +8,32 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 #include "nibble/cuda.h"
 
 namespace nibble::cuda {
+
+// A per-process table of answers that depend only on their key (occupancy
+// queries behind a launch rule): the first call with a key computes its value,
+// later ones look it up, so a launch costs one lookup rather than a round of
+// occupancy queries (eager decode launches every GEMV from the host).
+// Thread-safe; `compute` runs under the table's lock.
+template <typename Key, typename Value>
+class Memo {
+ public:
+  template <typename F>
+  Value get(const Key& key, F&& compute) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (const auto it = table_.find(key); it != table_.end()) return it->second;
+    return table_.emplace(key, compute()).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<Key, Value> table_;
+};
 
 // Whether the integer GEMV serves this group size.
 bool w4a16_gemv_applies(int group_size);

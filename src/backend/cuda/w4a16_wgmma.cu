@@ -35,8 +35,6 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <tuple>
 
 namespace nibble::cuda {
@@ -387,27 +385,24 @@ __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
 
 // The most clusters of `ks` blocks (threads each, smem bytes of dynamic shared
 // memory) of `kernel` the current device holds at once; cached per device and
-// configuration (cudaOccupancyMaxActiveClusters).
+// configuration in a Memo (cudaOccupancyMaxActiveClusters).
 template <auto kernel>
 int max_active_clusters(int threads, size_t smem, int ks) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, size_t, int>, int> known;
+  static Memo<std::tuple<int, int, size_t, int>, int> known;
   int dev = 0;
   NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
-  const auto key = std::make_tuple(dev, threads, smem, ks);
-  std::lock_guard<std::mutex> lock(mu);
-  if (const auto it = known.find(key); it != known.end()) return it->second;
-  cudaLaunchAttribute attr = cluster_attribute(1, static_cast<unsigned>(ks));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1, static_cast<unsigned>(ks));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
-  known.emplace(key, n);
-  return n;
+  return known.get(std::make_tuple(dev, threads, smem, ks), [&] {
+    cudaLaunchAttribute attr = cluster_attribute(1, static_cast<unsigned>(ks));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, static_cast<unsigned>(ks));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+    return n;
+  });
 }
 
 // One pass of up to NTOK tokens; img: the pass's x image (groups × NTOK·G·2 bytes).
