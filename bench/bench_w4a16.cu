@@ -12,7 +12,8 @@
 // --no-pdl: with --shapes, launch without programmatic dependent launch (the
 // stacks' rows always print both).
 // --interleave: with --shapes, also the given shapes in turn, --layers rounds
-// in one graph per M (their transitions, against the per-shape rows' sum).
+// in one graph per M (their transitions, against the per-shape rows' sum; the
+// same uploaded weights as those rows).
 // --profile: no timing; a few plain launches per distinct shape and M (and at
 // M = 1 each shape as a GEMV chain of one call, twice), for Nsight Compute.
 //
@@ -39,6 +40,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nibble/cuda.h"
@@ -345,6 +347,7 @@ int main(int argc, char** argv) {
 
   if (!only.empty()) {  // --shapes: each shape's copies in one graph per M
     const auto* k = nibble::cuda::find_linear_kernel("int4_asym", g_group);
+    std::vector<std::vector<DeviceLinear>> kept;  // --interleave times the same uploads again
     for (const Shape& sh : only) {
       const std::vector<nibble::Tensor> parts = random_parts(sh.n, sh.k, 1);
       std::vector<DeviceLinear> w;
@@ -357,15 +360,12 @@ int main(int argc, char** argv) {
         });
         print_shape_row(sh, M, w.size(), t, static_cast<double>(w[0].weight_bytes()) * layers, read_gbs);
       }
+      if (interleave) kept.push_back(std::move(w));
     }
     if (interleave) {  // --interleave: the given shapes in turn, `layers` rounds in one graph per M
-      std::vector<std::vector<DeviceLinear>> w(only.size());
+      const std::vector<std::vector<DeviceLinear>>& w = kept;
       double bytes = 0;
-      for (size_t j = 0; j < only.size(); ++j) {
-        const std::vector<nibble::Tensor> parts = random_parts(only[j].n, only[j].k, static_cast<uint32_t>(j + 1));
-        for (int i = 0; i < layers; ++i) w[j].push_back(k->upload(parts, only[j].n, only[j].k, g_group));
-        bytes += static_cast<double>(w[j][0].weight_bytes()) * layers;
-      }
+      for (const std::vector<DeviceLinear>& wj : w) bytes += static_cast<double>(wj[0].weight_bytes()) * layers;
       for (int M : ms) {
         const float t = time_captured(s, reps, [&] {
           for (int i = 0; i < layers; ++i)
