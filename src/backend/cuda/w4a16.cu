@@ -37,8 +37,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <mutex>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
@@ -350,13 +348,11 @@ DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_
 // memory mapped (no unmapping at each synchronisation), leaving the default
 // pool and its release threshold to the rest of the process.
 cudaMemPool_t w4a16_scratch_pool() {
-  static std::mutex mu;
-  static std::map<int, cudaMemPool_t> pools;
+  static Memo<int, cudaMemPool_t> pools;
   int dev = 0;
   NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mu);
-  cudaMemPool_t& p = pools[dev];
-  if (p == nullptr) {
+  return pools.get(dev, [&] {
+    cudaMemPool_t p = nullptr;
     cudaMemPoolProps props = {};
     props.allocType = cudaMemAllocationTypePinned;
     props.handleTypes = cudaMemHandleTypeNone;
@@ -365,8 +361,8 @@ cudaMemPool_t w4a16_scratch_pool() {
     NIBBLE_CUDA_CHECK(cudaMemPoolCreate(&p, &props));
     uint64_t keep = ~uint64_t{0};
     NIBBLE_CUDA_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep));
-  }
-  return p;
+    return p;
+  });
 }
 
 namespace {

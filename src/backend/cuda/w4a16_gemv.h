@@ -15,11 +15,11 @@
 
 namespace nibble::cuda {
 
-// A per-process table of answers that depend only on their key (occupancy
-// queries behind a launch rule): the first call with a key computes its value,
-// later ones look it up, so a launch costs one lookup rather than a round of
-// occupancy queries (eager decode launches every GEMV from the host).
-// Thread-safe; `compute` runs under the table's lock.
+// A per-process table of values that depend only on their key (the occupancy
+// answers behind the launch rules, the scratch pool of each device): the first
+// call with a key computes its value, later ones look it up, so a launch costs
+// one lookup rather than a round of occupancy queries (eager decode launches
+// every GEMV from the host). Thread-safe; `compute` runs under the table's lock.
 template <typename Key, typename Value>
 class Memo {
  public:
