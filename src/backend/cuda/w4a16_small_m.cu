@@ -764,13 +764,8 @@ bool launch_staged_split(const DeviceLinear& w, const T* x, int M, int64_t ldx, 
   cfg.attrs = attr;
   cfg.numAttrs = nattr;
   // Every cluster resident at once, or not this kernel.
-  static int clusters_fit = -1;
-  static int64_t fit_warps = -1;
-  if (fit_warps != warps) {
-    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters_fit, kernel, &cfg));
-    fit_warps = warps;
-  }
-  if (int64_t{clusters_fit} * KS < blocks) return false;
+  if (int64_t{max_active_clusters<kernel>(static_cast<int>(warps * 32), cfg.dynamicSmemBytes, KS)} * KS < blocks)
+    return false;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
                                        static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
                                        static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles),

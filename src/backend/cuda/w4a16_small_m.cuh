@@ -3,11 +3,35 @@
 // ring, and the exact path's per-group arithmetic.
 #pragma once
 #include "backend/cuda/w4a16_common.cuh"
+#include "backend/cuda/w4a16_gemv.h"
 #include "nibble/cuda.h"
 
+#include <tuple>
 #include <utility>
 
 namespace nibble::cuda::w4a16 {
+
+// The most clusters of cx × cy blocks (`threads` each, `smem` bytes of dynamic
+// shared memory) of `kernel` the current device holds at once
+// (cudaOccupancyMaxActiveClusters), asked once per device and configuration.
+template <auto kernel>
+int max_active_clusters(int threads, size_t smem, unsigned cx, unsigned cy = 1) {
+  static Memo<std::tuple<int, int, size_t, unsigned, unsigned>, int> known;
+  int dev = 0;
+  NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
+  return known.get(std::make_tuple(dev, threads, smem, cx, cy), [&] {
+    cudaLaunchAttribute attr = cluster_attribute(cx, cy);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(cx, cy);
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+    return n;
+  });
+}
 
 // The grid of a small-M kernel: one block per R row tiles (blocks), groups of CPG
 // chunks of 64 inputs (groups_padded: scale/min entries per tile).

@@ -35,7 +35,6 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
-#include <tuple>
 
 namespace nibble::cuda {
 
@@ -383,28 +382,6 @@ __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
 }
 
 
-// The most clusters of `ks` blocks (threads each, smem bytes of dynamic shared
-// memory) of `kernel` the current device holds at once; cached per device and
-// configuration in a Memo (cudaOccupancyMaxActiveClusters).
-template <auto kernel>
-int max_active_clusters(int threads, size_t smem, int ks) {
-  static Memo<std::tuple<int, int, size_t, int>, int> known;
-  int dev = 0;
-  NIBBLE_CUDA_CHECK(cudaGetDevice(&dev));
-  return known.get(std::make_tuple(dev, threads, smem, ks), [&] {
-    cudaLaunchAttribute attr = cluster_attribute(1, static_cast<unsigned>(ks));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1, static_cast<unsigned>(ks));
-    cfg.blockDim = dim3(static_cast<unsigned>(threads));
-    cfg.dynamicSmemBytes = smem;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    NIBBLE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
-    return n;
-  });
-}
-
 // One pass of up to NTOK tokens; img: the pass's x image (groups × NTOK·G·2 bytes).
 template <typename T, typename OutT, int NTOK, int CPG>
 void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, unsigned char* img,
@@ -433,7 +410,8 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
   bool lowered = false;
   while (g.ks > 1 &&
          g.blocks > max_active_clusters<kernel>(static_cast<int>(g.nwg * 128),
-                                                wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg)), static_cast<int>(g.ks))) {
+                                                wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg)), 1,
+                                                static_cast<unsigned>(g.ks))) {
     --g.ks;
     lowered = true;
   }
@@ -456,8 +434,8 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
     const size_t even = even_share_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(g.nwg * 128),
                                         cfg.dynamicSmemBytes, g.blocks * g.ks, sms, kWgMaxSmem);
     if (even != cfg.dynamicSmemBytes &&
-        (g.ks == 1 || g.blocks <= max_active_clusters<kernel>(static_cast<int>(g.nwg * 128), even,
-                                                              static_cast<int>(g.ks))))
+        (g.ks == 1 || g.blocks <= max_active_clusters<kernel>(static_cast<int>(g.nwg * 128), even, 1,
+                                                              static_cast<unsigned>(g.ks))))
       cfg.dynamicSmemBytes = even;
   }
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
