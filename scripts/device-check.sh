@@ -7,12 +7,15 @@
 #   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
 #   eval:          the KL yardstick on the GPU: the CudaEval.* tests (and the GPU forward's), nibble eval on qwen3-26M-linux with
 #                  --device cpu and --device cuda (same numbers, both times), and the 8B-shaped model on the GPU;
-#   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate.
+#   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate;
+#   decode:        issue 6's decode target: the 8B-shaped model (nibble synth, RTN int4 g128), nibble run
+#                  --device cuda, 256 tokens, three runs (tok/s against the roofline from the bandwidth measured
+#                  in the same process).
 # Usage on this machine: scripts/device-check.sh --bundle [--models]
 #          (builds build-cuda/ for sm_90a and assembles devrun/: binaries, the shared
 #           libraries a bare CUDA image may lack, and with --models the two fixtures;
 #           then packs it as devrun.tar.xz, the path to carry)
-#        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers]
+#        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers] [decode]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${NIBBLE_SHARED:-../shared}
@@ -50,7 +53,7 @@ if [ "${1:-}" = "--bundle" ]; then
   exit 0
 fi
 
-[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers]" >&2; exit 2; }
+[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers] [decode]" >&2; exit 2; }
 OUT=$2
 shift 2
 [ -d devrun ] || tar -xJf devrun.tar.xz
@@ -100,6 +103,18 @@ for what in "${@:-gpu}"; do
         python3 scripts/check_transformers.py --original "devrun/models/$m" --dequantized "/tmp/nibble-d-$m" \
           --prompt "$prompt" --out "$OUT/transformers-$m.json" 2>&1 | tee "$OUT/transformers-$m.txt"
       done
+      ;;
+    decode)
+      devrun/bin/nibble synth --out /tmp/nibble-l8b-d --tokenizer-from devrun/models/qwen3-26M-linux --force 2>&1 |
+        tail -3 | tee "$OUT/decode-synth.txt"
+      devrun/bin/nibble -q quantize --method rtn --model /tmp/nibble-l8b-d --out /tmp/nibble-l8b-d-rtn --force
+      rm -rf /tmp/nibble-l8b-d
+      for r in 1 2 3; do
+        echo "== run $r" >>"$OUT/decode.txt"
+        devrun/bin/nibble run --model /tmp/nibble-l8b-d-rtn --prompt hello -n 256 --ignore-eos --device cuda 2>&1 \
+          >/dev/null | grep -E "decode|prefill" >>"$OUT/decode.txt"
+      done
+      cat "$OUT/decode.txt"
       ;;
     *) echo "unknown check: $what" >&2; exit 2 ;;
   esac
