@@ -31,6 +31,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <mutex>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant_int4.h"
@@ -1223,14 +1224,19 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
   // The attribute is per kernel, not per model: never lower it below what a
   // model loaded earlier (still alive, maybe) needs. Raised outside graph
   // capture: the decode step's warm-up launch asks for the largest size first.
-  static size_t smem_allowed = 0;
-  if (smem > smem_allowed) {
-    for (const void* k : {reinterpret_cast<const void*>(attention_kernel<bf16, float>),
-                           reinterpret_cast<const void*>(attention_kernel<float, float>),
-                           reinterpret_cast<const void*>(attention_kernel<bf16, bf16>),
-                           reinterpret_cast<const void*>(attention_kernel<float, bf16>)})
-      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    smem_allowed = smem;
+  // Under a lock: models on other threads may raise it at the same time.
+  {
+    static std::mutex smem_mu;
+    static size_t smem_allowed = 0;
+    const std::lock_guard<std::mutex> lock(smem_mu);
+    if (smem > smem_allowed) {
+      for (const void* k : {reinterpret_cast<const void*>(attention_kernel<bf16, float>),
+                             reinterpret_cast<const void*>(attention_kernel<float, float>),
+                             reinterpret_cast<const void*>(attention_kernel<bf16, bf16>),
+                             reinterpret_cast<const void*>(attention_kernel<float, bf16>)})
+        NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      smem_allowed = smem;
+    }
   }
   NIBBLE_CHECK(a.rope_qkv == nullptr || (a.n == 1 && a.head_dim <= kAttentionThreads / 2),
                "rowwise_attention: the fused RoPE step needs one query and head_dim <= {} (n {}, head_dim {})",
