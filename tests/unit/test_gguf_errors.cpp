@@ -59,7 +59,8 @@ std::string error_of(const std::string& bytes) {
   } while (0)
 
 TEST(GgufFile, ReadsAHandBuiltFile) {
-  const GgufFile f = parse(base().build());
+  const std::string bytes = base().build();  // parse() does not copy: the bytes must outlive f
+  const GgufFile f = parse(bytes);
   EXPECT_EQ(f.version(), 3u);
   EXPECT_EQ(f.alignment(), 32u);
   EXPECT_EQ(f.get_string("general.architecture"), "llama");

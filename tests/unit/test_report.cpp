@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <regex>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "io/tokenizer_impl.h"  // io::tok::Regex: PCRE2 (std::regex recurses per character and overflows the stack on whole SVGs)
 #include "nibble/report.h"
 
 namespace nibble {
@@ -60,19 +60,21 @@ std::string html_cell(const std::string& cell) {
   return fmt::format(">{}{}</td>", eval::html_escape(v), badge);
 }
 
-double attr(const std::string& tag, const std::string& name) {
-  std::smatch m;
-  const std::regex re("\\b" + name + "=\"([-0-9.]+)\"");
-  if (!std::regex_search(tag, m, re)) ADD_FAILURE() << "no " << name << " in " << tag;
-  return std::stod(m[1]);
+std::vector<std::string> all_of(const std::string& s, const std::string& pattern) {
+  std::vector<std::pair<size_t, size_t>> spans;
+  io::tok::Regex(pattern, "test pattern").find_all(s, spans);
+  std::vector<std::string> out;
+  for (const auto& [b, e] : spans) out.push_back(s.substr(b, e - b));
+  return out;
 }
 
-std::vector<std::string> all_of(const std::string& s, const std::string& pattern) {
-  std::vector<std::string> out;
-  const std::regex re(pattern);
-  for (auto it = std::sregex_iterator(s.begin(), s.end(), re); it != std::sregex_iterator(); ++it)
-    out.push_back((*it)[0]);
-  return out;
+double attr(const std::string& tag, const std::string& name) {
+  const std::vector<std::string> found = all_of(tag, "\\b" + name + "=\"[-0-9.]+\"");
+  if (found.empty()) {
+    ADD_FAILURE() << "no " << name << " in " << tag;
+    return 0;
+  }
+  return std::stod(found[0].substr(name.size() + 2));
 }
 
 // The affine map pixel -> value that a plot's tick labels define (log10 of the
@@ -231,9 +233,10 @@ TEST(Report, CdfPointsAreTheEmpiricalCdf) {
     const auto lines = all_of(svg, "points=\"[^\"]*\"");
     ASSERT_EQ(lines.size(), 1u);
     std::vector<std::pair<double, double>> pts;  // (log10 KL, F)
-    const std::regex pair_re("([-0-9.]+),([-0-9.]+)");
-    for (auto it = std::sregex_iterator(lines[0].begin(), lines[0].end(), pair_re); it != std::sregex_iterator(); ++it)
-      pts.emplace_back(x.at(std::stod((*it)[1])), y.at(std::stod((*it)[2])));
+    for (const auto& pair : all_of(lines[0], "[-0-9.]+,[-0-9.]+")) {
+      const size_t comma = pair.find(',');
+      pts.emplace_back(x.at(std::stod(pair.substr(0, comma))), y.at(std::stod(pair.substr(comma + 1))));
+    }
     ASSERT_GE(pts.size(), 3u);
     // Starts at the left edge (1e-6) at the fraction below it (the zeros), ends at F = 1.
     EXPECT_NEAR(pts.front().first, -6.0, 1e-3);
