@@ -12,7 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "io/tokenizer_impl.h"  // io::tok::Regex: PCRE2 (std::regex recurses per character and overflows the stack on whole SVGs)
+// io::tok::Regex (PCRE2): std::regex recurses per character and overflows the stack on whole SVGs.
+#include "io/tokenizer_impl.h"
 #include "nibble/report.h"
 
 namespace nibble {
