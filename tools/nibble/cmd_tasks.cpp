@@ -57,6 +57,7 @@ void register_flips(CLI::App& app, const GlobalOptions&) {
   auto a = std::make_shared<std::string>(), b = std::make_shared<std::string>();
   cmd->add_option("A", *a, "Answers of model A (jsonl with id, correct)")->required();
   cmd->add_option("B", *b, "Answers of model B")->required();
+  cmd->footer("Example (answer files from nibble gsm8k, matched by id):\n  nibble flips rtn.jsonl gptq.jsonl");
   cmd->callback([a, b] {
     const eval::Flips f = eval::compare_answers(*a, *b);
     std::printf("n %lld  accuracy A %.2f %%  B %.2f %%  change %+.2f points\n", static_cast<long long>(f.n),
