@@ -16,7 +16,7 @@ struct QuantizeOptions {
   std::string method = "rtn";        // "[transform+]quantizer" (quant::parse_method)
   std::string format = "int4_asym";  // a registry family or canonical name
   int group_size = 0;                // 0: the format's default (int4_asym: 128)
-  std::string keep_regex;        // tensors matching it (std::regex search) stay unquantized
+  std::string keep_regex;        // tensors it matches anywhere in the name (PCRE2 search) stay unquantized
   bool allow_nonfinite = false;  // keep a tensor with NaN/Inf unquantized (with a warning) instead of failing
   bool force = false;            // replace a non-empty output directory
   bool progress = true;

@@ -3,12 +3,12 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <regex>
 
 #include <nlohmann/json.hpp>
 
 #include "nibble/error.h"
 #include "nibble/model.h"
+#include "nibble/regex.h"
 #include "nibble/tokenizer.h"
 #include "nibble/util.h"
 
@@ -25,14 +25,13 @@ std::optional<std::string> extract_answer(const std::string& text) {
       if (text[i] == '}' && --depth == 0) return text.substr(b + 7, i - b - 7);
     }
   }
-  static const std::regex number(R"(-?\d[\d,]*(\.\d+)?|-?\.\d+)");
-  std::optional<std::string> last;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), number); it != std::sregex_iterator(); ++it)
-    last = it->str();
-  if (!last) return std::nullopt;
+  static const Regex number(R"(-?\d[\d,]*(\.\d+)?|-?\.\d+)", "GSM8K answer number");
+  std::vector<std::pair<size_t, size_t>> spans;
+  number.find_all(text, spans);
+  if (spans.empty()) return std::nullopt;
   std::string s;
-  for (char c : *last)
-    if (c != ',') s += c;
+  for (size_t i = spans.back().first; i < spans.back().second; ++i)
+    if (text[i] != ',') s += text[i];
   return s;
 }
 

@@ -1,9 +1,9 @@
 // Model sources named on the command line: "DIR", "hf:DIR", "packed:DIR", "gguf:FILE",
 // "overlay:CAND,keep=REGEX", "overlay:CAND,head=SRC".
-#include <regex>
 
 #include "nibble/error.h"
 #include "nibble/gguf.h"
+#include "nibble/regex.h"
 #include "nibble/source.h"
 
 namespace nibble {
@@ -62,14 +62,9 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const Mo
     auto base = open_model_source(cand, reference);
     if (arg.rfind("keep=", 0) == 0) {
       NIBBLE_CHECK(reference != nullptr, "'{}': keep= takes tensors from the reference, and there is none", spec);
-      std::regex re;
-      try {
-        re = std::regex(arg.substr(5));
-      } catch (const std::regex_error& e) {
-        NIBBLE_FAIL("'{}': '{}' is not a valid regular expression: {}", spec, arg.substr(5), e.what());
-      }
+      auto re = std::make_shared<const Regex>(arg.substr(5), "'" + spec + "'");
       return std::make_unique<OverlaySource>(std::move(base), reference, nullptr,
-                                             [re](const std::string& n) { return std::regex_search(n, re); },
+                                             [re](const std::string& n) { return re->search(n); },
                                              "keep=" + arg.substr(5) + " from the reference");
     }
     if (arg.rfind("head=", 0) == 0) {

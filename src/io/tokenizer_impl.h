@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nibble/regex.h"
 #include "nibble/tokenizer.h"
 
 namespace nibble::io::tok {
@@ -49,23 +50,13 @@ std::string nfd(std::string_view s);
 
 // ---- Regex (tokenizer_pretok.cpp) -------------------------------------------
 
-// A PCRE2 pattern compiled with UTF | UCP (JIT when available). Matching
-// assumes the subject is valid UTF-8 (checked once per encode()).
-class Regex {
+// A tokenizer.json regex: nibble::Regex in unicode mode, after
+// oniguruma_compatible() (below). Matching checks the subject's UTF-8 once per
+// find_all; encode() has validated it already, so that check never fails here.
+class Regex : public nibble::Regex {
  public:
   // `where` names the pattern's place for errors ("file: pre_tokenizer.pretokenizers[0]").
   Regex(const std::string& pattern, const std::string& where);
-  ~Regex();
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
-  // Appends the [start, end) byte spans of all non-overlapping matches, left to right.
-  void find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const;
-  const std::string& pattern() const { return pattern_; }
-
- private:
-  std::string pattern_;
-  void* code_ = nullptr;  // pcre2_code_8*
-  bool jit_ = false;
 };
 
 // A Split/Replace pattern: {"String": s} (matched literally; `tokenizers`

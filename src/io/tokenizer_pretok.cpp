@@ -1,7 +1,4 @@
 // PCRE2 regexes, normalizers and pre-tokenizers of tokenizer.json.
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include "io/tokenizer_impl.h"
 #include "nibble/error.h"
 
@@ -59,63 +56,16 @@ std::string oniguruma_compatible(std::string_view p) {
   return out;
 }
 
-Regex::Regex(const std::string& pattern, const std::string& where) : pattern_(pattern) {
-  const std::string compiled = oniguruma_compatible(pattern);
-  int err = 0;
-  PCRE2_SIZE err_offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &err_offset, nullptr);
-  if (!code) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof msg);
-    NIBBLE_FAIL("{}: regex {} does not compile under PCRE2 (at offset {} of {}): {}", where, json(pattern).dump(),
-                err_offset, json(compiled).dump(), reinterpret_cast<const char*>(msg));
-  }
-  code_ = code;
-  jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;  // no JIT on this platform: the interpreter
+namespace {
+// `where`, and the pattern as written when the rewrite changed it (errors show the rewritten one).
+std::string rewritten_where(const std::string& pattern, const std::string& compiled, const std::string& where) {
+  return compiled == pattern ? where : where + " (" + json(pattern).dump() + " with Oniguruma's \\s)";
 }
+}  // namespace
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
-
-void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
-  auto* code = static_cast<pcre2_code*>(code_);
-  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
-      pcre2_match_data_create_from_pattern(code, nullptr), &pcre2_match_data_free);
-  NIBBLE_CHECK(md != nullptr, "tokenizer regex: out of memory creating PCRE2 match data");
-  // Made only when a match overflows the JIT's default 32 KiB stack (huge
-  // whitespace runs can): then that match is retried with a 64 MiB one.
-  std::unique_ptr<pcre2_match_context, decltype(&pcre2_match_context_free)> mctx(nullptr, &pcre2_match_context_free);
-  std::unique_ptr<pcre2_jit_stack, decltype(&pcre2_jit_stack_free)> jit_stack(nullptr, &pcre2_jit_stack_free);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    // The subject was validated once; re-checking UTF-8 on every call would be O(n^2).
-    int rc = pcre2_match(code, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), mctx.get());
-    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !jit_stack) {
-      mctx.reset(pcre2_match_context_create(nullptr));
-      jit_stack.reset(pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr));
-      NIBBLE_CHECK(mctx && jit_stack, "tokenizer regex: out of memory creating a PCRE2 JIT stack");
-      pcre2_jit_stack_assign(mctx.get(), nullptr, jit_stack.get());
-      continue;
-    }
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(rc, msg, sizeof msg);
-      NIBBLE_FAIL("tokenizer regex {}: PCRE2 match failed at byte {}: {}", json(pattern_).dump(), pos,
-                  reinterpret_cast<const char*>(msg));
-    }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    const size_t start = ov[0], end = ov[1];
-    out.emplace_back(start, end);
-    if (end > start) {
-      pos = end;
-    } else {  // empty match: step over one character so the search moves on
-      if (end >= s.size()) break;
-      pos = end + utf8_char_len(static_cast<unsigned char>(s[end]));
-    }
-  }
-}
+Regex::Regex(const std::string& pattern, const std::string& where)
+    : nibble::Regex(oniguruma_compatible(pattern), rewritten_where(pattern, oniguruma_compatible(pattern), where),
+                    Mode::unicode) {}
 
 // ---- Patterns and JSON readers ----------------------------------------------
 

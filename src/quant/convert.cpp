@@ -6,7 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <future>
-#include <regex>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -19,6 +19,7 @@
 #include "nibble/hadamard.h"
 #include "nibble/transform.h"
 #include "nibble/quantizer.h"
+#include "nibble/regex.h"
 #include "nibble/source.h"
 #include "nibble/util.h"
 #include "quant/calibrate.h"
@@ -130,14 +131,8 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   if (activations == "none") activations.clear();
   if (!activations.empty()) find_act_quant(activations);  // an unknown name fails here, listing the known ones
   const ModelConfig& cfg = model.config();
-  std::regex keep;
-  if (!opt.keep_regex.empty()) {
-    try {
-      keep = std::regex(opt.keep_regex);
-    } catch (const std::regex_error& e) {
-      NIBBLE_FAIL("--keep '{}' is not a valid regular expression: {}", opt.keep_regex, e.what());
-    }
-  }
+  std::optional<Regex> keep;
+  if (!opt.keep_regex.empty()) keep.emplace(opt.keep_regex, "--keep");  // a bad pattern fails here, saying where
 
   // Which tensors to quantize: the linears of the decoder layers, and the head
   // when it is a tensor of its own. A tied head stays tied (and unquantized);
@@ -189,7 +184,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       tr.note = name == "lm_head.weight" && source_tied
                     ? (cfg.tie_word_embeddings ? "tied head" : "head tied in the source (untied by the transform)")
                     : "not a linear";
-    } else if (!opt.keep_regex.empty() && std::regex_search(name, keep)) {
+    } else if (keep && keep->search(name)) {
       tr.note = "--keep";
     } else {
       NIBBLE_CHECK(m.shape.size() == 2, "tensor '{}': only 2-D weights can be quantized, found shape {}", name,

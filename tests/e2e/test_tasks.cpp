@@ -22,6 +22,10 @@ TEST(Tasks, ExtractsTheLastBoxedOrNumber) {
   EXPECT_EQ(extract_answer("\\boxed{\\frac{1}{2}}"), "\\frac{1}{2}");
   EXPECT_EQ(extract_answer("temperature fell to -5 degrees"), "-5");
   EXPECT_FALSE(extract_answer("no digits here").has_value());
+  EXPECT_EQ(extract_answer("half is .5 of it"), ".5");
+  // Generated text need not be valid UTF-8, and a runaway generation can be one long number.
+  EXPECT_EQ(extract_answer("\xFF\xFE 12 \xC3"), "12");
+  EXPECT_EQ(extract_answer("so " + std::string(200000, '9') + "!"), std::string(200000, '9'));
   EXPECT_EQ(gsm8k_gold("blah <<2*9=18>>18\n#### 1,018"), "1018");
   EXPECT_TRUE(answers_match("18.0", "18"));
   EXPECT_FALSE(answers_match("17", "18"));

@@ -12,8 +12,8 @@
 
 #include <fmt/format.h>
 
-// io::tok::Regex (PCRE2): std::regex recurses per character and overflows the stack on whole SVGs.
-#include "io/tokenizer_impl.h"
+// nibble::Regex (PCRE2): std::regex recurses per character and overflows the stack on whole SVGs.
+#include "nibble/regex.h"
 #include "nibble/report.h"
 
 namespace nibble {
@@ -63,7 +63,7 @@ std::string html_cell(const std::string& cell) {
 
 std::vector<std::string> all_of(const std::string& s, const std::string& pattern) {
   std::vector<std::pair<size_t, size_t>> spans;
-  io::tok::Regex(pattern, "test pattern").find_all(s, spans);
+  Regex(pattern, "test pattern", Regex::Mode::unicode).find_all(s, spans);
   std::vector<std::string> out;
   for (const auto& [b, e] : spans) out.push_back(s.substr(b, e - b));
   return out;

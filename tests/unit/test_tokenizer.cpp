@@ -372,7 +372,8 @@ TEST(TokenizerErrors, UnsupportedComponentsAreNamedWithTheSupportedList) {
   EXPECT_NE(post.find("'Unknown'"), std::string::npos) << post;
   const std::string regex = error_with(
       "pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}});
-  EXPECT_NE(regex.find("does not compile under PCRE2"), std::string::npos) << regex;
+  EXPECT_NE(regex.find("is not a valid regular expression"), std::string::npos) << regex;
+  EXPECT_NE(regex.find("pre_tokenizer"), std::string::npos) << regex;
   json bad_merge = base;
   bad_merge["model"]["merges"].push_back("\xE2\x96\x81" "q zz");
   const std::string merge = error_of([&] { Tokenizer::from_json(bad_merge.dump(), "edited/tokenizer.json"); });

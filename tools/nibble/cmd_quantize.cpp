@@ -49,7 +49,9 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
                   "(int4_asym: 128)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--keep", opt->keep_regex, "Tensors whose name matches this regex stay unquantized");
+  cmd->add_option("--keep", opt->keep_regex,
+                  "Tensors whose name this regex (PCRE2 syntax) matches anywhere stay unquantized, e.g. "
+                  "'mlp\\.down_proj|lm_head'");
   cmd->add_flag("--allow-nonfinite", opt->allow_nonfinite,
                 "Keep a weight with NaN/Inf unquantized (with a warning) instead of failing");
   cmd->add_flag("--force", opt->force, "Replace --out if it exists and is not empty (and discard an interrupted run)");
