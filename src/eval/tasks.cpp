@@ -2,13 +2,17 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "nibble/error.h"
 #include "nibble/model.h"
 #include "nibble/regex.h"
+#include "nibble/tensor.h"
 #include "nibble/tokenizer.h"
 #include "nibble/util.h"
 
@@ -55,6 +59,79 @@ bool answers_match(const std::string& pred, const std::string& gold) {
   return pred == gold;
 }
 
+nlohmann::json answer_json(const Gsm8kItem& it) {
+  return {{"id", it.id},           {"gold", it.gold},     {"pred", it.pred ? *it.pred : ""},
+          {"correct", it.correct}, {"output", it.output}, {"question", it.question}};
+}
+
+namespace {
+
+// What a resumed run must agree on with the one that wrote the journal.
+nlohmann::json journal_fingerprint(const ModelSource& src, const Gsm8kOptions& o) {
+  std::string tensors;
+  for (const auto& n : src.names()) tensors += n + " " + shape_str(src.meta(n).shape) + "\n";
+  return {{"model", src.describe()},
+          {"tensors_sha256", sha256_hex(tensors.data(), tensors.size())},
+          {"data_sha256", sha256_file(o.data)},
+          {"max_new_tokens", o.max_new_tokens},
+          {"version", 1}};
+}
+
+// Reads the answers of an interrupted run's journal into items[0..k) (marked resumed) and cuts the
+// file after its last whole line; returns k. A last line cut off by the interruption is dropped.
+// The journal may hold more or fewer problems than this run asks for (--n is not part of the
+// fingerprint): problems are answered in order and greedily, so its first answers are this run's.
+size_t read_journal(const fs::path& path, const nlohmann::json& fp, std::vector<Gsm8kItem>& items) {
+  std::ifstream f(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t pos = 0, kept = 0, done = 0;
+  int64_t lineno = 0;
+  while (pos < text.size()) {
+    const size_t eol = text.find('\n', pos);
+    const bool whole = eol != std::string::npos;
+    const std::string line = text.substr(pos, whole ? eol - pos : std::string::npos);
+    ++lineno;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (lineno == 1) {
+      NIBBLE_CHECK(whole && !j.is_discarded() && j.contains("fingerprint"),
+                   "{}: not a gsm8k journal (its first line names no run); pass --force to start over", path.string());
+      std::vector<std::string> diff;
+      for (const auto& [k, v] : fp.items())
+        if (!j["fingerprint"].contains(k) || j["fingerprint"][k] != v) diff.push_back(k);
+      NIBBLE_CHECK(diff.empty(), "--resume: the interrupted run in {} differs from this one in {}; pass --force to start over",
+                   path.string(), fmt::format("{}", fmt::join(diff, ", ")));
+    } else {
+      if (done == items.size()) return done;  // a run of more problems than this one: its first answers serve
+      const bool ok = whole && !j.is_discarded() && j.is_object() && j.contains("id") && j["id"].is_number_integer() &&
+                      j.contains("output") && j["output"].is_string() && j.contains("question") &&
+                      j["question"].is_string();
+      if (!ok) {
+        NIBBLE_CHECK(!whole || eol + 1 == text.size(),
+                     "{} line {}: not an answer, and not the last line an interruption cut off; pass --force to "
+                     "start over",
+                     path.string(), lineno);
+        break;  // the line being written when the run was stopped
+      }
+      NIBBLE_CHECK(done < items.size() && j["id"].get<int64_t>() == items[done].id &&
+                       j["question"].get<std::string>() == items[done].question,
+                   "{} line {}: answer {} is not problem {} of the data file; pass --force to start over",
+                   path.string(), lineno, j["id"].dump(), done);
+      Gsm8kItem& it = items[done++];
+      it.output = j["output"].get<std::string>();
+      it.pred = extract_answer(it.output);
+      it.correct = it.pred && answers_match(*it.pred, it.gold);
+      it.resumed = true;
+    }
+    pos = whole ? eol + 1 : text.size();
+    kept = pos;
+  }
+  f.close();
+  if (kept < text.size()) fs::resize_file(path, kept);
+  return done;
+}
+
+}  // namespace
+
 std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokenizer_json, const Gsm8kOptions& o,
                                  std::string* style_out) {
   NIBBLE_CHECK(fs::is_regular_file(o.data), "gsm8k: --data {}: no such file", o.data.string());
@@ -78,6 +155,23 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokeniz
   }
   NIBBLE_CHECK(!items.empty(), "gsm8k: {} has no problems", o.data.string());
 
+  std::ofstream journal;
+  size_t resumed = 0;
+  if (!o.journal.empty()) {
+    const nlohmann::json fp = journal_fingerprint(src, o);
+    if (fs::exists(o.journal) && o.force) fs::remove(o.journal);
+    if (fs::exists(o.journal)) {
+      NIBBLE_CHECK(o.resume,
+                   "{}: an interrupted gsm8k run left its answers here; pass --resume to continue it or --force to "
+                   "start over",
+                   o.journal.string());
+      resumed = read_journal(o.journal, fp, items);
+    } else {
+      write_file_atomic(o.journal, nlohmann::json{{"fingerprint", fp}}.dump() + "\n");
+    }
+    journal.open(o.journal, std::ios::app | std::ios::binary);
+    NIBBLE_CHECK(journal.good(), "{}: cannot open the journal for writing", o.journal.string());
+  }
   const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
   auto model = Model::load(src);
   const ModelConfig& c = model->config();
@@ -85,8 +179,19 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokeniz
   const bool chatml = im_start && im_end;
   if (style_out) *style_out = chatml ? "chatml" : "plain";
   const auto eos = tok.eos_id();
-  Progress bar("gsm8k", static_cast<int64_t>(items.size()), o.progress, "problems");
+  Progress bar("gsm8k", static_cast<int64_t>(items.size() - resumed), o.progress, "problems");
+  if (resumed) bar.set_note(fmt::format("{} resumed", resumed));
+  const auto answered = [&](const Gsm8kItem& it) {
+    if (journal.is_open()) {
+      journal << answer_json(it).dump() << '\n';
+      journal.flush();
+      NIBBLE_CHECK(journal.good(), "{}: writing the journal failed", o.journal.string());
+    }
+    if (o.on_answer) o.on_answer(it);
+    bar.advance();
+  };
   for (Gsm8kItem& it : items) {
+    if (it.resumed) continue;
     const std::string prompt =
         chatml ? "<|im_start|>user\n" + it.question +
                      "\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
@@ -94,7 +199,7 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokeniz
     std::vector<int32_t> ids = tok.encode(prompt, true);
     const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - static_cast<int64_t>(ids.size()));
     if (budget <= 0) {  // the question alone fills the context: no answer
-      bar.advance();
+      answered(it);
       continue;
     }
     KVCache cache(c, static_cast<int64_t>(ids.size()) + budget);
@@ -114,7 +219,7 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokeniz
     it.output += dec.finish();
     it.pred = extract_answer(it.output);
     it.correct = it.pred && answers_match(*it.pred, it.gold);
-    bar.advance();
+    answered(it);
   }
   bar.finish();
   return items;

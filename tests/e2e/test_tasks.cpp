@@ -2,11 +2,16 @@
 // against hand-computed binomial tails, and the two verbs end to end.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "nibble/error.h"
+#include "nibble/source.h"
 #include "nibble/tasks.h"
 #include "test_util.h"
 
@@ -86,6 +91,116 @@ TEST(Tasks, FlipsAndGsm8kThroughTheCli) {
   EXPECT_NE(r.err.find("bad.jsonl line 2: expected a JSON object with \"question\" and \"answer\" strings"),
             std::string::npos)
       << r.err;
+}
+
+std::string read_all(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// An interrupted run continues from its journal and ends with the answers an
+// uninterrupted run gives; a journal of another run, a corrupt one, or one
+// left without --resume is refused.
+TEST(Tasks, Gsm8kJournalResumesAnInterruptedRun) {
+  TempDir tmp;
+  const std::string model = test::model_dir("stories260K").string();
+  const auto src = open_model_source(model);
+  const auto tokenizer = src->tokenizer_json();
+  Gsm8kOptions o;
+  o.data = test::shared_dir() / "data/corpora/gsm8k-test.jsonl";
+  o.n = 3;
+  o.max_new_tokens = 16;
+  o.progress = false;
+  const std::vector<Gsm8kItem> full = run_gsm8k(*src, tokenizer, o);
+  ASSERT_EQ(full.size(), 3u);
+
+  o.journal = tmp / "a.jsonl.partial";
+  int calls = 0;
+  o.on_answer = [&](const Gsm8kItem&) {
+    if (++calls == 2) throw std::runtime_error("interrupted");
+  };
+  EXPECT_THROW(run_gsm8k(*src, tokenizer, o), std::runtime_error);
+  const std::string two = read_all(o.journal);  // the run's line and two answers
+  EXPECT_EQ(std::count(two.begin(), two.end(), '\n'), 3);
+  std::ofstream(o.journal, std::ios::app) << R"({"id": 2, "gold": "1)";  // cut off by the interruption
+
+  calls = 0;
+  o.on_answer = [&](const Gsm8kItem& it) {
+    ++calls;
+    EXPECT_EQ(it.id, 2);
+  };
+  std::string e = error_of([&] { run_gsm8k(*src, tokenizer, o); });
+  EXPECT_NE(e.find("pass --resume to continue it or --force"), std::string::npos) << e;
+  o.resume = true;
+  o.max_new_tokens = 8;
+  e = error_of([&] { run_gsm8k(*src, tokenizer, o); });
+  EXPECT_NE(e.find("differs from this one in max_new_tokens"), std::string::npos) << e;
+  o.max_new_tokens = 16;
+  const std::vector<Gsm8kItem> resumed = run_gsm8k(*src, tokenizer, o);
+  EXPECT_EQ(calls, 1);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed[i].resumed, i < 2);
+    EXPECT_EQ(answer_json(resumed[i]), answer_json(full[i])) << i;
+  }
+  const std::string three = read_all(o.journal);  // the cut-off line is gone, the third answer follows
+  EXPECT_EQ(three.substr(0, two.size()), two);
+  EXPECT_EQ(std::count(three.begin(), three.end(), '\n'), 4);
+  std::istringstream lines(three);
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_FALSE(nlohmann::json::parse(line, nullptr, false).is_discarded()) << line;
+
+  // A smaller --n takes the journal's first answers and generates nothing.
+  calls = 0;
+  o.n = 2;
+  const std::vector<Gsm8kItem> first = run_gsm8k(*src, tokenizer, o);
+  EXPECT_EQ(calls, 0);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(answer_json(first[1]), answer_json(full[1]));
+  o.n = 3;
+
+  // An answer line in the middle that is not one is not an interruption's doing.
+  std::ofstream(o.journal, std::ios::trunc) << three.substr(0, three.find('\n') + 1) << "{\"id\": 0}\n"
+                                            << three.substr(three.find('\n') + 1);
+  e = error_of([&] { run_gsm8k(*src, tokenizer, o); });
+  EXPECT_NE(e.find("line 2: not an answer"), std::string::npos) << e;
+
+  // --force starts over.
+  o.resume = false;
+  o.force = true;
+  calls = 0;
+  o.on_answer = [&](const Gsm8kItem&) { ++calls; };
+  const std::vector<Gsm8kItem> again = run_gsm8k(*src, tokenizer, o);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(answer_json(again[2]), answer_json(full[2]));
+
+  // The verb: a leftover OUT.partial is refused without --resume, continued with it, and removed at
+  // the end; the answers file is the one an uninterrupted run writes.
+  const std::string cli = test::nibble_bin() + " gsm8k -q --model " + model + " --data " + o.data.string() +
+                          " --n 3 --max-new 16 --out ";
+  auto r = test::run_command(cli + (tmp / "u.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "u.jsonl.partial"));
+  std::ofstream(tmp / "r.jsonl.partial") << two;
+  r = test::run_command(cli + (tmp / "r.jsonl").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--resume"), std::string::npos) << r.err;
+  r = test::run_command(cli + (tmp / "r.jsonl").string() + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("2 answers resumed"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "r.jsonl.partial"));
+  EXPECT_EQ(read_all(tmp / "r.jsonl"), read_all(tmp / "u.jsonl"));
 }
 
 }  // namespace

@@ -25,25 +25,32 @@ void register_gsm8k(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--n", o->g.n, "First N problems")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-new", o->g.max_new_tokens, "Tokens generated at most per problem")->capture_default_str();
   cmd->add_option("--out", o->out, "Answers jsonl")->required();
-  cmd->footer("Example:\n  nibble gsm8k --model out/qwen3-gptq --data ../shared/data/corpora/gsm8k-test.jsonl --n 200 "
-              "--out a.jsonl\n  nibble flips a.jsonl b.jsonl");
+  cmd->add_flag("--resume", o->g.resume, "Continue the interrupted run whose answers are in OUT.partial");
+  cmd->add_flag("--force", o->g.force, "Discard an interrupted run's OUT.partial and start over");
+  cmd->footer(
+      "Example:\n  nibble gsm8k --model out/qwen3-gptq --data ../shared/data/corpora/gsm8k-test.jsonl --n 200 "
+      "--out a.jsonl\n  nibble flips a.jsonl b.jsonl\n\n"
+      "Each answer is appended to OUT.partial as it is made; if the run is stopped, the same command with\n"
+      "--resume continues at the next problem (also with a larger --n). OUT is written, and OUT.partial\n"
+      "removed, when every problem is answered.");
   cmd->callback([o, &global] {
     o->g.progress = !global.quiet;
+    o->g.journal = o->out + ".partial";
     auto src = open_model_source(o->model);
     const auto tokenizer = src->tokenizer_json();
     NIBBLE_CHECK(!tokenizer.empty(), "{}: no tokenizer.json", o->model);
     std::string style;
     const auto items = eval::run_gsm8k(*src, tokenizer, o->g, &style);
     std::string text;
-    int64_t right = 0;
+    int64_t right = 0, resumed = 0;
     for (const auto& it : items) {
       right += it.correct;
-      text += nlohmann::json{{"id", it.id},       {"gold", it.gold},       {"pred", it.pred ? *it.pred : ""},
-                             {"correct", it.correct}, {"output", it.output}, {"question", it.question}}
-                  .dump() +
-              "\n";
+      resumed += it.resumed;
+      text += eval::answer_json(it).dump() + "\n";
     }
     write_file_atomic(o->out, text);
+    std::filesystem::remove(o->g.journal);
+    if (resumed) std::printf("gsm8k: %lld answers resumed from %s\n", static_cast<long long>(resumed), o->g.journal.c_str());
     const double n = static_cast<double>(items.size()), p = right / n;
     std::printf("gsm8k: %lld / %zu correct = %.1f %% (±%.1f points, 95 %% normal approximation); prompt style %s; "
                 "answers in %s\n",
