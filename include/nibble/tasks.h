@@ -41,6 +41,10 @@ struct Gsm8kOptions {
   int64_t n = 200;             // first n problems
   int64_t max_new_tokens = 256;
   bool progress = true;
+  // "cpu", or "cuda" (CUDA builds): the prompt through the GPU forward and the greedy loop on the device
+  // (cuda::GpuModel::decode_greedy_run). Its linears take bf16 inputs, so a near-tie can resolve
+  // differently from the CPU's f32 forward.
+  std::string device = "cpu";
   // The journal: a first line naming the run (model, data file's SHA-256, max_new_tokens), then
   // each answer as one JSON line, flushed as it is made, so an interrupted run loses at most the
   // problem it was on. Empty: no journal. An existing journal is an error unless `resume` (continue

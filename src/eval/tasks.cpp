@@ -15,6 +15,9 @@
 #include "nibble/tensor.h"
 #include "nibble/tokenizer.h"
 #include "nibble/util.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda_model.h"
+#endif
 
 namespace nibble::eval {
 namespace fs = std::filesystem;
@@ -70,11 +73,14 @@ namespace {
 nlohmann::json journal_fingerprint(const ModelSource& src, const Gsm8kOptions& o) {
   std::string tensors;
   for (const auto& n : src.names()) tensors += n + " " + shape_str(src.meta(n).shape) + "\n";
-  return {{"model", src.describe()},
-          {"tensors_sha256", sha256_hex(tensors.data(), tensors.size())},
-          {"data_sha256", sha256_file(o.data)},
-          {"max_new_tokens", o.max_new_tokens},
-          {"version", 1}};
+  nlohmann::json fp = {{"model", src.describe()},
+                       {"tensors_sha256", sha256_hex(tensors.data(), tensors.size())},
+                       {"data_sha256", sha256_file(o.data)},
+                       {"max_new_tokens", o.max_new_tokens},
+                       {"version", 1}};
+  // The GPU's bf16 activations can change a greedy choice; CPU journals keep their fingerprint.
+  if (o.device != "cpu") fp["device"] = o.device;
+  return fp;
 }
 
 // Reads the answers of an interrupted run's journal into items[0..k) (marked resumed) and cuts the
@@ -96,8 +102,12 @@ size_t read_journal(const fs::path& path, const nlohmann::json& fp, std::vector<
       NIBBLE_CHECK(whole && !j.is_discarded() && j.contains("fingerprint"),
                    "{}: not a gsm8k journal (its first line names no run); pass --force to start over", path.string());
       std::vector<std::string> diff;
+      const nlohmann::json& old = j["fingerprint"];
       for (const auto& [k, v] : fp.items())
-        if (!j["fingerprint"].contains(k) || j["fingerprint"][k] != v) diff.push_back(k);
+        if (!old.contains(k) || old[k] != v) diff.push_back(k);
+      if (old.is_object())
+        for (const auto& [k, v] : old.items())
+          if (!fp.contains(k)) diff.push_back(k);
       NIBBLE_CHECK(diff.empty(), "--resume: the interrupted run in {} differs from this one in {}; pass --force to start over",
                    path.string(), fmt::format("{}", fmt::join(diff, ", ")));
     } else {
@@ -130,10 +140,70 @@ size_t read_journal(const fs::path& path, const nlohmann::json& fp, std::vector<
   return done;
 }
 
+// Greedy continuation of a prompt: on_token(id) for each id chosen after
+// `prompt`, at most `budget`, until it returns false.
+class Greedy {
+ public:
+  virtual ~Greedy() = default;
+  virtual void run(const std::vector<int32_t>& prompt, int64_t budget,
+                   const std::function<bool(int32_t)>& on_token) = 0;
+};
+
+int32_t argmax_row(const Tensor& logits, int64_t vocab) {
+  const float* l = logits.data<float>();
+  return static_cast<int32_t>(std::max_element(l, l + vocab) - l);
+}
+
+class CpuGreedy : public Greedy {
+ public:
+  explicit CpuGreedy(const ModelSource& src) : model_(Model::load(src)) {}
+  void run(const std::vector<int32_t>& prompt, int64_t budget, const std::function<bool(int32_t)>& on_token) override {
+    const ModelConfig& c = model_->config();
+    KVCache cache(c, static_cast<int64_t>(prompt.size()) + budget);
+    Tensor logits = model_->forward(prompt, cache, false);
+    for (int64_t k = 0; k < budget; ++k) {
+      const int32_t next = argmax_row(logits, c.vocab_size);
+      if (!on_token(next)) return;
+      if (k + 1 < budget) logits = model_->forward({next}, cache, false);
+    }
+  }
+
+ private:
+  std::unique_ptr<Model> model_;
+};
+
+#ifdef NIBBLE_HAVE_CUDA
+// The prompt through the GPU forward, then the device-side greedy loop
+// (GpuModel::decode_greedy_run): one load for every problem, the cache
+// emptied between them.
+class GpuGreedy : public Greedy {
+ public:
+  GpuGreedy(const ModelSource& src, int64_t max_tokens) : model_(cuda::GpuModel::load(src, max_tokens)) {}
+  void run(const std::vector<int32_t>& prompt, int64_t budget, const std::function<bool(int32_t)>& on_token) override {
+    const int64_t vocab = model_->config().vocab_size;
+    model_->reset();
+    const int32_t first = argmax_row(model_->forward(prompt, false), vocab);
+    if (!on_token(first) || budget == 1) return;
+    model_->decode_greedy_run(first, vocab, budget - 1, on_token);
+  }
+
+ private:
+  std::unique_ptr<cuda::GpuModel> model_;
+};
+#endif
+
 }  // namespace
 
 std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokenizer_json, const Gsm8kOptions& o,
                                  std::string* style_out) {
+  NIBBLE_CHECK(o.device == "cpu" || o.device == "cuda", "gsm8k: --device must be cpu or cuda, found '{}'", o.device);
+#ifndef NIBBLE_HAVE_CUDA
+  NIBBLE_CHECK(o.device == "cpu", "gsm8k: --device cuda needs a CUDA build of nibble (make build NIBBLE_CUDA=on)");
+#endif
+  NIBBLE_CHECK(o.device == "cpu" || src.activation_quant().empty(),
+               "gsm8k --device cuda: {} declares simulated activation quantization '{}', which the GPU forward does "
+               "not do; use --device cpu",
+               src.describe(), src.activation_quant());
   NIBBLE_CHECK(fs::is_regular_file(o.data), "gsm8k: --data {}: no such file", o.data.string());
   std::ifstream f(o.data);
   std::vector<Gsm8kItem> items;
@@ -155,10 +225,13 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokeniz
   }
   NIBBLE_CHECK(!items.empty(), "gsm8k: {} has no problems", o.data.string());
 
+  // The journal is opened (and, when new, started with the run's line) at the first answer, so a run
+  // that fails before any leaves none behind.
   std::ofstream journal;
   size_t resumed = 0;
+  nlohmann::json fp;
   if (!o.journal.empty()) {
-    const nlohmann::json fp = journal_fingerprint(src, o);
+    fp = journal_fingerprint(src, o);
     if (fs::exists(o.journal) && o.force) fs::remove(o.journal);
     if (fs::exists(o.journal)) {
       NIBBLE_CHECK(o.resume,
@@ -166,60 +239,72 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokeniz
                    "start over",
                    o.journal.string());
       resumed = read_journal(o.journal, fp, items);
-    } else {
-      write_file_atomic(o.journal, nlohmann::json{{"fingerprint", fp}}.dump() + "\n");
     }
-    journal.open(o.journal, std::ios::app | std::ios::binary);
-    NIBBLE_CHECK(journal.good(), "{}: cannot open the journal for writing", o.journal.string());
   }
   const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
-  auto model = Model::load(src);
-  const ModelConfig& c = model->config();
+  const ModelConfig& c = src.config();
   const auto im_start = tok.token_to_id("<|im_start|>"), im_end = tok.token_to_id("<|im_end|>");
   const bool chatml = im_start && im_end;
   if (style_out) *style_out = chatml ? "chatml" : "plain";
   const auto eos = tok.eos_id();
+  // Every prompt first: the GPU's cache is sized once, for the longest.
+  std::vector<std::vector<int32_t>> prompts(items.size());
+  int64_t max_tokens = 1;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].resumed) continue;
+    prompts[i] = tok.encode(chatml ? "<|im_start|>user\n" + items[i].question +
+                                         "\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
+                                   : "Question: " + items[i].question + "\nAnswer:",
+                            true);
+    max_tokens = std::max<int64_t>(
+        max_tokens, std::min<int64_t>(static_cast<int64_t>(prompts[i].size()) + o.max_new_tokens,
+                                      c.max_position_embeddings));
+  }
+  std::unique_ptr<Greedy> greedy;
+  if (resumed < items.size()) {
+    if (o.device == "cuda") {
+#ifdef NIBBLE_HAVE_CUDA
+      greedy = std::make_unique<GpuGreedy>(src, max_tokens);
+#endif
+    } else {
+      greedy = std::make_unique<CpuGreedy>(src);
+    }
+  }
   Progress bar("gsm8k", static_cast<int64_t>(items.size() - resumed), o.progress, "problems");
   if (resumed) bar.set_note(fmt::format("{} resumed", resumed));
-  const auto answered = [&](const Gsm8kItem& it) {
-    if (journal.is_open()) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    Gsm8kItem& it = items[i];
+    if (it.resumed) continue;
+    // The question alone may fill the context: then there is no answer.
+    const int64_t budget =
+        std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - static_cast<int64_t>(prompts[i].size()));
+    if (budget > 0) {
+      StreamDecoder dec(tok, true);
+      greedy->run(prompts[i], budget, [&](int32_t next) {
+        if ((eos && next == *eos) || (im_end && next == *im_end)) return false;
+        it.output += dec.step(next);
+        if (!chatml && it.output.find("Question:") != std::string::npos) {
+          it.output.resize(it.output.find("Question:"));
+          return false;
+        }
+        return true;
+      });
+      it.output += dec.finish();
+    }
+    it.pred = extract_answer(it.output);
+    it.correct = it.pred && answers_match(*it.pred, it.gold);
+    if (!o.journal.empty()) {
+      if (!journal.is_open()) {
+        if (!fs::exists(o.journal)) write_file_atomic(o.journal, nlohmann::json{{"fingerprint", fp}}.dump() + "\n");
+        journal.open(o.journal, std::ios::app | std::ios::binary);
+        NIBBLE_CHECK(journal.good(), "{}: cannot open the journal for writing", o.journal.string());
+      }
       journal << answer_json(it).dump() << '\n';
       journal.flush();
       NIBBLE_CHECK(journal.good(), "{}: writing the journal failed", o.journal.string());
     }
     if (o.on_answer) o.on_answer(it);
     bar.advance();
-  };
-  for (Gsm8kItem& it : items) {
-    if (it.resumed) continue;
-    const std::string prompt =
-        chatml ? "<|im_start|>user\n" + it.question +
-                     "\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
-               : "Question: " + it.question + "\nAnswer:";
-    std::vector<int32_t> ids = tok.encode(prompt, true);
-    const int64_t budget = std::min<int64_t>(o.max_new_tokens, c.max_position_embeddings - static_cast<int64_t>(ids.size()));
-    if (budget <= 0) {  // the question alone fills the context: no answer
-      answered(it);
-      continue;
-    }
-    KVCache cache(c, static_cast<int64_t>(ids.size()) + budget);
-    Tensor logits = model->forward(ids, cache, false);
-    StreamDecoder dec(tok, true);
-    for (int64_t k = 0; k < budget; ++k) {
-      const float* l = logits.data<float>();
-      const int32_t next = static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l);
-      if ((eos && next == *eos) || (im_end && next == *im_end)) break;
-      it.output += dec.step(next);
-      if (!chatml && it.output.find("Question:") != std::string::npos) {
-        it.output.resize(it.output.find("Question:"));
-        break;
-      }
-      if (k + 1 < budget) logits = model->forward({next}, cache, false);
-    }
-    it.output += dec.finish();
-    it.pred = extract_answer(it.output);
-    it.correct = it.pred && answers_match(*it.pred, it.gold);
-    answered(it);
   }
   bar.finish();
   return items;

@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "nibble/convert.h"
 #include "nibble/cuda.h"
@@ -18,6 +21,7 @@
 #include "nibble/model.h"
 #include "nibble/source.h"
 #include "nibble/synth.h"
+#include "nibble/tasks.h"
 #include "test_util.h"
 
 namespace nibble {
@@ -372,6 +376,33 @@ TEST(Cuda, DecodeGreedyRunMatchesStepByStep) {
 // Too little GPU memory is an error that says so, and leaves the device
 // usable: one allocation too large, and a model whose KV cache cannot fit,
 // refused before any upload (GpuModel::load's check against the free memory).
+// nibble gsm8k --device cuda: the GPU's prompt forward and device-side
+// greedy loop give the CPU's answers on both fixtures (whose greedy
+// continuations agree, GpuForwardMatchesCpu*), one load serving every problem.
+TEST(Cuda, Gsm8kOnTheGpuGivesTheCpuAnswers) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir tmp("nibble-gpu-gsm8k");
+  quantize_model(test::model_dir("qwen3-26M-linux"), tmp.path() / "rtn", QuantizeOptions{});
+  for (const std::filesystem::path& dir : {test::model_dir("stories260K"), tmp.path() / "rtn"}) {
+    const auto src = open_model_source(dir.string());
+    eval::Gsm8kOptions o;
+    o.data = test::shared_dir() / "data/corpora/gsm8k-test.jsonl";
+    o.n = 4;
+    o.max_new_tokens = 16;
+    o.progress = false;
+    const auto cpu = eval::run_gsm8k(*src, src->tokenizer_json(), o);
+    o.device = "cuda";
+    const auto gpu = eval::run_gsm8k(*src, src->tokenizer_json(), o);
+    ASSERT_EQ(cpu.size(), gpu.size());
+    int with_text = 0;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_EQ(eval::answer_json(gpu[i]), eval::answer_json(cpu[i])) << dir << " problem " << i;
+      with_text += !cpu[i].output.empty();
+    }
+    EXPECT_GT(with_text, 0) << dir;
+  }
+}
+
 TEST(Cuda, OutOfMemoryIsAClearError) {
   if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
   try {

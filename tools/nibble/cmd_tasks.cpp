@@ -25,6 +25,11 @@ void register_gsm8k(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--n", o->g.n, "First N problems")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-new", o->g.max_new_tokens, "Tokens generated at most per problem")->capture_default_str();
   cmd->add_option("--out", o->out, "Answers jsonl")->required();
+  cmd->add_option("--device", o->g.device,
+                  "cpu, or cuda (CUDA builds: the GPU forward and greedy loop of nibble run --device cuda; its bf16 "
+                  "activations can resolve a near-tie differently from the CPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_flag("--resume", o->g.resume, "Continue the interrupted run whose answers are in OUT.partial");
   cmd->add_flag("--force", o->g.force, "Discard an interrupted run's OUT.partial and start over");
   cmd->footer(
