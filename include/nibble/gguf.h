@@ -119,7 +119,26 @@ struct GgufVocab {
   std::vector<std::string> merges;  // tokenizer.ggml.merges ("a b")
   std::optional<int64_t> bos_id, eos_id, eot_id, unknown_id, padding_id;
   std::optional<bool> add_bos, add_eos;
+  std::optional<bool> add_space_prefix;  // tokenizer.ggml.add_space_prefix (SentencePiece's dummy prefix)
+  std::string chat_template;             // tokenizer.chat_template
 };
+
+// The tokenizer.json that Hugging Face's converters make for the vocabulary a
+// GGUF file carries, so that nibble's Tokenizer (tokenizer.h) encodes as the
+// original model's tokenizer does:
+//   "llama" (SentencePiece BPE: Llama 2, Mistral, TinyLlama): ▁ normalizer with
+//     the dummy prefix, byte fallback, merges made from the scores the way
+//     transformers' SentencePieceExtractor makes them (every split of a piece
+//     into two pieces, ranked by the piece's score, then by the halves' ids);
+//   "gpt2" (byte-level BPE: Llama 3, Qwen2/3, SmolLM): the file's merges and
+//     the pre-tokenizer that tokenizer.ggml.pre names (llama-bpe/llama3,
+//     qwen2, smollm, gpt-2/default).
+// Control, unknown and user-defined tokens become added tokens (control and
+// unknown ones special); BOS/EOS follow tokenizer.ggml.add_bos_token /
+// add_eos_token, with llama.cpp's defaults where the file says nothing.
+// Throws nibble::Error naming `origin` for other tokenizer models and
+// pre-tokenizers, and for vocabularies that do not hang together.
+std::string tokenizer_json_from_gguf(const GgufVocab& vocab, const std::string& origin);
 
 class GgufFile {
  public:
@@ -214,6 +233,9 @@ class GgufSource final : public ModelSource {
   const io::GgufFile& file() const { return file_; }
   // tokenizer.ggml.* of the file.
   io::GgufVocab vocab() const { return file_.vocab(); }
+  // The file's own tokenizer (tokenizer_json_from_gguf), with its BOS/EOS tokens and chat template;
+  // nullopt when it carries none.
+  std::optional<Tokenizer> tokenizer() const override;
   // The GGUF tensor a logical (HF) name is read from.
   const std::string& gguf_name(const std::string& name) const;
 
@@ -237,6 +259,9 @@ class GgufSource final : public ModelSource {
   std::map<std::string, Entry> entries_;
   std::vector<std::string> order_;
 };
+
+// Whether `path` is a regular file that starts with the GGUF magic.
+bool is_gguf_file(const std::filesystem::path& path);
 
 // GgufSource::open as the generic interface.
 std::unique_ptr<ModelSource> open_gguf(const std::filesystem::path& path);

@@ -16,6 +16,7 @@
 #include "nibble/model_config.h"
 #include "nibble/safetensors.h"
 #include "nibble/tensor.h"
+#include "nibble/tokenizer.h"
 
 namespace nibble {
 
@@ -62,6 +63,9 @@ class ModelSource : public TensorSource {
   virtual void validate_against_config() const;
   // The tokenizer.json that goes with the weights, or an empty path.
   virtual std::filesystem::path tokenizer_json() const { return {}; }
+  // The tokenizer that goes with the weights, or nullopt: by default read from
+  // tokenizer_json(); a GGUF file's is built from the vocabulary it carries.
+  virtual std::optional<Tokenizer> tokenizer() const;
   // The rotation the forward applies to down_proj's input, if any.
   virtual std::optional<OnlineRotation> down_proj_rotation() const { return std::nullopt; }
   // The activation quantizer the weights were made for (act_quant.h; e.g.
@@ -134,7 +138,8 @@ class CheckpointDir final : public ModelSource {
 std::vector<std::filesystem::path> carried_files(const std::filesystem::path& dir);
 
 // Opens a source named on the command line: "DIR" (plain or packed, detected),
-// "hf:DIR", "packed:DIR", "gguf:FILE" (llama.cpp's format, dequantized to f32),
+// "hf:DIR", "packed:DIR", "gguf:FILE" or a GGUF file's own path (llama.cpp's
+// format, dequantized to f32),
 // "overlay:CAND,keep=REGEX" (tensors matching REGEX
 // come from `reference`), "overlay:CAND,head=SRC" (lm_head from SRC).
 std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const ModelSource* reference = nullptr);

@@ -58,7 +58,7 @@ struct Gsm8kOptions {
 // when the tokenizer has <|im_start|>/<|im_end|> tokens (Qwen-style chat
 // models), else "Question: ...\nAnswer:" (base models); generation stops at
 // EOS, at <|im_end|>, at a new "Question:", or after max_new_tokens.
-std::vector<Gsm8kItem> run_gsm8k(const ModelSource& model, const std::filesystem::path& tokenizer_json,
+std::vector<Gsm8kItem> run_gsm8k(const ModelSource& model, const Tokenizer& tokenizer,
                                  const Gsm8kOptions& o, std::string* prompt_style = nullptr);
 
 struct Flips {

@@ -62,9 +62,10 @@ void Regex::scan(std::string_view s, OnMatch&& on_match) const {
       continue;
     }
     if (rc == PCRE2_ERROR_NOMATCH) return;
+    // On a UTF-8 error PCRE2 gives the invalid character's offset as the start char (not in the ovector).
     if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21)
       NIBBLE_FAIL("regex '{}': the text is not valid UTF-8 at byte {}: {}", pattern_,
-                  pcre2_get_ovector_pointer(md.get())[0], pcre2_message(rc));
+                  pcre2_get_startchar(md.get()), pcre2_message(rc));
     if (rc < 0) NIBBLE_FAIL("regex '{}': PCRE2 match failed at byte {}: {}", pattern_, pos, pcre2_message(rc));
     flags = PCRE2_NO_UTF_CHECK;
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());

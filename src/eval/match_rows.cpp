@@ -59,6 +59,7 @@ class PermutedSource final : public ModelSource {
   std::vector<Tensor> parts(const std::string& n) const override { return base_->parts(n); }
   const ModelConfig& config() const override { return base_->config(); }
   std::filesystem::path tokenizer_json() const override { return base_->tokenizer_json(); }
+  std::optional<Tokenizer> tokenizer() const override { return base_->tokenizer(); }
 
  private:
   std::unique_ptr<ModelSource> base_;

@@ -194,7 +194,7 @@ class GpuGreedy : public Greedy {
 
 }  // namespace
 
-std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokenizer_json, const Gsm8kOptions& o,
+std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const Tokenizer& tok, const Gsm8kOptions& o,
                                  std::string* style_out) {
   NIBBLE_CHECK(o.device == "cpu" || o.device == "cuda", "gsm8k: --device must be cpu or cuda, found '{}'", o.device);
 #ifndef NIBBLE_HAVE_CUDA
@@ -241,7 +241,6 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const fs::path& tokeniz
       resumed = read_journal(o.journal, fp, items);
     }
   }
-  const Tokenizer tok = Tokenizer::from_file(tokenizer_json);
   const ModelConfig& c = src.config();
   const auto im_start = tok.token_to_id("<|im_start|>"), im_end = tok.token_to_id("<|im_end|>");
   const bool chatml = im_start && im_end;

@@ -242,6 +242,12 @@ Tensor CheckpointDir::load(const std::string& name) const {
   return dequantize_parts(*e.meta.format, parts(name), e.meta.shape[0], e.meta.shape[1]);
 }
 
+std::optional<Tokenizer> ModelSource::tokenizer() const {
+  const fs::path p = tokenizer_json();
+  if (p.empty()) return std::nullopt;
+  return Tokenizer::from_file(p);
+}
+
 std::vector<Tensor> ModelSource::parts(const std::string& name) const {
   NIBBLE_FAIL("{}: tensor '{}' has no stored parts", describe(), name);
 }

@@ -451,6 +451,8 @@ GgufVocab GgufFile::vocab() const {
   voc.padding_id = id("tokenizer.ggml.padding_token_id");
   if (has("tokenizer.ggml.add_bos_token")) voc.add_bos = get_bool("tokenizer.ggml.add_bos_token");
   if (has("tokenizer.ggml.add_eos_token")) voc.add_eos = get_bool("tokenizer.ggml.add_eos_token");
+  if (has("tokenizer.ggml.add_space_prefix")) voc.add_space_prefix = get_bool("tokenizer.ggml.add_space_prefix");
+  voc.chat_template = get_string("tokenizer.chat_template", "");
   return voc;
 }
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string_view>
 
@@ -276,6 +277,19 @@ std::unique_ptr<ModelSource> open_gguf(const std::filesystem::path& path) { retu
 
 std::string GgufSource::describe() const { return file_.path().string(); }
 
+std::optional<Tokenizer> GgufSource::tokenizer() const {
+  const io::GgufVocab v = vocab();
+  if (v.tokens.empty()) return std::nullopt;
+  TokenizerConfig tc;
+  if (v.bos_id) tc.bos_token = v.tokens[*v.bos_id];
+  if (v.eos_id) tc.eos_token = v.tokens[*v.eos_id];
+  if (v.padding_id && *v.padding_id < static_cast<int64_t>(v.tokens.size())) tc.pad_token = v.tokens[*v.padding_id];
+  tc.add_bos_token = v.add_bos;
+  tc.add_eos_token = v.add_eos;
+  tc.chat_template = v.chat_template;
+  return Tokenizer::from_json(io::tokenizer_json_from_gguf(v, describe()), describe() + " (tokenizer.ggml.*)", tc);
+}
+
 const GgufSource::Entry& GgufSource::entry(const std::string& name) const {
   auto it = entries_.find(name);
   NIBBLE_CHECK(it != entries_.end(), "{}: no tensor named '{}'", describe(), name);
@@ -297,6 +311,14 @@ Tensor GgufSource::load(const std::string& name) const {
     out = unpermute_rows(out, e.unpermute_heads);
   }
   return out;
+}
+
+bool is_gguf_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream f(path, std::ios::binary);
+  char magic[4] = {};
+  return f.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
 }
 
 }  // namespace nibble

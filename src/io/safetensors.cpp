@@ -290,7 +290,8 @@ SafetensorsFile SafetensorsFile::from_buffer(std::shared_ptr<const void> owner, 
                size);
   uint64_t n = 0;  // little-endian u64, whatever the host byte order
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
-  NIBBLE_CHECK(n <= kMaxHeaderBytes, "{}: header length {} is absurd: expected at most {} bytes", file, n,
+  NIBBLE_CHECK(n <= kMaxHeaderBytes,
+               "{}: header length {} is absurd: expected at most {} bytes (is it a safetensors file at all?)", file, n,
                kMaxHeaderBytes);
   NIBBLE_CHECK(n <= size - 8,
                "{}: header length {} runs past the end of the file: expected at most {} (file is {} bytes)", file,

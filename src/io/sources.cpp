@@ -1,5 +1,5 @@
 // Model sources named on the command line: "DIR", "hf:DIR", "packed:DIR", "gguf:FILE",
-// "overlay:CAND,keep=REGEX", "overlay:CAND,head=SRC".
+// "overlay:CAND,keep=REGEX", "overlay:CAND,head=SRC", and a GGUF file by its own path.
 
 #include "nibble/error.h"
 #include "nibble/gguf.h"
@@ -24,6 +24,7 @@ class OverlaySource final : public ModelSource {
   std::vector<Tensor> parts(const std::string& n) const override { return from(n).parts(n); }
   const ModelConfig& config() const override { return base_->config(); }
   std::filesystem::path tokenizer_json() const override { return base_->tokenizer_json(); }
+  std::optional<Tokenizer> tokenizer() const override { return base_->tokenizer(); }
   std::string activation_quant() const override { return base_->activation_quant(); }
 
  private:
@@ -81,6 +82,10 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const Mo
                "'{}': unknown source kind (known: DIR, hf:DIR, packed:DIR, gguf:FILE, overlay:CAND,keep=REGEX, "
                "overlay:CAND,head=SRC)",
                spec);
+  // A GGUF file named as it is: its magic, whatever the extension.
+  if (is_gguf_file(spec)) return open_gguf(spec);
+  NIBBLE_CHECK(!std::filesystem::is_regular_file(spec),
+               "{}: a file that is not GGUF; a Hugging Face or nibble checkpoint is named by its directory", spec);
   return CheckpointDir::open(spec);
 }
 

@@ -102,11 +102,10 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
   const auto start = std::chrono::steady_clock::now();
   const ModelConfig& c = src.config();
   // ---- the calibration set
-  std::unique_ptr<Tokenizer> tok;
-  if (const fs::path tj = src.tokenizer_json(); !tj.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tj));
+  const std::optional<Tokenizer> tok = src.tokenizer();
   const std::optional<int32_t> bos = tok ? leading_bos(*tok) : std::nullopt;
   const CalibrationSet calib =
-      load_calibration(opt.calib, tok.get(), bos, c.max_position_embeddings, static_cast<int32_t>(c.vocab_size));
+      load_calibration(opt.calib, tok ? &*tok : nullptr, bos, c.max_position_embeddings, static_cast<int32_t>(c.vocab_size));
   for (const auto& n : calib.notes) notes.push_back("calibration: " + n);
 
   ojson files = ojson::array();

@@ -92,6 +92,7 @@ class RotatedSource final : public ModelSource {
   }
   const ModelConfig& config() const override { return config_; }
   std::filesystem::path tokenizer_json() const override { return src_.tokenizer_json(); }
+  std::optional<Tokenizer> tokenizer() const override { return src_.tokenizer(); }
   std::optional<OnlineRotation> down_proj_rotation() const override {
     if (!qd_) return std::nullopt;
     return OnlineRotation{qd_->size(), qd_->seed()};

@@ -116,7 +116,7 @@ TEST(Tasks, Gsm8kJournalResumesAnInterruptedRun) {
   TempDir tmp;
   const std::string model = test::model_dir("stories260K").string();
   const auto src = open_model_source(model);
-  const auto tokenizer = src->tokenizer_json();
+  const Tokenizer tokenizer = *src->tokenizer();
   Gsm8kOptions o;
   o.data = test::shared_dir() / "data/corpora/gsm8k-test.jsonl";
   o.n = 3;

@@ -390,9 +390,9 @@ TEST(Cuda, Gsm8kOnTheGpuGivesTheCpuAnswers) {
     o.n = 4;
     o.max_new_tokens = 16;
     o.progress = false;
-    const auto cpu = eval::run_gsm8k(*src, src->tokenizer_json(), o);
+    const auto cpu = eval::run_gsm8k(*src, *src->tokenizer(), o);
     o.device = "cuda";
-    const auto gpu = eval::run_gsm8k(*src, src->tokenizer_json(), o);
+    const auto gpu = eval::run_gsm8k(*src, *src->tokenizer(), o);
     ASSERT_EQ(cpu.size(), gpu.size());
     int with_text = 0;
     for (size_t i = 0; i < cpu.size(); ++i) {

@@ -181,11 +181,10 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
                      v.act_quant.value_or(""));
       }
     auto ref = open_model_source(o->reference);
-    std::unique_ptr<Tokenizer> tok;
-    if (const auto tj = ref->tokenizer_json(); !tj.empty()) tok = std::make_unique<Tokenizer>(Tokenizer::from_file(tj));
+    const std::optional<Tokenizer> tok = ref->tokenizer();
     if (tok) o->opt.bos = leading_bos(*tok);
     std::vector<eval::Corpus> corpora;
-    for (const auto& c : o->corpora) corpora.push_back(load_corpus(c, tok.get(), ref->config().vocab_size));
+    for (const auto& c : o->corpora) corpora.push_back(load_corpus(c, tok ? &*tok : nullptr, ref->config().vocab_size));
     std::vector<std::string> notes;
     const eval::Reference reference = eval::build_reference(*ref, corpora, o->opt, o->cache, notes);
     if (!global.quiet)

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "nibble/format.h"
+#include "nibble/gguf.h"
 #include "nibble/source.h"
 #include "nibble/util.h"
 
@@ -18,30 +19,54 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void print_summary(const CheckpointDir& src) {
+// "stored as" for a tensor: its nibble format or dtype; for a GGUF file, the ggml type it is stored in.
+std::string stored_as(const ModelSource& src, const std::string& name, const TensorMeta& m) {
+  if (const auto* g = dynamic_cast<const GgufSource*>(&src))
+    return io::ggml_type_name(g->file().info(g->gguf_name(name)).type);
+  return m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
+}
+
+void print_header(const ModelSource& src) {
   std::printf("%s\n", src.describe().c_str());
-  const auto& md = src.metadata();
+  if (const auto* g = dynamic_cast<const GgufSource*>(&src)) {
+    const io::GgufFile& f = g->file();
+    const io::GgufVocab v = g->vocab();
+    std::printf("GGUF v%u, %s, %s; tokenizer %s%s%s, %zu tokens\n", f.version(),
+                f.get_string("general.architecture", "?").c_str(), f.get_string("general.name", "unnamed").c_str(),
+                v.model.empty() ? "none" : v.model.c_str(), v.pre.empty() ? "" : "/", v.pre.c_str(), v.tokens.size());
+    return;
+  }
+  const auto* dir = dynamic_cast<const CheckpointDir*>(&src);
+  if (!dir) return;
+  const auto& md = dir->metadata();
   if (auto it = md.find(kMetaFormat); it != md.end()) std::printf("format: %s\n", it->second.c_str());
-  const fs::path report = src.dir() / "nibble.json";
-  if (fs::is_directory(src.dir()) && fs::exists(report)) {
+  const fs::path report = dir->dir() / "nibble.json";
+  if (fs::is_directory(dir->dir()) && fs::exists(report)) {
     std::ifstream f(report);
     const auto j = nlohmann::json::parse(f, nullptr, false);
     if (!j.is_discarded() && j.contains("method"))
       std::printf("made by: nibble %s, method %s, %s\n", j.value("nibble_version", "?").c_str(),
                   j.value("method", "?").c_str(), j.value("created", "?").c_str());
   }
+}
+
+void print_summary(const ModelSource& src) {
+  print_header(src);
   std::printf("\n%-48s %-16s %-14s %12s %8s\n", "tensor", "stored as", "shape", "bytes", "bits/w");
   uint64_t params = 0, bytes = 0, qparams = 0, qbytes = 0;
   size_t nq = 0;
   for (const std::string& name : src.names()) {
     const TensorMeta m = src.meta(name);
     const uint64_t n = static_cast<uint64_t>(shape_numel(m.shape));
-    const std::string stored = m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
+    const std::string stored = stored_as(src, name, m);
     std::printf("%-48s %-16s %-14s %12s %8.3f\n", name.c_str(), stored.c_str(), shape_str(m.shape).c_str(),
                 human_bytes(m.stored_bytes).c_str(), n ? 8.0 * m.stored_bytes / n : 0.0);
     params += n;
     bytes += m.stored_bytes;
-    if (m.format) qparams += n, qbytes += m.stored_bytes, ++nq;
+    // Quantized: a nibble format, or a GGUF block type (anything not a plain float).
+    const bool quantized = m.format || (stored != "F32" && stored != "F16" && stored != "BF16" && stored != "F64" &&
+                                        dynamic_cast<const GgufSource*>(&src));
+    if (quantized) qparams += n, qbytes += m.stored_bytes, ++nq;
   }
   std::printf("\ntotal: %zu tensors, %.3f M params, %s, %.3f bits/weight\n", src.names().size(), params / 1e6,
               human_bytes(bytes).c_str(), params ? 8.0 * bytes / params : 0.0);
@@ -50,12 +75,12 @@ void print_summary(const CheckpointDir& src) {
                 human_bytes(qbytes).c_str(), 8.0 * qbytes / qparams);
 }
 
-void print_tensor(const CheckpointDir& src, const std::string& name, int64_t rows_shown, int64_t cols_shown) {
+void print_tensor(const ModelSource& src, const std::string& name, int64_t rows_shown, int64_t cols_shown) {
   const TensorMeta m = src.meta(name);
   const Tensor t = src.load(name).to_f32();
-  std::printf("%s: %s %s%s\n", name.c_str(),
-              m.format ? m.format->canonical_name().c_str() : std::string(dtype_name(m.dtype)).c_str(),
-              shape_str(m.shape).c_str(), m.format ? " (dequantized)" : "");
+  const std::string stored = stored_as(src, name, m);
+  std::printf("%s: %s %s%s\n", name.c_str(), stored.c_str(), shape_str(m.shape).c_str(),
+              m.format || stored != dtype_name(m.dtype) ? " (dequantized)" : "");
   const int64_t cols = t.dim() >= 2 ? t.size(t.dim() - 1) : t.numel();
   const int64_t rows = cols ? t.numel() / cols : 0;
   const float* p = t.data<float>();
@@ -95,7 +120,7 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
   auto rows = std::make_shared<int64_t>(2);
   auto cols = std::make_shared<int64_t>(8);
   auto formats = std::make_shared<bool>(false);
-  cmd->add_option("path", *path, "Model directory or .safetensors file");
+  cmd->add_option("path", *path, "Model directory, .safetensors file or GGUF file");
   cmd->add_flag("--formats", *formats, "List the storage formats nibble knows (the format registry) and exit");
   cmd->add_option("--tensor", *tensor, "Print a few (dequantized) values of this tensor");
   cmd->add_option("--rows", *rows, "Rows shown with --tensor")->capture_default_str();
@@ -103,6 +128,7 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
   cmd->footer(
       "Examples:\n  nibble inspect out/stories-rtn\n"
       "  nibble inspect out/stories-rtn --tensor model.layers.0.mlp.down_proj.weight\n"
+      "  nibble inspect ../shared/models/stories260K/gguf/stories260K-Q4_K_M.gguf\n"
       "  nibble inspect --formats");
   cmd->callback([path, tensor, rows, cols, formats] {
     if (*formats) {
@@ -110,10 +136,15 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
                   format_list_text().c_str());
       return;
     }
-    NIBBLE_CHECK(!path->empty(), "inspect: give a model directory or .safetensors file (or --formats)");
+    NIBBLE_CHECK(!path->empty(), "inspect: give a model directory, .safetensors file or GGUF file (or --formats)");
     const fs::path p = *path;
-    std::unique_ptr<CheckpointDir> src =
-        fs::is_directory(p) ? CheckpointDir::open(p) : CheckpointDir::open_file(p);
+    std::unique_ptr<ModelSource> src;
+    if (fs::is_directory(p))
+      src = CheckpointDir::open(p);
+    else if (is_gguf_file(p))
+      src = GgufSource::open(p);
+    else
+      src = CheckpointDir::open_file(p);
     if (tensor->empty())
       print_summary(*src);
     else

@@ -47,8 +47,9 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
   cmd->callback([o, &global] {
     auto ref = open_model_source(o->reference);
     auto cand = open_model_source(o->candidate, ref.get());
-    NIBBLE_CHECK(!ref->tokenizer_json().empty(), "{}: no tokenizer.json", o->reference);
-    const Tokenizer tok = Tokenizer::from_file(ref->tokenizer_json());
+    const std::optional<Tokenizer> found = ref->tokenizer();
+    NIBBLE_CHECK(found, "{}: no tokenizer (no tokenizer.json beside the weights)", o->reference);
+    const Tokenizer& tok = *found;
     std::ifstream f(o->corpus, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();

@@ -32,10 +32,11 @@ class Runner {
   // kv: a KV-cache scheme name ("none": exact); act_quant: an activation
   // quantizer replacing the checkpoint's ("" keeps the checkpoint's).
   Runner(const std::string& path, const std::string& device, const std::string& kv, const std::string& act_quant)
-      : dir_(CheckpointDir::open(path)), kv_(find_kv_quant(kv)) {
+      : dir_(open_model_source(path)), kv_(find_kv_quant(kv)) {
     const ActQuantSpec* act = act_quant.empty() ? nullptr : find_act_quant(act_quant);
-    NIBBLE_CHECK(std::filesystem::exists(dir_->dir() / "tokenizer.json"), "{}: no tokenizer.json", path);
-    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file(dir_->dir() / "tokenizer.json"));
+    std::optional<Tokenizer> tok = dir_->tokenizer();
+    NIBBLE_CHECK(tok, "{}: no tokenizer (no tokenizer.json beside the weights)", path);
+    tok_ = std::make_unique<Tokenizer>(std::move(*tok));
     NIBBLE_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, found '{}'", device);
 #ifndef NIBBLE_HAVE_CUDA
     NIBBLE_CHECK(device == "cpu", "--device cuda: this build has no CUDA backend (build with NIBBLE_CUDA=on)");
@@ -130,7 +131,7 @@ class Runner {
   }
 
  private:
-  std::unique_ptr<CheckpointDir> dir_;
+  std::unique_ptr<ModelSource> dir_;
   const KvQuantSpec* kv_ = nullptr;
   std::unique_ptr<Tokenizer> tok_;
   bool cuda_ = false;
@@ -155,7 +156,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     bool truncate = false, ignore_eos = false, no_cuda_graph = false;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--model", o->model, "Model directory (HF or nibble-packed)")->required();
+  cmd->add_option("--model", o->model, "Model: a directory (HF or nibble-packed) or a GGUF file")->required();
   cmd->add_option("--prompt", o->prompt, "Prompt text")->required();
   cmd->add_option("-n,--n-tokens", o->n, "New tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", o->sampler.temperature, "Temperature (0 = greedy)")->capture_default_str();
@@ -181,6 +182,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
                   "declares: none, " + act_quant_names());
   cmd->footer("Examples:\n  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --kv int4\n"
+              "  nibble run --model ../shared/models/stories260K/gguf/stories260K-Q4_K_M.gguf --prompt \"Once upon a time\"\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --device cuda\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --device cuda --kv bf16\n"
               "  nibble run --model out/synth-8b-rtn --prompt hello -n 256 --ignore-eos --device cuda   "
@@ -262,7 +264,7 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
   auto text = std::make_shared<std::string>();
   auto ctx = std::make_shared<int64_t>(512);
   auto max_chunks = std::make_shared<int64_t>(0);
-  cmd->add_option("--model", *model, "Model directory (HF or nibble-packed)")->required();
+  cmd->add_option("--model", *model, "Model: a directory (HF or nibble-packed) or a GGUF file")->required();
   cmd->add_option("--text", *text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", *ctx, "Window length in tokens")->capture_default_str();
   cmd->add_option("--chunks", *max_chunks, "Score at most this many windows (0 = all)")->capture_default_str();
@@ -270,11 +272,14 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
   cmd->add_flag("--stream", *stream,
                 "Run one decoder layer at a time over all windows (only one layer's weights in memory; "
                 "the hidden states of all windows are)");
-  cmd->footer("Example:\n  nibble ppl --model out/qwen3-rtn --text ../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 20");
+  cmd->footer("Examples:\n  nibble ppl --model out/qwen3-rtn --text ../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 20\n"
+              "  nibble ppl --model ../shared/models/stories260K/gguf/stories260K-Q4_K_M.gguf \\\n"
+              "      --text ../shared/data/corpora/tinystories-valid-sample.txt --ctx 256 --chunks 20");
   cmd->callback([=, &global] {
-    auto dir = CheckpointDir::open(*model);
-    NIBBLE_CHECK(std::filesystem::exists(dir->dir() / "tokenizer.json"), "{}: no tokenizer.json", *model);
-    const Tokenizer tok = Tokenizer::from_file(dir->dir() / "tokenizer.json");
+    auto dir = open_model_source(*model);
+    const std::optional<Tokenizer> found = dir->tokenizer();
+    NIBBLE_CHECK(found, "{}: no tokenizer (no tokenizer.json beside the weights)", *model);
+    const Tokenizer& tok = *found;
     std::ifstream f(*text, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();
