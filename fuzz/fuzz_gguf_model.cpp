@@ -6,12 +6,15 @@
 // with the file's path. An opened model is used as the forward uses one: its
 // config, every tensor's meta, and every tensor of up to 1 MiB loaded, where
 // each load may only refuse with such an Error. A loaded tensor must have the
-// shape its meta promised.
+// shape its meta promised. The tokenizer the file carries must build (or
+// refuse with such an Error) and encode a fixed text to ids inside its vocabulary.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "fuzz_checks.h"
 #include "nibble/gguf.h"
@@ -48,6 +51,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } catch (const nibble::Error& e) {
         check_error(e);
       }
+    }
+    // The tokenizer the file carries (tokenizer_json_from_gguf), used as run and ppl use it.
+    try {
+      if (const std::optional<nibble::Tokenizer> tok = src->tokenizer()) {
+        const std::vector<int32_t> ids = tok->encode("Once upon a time, 42 caf\xC3\xA9s <s>.\n", true);
+        for (int32_t id : ids)
+          if (id < 0 || id >= tok->vocab_size()) broken("the file's tokenizer gave an id outside its vocabulary");
+        (void)tok->decode(ids);
+      }
+    } catch (const nibble::Error& e) {
+      check_error(e);
     }
   } catch (const nibble::Error& e) {
     check_error(e);

@@ -132,7 +132,7 @@ struct GgufVocab {
 //     into two pieces, ranked by the piece's score, then by the halves' ids);
 //   "gpt2" (byte-level BPE: Llama 3, Qwen2/3, SmolLM): the file's merges and
 //     the pre-tokenizer that tokenizer.ggml.pre names (llama-bpe/llama3,
-//     qwen2, smollm, gpt-2/default).
+//     qwen2, smollm, gpt-2; a file without tokenizer.ggml.pre is refused).
 // Control, unknown and user-defined tokens become added tokens (control and
 // unknown ones special); BOS/EOS follow tokenizer.ggml.add_bos_token /
 // add_eos_token, with llama.cpp's defaults where the file says nothing.

@@ -52,7 +52,7 @@ const std::vector<PreRow>& pre_rows() {
          return ojson{{"type", "Sequence"},
                       {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, gpt2_bytes()}}};
        }},
-      {{"gpt-2", "default"}, false, [] { return gpt2_bytes(); }},
+      {{"gpt-2"}, false, [] { return gpt2_bytes(); }},
   };
   return rows;
 }
@@ -183,9 +183,10 @@ std::string tokenizer_json_from_gguf(const GgufVocab& v, const std::string& orig
   } else {
     const PreRow* row = nullptr;
     for (const PreRow& r : pre_rows())
-      if (std::find(r.names.begin(), r.names.end(), v.pre.empty() ? "default" : v.pre) != r.names.end()) row = &r;
-    NIBBLE_CHECK(row, "{}: tokenizer.ggml.pre '{}' is not a pre-tokenizer nibble knows (known: {})", origin, v.pre,
-                 known_pre_names());
+      if (std::find(r.names.begin(), r.names.end(), v.pre) != r.names.end()) row = &r;
+    // A file without one ("default") leaves llama.cpp guessing; nibble does not guess.
+    NIBBLE_CHECK(row, "{}: tokenizer.ggml.pre '{}' is not a pre-tokenizer nibble knows (known: {})", origin,
+                 v.pre.empty() ? "(none)" : v.pre, known_pre_names());
     ojson merges = ojson::array();
     for (const std::string& m : v.merges) {
       const size_t sp = m.find(' ', 1);

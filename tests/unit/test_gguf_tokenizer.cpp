@@ -147,6 +147,9 @@ TEST(GgufTokenizer, UnsupportedVocabulariesAreNamed) {
   EXPECT_NE(e.find("m.gguf: tokenizer.ggml.pre 'tekken' is not a pre-tokenizer nibble knows (known: llama-bpe"),
             std::string::npos)
       << e;
+  v.pre.clear();
+  e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  EXPECT_NE(e.find("tokenizer.ggml.pre '(none)' is not a pre-tokenizer"), std::string::npos) << e;
   v.pre = "qwen2";
   v.model = "t5";
   e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
