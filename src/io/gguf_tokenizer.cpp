@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/tokenizer_impl.h"
 #include "nibble/error.h"
 #include "nibble/gguf.h"
 
@@ -129,6 +130,13 @@ std::string tokenizer_json_from_gguf(const GgufVocab& v, const std::string& orig
                "BPE))",
                origin, v.model);
   const int64_t n = static_cast<int64_t>(v.tokens.size());
+  // GGUF strings are UTF-8, and tokenizer.json is JSON: a token or merge that is not cannot be carried over.
+  for (int64_t i = 0; i < n; ++i)
+    NIBBLE_CHECK(tok::utf8_invalid_at(v.tokens[i]) == std::string::npos,
+                 "{}: tokenizer.ggml.tokens[{}] is not valid UTF-8", origin, i);
+  for (size_t i = 0; i < v.merges.size(); ++i)
+    NIBBLE_CHECK(tok::utf8_invalid_at(v.merges[i]) == std::string::npos,
+                 "{}: tokenizer.ggml.merges[{}] is not valid UTF-8", origin, i);
   for (auto [what, id] : {std::pair{"bos", v.bos_id}, {"eos", v.eos_id}, {"unknown", v.unknown_id}})
     NIBBLE_CHECK(!id || (*id >= 0 && *id < n), "{}: tokenizer.ggml.{}_token_id {} is outside the {} tokens", origin,
                  what, *id, n);

@@ -159,6 +159,10 @@ TEST(GgufTokenizer, UnsupportedVocabulariesAreNamed) {
   e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("merges entry 'onlyone'"), std::string::npos) << e;
   v.merges.pop_back();
+  v.tokens[5] = "bad \xFF byte";  // found by fuzz_gguf_model: JSON cannot carry it
+  e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  EXPECT_NE(e.find("m.gguf: tokenizer.ggml.tokens[5] is not valid UTF-8"), std::string::npos) << e;
+  v.tokens[5] = "ok";
   v.eos_id = 1 << 20;
   e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("eos_token_id 1048576 is outside the"), std::string::npos) << e;
