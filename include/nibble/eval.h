@@ -32,6 +32,13 @@ PerplexityResult perplexity(const Model& model, const std::vector<int32_t>& toke
 PerplexityResult perplexity_streaming(const ModelSource& src, const std::vector<int32_t>& tokens, int64_t ctx,
                                       std::optional<int32_t> bos, bool progress);
 
+// The same protocol on the GPU (CUDA builds; elsewhere an Error): the model
+// loaded once as the KL yardstick's GPU forward holds it (every linear in fp32
+// on the weights as stored, cuda::GpuOptions::f32_linears), each window run
+// from an empty cache: perplexity()'s numbers up to fp32 summation order.
+PerplexityResult perplexity_cuda(const ModelSource& src, const std::vector<int32_t>& tokens, int64_t ctx,
+                                 std::optional<int32_t> bos, bool progress);
+
 // The windows every metric here scores: non-overlapping runs of `ctx` tokens
 // from the start of `tokens` (a shorter tail dropped; the first `max_windows`
 // when > 0), each starting with `bos` when given. `what` names the text in the

@@ -4,6 +4,9 @@
 #include "nibble/eval.h"
 #include "nibble/layerwise.h"
 #include "nibble/util.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda_model.h"
+#endif
 
 namespace nibble::eval {
 
@@ -103,6 +106,35 @@ PerplexityResult perplexity_streaming(const ModelSource& src, const std::vector<
     scorer.window(logits.data(), ws[s]);
   }
   return scorer.result(static_cast<int64_t>(ws.size()));
+}
+
+PerplexityResult perplexity_cuda(const ModelSource& src, const std::vector<int32_t>& tokens, int64_t ctx,
+                                 std::optional<int32_t> bos, bool progress) {
+#ifdef NIBBLE_HAVE_CUDA
+  NIBBLE_CHECK(src.activation_quant().empty(),
+               "ppl --device cuda: {} declares simulated activation quantization '{}', which the GPU forward does not "
+               "do; use --device cpu",
+               src.describe(), src.activation_quant());
+  const auto ws = windows(src.config(), tokens, ctx, bos);
+  cuda::GpuOptions g;
+  g.f32_linears = true;
+  g.decode_graph = false;  // whole windows only
+  g.kv_shared_from = -1;
+  auto model = cuda::GpuModel::load(src, ctx, g);
+  Scorer scorer(src.config().vocab_size);
+  Progress bar("perplexity", static_cast<int64_t>(ws.size()), progress, "chunks");
+  for (const auto& w : ws) {
+    model->reset();
+    const Tensor logits = model->forward(w, true);  // [ctx, vocab]
+    scorer.window(logits.data<float>(), w);
+    bar.advance();
+  }
+  bar.finish();
+  return scorer.result(static_cast<int64_t>(ws.size()));
+#else
+  (void)src, (void)tokens, (void)ctx, (void)bos, (void)progress;
+  NIBBLE_FAIL("ppl: --device cuda needs a CUDA build of nibble (make build NIBBLE_CUDA=on)");
+#endif
 }
 
 }  // namespace nibble::eval

@@ -15,6 +15,7 @@
 #include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
 #include "nibble/error.h"
+#include "nibble/eval.h"
 #include "nibble/kl.h"
 #include "nibble/kv_quant.h"
 #include "nibble/model.h"
@@ -197,6 +198,31 @@ TEST(CudaEval, Bf16InputsSwitchOnALoadedModel) {
 }
 
 // build_reference and score_candidate with device "cuda" against "cpu" on the
+// nibble ppl --device cuda: the CPU's perplexity on both fixtures (qwen3 as
+// RTN int4, whose linears the GPU widens bit-exactly) up to fp32 order.
+TEST(CudaEval, PerplexityOnTheGpuMatchesTheCpu) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir tmp("nibble-cuda-ppl");
+  QuantizeOptions q;
+  q.progress = false;
+  quantize_model(test::model_dir("qwen3-26M-linux"), tmp / "rtn", q);
+  const std::pair<fs::path, fs::path> cases[] = {
+      {test::model_dir("stories260K"), test::shared_dir() / "data/corpora/tinystories-valid-sample.txt"},
+      {tmp / "rtn", test::shared_dir() / "data/corpora/linux-eval.txt"}};
+  for (const auto& [dir, text] : cases) {
+    auto src = CheckpointDir::open(dir);
+    const Tokenizer tok = *src->tokenizer();
+    std::vector<int32_t> ids = tok.encode(test::read_file(text).substr(0, 40000), true);
+    ids.resize(std::min<size_t>(ids.size(), 6 * 256));
+    const auto c = eval::perplexity(*Model::load(*src), ids, 256, leading_bos(tok), false);
+    const auto g = eval::perplexity_cuda(*src, ids, 256, leading_bos(tok), false);
+    EXPECT_EQ(g.scored_tokens, c.scored_tokens) << dir;
+    EXPECT_EQ(g.chunks, c.chunks) << dir;
+    EXPECT_NEAR(g.ppl, c.ppl, 1e-4 * c.ppl) << dir;
+    std::printf("[gpu ppl] %s: cpu %.6f gpu %.6f\n", dir.filename().c_str(), c.ppl, g.ppl);
+  }
+}
+
 // qwen3 fixture: the reference's log-probabilities, its noise floor (bf16
 // inputs of every linear on both devices) and an RTN candidate's summary.
 TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {

@@ -272,9 +272,16 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
   cmd->add_flag("--stream", *stream,
                 "Run one decoder layer at a time over all windows (only one layer's weights in memory; "
                 "the hidden states of all windows are)");
+  auto device = std::make_shared<std::string>("cpu");
+  cmd->add_option("--device", *device,
+                  "cpu, or cuda (CUDA builds: the forward of eval --device cuda, fp32 on the weights as stored: the "
+                  "CPU's numbers, faster)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->footer("Examples:\n  nibble ppl --model out/qwen3-rtn --text ../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 20\n"
               "  nibble ppl --model ../shared/models/stories260K/gguf/stories260K-Q4_K_M.gguf \\\n"
-              "      --text ../shared/data/corpora/tinystories-valid-sample.txt --ctx 256 --chunks 20");
+              "      --text ../shared/data/corpora/tinystories-valid-sample.txt --ctx 256 --chunks 20\n"
+              "  nibble ppl --model out/qwen3-rtn --text ../shared/data/corpora/linux-eval.txt --device cuda");
   cmd->callback([=, &global] {
     auto dir = open_model_source(*model);
     const std::optional<Tokenizer> found = dir->tokenizer();
@@ -285,8 +292,10 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
     ss << f.rdbuf();
     std::vector<int32_t> ids = tok.encode(ss.str(), true);
     if (*max_chunks > 0 && static_cast<int64_t>(ids.size()) > *max_chunks * *ctx) ids.resize(*max_chunks * *ctx);
-    const auto r = *stream ? eval::perplexity_streaming(*dir, ids, *ctx, leading_bos(tok), !global.quiet)
-                           : eval::perplexity(*Model::load(*dir), ids, *ctx, leading_bos(tok), !global.quiet);
+    NIBBLE_CHECK(!*stream || *device == "cpu", "ppl: --stream runs on the CPU; leave it out with --device cuda");
+    const auto r = *device == "cuda" ? eval::perplexity_cuda(*dir, ids, *ctx, leading_bos(tok), !global.quiet)
+                   : *stream         ? eval::perplexity_streaming(*dir, ids, *ctx, leading_bos(tok), !global.quiet)
+                                     : eval::perplexity(*Model::load(*dir), ids, *ctx, leading_bos(tok), !global.quiet);
     std::printf("ppl %.4f +/- %.4f  (mean NLL %.5f over %lld tokens in %lld windows of %lld)\n", r.ppl, r.ppl_stderr,
                 r.mean_nll, static_cast<long long>(r.scored_tokens), static_cast<long long>(r.chunks),
                 static_cast<long long>(*ctx));
