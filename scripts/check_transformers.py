@@ -12,6 +12,7 @@ then greedy-generates N new tokens from each and prints both texts. Needs torch 
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -69,6 +70,15 @@ def main():
         del model
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+
+    # A dequantized directory with its own tokenizer (one nibble wrote from a GGUF file's tokenizer.ggml.*):
+    # the same ids as the original's tokenizer, through the tokenizers library.
+    if os.path.exists(os.path.join(args.dequantized, "tokenizer.json")):
+        tok_d = AutoTokenizer.from_pretrained(args.dequantized)
+        texts = [args.prompt, " two  spaces, digits 12345, caf\u00e9 \U0001F600\n\nand a newline", "x" * 50]
+        same = [tok(t)["input_ids"] == tok_d(t)["input_ids"] for t in texts]
+        res["tokenizer_same_ids"] = all(same)
+        print(f"dequantized tokenizer: the original's ids on {sum(same)} of {len(texts)} texts")
 
     lo, ld = logits["original"], logits["dequantized"]
     lp_o, lp_d = torch.log_softmax(lo.double(), -1), torch.log_softmax(ld.double(), -1)

@@ -7,7 +7,8 @@
 #   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
 #   eval:          the KL yardstick on the GPU: the CudaEval.* tests (and the GPU forward's), nibble eval on qwen3-26M-linux with
 #                  --device cpu and --device cuda (same numbers, both times), and the 8B-shaped model on the GPU;
-#   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate;
+#   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate; so does
+#                  llama.cpp's F32 GGUF of stories260K, dequantized (its tokenizer.json too);
 #   decode:        issue 6's decode target: the 8B-shaped model (nibble synth, RTN int4 g128), nibble run
 #                  --device cuda, 256 tokens, three runs (tok/s against the roofline from the bandwidth measured
 #                  in the same process).
@@ -44,6 +45,11 @@ if [ "${1:-}" = "--bundle" ]; then
     # The calibration text of the GPU GPTQ end-to-end tests (Cuda.GptqOnGpu*).
     mkdir -p devrun/data/corpora
     cp "$SHARED/data/corpora/tinystories-valid-sample.txt" "$SHARED/data/corpora/linux-calib.txt" devrun/data/corpora/
+    # The GPU gsm8k test's problems, and two of llama.cpp's files of stories260K (GGUF tokenizer, dequantize).
+    head -n 50 "$SHARED/data/corpora/gsm8k-test.jsonl" >devrun/data/corpora/gsm8k-test.jsonl
+    mkdir -p devrun/models/stories260K/gguf
+    cp "$SHARED/models/stories260K/gguf/stories260K-F32.gguf" "$SHARED/models/stories260K/gguf/stories260K-Q4_K_M.gguf" \
+      devrun/models/stories260K/gguf/
     # The eval check's corpus: the first 400 KB of linux-eval.txt (about 100 000 tokens) keeps the bundle small.
     head -c 400000 "$SHARED/data/corpora/linux-eval.txt" >devrun/data/corpora/linux-eval.txt
   fi
@@ -103,6 +109,12 @@ for what in "${@:-gpu}"; do
         python3 scripts/check_transformers.py --original "devrun/models/$m" --dequantized "/tmp/nibble-d-$m" \
           --prompt "$prompt" --out "$OUT/transformers-$m.json" 2>&1 | tee "$OUT/transformers-$m.txt"
       done
+      # llama.cpp's F32 file of stories260K, dequantized by nibble (config.json and tokenizer.json written from
+      # the GGUF metadata): transformers should load it, tokenize as the original and give its logits.
+      devrun/bin/nibble -q dequantize --model devrun/models/stories260K/gguf/stories260K-F32.gguf \
+        --out /tmp/nibble-d-gguf --force
+      python3 scripts/check_transformers.py --original devrun/models/stories260K --dequantized /tmp/nibble-d-gguf \
+        --prompt "Once upon a time" --out "$OUT/transformers-gguf.json" 2>&1 | tee "$OUT/transformers-gguf.txt"
       ;;
     decode)
       devrun/bin/nibble synth --out /tmp/nibble-l8b-d --tokenizer-from devrun/models/qwen3-26M-linux --force 2>&1 |

@@ -19,6 +19,7 @@ struct ArchSpec {
   // qwen2/qwen3 (configs without layer_types): the sliding window applies only
   // to layers >= max_window_layers; otherwise it applies to every layer.
   bool window_from_max_window_layers;
+  std::string_view hf_class;  // config.json's "architectures" entry: LlamaForCausalLM, ...
 };
 
 const std::vector<ArchSpec>& arch_registry();

@@ -81,7 +81,9 @@ struct DequantizeOptions {
 };
 
 // Writes a plain HF checkpoint (every float tensor in options.dtype) that
-// transformers can load.
+// transformers can load, from a nibble-packed or plain directory, or from a
+// GGUF file (config.json from model_config_json, tokenizer.json from
+// io::tokenizer_json_from_gguf).
 void dequantize_model(const std::filesystem::path& packed_dir, const std::filesystem::path& out_dir,
                       const DequantizeOptions& options);
 

@@ -51,4 +51,10 @@ struct ModelConfig {
 // missing or mistyped field, or on an unsupported model_type.
 ModelConfig parse_model_config(const std::filesystem::path& config_json);
 
+// The config.json (transformers 4 style, with layer_types when some layer has
+// a sliding window) that parse_model_config reads back as `c`; "torch_dtype"
+// is `dtype` when given, else c.dtype. For checkpoints nibble writes from
+// sources that have no config.json (GGUF files).
+std::string model_config_json(const ModelConfig& c, const std::string& dtype = "");
+
 }  // namespace nibble

@@ -169,4 +169,58 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
   return c;
 }
 
+std::string model_config_json(const ModelConfig& c, const std::string& dtype) {
+  const ArchSpec& arch = find_arch(c.model_type);
+  nlohmann::ordered_json j = {{"architectures", {arch.hf_class}},
+                              {"model_type", c.model_type},
+                              {"hidden_size", c.hidden_size},
+                              {"intermediate_size", c.intermediate_size},
+                              {"num_hidden_layers", c.num_layers},
+                              {"num_attention_heads", c.num_heads},
+                              {"num_key_value_heads", c.num_kv_heads},
+                              {"head_dim", c.head_dim},
+                              {"vocab_size", c.vocab_size},
+                              {"max_position_embeddings", c.max_position_embeddings},
+                              {"rms_norm_eps", c.rms_norm_eps},
+                              {"rope_theta", c.rope_theta},
+                              {"hidden_act", "silu"},
+                              {"tie_word_embeddings", c.tie_word_embeddings},
+                              {"attention_bias", c.attention_bias},
+                              {"mlp_bias", c.mlp_bias}};
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.factor}};
+  } else if (s.type == "llama3") {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", s.factor},
+                         {"low_freq_factor", s.low_freq_factor},
+                         {"high_freq_factor", s.high_freq_factor},
+                         {"original_max_position_embeddings", s.original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  int64_t window = 0;
+  for (int64_t w : c.layer_windows) {
+    NIBBLE_CHECK(w == 0 || window == 0 || w == window, "config.json: layers with different sliding windows ({} and {})",
+                 window, w);
+    window = std::max(window, w);
+  }
+  if (window > 0) {
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = window;
+    nlohmann::ordered_json types = nlohmann::ordered_json::array();
+    for (int64_t w : c.layer_windows) types.push_back(w ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  } else {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+  }
+  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
+  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
+  if (c.eos_token_ids.size() > 1) j["eos_token_id"] = c.eos_token_ids;
+  const std::string dt = dtype.empty() ? c.dtype : dtype;
+  if (!dt.empty()) j["torch_dtype"] = dt;
+  return j.dump(2) + "\n";
+}
+
 }  // namespace nibble

@@ -7,11 +7,11 @@ namespace nibble {
 
 const std::vector<ArchSpec>& arch_registry() {
   static const std::vector<ArchSpec> rows = {
-      // model_type  qkv_bias_always  honours_attention_bias  qk_norm  window_from_max_window_layers
-      {"llama", false, true, false, false},
-      {"mistral", false, false, false, false},
-      {"qwen2", true, false, false, true},
-      {"qwen3", false, true, true, true},
+      // model_type  qkv_bias_always  honours_attention_bias  qk_norm  window_from_max_window_layers  hf_class
+      {"llama", false, true, false, false, "LlamaForCausalLM"},
+      {"mistral", false, false, false, false, "MistralForCausalLM"},
+      {"qwen2", true, false, false, true, "Qwen2ForCausalLM"},
+      {"qwen3", false, true, true, true, "Qwen3ForCausalLM"},
   };
   return rows;
 }

@@ -16,6 +16,7 @@
 #include "nibble/arch.h"
 #include "nibble/checkpoint_writer.h"
 #include "nibble/error.h"
+#include "nibble/gguf.h"
 #include "nibble/hadamard.h"
 #include "nibble/transform.h"
 #include "nibble/quantizer.h"
@@ -399,7 +400,16 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
 void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const DequantizeOptions& opt) {
   NIBBLE_CHECK(opt.dtype == DType::F32 || opt.dtype == DType::BF16 || opt.dtype == DType::F16,
                "dequantize: --dtype must be f32, bf16 or f16, found {}", dtype_name(opt.dtype));
-  auto src = CheckpointDir::open(packed_dir);
+  // A GGUF file has no config.json or tokenizer.json to carry over: both are written from what it holds.
+  std::unique_ptr<ModelSource> src;
+  const GgufSource* gguf = nullptr;
+  if (is_gguf_file(packed_dir)) {
+    auto g = GgufSource::open(packed_dir);
+    gguf = g.get();
+    src = std::move(g);
+  } else {
+    src = CheckpointDir::open(packed_dir);
+  }
   io::OutputDir out(out_dir, opt.force);
   NIBBLE_CHECK(fs::weakly_canonical(packed_dir) != out.target(), "{}: the output directory is the input directory",
                out.target().string());
@@ -431,6 +441,23 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   }
   bar.finish();
   writer.finish();
+  const char* dtype_word = opt.dtype == DType::F32 ? "float32" : opt.dtype == DType::BF16 ? "bfloat16" : "float16";
+  if (gguf) {
+    write_file_atomic(out.staging() / "config.json", model_config_json(src->config(), dtype_word));
+    const io::GgufVocab v = gguf->vocab();
+    if (!v.tokens.empty()) {
+      write_file_atomic(out.staging() / "tokenizer.json", io::tokenizer_json_from_gguf(v, gguf->describe()) + "\n");
+      ojson tc = {{"tokenizer_class", "PreTrainedTokenizerFast"}};
+      if (v.bos_id) tc["bos_token"] = v.tokens[*v.bos_id];
+      if (v.eos_id) tc["eos_token"] = v.tokens[*v.eos_id];
+      if (v.add_bos) tc["add_bos_token"] = *v.add_bos;
+      if (v.add_eos) tc["add_eos_token"] = *v.add_eos;
+      if (!v.chat_template.empty()) tc["chat_template"] = v.chat_template;
+      write_file_atomic(out.staging() / "tokenizer_config.json", tc.dump(2) + "\n");
+    }
+    out.commit();
+    return;
+  }
   copy_carried(packed_dir, out.staging());
 
   // config.json states the dtype the weights are stored in, in the style
@@ -439,7 +466,6 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   std::ifstream cf(cfg_path);
   ojson cfg = ojson::parse(cf);
   cf.close();
-  const char* dtype_word = opt.dtype == DType::F32 ? "float32" : opt.dtype == DType::BF16 ? "bfloat16" : "float16";
   if (cfg.contains("dtype")) cfg["dtype"] = dtype_word;
   if (cfg.contains("torch_dtype") || !cfg.contains("dtype")) cfg["torch_dtype"] = dtype_word;
   write_file_atomic(cfg_path, cfg.dump(2) + "\n");

@@ -128,6 +128,60 @@ TEST(Config, PerLayerAttentionWindows) {
             std::string::npos);
 }
 
+void expect_same_config(const ModelConfig& a, const ModelConfig& b, const std::string& what) {
+  EXPECT_EQ(a.model_type, b.model_type) << what;
+  EXPECT_EQ(a.hidden_size, b.hidden_size) << what;
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size) << what;
+  EXPECT_EQ(a.num_layers, b.num_layers) << what;
+  EXPECT_EQ(a.num_heads, b.num_heads) << what;
+  EXPECT_EQ(a.num_kv_heads, b.num_kv_heads) << what;
+  EXPECT_EQ(a.head_dim, b.head_dim) << what;
+  EXPECT_EQ(a.vocab_size, b.vocab_size) << what;
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings) << what;
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps) << what;  // exactly: JSON doubles round-trip
+  EXPECT_EQ(a.rope_theta, b.rope_theta) << what;
+  EXPECT_EQ(a.rope_scaling.type, b.rope_scaling.type) << what;
+  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor) << what;
+  EXPECT_EQ(a.rope_scaling.low_freq_factor, b.rope_scaling.low_freq_factor) << what;
+  EXPECT_EQ(a.rope_scaling.high_freq_factor, b.rope_scaling.high_freq_factor) << what;
+  EXPECT_EQ(a.rope_scaling.original_max_position_embeddings, b.rope_scaling.original_max_position_embeddings) << what;
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings) << what;
+  EXPECT_EQ(a.attention_bias, b.attention_bias) << what;
+  EXPECT_EQ(a.mlp_bias, b.mlp_bias) << what;
+  EXPECT_EQ(a.sliding_window, b.sliding_window) << what;
+  EXPECT_EQ(a.layer_windows, b.layer_windows) << what;
+  EXPECT_EQ(a.bos_token_id, b.bos_token_id) << what;
+  EXPECT_EQ(a.eos_token_ids, b.eos_token_ids) << what;
+  EXPECT_EQ(expected_tensors(a).size(), expected_tensors(b).size()) << what;
+}
+
+// model_config_json (what nibble writes for a GGUF file's checkpoint) reads back as the config it was made from:
+// the fixtures, llama3 and linear RoPE scaling, biases, windows on some layers, several EOS ids.
+TEST(Config, WrittenConfigReadsBackTheSame) {
+  TempDir d;
+  std::vector<std::pair<std::string, ModelConfig>> cases = {
+      {"stories260K", parse_model_config(test::model_dir("stories260K") / "config.json")},
+      {"qwen3", parse_model_config(test::model_dir("qwen3-26M-linux") / "config.json")}};
+  const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "rms_norm_eps": 1e-5)";
+  cases.emplace_back("llama3 rope, biases", parse_model_config(write_config(d, R"({"model_type": "llama",
+    "attention_bias": true, "mlp_bias": true, "eos_token_id": [7, 9], "bos_token_id": 3, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}, )" + base + "}")));
+  cases.emplace_back("qwen2 windows, linear rope", parse_model_config(write_config(d, R"({"model_type": "qwen2",
+    "sliding_window": 16, "use_sliding_window": true, "max_window_layers": 2, "tie_word_embeddings": true,
+    "rope_scaling": {"type": "linear", "factor": 2.5}, )" + base + "}")));
+  cases.emplace_back("mistral window", parse_model_config(write_config(d, R"({"model_type": "mistral",
+    "sliding_window": 32, )" + base + "}")));
+  for (const auto& [what, c] : cases) {
+    const std::string text = model_config_json(c, "float32");
+    const ModelConfig back = parse_model_config(write_config(d, text));
+    expect_same_config(back, c, what);
+    EXPECT_EQ(back.dtype, "float32") << what;
+  }
+  EXPECT_EQ(cases[3].second.layer_windows, (std::vector<int64_t>{0, 0, 16, 16}));  // the case is what it says
+}
+
 TEST(Config, BadInputNamesFileAndKey) {
   TempDir d;
   struct Case {

@@ -13,14 +13,18 @@ void register_dequantize(CLI::App& app, const GlobalOptions& global) {
   auto out = std::make_shared<std::string>();
   auto dtype = std::make_shared<std::string>("f32");
   auto force = std::make_shared<bool>(false);
-  cmd->add_option("--model", *model, "Packed (or plain) model directory")->required();
+  cmd->add_option("--model", *model, "Packed (or plain) model directory, or a GGUF file")->required();
   cmd->add_option("--out", *out, "Output directory")->required();
   cmd->add_option("--dtype", *dtype,
                   "Output dtype: f32 is exact; bf16/f16 round the dequantized values")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
   cmd->add_flag("--force", *force, "Replace --out if it exists and is not empty");
-  cmd->footer("Example:\n  nibble dequantize --model out/stories-rtn --out out/stories-rtn-hf --dtype f32");
+  cmd->footer("Examples:\n  nibble dequantize --model out/stories-rtn --out out/stories-rtn-hf --dtype f32\n"
+              "  nibble dequantize --model ../shared/models/stories260K/gguf/stories260K-Q4_K_M.gguf --out out/q4km-hf\n"
+              "\nA GGUF file becomes a Hugging Face checkpoint: its weights dequantized as llama.cpp defines each type "
+              "(q/k rows in\nHF order), config.json from its metadata, tokenizer.json and tokenizer_config.json from "
+              "tokenizer.ggml.*.");
   cmd->callback([&global, model, out, dtype, force] {
     DequantizeOptions o;
     o.dtype = *dtype == "f32" ? DType::F32 : *dtype == "bf16" ? DType::BF16 : DType::F16;
