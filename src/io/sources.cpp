@@ -79,8 +79,8 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const Mo
     NIBBLE_FAIL("'{}': expected keep=REGEX or head=SRC after the comma, found '{}'", spec, arg);
   }
   NIBBLE_CHECK(spec.find(':') == std::string::npos || std::filesystem::exists(spec),
-               "'{}': unknown source kind (known: DIR, hf:DIR, packed:DIR, gguf:FILE, overlay:CAND,keep=REGEX, "
-               "overlay:CAND,head=SRC)",
+               "'{}': unknown source kind (known: DIR, hf:DIR, packed:DIR, gguf:FILE or a GGUF file, "
+               "overlay:CAND,keep=REGEX, overlay:CAND,head=SRC)",
                spec);
   // A GGUF file named as it is: its magic, whatever the extension.
   if (is_gguf_file(spec)) return open_gguf(spec);

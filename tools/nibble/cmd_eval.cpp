@@ -116,9 +116,10 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
   auto* cmd = app.add_subcommand(
       "eval", "KL(reference || candidate) over the full vocabulary per position, top-1 agreement, perplexity");
   auto o = std::make_shared<EvalCli>();
-  cmd->add_option("--reference", o->reference, "Reference model (DIR or hf:DIR)")->required();
+  cmd->add_option("--reference", o->reference, "Reference model (DIR, hf:DIR, or a GGUF file)")->required();
   cmd->add_option("--candidate", o->candidates,
-                  "Candidate (repeatable): DIR, hf:DIR, packed:DIR, gguf:FILE, overlay:CAND,keep=REGEX, overlay:CAND,head=SRC");
+                  "Candidate (repeatable): DIR, hf:DIR, packed:DIR, gguf:FILE or FILE.gguf, overlay:CAND,keep=REGEX, "
+                  "overlay:CAND,head=SRC");
   cmd->add_option("--corpus", o->corpora, "NAME=FILE (repeatable): UTF-8 text (reference tokenizer) or .npy ids")
       ->required();
   cmd->add_option("--ctx", o->opt.ctx, "Window length in tokens")->capture_default_str();

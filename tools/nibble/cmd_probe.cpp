@@ -33,7 +33,8 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
   auto o = std::make_shared<ProbeCli>();
   cmd->add_option("--reference", o->reference, "Reference model directory (unquantized)")->required();
   cmd->add_option("--candidate", o->candidate,
-                  "Candidate: DIR, hf:DIR, packed:DIR, gguf:FILE, overlay:CAND,keep=REGEX, overlay:CAND,head=SRC")
+                  "Candidate: DIR, hf:DIR, packed:DIR, gguf:FILE or FILE.gguf, overlay:CAND,keep=REGEX, "
+                  "overlay:CAND,head=SRC")
       ->required();
   cmd->add_option("--corpus", o->corpus, "Held-out UTF-8 text")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", o->opt.ctx, "Window length in tokens")->capture_default_str();
