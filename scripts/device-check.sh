@@ -23,14 +23,14 @@ SHARED=${NIBBLE_SHARED:-../shared}
 
 if [ "${1:-}" = "--bundle" ]; then
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DNIBBLE_CUDA=on >/dev/null
-  cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda bench_attention bench_int4_gemv \
+  cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda bench_attention \
     bench_decode_trace >/dev/null
   rm -rf devrun && mkdir -p devrun/bin devrun/lib devrun/models
   cp build-cuda/bin/nibble build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda \
-     build-cuda/bin/bench_attention build-cuda/bin/bench_int4_gemv build-cuda/bin/bench_decode_trace devrun/bin/
+     build-cuda/bin/bench_attention build-cuda/bin/bench_decode_trace devrun/bin/
   # Shared libraries outside glibc/libstdc++/CUDA that the binaries need (the GPU machine has the CUDA 13
   # toolkit's libraries: cuBLAS(Lt), cuSOLVER and its cuSPARSE / nvJitLink).
-  ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda build-cuda/bin/bench_int4_gemv \
+  ldd build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda \
     build-cuda/bin/bench_decode_trace | awk '/=> \//{print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libcusolver|libcusparse|libnvJitLink' |
     while read -r l; do cp -L "$l" devrun/lib/; done
@@ -39,8 +39,6 @@ if [ "${1:-}" = "--bundle" ]; then
       mkdir -p "devrun/models/$m"
       find "$SHARED/models/$m" -maxdepth 1 -type f \( -name '*.json' -o -name '*.safetensors' \) \
         -exec cp {} "devrun/models/$m/" \;
-      # The goldens (a few MB) let the CPU golden tests run on the GPU machine's host CPU too.
-      [ -d "$SHARED/models/$m/golden" ] && cp -r "$SHARED/models/$m/golden" "devrun/models/$m/"
     done
     # The calibration text of the GPU GPTQ end-to-end tests (Cuda.GptqOnGpu*).
     mkdir -p devrun/data/corpora
@@ -53,9 +51,14 @@ if [ "${1:-}" = "--bundle" ]; then
     # The eval check's corpus: the first 400 KB of linux-eval.txt (about 100 000 tokens) keeps the bundle small.
     head -c 400000 "$SHARED/data/corpora/linux-eval.txt" >devrun/data/corpora/linux-eval.txt
   fi
-  # The device tool carries at most 64 MiB: ship one compressed archive (carry devrun.tar.xz).
-  tar -cf - devrun | xz -T2 -9 >devrun.tar.xz  # -9: with the goldens, -3 no longer fits
+  # The device tool takes at most 64 MiB with the working tree: ship one compressed archive (carry devrun.tar.xz).
+  # The checks run no golden test and no CPU benchmark, so neither travels (with them it was over the limit).
+  tar -cf - devrun | xz -T2 -9 >devrun.tar.xz
   du -sh devrun devrun.tar.xz
+  tree=$(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
+  total=$((tree + $(stat -c %s devrun.tar.xz)))
+  echo "travels: $total bytes of 67108864 (working tree $tree + devrun.tar.xz)"
+  [ "$total" -le 67108864 ] || { echo "over the device tool's 64 MiB" >&2; exit 1; }
   exit 0
 fi
 
