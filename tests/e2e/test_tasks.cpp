@@ -93,22 +93,6 @@ TEST(Tasks, FlipsAndGsm8kThroughTheCli) {
       << r.err;
 }
 
-std::string read_all(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 // An interrupted run continues from its journal and ends with the answers an
 // uninterrupted run gives; a journal of another run, a corrupt one, or one
 // left without --resume is refused.
@@ -131,7 +115,7 @@ TEST(Tasks, Gsm8kJournalResumesAnInterruptedRun) {
     if (++calls == 2) throw std::runtime_error("interrupted");
   };
   EXPECT_THROW(run_gsm8k(*src, tokenizer, o), std::runtime_error);
-  const std::string two = read_all(o.journal);  // the run's line and two answers
+  const std::string two = test::read_file(o.journal);  // the run's line and two answers
   EXPECT_EQ(std::count(two.begin(), two.end(), '\n'), 3);
   std::ofstream(o.journal, std::ios::app) << R"({"id": 2, "gold": "1)";  // cut off by the interruption
 
@@ -140,11 +124,11 @@ TEST(Tasks, Gsm8kJournalResumesAnInterruptedRun) {
     ++calls;
     EXPECT_EQ(it.id, 2);
   };
-  std::string e = error_of([&] { run_gsm8k(*src, tokenizer, o); });
+  std::string e = test::error_of([&] { run_gsm8k(*src, tokenizer, o); });
   EXPECT_NE(e.find("pass --resume to continue it or --force"), std::string::npos) << e;
   o.resume = true;
   o.max_new_tokens = 8;
-  e = error_of([&] { run_gsm8k(*src, tokenizer, o); });
+  e = test::error_of([&] { run_gsm8k(*src, tokenizer, o); });
   EXPECT_NE(e.find("differs from this one in max_new_tokens"), std::string::npos) << e;
   o.max_new_tokens = 16;
   const std::vector<Gsm8kItem> resumed = run_gsm8k(*src, tokenizer, o);
@@ -154,7 +138,7 @@ TEST(Tasks, Gsm8kJournalResumesAnInterruptedRun) {
     EXPECT_EQ(resumed[i].resumed, i < 2);
     EXPECT_EQ(answer_json(resumed[i]), answer_json(full[i])) << i;
   }
-  const std::string three = read_all(o.journal);  // the cut-off line is gone, the third answer follows
+  const std::string three = test::read_file(o.journal);  // the cut-off line is gone, the third answer follows
   EXPECT_EQ(three.substr(0, two.size()), two);
   EXPECT_EQ(std::count(three.begin(), three.end(), '\n'), 4);
   std::istringstream lines(three);
@@ -173,7 +157,7 @@ TEST(Tasks, Gsm8kJournalResumesAnInterruptedRun) {
   // An answer line in the middle that is not one is not an interruption's doing.
   std::ofstream(o.journal, std::ios::trunc) << three.substr(0, three.find('\n') + 1) << "{\"id\": 0}\n"
                                             << three.substr(three.find('\n') + 1);
-  e = error_of([&] { run_gsm8k(*src, tokenizer, o); });
+  e = test::error_of([&] { run_gsm8k(*src, tokenizer, o); });
   EXPECT_NE(e.find("line 2: not an answer"), std::string::npos) << e;
 
   // --force starts over.
@@ -200,7 +184,7 @@ TEST(Tasks, Gsm8kJournalResumesAnInterruptedRun) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("2 answers resumed"), std::string::npos) << r.out;
   EXPECT_FALSE(std::filesystem::exists(tmp / "r.jsonl.partial"));
-  EXPECT_EQ(read_all(tmp / "r.jsonl"), read_all(tmp / "u.jsonl"));
+  EXPECT_EQ(test::read_file(tmp / "r.jsonl"), test::read_file(tmp / "u.jsonl"));
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -56,15 +55,6 @@ void expect_same_tokenizer(const Tokenizer& want, const Tokenizer& got, const st
     }
     ASSERT_EQ(got.pre_tokenize(c), want.pre_tokenize(c)) << c.substr(0, 80);
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 const std::vector<std::string> kHardCases = {"",
@@ -143,31 +133,31 @@ TEST(GgufTokenizer, ByteLevelVocabularyIsTheHfTokenizer) {
 TEST(GgufTokenizer, UnsupportedVocabulariesAreNamed) {
   io::GgufVocab v = qwen3_vocab();
   v.pre = "tekken";
-  std::string e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  std::string e = test::error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("m.gguf: tokenizer.ggml.pre 'tekken' is not a pre-tokenizer nibble knows (known: llama-bpe"),
             std::string::npos)
       << e;
   v.pre.clear();
-  e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  e = test::error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("tokenizer.ggml.pre '(none)' is not a pre-tokenizer"), std::string::npos) << e;
   v.pre = "qwen2";
   v.model = "t5";
-  e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  e = test::error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("tokenizer.ggml.model 't5' is not supported"), std::string::npos) << e;
   v.model = "gpt2";
   v.merges.push_back("onlyone");
-  e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  e = test::error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("merges entry 'onlyone'"), std::string::npos) << e;
   v.merges.pop_back();
   v.tokens[5] = "bad \xFF byte";  // found by fuzz_gguf_model: JSON cannot carry it
-  e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  e = test::error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("m.gguf: tokenizer.ggml.tokens[5] is not valid UTF-8"), std::string::npos) << e;
   v.tokens[5] = "ok";
   v.eos_id = 1 << 20;
-  e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  e = test::error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("eos_token_id 1048576 is outside the"), std::string::npos) << e;
   v.tokens.clear();
-  e = error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
+  e = test::error_of([&] { io::tokenizer_json_from_gguf(v, "m.gguf"); });
   EXPECT_NE(e.find("carries no tokenizer"), std::string::npos) << e;
 }
 

@@ -3,13 +3,13 @@
 // left to right, empty matches stepping one character, byte offsets in UTF-8.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "nibble/error.h"
 #include "nibble/regex.h"
+#include "test_util.h"
 
 namespace nibble {
 namespace {
@@ -20,15 +20,6 @@ Spans spans(const Regex& re, std::string_view s) {
   Spans out;
   re.find_all(s, out);
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Regex, FindsAllMatchesLeftToRight) {
@@ -70,7 +61,7 @@ TEST(Regex, UnicodeModeCountsCharactersAndBytesModeBytes) {
                   "1\xFF"
                   "2"),
             (Spans{{0, 1}, {2, 3}}));
-  const std::string bad = error_of([] {
+  const std::string bad = test::error_of([] {
     spans(Regex("\\d", "test", Regex::Mode::unicode),
           "12\xFF"
           "3");
@@ -79,7 +70,7 @@ TEST(Regex, UnicodeModeCountsCharactersAndBytesModeBytes) {
 }
 
 TEST(Regex, ABadPatternSaysWhereAndWhat) {
-  const std::string e = error_of([] { Regex("(['", "--keep"); });
+  const std::string e = test::error_of([] { Regex("(['", "--keep"); });
   EXPECT_NE(e.find("--keep: '(['"), std::string::npos) << e;
   EXPECT_NE(e.find("is not a valid regular expression"), std::string::npos) << e;
   EXPECT_NE(e.find("at offset 3"), std::string::npos) << e;
