@@ -187,6 +187,11 @@ TEST(GgufTokenizer, VerbsTakeAGgufFile) {
   EXPECT_NE(ins.out.find("GGUF v3, llama"), std::string::npos) << ins.out;
   EXPECT_NE(ins.out.find("tokenizer llama, 512 tokens"), std::string::npos) << ins.out;
   EXPECT_NE(ins.out.find("Q4_K"), std::string::npos) << ins.out;
+  const auto md = test::run_command(bin + " inspect --metadata " + (dir / "gguf" / "stories260K-Q4_K_M.gguf").string());
+  ASSERT_EQ(md.exit_code, 0) << md.err;
+  for (const char* line : {"general.architecture", "\"llama\"", "[512 x string] \"<unk>\", \"<s>\", \"</s>\"",
+                           "llama.block_count", "uint32   5"})
+    EXPECT_NE(md.out.find(line), std::string::npos) << line << "\n" << md.out;
   const auto bad = test::run_command(bin + " run -q --model " + (dir / "gguf" / "README.md").string() + " --prompt x");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("a file that is not GGUF"), std::string::npos) << bad.err;

@@ -50,6 +50,46 @@ void print_header(const ModelSource& src) {
   }
 }
 
+// A metadata value on one line: strings JSON-quoted and cut at 80 characters,
+// arrays as their length and first elements.
+std::string short_value(const io::GgufValue& v) {
+  auto quoted = [](const std::string& s) {
+    std::string q = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return q.size() > 80 ? q.substr(0, 77) + "...\"" : q;
+  };
+  switch (v.type) {
+    case io::GgufType::String: return quoted(v.s);
+    case io::GgufType::Bool: return v.u ? "true" : "false";
+    case io::GgufType::F32: case io::GgufType::F64: return fmt::format("{}", v.f);
+    case io::GgufType::I8: case io::GgufType::I16: case io::GgufType::I32: case io::GgufType::I64:
+      return fmt::format("{}", v.i);
+    case io::GgufType::Array: {
+      std::string out = fmt::format("[{} x {}]", v.array.size(), io::gguf_type_name(v.element_type));
+      for (size_t k = 0; k < std::min<size_t>(v.array.size(), 4); ++k) out += (k ? ", " : " ") + short_value(v.array[k]);
+      return out + (v.array.size() > 4 ? ", ..." : "");
+    }
+    default: return fmt::format("{}", v.u);
+  }
+}
+
+// Every metadata key: a GGUF file's key/value pairs, or a safetensors file's __metadata__.
+void print_metadata(const ModelSource& src) {
+  std::printf("%s\n\n", src.describe().c_str());
+  if (const auto* g = dynamic_cast<const GgufSource*>(&src)) {
+    for (const auto& [key, value] : g->file().metadata())
+      std::printf("%-44s %-8s %s\n", key.c_str(), std::string(io::gguf_type_name(value.type)).c_str(),
+                  short_value(value).c_str());
+    return;
+  }
+  if (const auto* d = dynamic_cast<const CheckpointDir*>(&src))
+    for (const auto& [key, value] : d->metadata()) {
+      io::GgufValue v;  // a string, shown the same way
+      v.type = io::GgufType::String;
+      v.s = value;
+      std::printf("%-44s %s\n", key.c_str(), short_value(v).c_str());
+    }
+}
+
 void print_summary(const ModelSource& src) {
   print_header(src);
   std::printf("\n%-48s %-16s %-14s %12s %8s\n", "tensor", "stored as", "shape", "bytes", "bits/w");
@@ -120,8 +160,11 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
   auto rows = std::make_shared<int64_t>(2);
   auto cols = std::make_shared<int64_t>(8);
   auto formats = std::make_shared<bool>(false);
+  auto metadata = std::make_shared<bool>(false);
   cmd->add_option("path", *path, "Model directory, .safetensors file or GGUF file");
   cmd->add_flag("--formats", *formats, "List the storage formats nibble knows (the format registry) and exit");
+  cmd->add_flag("--metadata", *metadata,
+                "Print the file's metadata instead: every GGUF key and value, or the safetensors __metadata__");
   cmd->add_option("--tensor", *tensor, "Print a few (dequantized) values of this tensor");
   cmd->add_option("--rows", *rows, "Rows shown with --tensor")->capture_default_str();
   cmd->add_option("--cols", *cols, "Values per row shown with --tensor")->capture_default_str();
@@ -129,8 +172,9 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
       "Examples:\n  nibble inspect out/stories-rtn\n"
       "  nibble inspect out/stories-rtn --tensor model.layers.0.mlp.down_proj.weight\n"
       "  nibble inspect ../shared/models/stories260K/gguf/stories260K-Q4_K_M.gguf\n"
+      "  nibble inspect ../shared/models/stories260K/gguf/stories260K-Q4_K_M.gguf --metadata\n"
       "  nibble inspect --formats");
-  cmd->callback([path, tensor, rows, cols, formats] {
+  cmd->callback([path, tensor, rows, cols, formats, metadata] {
     if (*formats) {
       std::printf("formats (canonical name, bits/weight of a 4096x4096 matrix with all stored parameters, what):\n%s",
                   format_list_text().c_str());
@@ -145,7 +189,9 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
       src = GgufSource::open(p);
     else
       src = CheckpointDir::open_file(p);
-    if (tensor->empty())
+    if (*metadata)
+      print_metadata(*src);
+    else if (tensor->empty())
       print_summary(*src);
     else
       print_tensor(*src, *tensor, *rows, *cols);
