@@ -444,15 +444,18 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   const char* dtype_word = opt.dtype == DType::F32 ? "float32" : opt.dtype == DType::BF16 ? "bfloat16" : "float16";
   if (gguf) {
     write_file_atomic(out.staging() / "config.json", model_config_json(src->config(), dtype_word));
-    const io::GgufVocab v = gguf->vocab();
-    if (!v.tokens.empty()) {
-      write_file_atomic(out.staging() / "tokenizer.json", io::tokenizer_json_from_gguf(v, gguf->describe()) + "\n");
+    // The tokenizer GgufSource builds (so it is known to load), and the config it was built with.
+    if (const std::optional<Tokenizer> tok = gguf->tokenizer()) {
+      write_file_atomic(out.staging() / "tokenizer.json",
+                        io::tokenizer_json_from_gguf(gguf->vocab(), gguf->describe()) + "\n");
+      const TokenizerConfig& c = tok->config();
       ojson tc = {{"tokenizer_class", "PreTrainedTokenizerFast"}};
-      if (v.bos_id) tc["bos_token"] = v.tokens[*v.bos_id];
-      if (v.eos_id) tc["eos_token"] = v.tokens[*v.eos_id];
-      if (v.add_bos) tc["add_bos_token"] = *v.add_bos;
-      if (v.add_eos) tc["add_eos_token"] = *v.add_eos;
-      if (!v.chat_template.empty()) tc["chat_template"] = v.chat_template;
+      if (c.bos_token) tc["bos_token"] = *c.bos_token;
+      if (c.eos_token) tc["eos_token"] = *c.eos_token;
+      if (c.pad_token) tc["pad_token"] = *c.pad_token;
+      if (c.add_bos_token) tc["add_bos_token"] = *c.add_bos_token;
+      if (c.add_eos_token) tc["add_eos_token"] = *c.add_eos_token;
+      if (!c.chat_template.empty()) tc["chat_template"] = c.chat_template;
       write_file_atomic(out.staging() / "tokenizer_config.json", tc.dump(2) + "\n");
     }
     out.commit();
