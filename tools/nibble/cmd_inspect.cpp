@@ -26,6 +26,11 @@ std::string stored_as(const ModelSource& src, const std::string& name, const Ten
   return m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
 }
 
+// A nibble format, or a GGUF block type (stored as something other than the dtype it loads as).
+bool is_quantized(const TensorMeta& m, const std::string& stored) {
+  return m.format || stored != dtype_name(m.dtype);
+}
+
 void print_header(const ModelSource& src) {
   std::printf("%s\n", src.describe().c_str());
   if (const auto* g = dynamic_cast<const GgufSource*>(&src)) {
@@ -50,13 +55,14 @@ void print_header(const ModelSource& src) {
   }
 }
 
-// A metadata value on one line: strings JSON-quoted and cut at 80 characters,
-// arrays as their length and first elements.
+// A string JSON-quoted and cut at 80 characters.
+std::string quoted(const std::string& s) {
+  std::string q = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return q.size() > 80 ? q.substr(0, 77) + "...\"" : q;
+}
+
+// A metadata value on one line: strings quoted, arrays as their length and first elements.
 std::string short_value(const io::GgufValue& v) {
-  auto quoted = [](const std::string& s) {
-    std::string q = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    return q.size() > 80 ? q.substr(0, 77) + "...\"" : q;
-  };
   switch (v.type) {
     case io::GgufType::String: return quoted(v.s);
     case io::GgufType::Bool: return v.u ? "true" : "false";
@@ -82,12 +88,7 @@ void print_metadata(const ModelSource& src) {
     return;
   }
   if (const auto* d = dynamic_cast<const CheckpointDir*>(&src))
-    for (const auto& [key, value] : d->metadata()) {
-      io::GgufValue v;  // a string, shown the same way
-      v.type = io::GgufType::String;
-      v.s = value;
-      std::printf("%-44s %s\n", key.c_str(), short_value(v).c_str());
-    }
+    for (const auto& [key, value] : d->metadata()) std::printf("%-44s %s\n", key.c_str(), quoted(value).c_str());
 }
 
 void print_summary(const ModelSource& src) {
@@ -103,10 +104,7 @@ void print_summary(const ModelSource& src) {
                 human_bytes(m.stored_bytes).c_str(), n ? 8.0 * m.stored_bytes / n : 0.0);
     params += n;
     bytes += m.stored_bytes;
-    // Quantized: a nibble format, or a GGUF block type (anything not a plain float).
-    const bool quantized = m.format || (stored != "F32" && stored != "F16" && stored != "BF16" && stored != "F64" &&
-                                        dynamic_cast<const GgufSource*>(&src));
-    if (quantized) qparams += n, qbytes += m.stored_bytes, ++nq;
+    if (is_quantized(m, stored)) qparams += n, qbytes += m.stored_bytes, ++nq;
   }
   std::printf("\ntotal: %zu tensors, %.3f M params, %s, %.3f bits/weight\n", src.names().size(), params / 1e6,
               human_bytes(bytes).c_str(), params ? 8.0 * bytes / params : 0.0);
@@ -120,7 +118,7 @@ void print_tensor(const ModelSource& src, const std::string& name, int64_t rows_
   const Tensor t = src.load(name).to_f32();
   const std::string stored = stored_as(src, name, m);
   std::printf("%s: %s %s%s\n", name.c_str(), stored.c_str(), shape_str(m.shape).c_str(),
-              m.format || stored != dtype_name(m.dtype) ? " (dequantized)" : "");
+              is_quantized(m, stored) ? " (dequantized)" : "");
   const int64_t cols = t.dim() >= 2 ? t.size(t.dim() - 1) : t.numel();
   const int64_t rows = cols ? t.numel() / cols : 0;
   const float* p = t.data<float>();

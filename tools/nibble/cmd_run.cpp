@@ -32,9 +32,9 @@ class Runner {
   // kv: a KV-cache scheme name ("none": exact); act_quant: an activation
   // quantizer replacing the checkpoint's ("" keeps the checkpoint's).
   Runner(const std::string& path, const std::string& device, const std::string& kv, const std::string& act_quant)
-      : dir_(open_model_source(path)), kv_(find_kv_quant(kv)) {
+      : src_(open_model_source(path)), kv_(find_kv_quant(kv)) {
     const ActQuantSpec* act = act_quant.empty() ? nullptr : find_act_quant(act_quant);
-    std::optional<Tokenizer> tok = dir_->tokenizer();
+    std::optional<Tokenizer> tok = src_->tokenizer();
     NIBBLE_CHECK(tok, "{}: no tokenizer (no tokenizer.json beside the weights)", path);
     tok_ = std::make_unique<Tokenizer>(std::move(*tok));
     NIBBLE_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, found '{}'", device);
@@ -44,18 +44,18 @@ class Runner {
     cuda_ = device == "cuda";
     if (cuda_) {
       kv_dtype_ = kv_device_dtype(kv_, "run --device cuda");  // none or bf16
-      const std::string declared = dir_->activation_quant();
+      const std::string declared = src_->activation_quant();
       NIBBLE_CHECK(act_quant.empty() ? declared.empty() : act == nullptr,
                    "{}: simulated activation quantization is not supported on --device cuda yet (use --device cpu{})",
                    act_quant.empty() ? fmt::format("{} declares activations '{}'", path, declared)
                                      : "--act-quant " + act_quant,
                    act_quant.empty() ? ", or --act-quant none to run it with bf16 activations" : "");
     } else {
-      cpu_ = Model::load(*dir_);
+      cpu_ = Model::load(*src_);
       if (!act_quant.empty()) cpu_->set_act_quant(act);
     }
   }
-  const ModelConfig& config() const { return dir_->config(); }
+  const ModelConfig& config() const { return src_->config(); }
   const Tokenizer& tok() const { return *tok_; }
   // Makes room for `positions` tokens (the KV cache).
   void reserve(int64_t positions, bool cuda_graph) {
@@ -65,7 +65,7 @@ class Runner {
       g.decode_graph = cuda_graph;
       g.kv_dtype = kv_dtype_;
       const size_t before = cuda::device_bytes_live();
-      gpu_ = cuda::GpuModel::load(*dir_, positions, g);
+      gpu_ = cuda::GpuModel::load(*src_, positions, g);
       model_bytes_ = cuda::device_bytes_live() - before;
       positions_ = positions;
 #else
@@ -131,7 +131,7 @@ class Runner {
   }
 
  private:
-  std::unique_ptr<ModelSource> dir_;
+  std::unique_ptr<ModelSource> src_;
   const KvQuantSpec* kv_ = nullptr;
   std::unique_ptr<Tokenizer> tok_;
   bool cuda_ = false;
