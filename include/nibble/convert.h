@@ -71,6 +71,9 @@ struct QuantizeResult {
   double seconds_total = 0, seconds_calibration = 0, seconds_write = 0;
 };
 
+// Quantizes an HF checkpoint directory, or a GGUF file whose tensors to
+// quantize are stored as F32/F16/BF16 (config.json and the tokenizer files
+// are then written from what the file holds), into a packed checkpoint.
 QuantizeResult quantize_model(const std::filesystem::path& model_dir, const std::filesystem::path& out_dir,
                               const QuantizeOptions& options);
 

@@ -93,7 +93,8 @@ std::pair<double, double> weight_error(const Tensor& a, const Tensor& b) {
   return {ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2), max_abs};
 }
 
-CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSource& src,
+CalibratedParts::CalibratedParts(const fs::path& source, const std::vector<fs::path>& weight_files,
+                                 const ModelSource& src,
                                  const std::set<std::string>& selected, const Quantizer& quantizer,
                                  const LayerTransform* transform, const FormatChoice& format,
                                  const QuantizeOptions& opt, const fs::path& dir, std::vector<std::string>& warnings,
@@ -122,10 +123,10 @@ CalibratedParts::CalibratedParts(const CheckpointDir& checkpoint, const ModelSou
 
   // ---- state: what a resumed run must agree on
   ojson weights = ojson::object();
-  for (const fs::path& f : checkpoint.weight_files()) weights[f.filename().string()] = fs::file_size(f);
+  for (const fs::path& f : weight_files) weights[f.filename().string()] = fs::file_size(f);
   ojson sel = ojson::array();
   for (const auto& s : selected) sel.push_back(s);
-  const ojson fingerprint = {{"source", fs::absolute(checkpoint.dir()).lexically_normal().string()},
+  const ojson fingerprint = {{"source", fs::absolute(source).lexically_normal().string()},
                              {"weights", weights},
                              {"method", opt.method},
                              {"format", format.canonical_name()},

@@ -31,8 +31,9 @@ std::pair<double, double> weight_error(const Tensor& a, const Tensor& b);
 class CalibratedParts {
  public:
   // Runs (or, with options.resume and a matching state, continues) the
-  // calibration in `state_dir`. `files`: the checkpoint on disk (identifies
-  // the run for resume); `model`: the tensors as the method sees them (the
+  // calibration in `state_dir`. `source`: the checkpoint on disk (a
+  // directory or a GGUF file) and `weight_files`, its weight files (they
+  // identify the run for resume); `model`: the tensors as the method sees them (the
   // checkpoint itself, or a model transform's view of it). `selected`: the
   // tensors to quantize. A layer transform, when given, reshapes each layer
   // before its linears are quantized; the tensors it changes besides those
@@ -42,7 +43,8 @@ class CalibratedParts {
   // background thread too (two calls may overlap): the output can be written
   // while the calibration goes on.
   using Sink = std::function<void(const std::string& stored_name, const Tensor& t)>;
-  CalibratedParts(const CheckpointDir& files, const ModelSource& model, const std::set<std::string>& selected,
+  CalibratedParts(const std::filesystem::path& source, const std::vector<std::filesystem::path>& weight_files,
+                  const ModelSource& model, const std::set<std::string>& selected,
                   const Quantizer& quantizer, const LayerTransform* transform, const FormatChoice& format,
                   const QuantizeOptions& options, const std::filesystem::path& state_dir,
                   std::vector<std::string>& warnings, std::vector<std::string>& notes, const Sink& sink = {});

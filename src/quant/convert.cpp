@@ -83,6 +83,35 @@ void copy_carried(const fs::path& from, const fs::path& to) {
   }
 }
 
+// config.json's word for a float dtype.
+const char* dtype_word(DType dt) {
+  switch (dt) {
+    case DType::BF16: return "bfloat16";
+    case DType::F16: return "float16";
+    default: return "float32";
+  }
+}
+
+// What a checkpoint made from a GGUF file needs beside its weights, written
+// into `dir`: config.json (model_config_json, weights in `dtype_word`) and,
+// when the file carries a vocabulary, the tokenizer GgufSource builds (so it
+// is known to load) as tokenizer.json with the config it was built with.
+void write_gguf_companions(const GgufSource& gguf, const fs::path& dir, const char* dtype_word) {
+  write_file_atomic(dir / "config.json", model_config_json(gguf.config(), dtype_word));
+  const std::optional<Tokenizer> tok = gguf.tokenizer();
+  if (!tok) return;
+  write_file_atomic(dir / "tokenizer.json", io::tokenizer_json_from_gguf(gguf.vocab(), gguf.describe()) + "\n");
+  const TokenizerConfig& c = tok->config();
+  ojson tc = {{"tokenizer_class", "PreTrainedTokenizerFast"}};
+  if (c.bos_token) tc["bos_token"] = *c.bos_token;
+  if (c.eos_token) tc["eos_token"] = *c.eos_token;
+  if (c.pad_token) tc["pad_token"] = *c.pad_token;
+  if (c.add_bos_token) tc["add_bos_token"] = *c.add_bos_token;
+  if (c.add_eos_token) tc["add_eos_token"] = *c.add_eos_token;
+  if (!c.chat_template.empty()) tc["chat_template"] = c.chat_template;
+  write_file_atomic(dir / "tokenizer_config.json", tc.dump(2) + "\n");
+}
+
 }  // namespace
 
 QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir, const QuantizeOptions& opt) {
@@ -90,14 +119,29 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  auto src = CheckpointDir::open(model_dir);
-  NIBBLE_CHECK(!src->is_packed(), "{}: already quantized by nibble; quantize the original checkpoint",
-               model_dir.string());
+  // The source: an HF directory, or a GGUF file (which carries no
+  // config.json or tokenizer.json: both are written from what it holds).
+  std::unique_ptr<ModelSource> src;
+  const GgufSource* gguf = nullptr;
+  std::vector<fs::path> weight_files;
+  if (is_gguf_file(model_dir)) {
+    auto g = GgufSource::open(model_dir);
+    gguf = g.get();
+    weight_files = {model_dir};
+    src = std::move(g);
+  } else {
+    auto dir = CheckpointDir::open(model_dir);
+    NIBBLE_CHECK(!dir->is_packed(), "{}: already quantized by nibble; quantize the original checkpoint",
+                 model_dir.string());
+    weight_files = dir->weight_files();
+    src = std::move(dir);
+  }
   // nibble.json records the source files' SHA-256: hashed on a thread of
   // their own while the quantization runs (an error stops it early).
   std::atomic<bool> stop_hashing{false};
-  std::vector<fs::path> hashed = src->weight_files();
-  for (const fs::path& f : carried_files(model_dir)) hashed.push_back(f);
+  std::vector<fs::path> hashed = weight_files;
+  if (!gguf)
+    for (const fs::path& f : carried_files(model_dir)) hashed.push_back(f);
   std::future<ojson> source_hashes = std::async(std::launch::async, [&stop_hashing, hashed] {
     ojson files = ojson::object();
     for (const fs::path& f : hashed) files[f.filename().string()] = sha256_file(f, &stop_hashing);
@@ -191,6 +235,17 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       NIBBLE_CHECK(m.shape.size() == 2, "tensor '{}': only 2-D weights can be quantized, found shape {}", name,
                    shape_str(m.shape));
       NIBBLE_CHECK(dtype_is_float(m.dtype), "tensor '{}': cannot quantize a {} tensor", name, dtype_name(m.dtype));
+      if (gguf) {
+        // Quantizing a block-quantized weight again would stack two roundings
+        // and report only the second one's error.
+        const uint32_t type = gguf->file().info(gguf->gguf_name(name)).type;
+        NIBBLE_CHECK(type == static_cast<uint32_t>(io::GgmlType::F32) || type == static_cast<uint32_t>(io::GgmlType::F16) ||
+                         type == static_cast<uint32_t>(io::GgmlType::BF16),
+                     "{}: tensor '{}' ({}) is stored as {}; quantize from an F32, F16 or BF16 GGUF file or the "
+                     "original checkpoint (to quantize the already-rounded weights anyway, `nibble dequantize` the "
+                     "file first)",
+                     model_dir.string(), name, gguf->gguf_name(name), io::ggml_type_name(type));
+      }
       // A bad weight fails the run with nothing written under the target (or,
       // when allowed, keeps just that tensor: decided here, before the plan).
       if (scan_beside) {
@@ -242,7 +297,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     quant::CalibratedParts::Sink sink;
     if (writer) sink = [&w = *writer](const std::string& stored, const Tensor& t) { w.write(stored, t); };
     try {
-      calibrated = std::make_unique<quant::CalibratedParts>(*src, model, selected, *quantizer, layer_transform.get(),
+      calibrated = std::make_unique<quant::CalibratedParts>(model_dir, weight_files, model, selected, *quantizer, layer_transform.get(),
                                                             format, opt, out.staging() / state_dir_name, res.warnings,
                                                             res.notes, sink);
     } catch (...) {
@@ -310,7 +365,10 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   }
   bar.finish();
   writer->finish();
-  copy_carried(model_dir, out.staging());
+  if (gguf)
+    write_gguf_companions(*gguf, out.staging(), dtype_word(model.meta("model.embed_tokens.weight").dtype));
+  else
+    copy_carried(model_dir, out.staging());
   if (cfg.tie_word_embeddings != src->config().tie_word_embeddings) {
     // A model transform untied the head (rotation folds the final norm into
     // it): the copied config.json must say so.
@@ -441,23 +499,9 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   }
   bar.finish();
   writer.finish();
-  const char* dtype_word = opt.dtype == DType::F32 ? "float32" : opt.dtype == DType::BF16 ? "bfloat16" : "float16";
+  const char* word = dtype_word(opt.dtype);
   if (gguf) {
-    write_file_atomic(out.staging() / "config.json", model_config_json(src->config(), dtype_word));
-    // The tokenizer GgufSource builds (so it is known to load), and the config it was built with.
-    if (const std::optional<Tokenizer> tok = gguf->tokenizer()) {
-      write_file_atomic(out.staging() / "tokenizer.json",
-                        io::tokenizer_json_from_gguf(gguf->vocab(), gguf->describe()) + "\n");
-      const TokenizerConfig& c = tok->config();
-      ojson tc = {{"tokenizer_class", "PreTrainedTokenizerFast"}};
-      if (c.bos_token) tc["bos_token"] = *c.bos_token;
-      if (c.eos_token) tc["eos_token"] = *c.eos_token;
-      if (c.pad_token) tc["pad_token"] = *c.pad_token;
-      if (c.add_bos_token) tc["add_bos_token"] = *c.add_bos_token;
-      if (c.add_eos_token) tc["add_eos_token"] = *c.add_eos_token;
-      if (!c.chat_template.empty()) tc["chat_template"] = c.chat_template;
-      write_file_atomic(out.staging() / "tokenizer_config.json", tc.dump(2) + "\n");
-    }
+    write_gguf_companions(*gguf, out.staging(), word);
     out.commit();
     return;
   }
@@ -469,8 +513,8 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   std::ifstream cf(cfg_path);
   ojson cfg = ojson::parse(cf);
   cf.close();
-  if (cfg.contains("dtype")) cfg["dtype"] = dtype_word;
-  if (cfg.contains("torch_dtype") || !cfg.contains("dtype")) cfg["torch_dtype"] = dtype_word;
+  if (cfg.contains("dtype")) cfg["dtype"] = word;
+  if (cfg.contains("torch_dtype") || !cfg.contains("dtype")) cfg["torch_dtype"] = word;
   write_file_atomic(cfg_path, cfg.dump(2) + "\n");
   out.commit();
 }

@@ -15,7 +15,7 @@
 namespace nibble::cli {
 
 void register_quantize(CLI::App& app, const GlobalOptions& global) {
-  auto* cmd = app.add_subcommand("quantize", "Quantize the linear layers of a Hugging Face checkpoint");
+  auto* cmd = app.add_subcommand("quantize", "Quantize the linear layers of a Hugging Face checkpoint or a GGUF file");
   auto model = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto opt = std::make_shared<QuantizeOptions>();
@@ -27,7 +27,8 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   for (const std::string& n : format_names())
     if (std::find(formats.begin(), formats.end(), n) == formats.end()) formats.push_back(n);
 
-  cmd->add_option("--model", *model, "Hugging Face model directory (config.json + safetensors)")->required();
+  cmd->add_option("--model", *model, "Hugging Face model directory (config.json + safetensors), or a GGUF file whose linears are "
+                  "F32/F16/BF16")->required();
   cmd->add_option("--out", *out, "Output directory for the packed checkpoint")->required();
   cmd->add_option("--method", opt->method,
                   "Quantization method: a quantizer (rtn, gptq), optionally after a transform (awq, smoothquant, "
@@ -89,6 +90,7 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   cmd->footer(
       "Examples:\n"
       "  nibble quantize --method rtn --model ../shared/models/stories260K --out out/stories-rtn --group 64\n"
+      "  nibble quantize --method rtn --model ../shared/models/stories260K/gguf/stories260K-F32.gguf --out out/s-rtn\n"
       "  nibble quantize --method gptq --mse --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
       "      --calib ../shared/data/corpora/linux-calib.txt --calib-samples 128 --calib-len 512\n"
       "  nibble quantize --method gptq --device cuda --model ../shared/models/qwen3-26M-linux --out out/qwen3-gptq \\\n"
