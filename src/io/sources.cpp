@@ -4,6 +4,7 @@
 #include "nibble/error.h"
 #include "nibble/gguf.h"
 #include "nibble/regex.h"
+#include "nibble/rival.h"
 #include "nibble/source.h"
 
 namespace nibble {
@@ -46,6 +47,8 @@ class OverlaySource final : public ModelSource {
 std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const ModelSource* reference) {
   auto strip = [&](const char* p) { return spec.rfind(p, 0) == 0 ? spec.substr(std::string(p).size()) : std::string(); };
   if (const std::string d = strip("hf:"); !d.empty()) {
+    NIBBLE_CHECK(!rival_quantization_config(d), "{}: hf: names a plain checkpoint, but this one is quantized ({}); name "
+                 "it by its directory alone", d, (*rival_quantization_config(d)).value("quant_method", "?"));
     auto s = CheckpointDir::open(d);
     NIBBLE_CHECK(!s->is_packed(), "{}: hf: names a plain checkpoint, but this one is packed by nibble (use packed:)", d);
     return s;
@@ -86,6 +89,8 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const Mo
   if (is_gguf_file(spec)) return open_gguf(spec);
   NIBBLE_CHECK(!std::filesystem::is_regular_file(spec),
                "{}: a file that is not GGUF; a Hugging Face or nibble checkpoint is named by its directory", spec);
+  // A rival's quantized checkpoint (GPTQ, AWQ, compressed-tensors): by its config's quantization_config.
+  if (rival_quantization_config(spec)) return RivalSource::open(spec);
   return CheckpointDir::open(spec);
 }
 

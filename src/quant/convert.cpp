@@ -21,6 +21,7 @@
 #include "nibble/transform.h"
 #include "nibble/quantizer.h"
 #include "nibble/regex.h"
+#include "nibble/rival.h"
 #include "nibble/source.h"
 #include "nibble/util.h"
 #include "quant/calibrate.h"
@@ -130,6 +131,10 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     weight_files = {model_dir};
     src = std::move(g);
   } else {
+    if (const auto q = rival_quantization_config(model_dir))
+      NIBBLE_FAIL("{}: already quantized ({}); quantize the original checkpoint (to quantize its rounded weights "
+                  "anyway, `nibble dequantize` it first)",
+                  model_dir.string(), q->value("quant_method", "?"));
     auto dir = CheckpointDir::open(model_dir);
     NIBBLE_CHECK(!dir->is_packed(), "{}: already quantized by nibble; quantize the original checkpoint",
                  model_dir.string());
@@ -461,10 +466,13 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   // A GGUF file has no config.json or tokenizer.json to carry over: both are written from what it holds.
   std::unique_ptr<ModelSource> src;
   const GgufSource* gguf = nullptr;
+  const bool rival = rival_quantization_config(packed_dir).has_value();
   if (is_gguf_file(packed_dir)) {
     auto g = GgufSource::open(packed_dir);
     gguf = g.get();
     src = std::move(g);
+  } else if (rival) {
+    src = RivalSource::open(packed_dir);
   } else {
     src = CheckpointDir::open(packed_dir);
   }
@@ -508,11 +516,16 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   copy_carried(packed_dir, out.staging());
 
   // config.json states the dtype the weights are stored in, in the style
-  // (transformers 4 "torch_dtype" or 5 "dtype") the source used.
+  // (transformers 4 "torch_dtype" or 5 "dtype") the source used, and no
+  // longer a rival's quantization_config (nor AutoGPTQ's file of it).
   const fs::path cfg_path = out.staging() / "config.json";
   std::ifstream cf(cfg_path);
   ojson cfg = ojson::parse(cf);
   cf.close();
+  if (rival) {
+    cfg.erase("quantization_config");
+    fs::remove(out.staging() / "quantize_config.json");
+  }
   if (cfg.contains("dtype")) cfg["dtype"] = word;
   if (cfg.contains("torch_dtype") || !cfg.contains("dtype")) cfg["torch_dtype"] = word;
   write_file_atomic(cfg_path, cfg.dump(2) + "\n");

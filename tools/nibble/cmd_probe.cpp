@@ -33,7 +33,7 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
   auto o = std::make_shared<ProbeCli>();
   cmd->add_option("--reference", o->reference, "Reference model directory (unquantized)")->required();
   cmd->add_option("--candidate", o->candidate,
-                  "Candidate: DIR, hf:DIR, packed:DIR, gguf:FILE or FILE.gguf, overlay:CAND,keep=REGEX, "
+                  "Candidate: DIR (nibble, HF, or a GPTQ / AWQ / compressed-tensors checkpoint), hf:DIR, packed:DIR, gguf:FILE or FILE.gguf, overlay:CAND,keep=REGEX, "
                   "overlay:CAND,head=SRC")
       ->required();
   cmd->add_option("--corpus", o->corpus, "Held-out UTF-8 text")->required()->check(CLI::ExistingFile);

@@ -156,7 +156,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     bool truncate = false, ignore_eos = false, no_cuda_graph = false;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--model", o->model, "Model: a directory (HF or nibble-packed) or a GGUF file")->required();
+  cmd->add_option("--model", o->model, "Model: a directory (HF, nibble-packed, GPTQ, AWQ or compressed-tensors) or a GGUF file")->required();
   cmd->add_option("--prompt", o->prompt, "Prompt text")->required();
   cmd->add_option("-n,--n-tokens", o->n, "New tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", o->sampler.temperature, "Temperature (0 = greedy)")->capture_default_str();
@@ -264,7 +264,7 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
   auto text = std::make_shared<std::string>();
   auto ctx = std::make_shared<int64_t>(512);
   auto max_chunks = std::make_shared<int64_t>(0);
-  cmd->add_option("--model", *model, "Model: a directory (HF or nibble-packed) or a GGUF file")->required();
+  cmd->add_option("--model", *model, "Model: a directory (HF, nibble-packed, GPTQ, AWQ or compressed-tensors) or a GGUF file")->required();
   cmd->add_option("--text", *text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", *ctx, "Window length in tokens")->capture_default_str();
   cmd->add_option("--chunks", *max_chunks, "Score at most this many windows (0 = all)")->capture_default_str();

@@ -1,0 +1,84 @@
+// Rivals' quantized checkpoints: Hugging Face directories whose config.json
+// (or AutoGPTQ's quantize_config.json) carries a quantization_config made by
+// GPTQ (AutoGPTQ / GPTQModel), AWQ (AutoAWQ's GEMM layout) or
+// compressed-tensors (llm-compressor). RivalSource presents such a directory
+// with every quantized linear dequantized to F32, so that it runs through
+// nibble's own forward like any other candidate (DESIGN.md, "The flows").
+//
+// Each scheme is one row of a table in src/io/rival_source.cpp: how its
+// quantized linears are recognized among the stored tensors, and what value
+// each weight has. docs/FORMAT.md, "Rivals' checkpoints", gives the layouts.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nibble/source.h"
+
+namespace nibble {
+
+// How one rival's checkpoints store a quantized linear, made from its
+// quantization_config.
+class RivalScheme {
+ public:
+  virtual ~RivalScheme() = default;
+  // e.g. "GPTQ 4-bit g128 asym (v1 zeros)".
+  virtual std::string describe() const = 0;
+  // The linear's prefix ("model.layers.0.mlp.up_proj") when `stored` is the
+  // tensor that marks a quantized linear (GPTQ's qweight, compressed-tensors'
+  // weight_packed), else nullopt.
+  virtual std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const = 0;
+  // Every stored tensor of the linear at `prefix` (all of them are hidden
+  // behind its logical "prefix.weight").
+  virtual std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const = 0;
+  // Its weight, F32 [out, in]: the value the scheme defines, computed in f32
+  // (exact for the products of a 16-bit scale and a small integer).
+  virtual Tensor dequantize(const std::string& prefix, const TensorSource& raw) const = 0;
+};
+
+// The scheme a quantization_config names by its "quant_method" (gptq, awq,
+// compressed-tensors). Throws naming `where` for another method or settings
+// nibble cannot read (GPTQ at 3 bits, AWQ's GEMV layout, ...).
+std::unique_ptr<RivalScheme> make_rival_scheme(const nlohmann::json& quantization_config, const std::string& where);
+
+// The quantization_config of a model directory (config.json's, or the
+// quantize_config.json AutoGPTQ wrote beside it), or nullopt.
+std::optional<nlohmann::json> rival_quantization_config(const std::filesystem::path& dir);
+
+class RivalSource final : public ModelSource {
+ public:
+  static std::unique_ptr<RivalSource> open(const std::filesystem::path& dir);
+
+  const RivalScheme& scheme() const { return *scheme_; }
+  // The stored tensors behind a logical name (one for a plain tensor).
+  std::vector<std::string> stored_parts(const std::string& name) const;
+
+  const ModelConfig& config() const override { return raw_->config(); }
+  std::string describe() const override;
+  std::vector<std::string> names() const override { return order_; }
+  bool contains(const std::string& name) const override { return entries_.count(name) != 0; }
+  TensorMeta meta(const std::string& name) const override;
+  Tensor load(const std::string& name) const override;
+  std::filesystem::path tokenizer_json() const override { return raw_->tokenizer_json(); }
+
+ private:
+  struct Entry {
+    TensorMeta meta;
+    std::string prefix;  // set for a quantized linear
+    std::vector<std::string> stored;
+  };
+  const Entry& entry(const std::string& name) const;
+
+  std::unique_ptr<CheckpointDir> raw_;  // the files as stored (qweight, scales, ... by their own names)
+  std::unique_ptr<RivalScheme> scheme_;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> order_;
+};
+
+}  // namespace nibble

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Test vectors for nibble's rival-checkpoint readers (src/io/rival_source.cpp),
+made by the rivals' own libraries: GPTQModel (TorchLinear.pack_original and its
+v2 -> v1 export), AutoAWQ (WQLinear_GEMM.from_linear, dequantize_gemm) and
+compressed-tensors (its compressors' compress and decompress).
+
+Each case is one safetensors file in tests/data/rivals/: the stored tensors of
+one linear under the prefix "layer" as the library writes them, "reference"
+(F32 [out, in], the library's own dequantization), and the quantization_config
+as JSON in the file's metadata. Weights are random (seeded); nothing comes from
+a model.
+
+    python3 -m venv /tmp/rv && /tmp/rv/bin/pip install torch compressed-tensors
+    /tmp/rv/bin/pip install --no-deps autoawq gptqmodel   (+ the modules they import)
+    /tmp/rv/bin/python scripts/make_rival_vectors.py tests/data/rivals
+"""
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/data/rivals")
+OUT.mkdir(parents=True, exist_ok=True)
+
+
+def save(name, tensors, reference, qconfig):
+    t = {k: v.contiguous() for k, v in tensors.items()}
+    t["reference"] = reference.float().contiguous()
+    save_file(t, str(OUT / f"{name}.safetensors"), metadata={"quantization_config": json.dumps(qconfig)})
+    print(name, {k: (str(v.dtype), list(v.shape)) for k, v in t.items()})
+
+
+def linear(out_f, in_f, seed, scale=0.05):
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(in_f, out_f, bias=False)
+    lin.weight.data = torch.randn(out_f, in_f, generator=g) * scale
+    return lin, g
+
+
+# ------------------------------------------------------------------ GPTQ
+def gptq_case(name, bits, group_size, sym, desc_act, v1, out_f=16, in_f=256, seed=1):
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.model import convert_gptq_v2_to_v1_format_module
+
+    lin, g = linear(out_f, in_f, seed)
+    gs = group_size if group_size > 0 else in_f
+    groups = math.ceil(in_f / gs)
+    maxq = 2**bits - 1
+    if desc_act:  # act-order: each input's group from a permutation (as GPTQ's static-groups export writes it)
+        perm = torch.randperm(in_f, generator=g)
+        g_idx = (perm // gs).to(torch.int32)
+    else:
+        g_idx = (torch.arange(in_f) // gs).to(torch.int32)
+    # Per (output, group): a range that covers the weights, zeros across the whole code range (0 and maxq included).
+    scales = torch.rand(out_f, groups, generator=g) * 0.02 + 0.01
+    if sym:
+        zeros = torch.full((out_f, groups), float((maxq + 1) // 2))
+    else:
+        zeros = torch.randint(0, maxq + 1, (out_f, groups), generator=g).float()
+        zeros[0, 0], zeros[1, 0] = 0, maxq
+    # Weights inside each group's range, so that the codes are not all clamped.
+    codes = torch.randint(0, maxq + 1, (out_f, in_f), generator=g).float()
+    lin.weight.data = (codes - zeros[:, g_idx.long()]) * scales[:, g_idx.long()] + (torch.rand(out_f, in_f, generator=g) - 0.5) * 0.5 * scales[:, g_idx.long()]
+    ql = TorchLinear(bits=bits, group_size=gs if group_size > 0 else -1, sym=sym, desc_act=desc_act, in_features=in_f,
+                     out_features=out_f, bias=False)
+    ql.pack_original(lin, scales.half().float(), zeros, g_idx=g_idx)
+    ref = ql.dequantize_weight().T.float()  # [in, out] -> [out, in]
+    if v1:
+        cfg = types.SimpleNamespace(bits=bits, pack_dtype=torch.int32)
+        convert_gptq_v2_to_v1_format_module(ql, cfg)
+    t = {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}
+    if desc_act:
+        t["layer.g_idx"] = ql.g_idx.to(torch.int32)
+    q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "sym": sym, "desc_act": desc_act,
+         "checkpoint_format": "gptq" if v1 else "gptq_v2"}
+    save(name, t, ref, q)
+
+
+# ------------------------------------------------------------------- AWQ
+def awq_case(name, group_size, out_f=32, in_f=256, seed=2):
+    from awq.modules.linear.gemm import WQLinear_GEMM
+    from awq.utils.packing_utils import dequantize_gemm
+
+    lin, g = linear(out_f, in_f, seed)
+    groups = in_f // group_size
+    scales = (torch.rand(groups, out_f, generator=g) * 0.02 + 0.01).half()
+    zeros = torch.randint(0, 16, (groups, out_f), generator=g)
+    zeros[0, 0], zeros[0, 1] = 0, 15
+    codes = torch.randint(0, 16, (out_f, in_f), generator=g)
+    gi = torch.arange(in_f) // group_size
+    lin.weight.data = ((codes - zeros.T[:, gi]) * scales.float().T[:, gi]).float()
+    ql = WQLinear_GEMM.from_linear(lin, 4, group_size, scales=scales, zeros=zeros)
+    ref = dequantize_gemm(ql.qweight, ql.qzeros, ql.scales, 4, group_size).T.float()
+    q = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}
+    save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
+
+
+# ---------------------------------------------------- compressed-tensors
+def ct_case(name, fmt, weights, out_f=16, in_f=256, seed=3, scale_dtype=torch.float32):
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    lin, g = linear(out_f, in_f, seed)
+    w = lin.weight.data
+    args = QuantizationArgs(**weights)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    # Scales and zero points from the weights' own ranges, by the library.
+    strategy = weights["strategy"]
+    if strategy == "tensor":
+        mn, mx = w.min().reshape(1, 1), w.max().reshape(1, 1)
+    elif strategy == "channel":
+        mn, mx = w.min(dim=1, keepdim=True).values, w.max(dim=1, keepdim=True).values
+    elif strategy in ("group", "tensor_group"):
+        gsz = weights["group_size"]
+        wg = w.reshape(out_f, in_f // gsz, gsz)
+        mn, mx = wg.min(dim=2).values, wg.max(dim=2).values
+    elif strategy == "block":
+        bo, bi = weights["block_structure"]
+        wb = w.reshape(out_f // bo, bo, in_f // bi, bi)
+        mn, mx = wb.amin(dim=(1, 3)), wb.amax(dim=(1, 3))
+    global_scale = None
+    state = {"weight": w.clone()}
+    if fmt == "nvfp4-pack-quantized":
+        from compressed_tensors.quantization.utils import generate_gparam
+        global_scale = generate_gparam(w.min(), w.max())
+        state["weight_global_scale"] = global_scale
+    scale, zp = calculate_qparams(mn, mx, args, global_scale=global_scale)
+    state["weight_scale"] = scale.to(scale_dtype) if fmt not in ("nvfp4-pack-quantized", "mxfp4-pack-quantized") else scale
+    state["weight_zero_point"] = zp
+    comp = BaseCompressor.get_value_from_registry(fmt) if hasattr(BaseCompressor, "get_value_from_registry") else BaseCompressor.load_from_registry(fmt)
+    compressed = comp.compress(state, scheme)
+    ref = comp.decompress(dict(compressed), scheme)["weight"].float()
+    t = {f"layer.{k}": v for k, v in compressed.items()}
+    q = {"quant_method": "compressed-tensors", "format": fmt,
+         "config_groups": {"group_0": {"targets": ["Linear"], "weights": args.model_dump(mode="json")}}}
+    save(name, t, ref, q)
+
+
+gptq_case("gptq_b4_g32_asym_v1", 4, 32, sym=False, desc_act=False, v1=True)
+gptq_case("gptq_b4_g64_asym_v2", 4, 64, sym=False, desc_act=False, v1=False)
+gptq_case("gptq_b4_g64_sym_actorder_v1", 4, 64, sym=True, desc_act=True, v1=True)
+gptq_case("gptq_b8_g128_asym_v1", 8, 128, sym=False, desc_act=False, v1=True)
+gptq_case("gptq_b2_g32_asym_v1", 2, 32, sym=False, desc_act=False, v1=True)
+gptq_case("gptq_b4_channel_asym_v1", 4, -1, sym=False, desc_act=False, v1=True)
+awq_case("awq_g64", 64)
+awq_case("awq_g128", 128)
+ct_case("ct_w4a16_group_sym", "pack-quantized",
+        {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128})
+ct_case("ct_w4a16_group_asym", "pack-quantized",
+        {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 64})
+ct_case("ct_w8a16_channel_sym", "pack-quantized",
+        {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"})
+ct_case("ct_w4_channel_asym_bf16", "pack-quantized",
+        {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "channel"}, scale_dtype=torch.bfloat16)
+ct_case("ct_int8_channel", "int-quantized",
+        {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"})
+ct_case("ct_fp8_tensor", "float-quantized",
+        {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor"})
+ct_case("ct_fp8_channel", "float-quantized",
+        {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"})
+ct_case("ct_fp8_block", "float-quantized",
+        {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "block", "block_structure": [16, 64]}, out_f=32)
+ct_case("ct_nvfp4", "nvfp4-pack-quantized",
+        {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16})
+ct_case("ct_mxfp4", "mxfp4-pack-quantized",
+        {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
+         "scale_dtype": "torch.uint8", "zp_dtype": None})

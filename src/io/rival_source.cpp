@@ -1,0 +1,551 @@
+// RivalSource and the rival schemes (include/nibble/rival.h): GPTQ, AWQ and
+// compressed-tensors checkpoints read back to the weights they define.
+//
+// Each scheme's layout was checked against the rival's own packing and
+// dequantization code (GPTQModel's TorchLinear, AutoAWQ's WQLinear_GEMM,
+// compressed-tensors' compressors): tests/unit/test_rival.cpp holds vectors
+// made by those libraries (scripts/make_rival_vectors.py).
+#include "nibble/rival.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <set>
+
+#include "nibble/arch.h"
+#include "nibble/dtype.h"
+#include "nibble/error.h"
+
+namespace nibble {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Field `index` of a little-endian bit stream of `bits`-wide unsigned values
+// packed into 32-bit words; `word(i)` reads the stream's i-th word. A field
+// may straddle two words (3 bits).
+template <typename Word>
+uint32_t stream_field(const Word& word, int64_t index, int bits) {
+  const int64_t pos = index * bits;
+  const int64_t w = pos / 32;
+  const int off = static_cast<int>(pos % 32);
+  uint64_t v = word(w) >> off;
+  if (off + bits > 32) v |= static_cast<uint64_t>(word(w + 1)) << (32 - off);
+  return static_cast<uint32_t>(v) & ((1u << bits) - 1);
+}
+
+// A stored tensor as contiguous int32 words (I32 as stored; U32 does not exist in safetensors).
+Tensor words_of(const TensorSource& raw, const std::string& name, const std::string& what) {
+  NIBBLE_CHECK(raw.contains(name), "{}: {} '{}' is missing", raw.describe(), what, name);
+  Tensor t = raw.load(name);
+  NIBBLE_CHECK(t.dtype() == DType::I32 && t.dim() == 2, "{}: '{}' should be a 2-D I32 tensor of packed {}, found {} {}",
+               raw.describe(), name, what, dtype_name(t.dtype()), shape_str(t.shape()));
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+// A stored float tensor (scales) as F32, with the shape it must have.
+Tensor floats_of(const TensorSource& raw, const std::string& name, const Shape& want) {
+  NIBBLE_CHECK(raw.contains(name), "{}: '{}' is missing", raw.describe(), name);
+  Tensor t = raw.load(name);
+  NIBBLE_CHECK(dtype_is_float(t.dtype()), "{}: '{}' should hold floats, found {}", raw.describe(), name,
+               dtype_name(t.dtype()));
+  if (!want.empty())
+    NIBBLE_CHECK(shape_numel(t.shape()) == shape_numel(want) && (t.dim() == static_cast<int64_t>(want.size()) ||
+                                                                  shape_numel(want) == 1),
+                 "{}: '{}' should have shape {}, found {}", raw.describe(), name, shape_str(want),
+                 shape_str(t.shape()));
+  return t.to_f32();
+}
+
+// The group of each input column: `g_idx` (act-order checkpoints store it)
+// or k / group_size. Checked against the number of groups the scales have.
+std::vector<int32_t> groups_of(const TensorSource& raw, const std::string& g_idx_name, int64_t in, int64_t group_size,
+                               int64_t n_groups) {
+  std::vector<int32_t> g(static_cast<size_t>(in));
+  if (!g_idx_name.empty() && raw.contains(g_idx_name)) {
+    const Tensor t = raw.load(g_idx_name).to_f32();
+    NIBBLE_CHECK(t.numel() == in, "{}: '{}' should have {} entries (one per input), found {}", raw.describe(),
+                 g_idx_name, in, t.numel());
+    const float* p = t.data<float>();
+    for (int64_t k = 0; k < in; ++k) g[k] = static_cast<int32_t>(p[k]);
+  } else {
+    for (int64_t k = 0; k < in; ++k) g[k] = static_cast<int32_t>(k / group_size);
+  }
+  for (int64_t k = 0; k < in; ++k)
+    NIBBLE_CHECK(g[k] >= 0 && g[k] < n_groups, "{}: input {} falls in group {}, but there are {} groups of scales",
+                 raw.describe(), k, g[k], n_groups);
+  return g;
+}
+
+int64_t group_size_from(const json& v, const std::string& where) {
+  NIBBLE_CHECK(v.is_number_integer(), "{}: group_size should be an integer, found {}", where, v.dump());
+  const int64_t g = v.get<int64_t>();
+  NIBBLE_CHECK(g == -1 || g > 0, "{}: group_size should be positive or -1 (one group per row), found {}", where, g);
+  return g;
+}
+
+// ------------------------------------------------------------------ GPTQ
+//
+// qweight I32 [in·bits/32, out]: input k of output n is field k of column n's
+// bit stream. qzeros I32 [groups, out·bits/32]: output n's zero is field n of
+// the group's row. scales [groups, out]; g_idx I32 [in] (optional).
+// w[n, k] = scale[g, n] · (q − z). Checkpoints in the "gptq" (v1) format
+// store every zero minus one, subtracted from the packed word as a whole
+// (GPTQModel's export): the word plus one in every field gives z back exactly.
+class GptqScheme final : public RivalScheme {
+ public:
+  GptqScheme(const json& q, const std::string& where) {
+    NIBBLE_CHECK(q.contains("bits") && q["bits"].is_number_integer(), "{}: GPTQ quantization_config needs 'bits'",
+                 where);
+    bits_ = q["bits"].get<int>();
+    NIBBLE_CHECK(bits_ == 2 || bits_ == 4 || bits_ == 8,
+                 "{}: GPTQ at {} bits is not supported (2, 4 and 8 are; 3-bit packing is not)", where, bits_);
+    group_size_ = q.contains("group_size") ? group_size_from(q["group_size"], where) : 128;
+    sym_ = q.value("sym", true);
+    const std::string fmt = q.value("checkpoint_format", q.value("format", std::string("gptq")));
+    NIBBLE_CHECK(fmt == "gptq" || fmt == "gptq_v2",
+                 "{}: GPTQ checkpoint_format '{}' is not supported (gptq and gptq_v2 are; marlin, bitblas and "
+                 "ipex repack the weights)",
+                 where, fmt);
+    v1_ = fmt == "gptq";
+  }
+  std::string describe() const override {
+    return fmt::format("GPTQ {}-bit {} {} ({} zeros)", bits_,
+                       group_size_ > 0 ? fmt::format("g{}", group_size_) : "per-channel", sym_ ? "sym" : "asym",
+                       v1_ ? "v1" : "v2");
+  }
+  std::optional<std::string> linear_of(const std::string& stored, const TensorSource&) const override {
+    if (!ends_with(stored, ".qweight")) return std::nullopt;
+    return stored.substr(0, stored.size() - 8);
+  }
+  std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const override {
+    std::vector<std::string> p = {prefix + ".qweight", prefix + ".qzeros", prefix + ".scales"};
+    if (raw.contains(prefix + ".g_idx")) p.push_back(prefix + ".g_idx");
+    return p;
+  }
+  Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
+    const Tensor qw = words_of(raw, prefix + ".qweight", "GPTQ codes");
+    const Tensor qz = words_of(raw, prefix + ".qzeros", "GPTQ zeros");
+    const int64_t per_word = 32 / bits_;
+    const int64_t in = qw.size(0) * per_word, out = qw.size(1);
+    const int64_t gs = group_size_ > 0 ? group_size_ : in;
+    const int64_t n_groups = qz.size(0);
+    NIBBLE_CHECK(qz.size(1) * per_word == out, "{}: '{}.qzeros' should have {} columns for {} outputs, found {}",
+                 raw.describe(), prefix, out / per_word, out, qz.size(1));
+    const Tensor s = floats_of(raw, prefix + ".scales", {n_groups, out});
+    const std::vector<int32_t> g = groups_of(raw, prefix + ".g_idx", in, gs, n_groups);
+    const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
+    const uint32_t* z = static_cast<const uint32_t*>(qz.raw());
+    uint32_t ones = 0;  // one in every field
+    for (int64_t f = 0; f < per_word; ++f) ones |= 1u << (f * bits_);
+    // zeros[g, n], unpacked once.
+    std::vector<float> zero(static_cast<size_t>(n_groups * out));
+    for (int64_t r = 0; r < n_groups; ++r) {
+      auto word = [&](int64_t w) { return v1_ ? z[r * qz.size(1) + w] + ones : z[r * qz.size(1) + w]; };
+      for (int64_t n = 0; n < out; ++n) zero[r * out + n] = static_cast<float>(stream_field(word, n, bits_));
+    }
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    float* dst = w.data_mut<float>();
+    const float* sc = s.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n) {
+      auto word = [&](int64_t i) { return q[i * out + n]; };
+      for (int64_t k = 0; k < in; ++k) {
+        const int64_t gi = g[k];
+        dst[n * in + k] = sc[gi * out + n] * (static_cast<float>(stream_field(word, k, bits_)) - zero[gi * out + n]);
+      }
+    }
+    return w;
+  }
+
+ private:
+  int bits_ = 4;
+  int64_t group_size_ = 128;
+  bool sym_ = true, v1_ = true;
+};
+
+// ------------------------------------------------------------------- AWQ
+//
+// AutoAWQ's GEMM layout: qweight I32 [in, out/8], qzeros I32 [groups, out/8],
+// scales [groups, out]. Word j of a row holds outputs 8j..8j+7, output 8j+i
+// in nibble kInterleave[i] (the order AutoAWQ packs them in, 0 2 4 6 1 3 5 7
+// by nibble). w[n, k] = scale[g, n] · (q − z), g = k / group_size.
+class AwqScheme final : public RivalScheme {
+ public:
+  AwqScheme(const json& q, const std::string& where) {
+    const int bits = q.value("bits", q.value("w_bit", 4));
+    NIBBLE_CHECK(bits == 4, "{}: AWQ at {} bits is not supported (4 is)", where, bits);
+    const json& gs = q.contains("group_size") ? q["group_size"] : q.contains("q_group_size") ? q["q_group_size"] : json(128);
+    group_size_ = group_size_from(gs, where);
+    NIBBLE_CHECK(q.value("zero_point", true), "{}: AWQ without zero points is not supported", where);
+    std::string version = q.value("version", std::string("gemm"));
+    for (char& c : version) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    NIBBLE_CHECK(version == "gemm",
+                 "{}: AWQ version '{}' is not supported (gemm is; gemv, marlin and exllama lay the codes out "
+                 "differently)",
+                 where, version);
+  }
+  std::string describe() const override {
+    return fmt::format("AWQ 4-bit {} (GEMM layout)",
+                       group_size_ > 0 ? fmt::format("g{}", group_size_) : "per-channel");
+  }
+  std::optional<std::string> linear_of(const std::string& stored, const TensorSource&) const override {
+    if (!ends_with(stored, ".qweight")) return std::nullopt;
+    return stored.substr(0, stored.size() - 8);
+  }
+  std::vector<std::string> parts(const std::string& prefix, const TensorSource&) const override {
+    return {prefix + ".qweight", prefix + ".qzeros", prefix + ".scales"};
+  }
+  Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
+    static constexpr int kInterleave[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble holding output 8j+i
+    const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
+    const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
+    const int64_t in = qw.size(0), out = qw.size(1) * 8;
+    const int64_t gs = group_size_ > 0 ? group_size_ : in;
+    const int64_t n_groups = qz.size(0);
+    NIBBLE_CHECK(qz.size(1) == qw.size(1) && n_groups == (in + gs - 1) / gs,
+                 "{}: '{}.qzeros' should be [{}, {}] for {} inputs in groups of {}, found {}", raw.describe(), prefix,
+                 (in + gs - 1) / gs, qw.size(1), in, gs, shape_str(qz.shape()));
+    const Tensor s = floats_of(raw, prefix + ".scales", {n_groups, out});
+    const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
+    const uint32_t* z = static_cast<const uint32_t*>(qz.raw());
+    const float* sc = s.data<float>();
+    auto field = [](uint32_t word, int64_t i) { return static_cast<float>((word >> (4 * kInterleave[i])) & 15u); };
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    float* dst = w.data_mut<float>();
+    const int64_t words = qw.size(1);
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < in; ++k) {
+      const int64_t g = k / gs;
+      for (int64_t j = 0; j < words; ++j)
+        for (int64_t i = 0; i < 8; ++i) {
+          const int64_t n = 8 * j + i;
+          dst[n * in + k] = sc[g * out + n] * (field(q[k * words + j], i) - field(z[g * words + j], i));
+        }
+    }
+    return w;
+  }
+
+ private:
+  int64_t group_size_ = 128;
+};
+
+// ---------------------------------------------------- compressed-tensors
+//
+// Read from the stored tensors of each linear (a checkpoint may mix formats
+// across config groups):
+//   weight_packed I32 [out, ⌈in·bits/32⌉] + weight_shape: integers, a bit
+//     stream per row holding q + 2^(bits−1); weight_zero_point (asymmetric)
+//     I32 packed the same way down each column [⌈out·bits/32⌉, groups], or
+//     unpacked [out, groups]; bits follow from the packed width.
+//   weight_packed U8 [out, in/2] + weight_global_scale: NVFP4, e2m1 codes
+//     (element 2j in the low nibble), FP8 E4M3 scales per 16 inputs, and
+//     w = code · scale / global_scale.
+//   weight_packed U8 without a global scale: MXFP4, E8M0 scales per 32.
+//   weight I8 / F8_E4M3 [out, in] + weight_scale: int-quantized / float-quantized.
+// Integer and FP8 weights: w = (q − zero) · scale[group of the input] with
+// scales [out, groups] (group or channel), [1] (tensor) or, for block
+// quantization, [⌈out/bo⌉, ⌈in/bi⌉] (block_structure of the config group,
+// else the block implied by the shapes).
+class CompressedTensorsScheme final : public RivalScheme {
+ public:
+  CompressedTensorsScheme(const json& q, const std::string& where) {
+    format_ = q.value("format", std::string("dense"));
+    static const std::vector<std::string> known = {"pack-quantized", "int-quantized",        "float-quantized",
+                                                   "naive-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized",
+                                                   "mixed-precision", "dense"};
+    NIBBLE_CHECK(std::find(known.begin(), known.end(), format_) != known.end(),
+                 "{}: compressed-tensors format '{}' is not supported (pack-quantized, int-quantized, "
+                 "float-quantized, naive-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized and mixed-precision are)",
+                 where, format_);
+    if (q.contains("config_groups") && q["config_groups"].is_object())
+      for (const auto& [name, group] : q["config_groups"].items())
+        if (group.is_object() && group.contains("weights") && group["weights"].is_object()) {
+          const json& wa = group["weights"];
+          if (wa.contains("block_structure") && wa["block_structure"].is_array() && wa["block_structure"].size() == 2)
+            block_ = {wa["block_structure"][0].get<int64_t>(), wa["block_structure"][1].get<int64_t>()};
+        }
+  }
+  std::string describe() const override { return "compressed-tensors (" + format_ + ")"; }
+  std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const override {
+    if (ends_with(stored, ".weight_packed")) return stored.substr(0, stored.size() - 14);
+    if (ends_with(stored, ".weight")) {
+      const std::string prefix = stored.substr(0, stored.size() - 7);
+      const DType dt = raw.meta(stored).dtype;
+      if ((dt == DType::I8 || dt == DType::F8_E4M3) && raw.contains(prefix + ".weight_scale")) return prefix;
+    }
+    return std::nullopt;
+  }
+  std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const override {
+    std::vector<std::string> p;
+    for (const char* s : {".weight_packed", ".weight", ".weight_shape", ".weight_scale", ".weight_zero_point",
+                          ".weight_global_scale", ".weight_g_idx"})
+      if (raw.contains(prefix + s)) p.push_back(prefix + s);
+    return p;
+  }
+  Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
+    if (raw.contains(prefix + ".weight_packed") && raw.meta(prefix + ".weight_packed").dtype == DType::U8)
+      return fp4(prefix, raw);
+    Tensor codes;  // F32 [out, in]: the integer or FP8 values
+    int bits = 8;
+    if (raw.contains(prefix + ".weight_packed")) {
+      const Tensor packed = words_of(raw, prefix + ".weight_packed", "compressed-tensors codes");
+      const Tensor shape_t = raw.load(prefix + ".weight_shape").to_f32();
+      NIBBLE_CHECK(shape_t.numel() == 2, "{}: '{}.weight_shape' should hold [out, in]", raw.describe(), prefix);
+      const int64_t out = static_cast<int64_t>(shape_t.data<float>()[0]), in = static_cast<int64_t>(shape_t.data<float>()[1]);
+      NIBBLE_CHECK(out == packed.size(0) && in > 0, "{}: '{}.weight_shape' [{}, {}] does not match the packed rows {}",
+                   raw.describe(), prefix, out, in, packed.size(0));
+      bits = 0;
+      for (int b = 1; b <= 8 && !bits; ++b)
+        if ((in * b + 31) / 32 == packed.size(1)) bits = b;
+      NIBBLE_CHECK(bits, "{}: '{}.weight_packed' has {} words per row, which fits no width of 1-8 bits for {} inputs",
+                   raw.describe(), prefix, packed.size(1), in);
+      codes = Tensor::empty(DType::F32, {out, in});
+      const uint32_t* p = static_cast<const uint32_t*>(packed.raw());
+      float* c = codes.data_mut<float>();
+      const int64_t wpr = packed.size(1);
+      const float offset = static_cast<float>(1 << (bits - 1));
+#pragma omp parallel for schedule(static)
+      for (int64_t n = 0; n < out; ++n) {
+        auto word = [&](int64_t i) { return p[n * wpr + i]; };
+        for (int64_t k = 0; k < in; ++k) c[n * in + k] = static_cast<float>(stream_field(word, k, bits)) - offset;
+      }
+    } else {
+      codes = raw.load(prefix + ".weight").to_f32();
+      NIBBLE_CHECK(codes.dim() == 2, "{}: '{}.weight' should be 2-D", raw.describe(), prefix);
+    }
+    const int64_t out = codes.size(0), in = codes.size(1);
+    const Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
+    // Scales: one (tensor), [out] or [out, groups] (channel, group), or
+    // [row blocks, column blocks] (block).
+    int64_t srows = 1, scols = 1;
+    if (scale.dim() == 2) {
+      srows = scale.size(0), scols = scale.size(1);
+    } else {
+      NIBBLE_CHECK(scale.numel() == 1 || scale.numel() == out,
+                   "{}: '{}.weight_scale' has shape {}, which fits no strategy for a [{}, {}] weight", raw.describe(),
+                   prefix, shape_str(scale.shape()), out, in);
+      srows = scale.numel();
+    }
+    const bool blocks = srows != out && srows != 1;
+    const int64_t row_block = srows == out ? 1 : srows == 1 ? out : block_ ? block_->first : (out + srows - 1) / srows;
+    NIBBLE_CHECK((out + row_block - 1) / row_block == srows, "{}: '{}.weight_scale' has {} rows for {} outputs",
+                 raw.describe(), prefix, srows, out);
+    const int64_t gs = blocks && block_ ? block_->second : (in + scols - 1) / scols;
+    NIBBLE_CHECK((in + gs - 1) / gs == scols, "{}: '{}.weight_scale' has {} columns, which fits no group size for {} "
+                 "inputs", raw.describe(), prefix, scols, in);
+    const std::vector<int32_t> g = groups_of(raw, prefix + ".weight_g_idx", in, gs, scols);
+    std::vector<float> zero;  // [srows, scols] when asymmetric
+    if (raw.contains(prefix + ".weight_zero_point")) zero = zero_points(raw, prefix, bits, srows, scols);
+    const float* c = codes.data<float>();
+    const float* s = scale.data<float>();
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    float* dst = w.data_mut<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n) {
+      const int64_t r = n / row_block;
+      for (int64_t k = 0; k < in; ++k) {
+        const int64_t i = r * scols + g[k];
+        dst[n * in + k] = (c[n * in + k] - (zero.empty() ? 0.0f : zero[i])) * s[i];
+      }
+    }
+    return w;
+  }
+
+ private:
+  // weight_zero_point as F32 [rows, cols]: packed I32 down each column, or plain integers.
+  static std::vector<float> zero_points(const TensorSource& raw, const std::string& prefix, int bits, int64_t rows,
+                                        int64_t cols) {
+    const std::string name = prefix + ".weight_zero_point";
+    const Tensor t = raw.load(name);
+    std::vector<float> z(static_cast<size_t>(rows * cols));
+    if (t.dtype() == DType::I32 && t.dim() == 2 && t.size(0) == (rows * bits + 31) / 32 && t.size(1) == cols &&
+        bits < 8) {
+      const Tensor words = t.is_contiguous() ? t : t.contiguous();
+      const uint32_t* p = static_cast<const uint32_t*>(words.raw());
+      const float offset = static_cast<float>(1 << (bits - 1));
+      for (int64_t c = 0; c < cols; ++c) {
+        auto word = [&](int64_t i) { return p[i * cols + c]; };
+        for (int64_t r = 0; r < rows; ++r) z[r * cols + c] = static_cast<float>(stream_field(word, r, bits)) - offset;
+      }
+      return z;
+    }
+    NIBBLE_CHECK(t.numel() == rows * cols, "{}: '{}' has shape {}, expected {} values ([{}, {}])", raw.describe(),
+                 name, shape_str(t.shape()), rows * cols, rows, cols);
+    const Tensor f = t.to_f32();
+    std::copy(f.data<float>(), f.data<float>() + rows * cols, z.begin());
+    return z;
+  }
+
+  // NVFP4 (global scale) and MXFP4 (E8M0 scales).
+  static Tensor fp4(const std::string& prefix, const TensorSource& raw) {
+    const Tensor packed = raw.load(prefix + ".weight_packed");
+    NIBBLE_CHECK(packed.dim() == 2, "{}: '{}.weight_packed' should be 2-D", raw.describe(), prefix);
+    const int64_t out = packed.size(0), in = packed.size(1) * 2;
+    const bool nv = raw.contains(prefix + ".weight_global_scale");
+    const int64_t block = nv ? 16 : 32;
+    const Tensor scale_t = raw.load(prefix + ".weight_scale");
+    NIBBLE_CHECK(scale_t.numel() == out * ((in + block - 1) / block),
+                 "{}: '{}.weight_scale' should hold {} scales (one per {} inputs of each row), found {}",
+                 raw.describe(), prefix, out * ((in + block - 1) / block), block, shape_str(scale_t.shape()));
+    std::vector<float> scale(static_cast<size_t>(scale_t.numel()));
+    if (nv) {
+      const Tensor f = scale_t.to_f32();
+      const float global = raw.load(prefix + ".weight_global_scale").to_f32().data<float>()[0];
+      for (size_t i = 0; i < scale.size(); ++i) scale[i] = f.data<float>()[i] / global;
+    } else {
+      NIBBLE_CHECK(scale_t.dtype() == DType::U8, "{}: MXFP4 scales '{}.weight_scale' should be U8 (E8M0), found {}",
+                   raw.describe(), prefix, dtype_name(scale_t.dtype()));
+      const Tensor c = scale_t.is_contiguous() ? scale_t : scale_t.contiguous();
+      for (size_t i = 0; i < scale.size(); ++i) scale[i] = e8m0_to_f32(static_cast<const uint8_t*>(c.raw())[i]);
+    }
+    const Tensor pc = packed.is_contiguous() ? packed : packed.contiguous();
+    const uint8_t* p = static_cast<const uint8_t*>(pc.raw());
+    const int64_t blocks = (in + block - 1) / block;
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    float* dst = w.data_mut<float>();
+    for (int64_t n = 0; n < out; ++n)
+      for (int64_t k = 0; k < in; ++k) {
+        const uint8_t b = p[n * (in / 2) + k / 2];
+        dst[n * in + k] = e2m1_to_f32(k % 2 ? b >> 4 : b & 15) * scale[n * blocks + k / block];
+      }
+    return w;
+  }
+
+  std::string format_;
+  std::optional<std::pair<int64_t, int64_t>> block_;
+};
+
+// The table: quant_method -> scheme.
+struct SchemeRow {
+  const char* quant_method;
+  std::unique_ptr<RivalScheme> (*make)(const json& q, const std::string& where);
+};
+template <typename S>
+std::unique_ptr<RivalScheme> make_scheme(const json& q, const std::string& where) {
+  return std::make_unique<S>(q, where);
+}
+const SchemeRow kSchemes[] = {
+    {"gptq", make_scheme<GptqScheme>},
+    {"awq", make_scheme<AwqScheme>},
+    {"compressed-tensors", make_scheme<CompressedTensorsScheme>},
+};
+
+json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  NIBBLE_CHECK(f.good(), "{}: cannot open", p.string());
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    NIBBLE_FAIL("{}: malformed JSON: {}", p.string(), e.what());
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<RivalScheme> make_rival_scheme(const json& q, const std::string& where) {
+  NIBBLE_CHECK(q.is_object() && q.contains("quant_method") && q["quant_method"].is_string(),
+               "{}: quantization_config should be an object naming its quant_method", where);
+  const std::string method = q["quant_method"].get<std::string>();
+  std::string names;
+  for (const SchemeRow& r : kSchemes) {
+    if (method == r.quant_method) return r.make(q, where);
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", r.quant_method);
+  }
+  NIBBLE_FAIL("{}: quantization method '{}' is not supported (nibble reads {})", where, method, names);
+}
+
+std::optional<json> rival_quantization_config(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  if (fs::exists(dir / "config.json")) {
+    const json c = read_json(dir / "config.json");
+    if (c.is_object() && c.contains("quantization_config") && c["quantization_config"].is_object())
+      return c["quantization_config"];
+  }
+  // AutoGPTQ (before transformers' integration) wrote its settings beside the config.
+  if (fs::exists(dir / "quantize_config.json")) {
+    json q = read_json(dir / "quantize_config.json");
+    if (q.is_object()) {
+      if (!q.contains("quant_method")) q["quant_method"] = "gptq";
+      return q;
+    }
+  }
+  return std::nullopt;
+}
+
+std::unique_ptr<RivalSource> RivalSource::open(const fs::path& dir) {
+  const std::optional<json> q = rival_quantization_config(dir);
+  NIBBLE_CHECK(q.has_value(), "{}: no quantization_config in config.json (not a GPTQ, AWQ or compressed-tensors "
+               "checkpoint)", dir.string());
+  auto src = std::unique_ptr<RivalSource>(new RivalSource());
+  src->scheme_ = make_rival_scheme(*q, dir.string());
+  src->raw_ = CheckpointDir::open(dir);
+  const TensorSource& raw = *src->raw_;
+  std::set<std::string> consumed;
+  std::vector<std::string> linears;
+  for (const std::string& stored : raw.names())
+    if (const auto prefix = src->scheme_->linear_of(stored, raw)) {
+      linears.push_back(*prefix);
+      for (const std::string& p : src->scheme_->parts(*prefix, raw)) consumed.insert(p);
+    }
+  for (const std::string& stored : raw.names()) {
+    const auto prefix = src->scheme_->linear_of(stored, raw);
+    if (!prefix && consumed.count(stored)) continue;
+    Entry e;
+    if (prefix) {
+      e.prefix = *prefix;
+      e.stored = src->scheme_->parts(*prefix, raw);
+      e.meta.name = *prefix + ".weight";
+      e.meta.dtype = DType::F32;
+      for (const std::string& p : e.stored) e.meta.stored_bytes += raw.meta(p).stored_bytes;
+    } else {
+      e.meta = raw.meta(stored);
+      e.stored = {stored};
+    }
+    NIBBLE_CHECK(!src->entries_.count(e.meta.name), "{}: tensor '{}' is stored both plain and quantized", dir.string(),
+                 e.meta.name);
+    src->order_.push_back(e.meta.name);
+    src->entries_[e.meta.name] = std::move(e);
+  }
+  NIBBLE_CHECK(!linears.empty(), "{}: config.json says {}, but no tensor is stored that way", dir.string(),
+               src->scheme_->describe());
+  // Shapes of the quantized linears: from the config's expectations where it
+  // has them (cheap), else by dequantizing once.
+  std::map<std::string, Shape> expected;
+  for (const ExpectedTensor& t : expected_tensors(src->config())) expected[t.name] = t.shape;
+  for (const std::string& prefix : linears) {
+    Entry& e = src->entries_.at(prefix + ".weight");
+    auto it = expected.find(e.meta.name);
+    e.meta.shape = it != expected.end() ? it->second : src->scheme_->dequantize(prefix, raw).shape();
+  }
+  return src;
+}
+
+std::string RivalSource::describe() const { return raw_->dir().string() + " (" + scheme_->describe() + ")"; }
+
+const RivalSource::Entry& RivalSource::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  NIBBLE_CHECK(it != entries_.end(), "{}: no tensor '{}'", describe(), name);
+  return it->second;
+}
+
+std::vector<std::string> RivalSource::stored_parts(const std::string& name) const { return entry(name).stored; }
+
+TensorMeta RivalSource::meta(const std::string& name) const { return entry(name).meta; }
+
+Tensor RivalSource::load(const std::string& name) const {
+  const Entry& e = entry(name);
+  if (e.prefix.empty()) return raw_->load(e.stored[0]);
+  Tensor w = scheme_->dequantize(e.prefix, *raw_);
+  NIBBLE_CHECK(w.shape() == e.meta.shape, "{}: '{}' dequantizes to {}, but the config implies {}", describe(), name,
+               shape_str(w.shape()), shape_str(e.meta.shape));
+  return w;
+}
+
+}  // namespace nibble

@@ -1,0 +1,113 @@
+// The rival schemes (include/nibble/rival.h) against vectors made by the
+// rivals' own libraries (scripts/make_rival_vectors.py): each file holds one
+// linear as GPTQModel, AutoAWQ or compressed-tensors stores it, the
+// library's own dequantization ("reference") and the quantization_config.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "nibble/dtype.h"
+#include "nibble/error.h"
+#include "nibble/rival.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Vector {
+  std::unique_ptr<CheckpointDir> file;
+  std::unique_ptr<RivalScheme> scheme;
+};
+
+Vector open_vector(const std::string& name) {
+  Vector v;
+  v.file = CheckpointDir::open_file(test::test_data_dir() / "rivals" / (name + ".safetensors"));
+  v.scheme = make_rival_scheme(json::parse(v.file->metadata().at("quantization_config")), name);
+  return v;
+}
+
+class RivalVector : public ::testing::TestWithParam<const char*> {};
+
+// The libraries compute scale · (q − z) in the scales' dtype (fp16 for GPTQ
+// and AWQ, bf16 for bf16 scales and the FP4 formats) and round the product to
+// it; nibble computes it in f32, where it is exact. So each reference is
+// matched within half an ulp of the dtype all its values fit in.
+double relative_tolerance(const Tensor& reference) {
+  bool bf16 = true, f16 = true;
+  for (int64_t i = 0; i < reference.numel(); ++i) {
+    const float x = reference.data<float>()[i];
+    bf16 = bf16 && bf16_to_f32(f32_to_bf16(x)) == x;
+    f16 = f16 && f16_to_f32(f32_to_f16(x)) == x;
+  }
+  return bf16 ? std::ldexp(1.0, -8) : f16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -23);
+}
+
+TEST_P(RivalVector, DequantizesAsTheLibraryDoes) {
+  const std::string name = GetParam();
+  const Vector v = open_vector(name);
+  ASSERT_EQ(v.scheme->linear_of("layer.weight_scale", *v.file), std::nullopt);
+  std::string marker;
+  for (const std::string& n : v.file->names())
+    if (v.scheme->linear_of(n, *v.file)) marker = n;
+  ASSERT_FALSE(marker.empty()) << name << ": no tensor marks the quantized linear";
+  EXPECT_EQ(*v.scheme->linear_of(marker, *v.file), "layer");
+  const Tensor want = v.file->load("reference").to_f32();
+  const Tensor got = v.scheme->dequantize("layer", *v.file);
+  ASSERT_EQ(got.shape(), want.shape()) << name;
+  const double rel = relative_tolerance(want);
+  int64_t bad = 0, nonzero = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const float a = got.data<float>()[i], b = want.data<float>()[i];
+    if (std::abs(a - b) > rel * std::abs(b) && bad++ < 5) {
+      ADD_FAILURE() << name << " [" << i << "]: " << a << " vs " << b;
+    }
+    nonzero += b != 0;
+  }
+  EXPECT_EQ(bad, 0) << name;
+  EXPECT_GT(nonzero, got.numel() / 2) << name << ": a vector of mostly zeros checks little";
+  // Every stored tensor of the linear is one of its parts.
+  const std::vector<std::string> parts = v.scheme->parts("layer", *v.file);
+  for (const std::string& n : v.file->names()) {
+    if (n == "reference") continue;
+    EXPECT_NE(std::find(parts.begin(), parts.end(), n), parts.end()) << name << ": " << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Libraries, RivalVector,
+    ::testing::Values("gptq_b4_g32_asym_v1", "gptq_b4_g64_asym_v2", "gptq_b4_g64_sym_actorder_v1",
+                      "gptq_b8_g128_asym_v1", "gptq_b2_g32_asym_v1", "gptq_b4_channel_asym_v1", "awq_g64", "awq_g128",
+                      "ct_w4a16_group_sym", "ct_w4a16_group_asym", "ct_w8a16_channel_sym", "ct_w4_channel_asym_bf16",
+                      "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block", "ct_nvfp4", "ct_mxfp4"),
+    [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+// GPTQ's v1 zeros are stored minus one by subtracting 0x11111111 from the
+// packed word (GPTQModel's export), so a zero of 0 borrows from its
+// neighbour; reading must add the word back, not one per field.
+TEST(Rival, GptqV1ZerosComeBackThroughTheBorrow) {
+  const Vector v = open_vector("gptq_b4_g32_asym_v1");
+  const Tensor qz = v.file->load("layer.qzeros");
+  const uint32_t w0 = static_cast<const uint32_t*>(qz.raw())[0];
+  EXPECT_EQ(w0 & 15u, 15u) << "the vector's first zero is 0, stored as 0 - 1";
+  // Row 0's zero 0 and row 1's zero 15 (the script sets them): with the
+  // borrow, field 1 holds 15 - 1 - 1 = 13 before the word is added back.
+  EXPECT_EQ((w0 >> 4) & 15u, 13u);
+}
+
+TEST(Rival, UnsupportedSettingsAreNamed) {
+  auto err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
+  EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 3, "group_size": 128})").find("3 bits"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"})").find("marlin"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "awq", "bits": 4, "version": "gemv"})").find("gemv"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "bitsandbytes"})").find("gptq, awq, compressed-tensors"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "compressed-tensors", "format": "marlin-24"})").find("marlin-24"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"bits": 4})").find("quant_method"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nibble
