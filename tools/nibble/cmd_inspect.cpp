@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "nibble/format.h"
 #include "nibble/gguf.h"
+#include "nibble/rival.h"
 #include "nibble/source.h"
 #include "nibble/util.h"
 
@@ -23,6 +24,8 @@ namespace {
 std::string stored_as(const ModelSource& src, const std::string& name, const TensorMeta& m) {
   if (const auto* g = dynamic_cast<const GgufSource*>(&src))
     return io::ggml_type_name(g->file().info(g->gguf_name(name)).type);
+  if (const auto* r = dynamic_cast<const RivalSource*>(&src))
+    if (r->stored_parts(name).size() > 1) return "rival";  // its scheme is in the header
   return m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
 }
 
@@ -39,6 +42,11 @@ void print_header(const ModelSource& src) {
     std::printf("GGUF v%u, %s, %s; tokenizer %s%s%s, %zu tokens\n", f.version(),
                 f.get_string("general.architecture", "?").c_str(), f.get_string("general.name", "unnamed").c_str(),
                 v.model.empty() ? "none" : v.model.c_str(), v.pre.empty() ? "" : "/", v.pre.c_str(), v.tokens.size());
+    return;
+  }
+  if (const auto* r = dynamic_cast<const RivalSource*>(&src)) {
+    std::printf("a rival's quantized checkpoint: each of its quantized linears is listed as 'rival' (%s), its "
+                "bytes all its stored parts\n", r->scheme().describe().c_str());
     return;
   }
   const auto* dir = dynamic_cast<const CheckpointDir*>(&src);
@@ -181,7 +189,9 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
     NIBBLE_CHECK(!path->empty(), "inspect: give a model directory, .safetensors file or GGUF file (or --formats)");
     const fs::path p = *path;
     std::unique_ptr<ModelSource> src;
-    if (fs::is_directory(p))
+    if (fs::is_directory(p) && rival_quantization_config(p))
+      src = RivalSource::open(p);
+    else if (fs::is_directory(p))
       src = CheckpointDir::open(p);
     else if (is_gguf_file(p))
       src = GgufSource::open(p);

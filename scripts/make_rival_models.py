@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Whole rival checkpoints of a real model, packed by the rivals' own libraries,
+to check nibble's RivalSource end to end (docs/results/rival-checkpoints.md).
+
+For each scheme, every decoder linear of MODEL is rounded to the nearest code
+with scales and zeros from its groups' min/max (plain RTN: this checks the
+reader, not the rivals' calibrated algorithms) and packed by the library:
+    OUT/NAME/          the rival's checkpoint (config.json with its quantization_config)
+    OUT/NAME-dequant/  the same weights as the library dequantizes them, plain f32
+`nibble eval --reference OUT/NAME-dequant --candidate OUT/NAME` must then give
+KL at the level of the libraries' fp16/bf16 rounding.
+
+    /tmp/rv/bin/python scripts/make_rival_models.py ../shared/models/qwen3-26M-linux OUT
+"""
+import json
+import math
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+MODEL, OUT = Path(sys.argv[1]), Path(sys.argv[2])
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def load_model():
+    tensors = {}
+    for f in sorted(MODEL.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def minmax_params(w, gs, bits):
+    """Asymmetric RTN parameters per (output, group): scale [out, groups], zero [out, groups]."""
+    out_f, in_f = w.shape
+    wg = w.reshape(out_f, in_f // gs, gs)
+    mn, mx = wg.amin(dim=2).clamp(max=0), wg.amax(dim=2).clamp(min=0)
+    maxq = 2**bits - 1
+    scale = ((mx - mn) / maxq).clamp(min=1e-8).half().float()
+    zero = torch.round(-mn / scale).clamp(0, maxq)
+    return scale, zero
+
+
+def gptq(w, gs=128, bits=4):
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.model import convert_gptq_v2_to_v1_format_module
+
+    out_f, in_f = w.shape
+    scale, zero = minmax_params(w, gs, bits)
+    lin = torch.nn.Linear(in_f, out_f, bias=False)
+    lin.weight.data = w.clone()
+    ql = TorchLinear(bits=bits, group_size=gs, sym=False, desc_act=False, in_features=in_f, out_features=out_f,
+                     bias=False)
+    ql.pack_original(lin, scale, zero, g_idx=(torch.arange(in_f) // gs).to(torch.int32))
+    ref = ql.dequantize_weight().T.float()
+    convert_gptq_v2_to_v1_format_module(ql, types.SimpleNamespace(bits=bits, pack_dtype=torch.int32))
+    parts = {"qweight": ql.qweight, "qzeros": ql.qzeros, "scales": ql.scales}
+    return parts, ref
+
+
+def awq(w, gs=128):
+    from awq.modules.linear.gemm import WQLinear_GEMM
+    from awq.utils.packing_utils import dequantize_gemm
+
+    out_f, in_f = w.shape
+    scale, zero = minmax_params(w, gs, 4)
+    lin = torch.nn.Linear(in_f, out_f, bias=False)
+    lin.weight.data = w.clone()
+    ql = WQLinear_GEMM.from_linear(lin, 4, gs, scales=scale.T.contiguous().half(), zeros=zero.T.contiguous().to(torch.int32))
+    ref = dequantize_gemm(ql.qweight, ql.qzeros, ql.scales, 4, gs).T.float()
+    return {"qweight": ql.qweight, "qzeros": ql.qzeros, "scales": ql.scales}, ref
+
+
+def ct(fmt, weights):
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+
+    args = QuantizationArgs(**weights)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    comp = BaseCompressor.load_from_registry(fmt)
+
+    def pack(w):
+        out_f, in_f = w.shape
+        s = weights["strategy"]
+        if s == "channel":
+            mn, mx = w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
+        else:
+            gsz = weights["group_size"]
+            wg = w.reshape(out_f, in_f // gsz, gsz)
+            mn, mx = wg.amin(dim=2), wg.amax(dim=2)
+        state = {"weight": w.clone()}
+        gscale = None
+        if fmt == "nvfp4-pack-quantized":
+            gscale = generate_gparam(w.min(), w.max())
+            state["weight_global_scale"] = gscale
+        scale, zp = calculate_qparams(mn, mx, args, global_scale=gscale)
+        state["weight_scale"], state["weight_zero_point"] = scale, zp
+        c = comp.compress(state, scheme)
+        ref = comp.decompress(dict(c), scheme)["weight"].float()
+        return {k: v for k, v in c.items()}, ref
+
+    qcfg = {"quant_method": "compressed-tensors", "format": fmt,
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": args.model_dump(mode="json")}},
+            "ignore": ["lm_head"]}
+    return pack, qcfg
+
+
+def build(name, pack, qcfg):
+    src = load_model()
+    rival, plain = {}, {}
+    for k, v in src.items():
+        prefix = k[: -len(".weight")] if k.endswith(".weight") else None
+        if prefix and prefix.rsplit(".", 1)[-1] in LINEARS:
+            parts, ref = pack(v.float())
+            for suffix, t in parts.items():
+                rival[f"{prefix}.{suffix}"] = t.contiguous()
+            plain[k] = ref.contiguous()
+        else:
+            rival[k] = v.contiguous()
+            plain[k] = v.float().contiguous()
+    for d, tensors, q in ((OUT / name, rival, qcfg), (OUT / f"{name}-dequant", plain, None)):
+        d.mkdir(parents=True, exist_ok=True)
+        for f in MODEL.iterdir():
+            if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+                shutil.copy(f, d / f.name)
+        cfg = json.loads((MODEL / "config.json").read_text())
+        if q:
+            cfg["quantization_config"] = q
+        (d / "config.json").write_text(json.dumps(cfg, indent=2))
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    print("wrote", OUT / name)
+
+
+build("gptq-w4g128", gptq, {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False, "desc_act": False,
+                            "checkpoint_format": "gptq"})
+build("awq-w4g128", awq, {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"})
+for name, fmt, w in (
+    ("ct-w4a16-g128-asym", "pack-quantized",
+     {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 128}),
+    ("ct-w8a16-channel", "pack-quantized", {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}),
+    ("ct-fp8-channel", "float-quantized", {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}),
+    ("ct-nvfp4", "nvfp4-pack-quantized",
+     {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16}),
+):
+    pack, qcfg = ct(fmt, w)
+    build(name, pack, qcfg)
