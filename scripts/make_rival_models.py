@@ -67,8 +67,12 @@ def awq(w, gs=128):
 
     out_f, in_f = w.shape
     scale, zero = minmax_params(w, gs, 4)
+    # AutoAWQ packs round((w + z·s) / s) without clamping (its quantizer hands it weights already on the grid):
+    # give it the weights rounded and clamped to the codes' range, as that quantizer would.
+    g = torch.arange(in_f) // gs
+    s_, z_ = scale[:, g], zero[:, g]
     lin = torch.nn.Linear(in_f, out_f, bias=False)
-    lin.weight.data = w.clone()
+    lin.weight.data = (torch.clamp(torch.round(w / s_) + z_, 0, 15) - z_) * s_
     ql = WQLinear_GEMM.from_linear(lin, 4, gs, scales=scale.T.contiguous().half(), zeros=zero.T.contiguous().to(torch.int32))
     ref = dequantize_gemm(ql.qweight, ql.qzeros, ql.scales, 4, gs).T.float()
     return {"qweight": ql.qweight, "qzeros": ql.qzeros, "scales": ql.scales}, ref
@@ -135,6 +139,10 @@ def build(name, pack, qcfg):
     print("wrote", OUT / name)
 
 
+ONLY = set(sys.argv[3:])  # names to build (all when empty)
+if ONLY:
+    _build = build
+    build = lambda name, pack, qcfg: _build(name, pack, qcfg) if name in ONLY else None
 build("gptq-w4g128", gptq, {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False, "desc_act": False,
                             "checkpoint_format": "gptq"})
 build("awq-w4g128", awq, {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"})
