@@ -48,7 +48,8 @@ class RivalScheme {
 std::unique_ptr<RivalScheme> make_rival_scheme(const nlohmann::json& quantization_config, const std::string& where);
 
 // The quantization_config of a model directory (config.json's, or the
-// quantize_config.json AutoGPTQ wrote beside it), or nullopt.
+// quantize_config.json AutoGPTQ wrote beside it), or nullopt (also for
+// compressed-tensors' "dense" format, whose weights are plain).
 std::optional<nlohmann::json> rival_quantization_config(const std::filesystem::path& dir);
 
 class RivalSource final : public ModelSource {

@@ -258,7 +258,7 @@ class CompressedTensorsScheme final : public RivalScheme {
     format_ = q.value("format", std::string("dense"));
     static const std::vector<std::string> known = {"pack-quantized", "int-quantized",        "float-quantized",
                                                    "naive-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized",
-                                                   "mixed-precision", "dense"};
+                                                   "mixed-precision"};
     NIBBLE_CHECK(std::find(known.begin(), known.end(), format_) != known.end(),
                  "{}: compressed-tensors format '{}' is not supported (pack-quantized, int-quantized, "
                  "float-quantized, naive-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized and mixed-precision are)",
@@ -465,8 +465,13 @@ std::optional<json> rival_quantization_config(const fs::path& dir) {
   if (!fs::is_directory(dir, ec)) return std::nullopt;
   if (fs::exists(dir / "config.json")) {
     const json c = read_json(dir / "config.json");
-    if (c.is_object() && c.contains("quantization_config") && c["quantization_config"].is_object())
-      return c["quantization_config"];
+    if (c.is_object() && c.contains("quantization_config") && c["quantization_config"].is_object()) {
+      const json& q = c["quantization_config"];
+      // compressed-tensors' "dense" format stores plain weights (a checkpoint saved unquantized).
+      if (q.value("quant_method", "") == "compressed-tensors" && q.value("format", "dense") == "dense")
+        return std::nullopt;
+      return q;
+    }
   }
   // AutoGPTQ (before transformers' integration) wrote its settings beside the config.
   if (fs::exists(dir / "quantize_config.json")) {

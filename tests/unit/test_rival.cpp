@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "nibble/dtype.h"
 #include "nibble/error.h"
@@ -107,6 +108,25 @@ TEST(Rival, UnsupportedSettingsAreNamed) {
   EXPECT_NE(err(R"({"quant_method": "compressed-tensors", "format": "marlin-24"})").find("marlin-24"),
             std::string::npos);
   EXPECT_NE(err(R"({"bits": 4})").find("quant_method"), std::string::npos);
+}
+
+TEST(Rival, QuantizationConfigIsFoundWhereTheToolsWriteIt) {
+  test::TempDir tmp;
+  auto write = [&](const fs::path& f, const json& j) { std::ofstream(f) << j.dump(); };
+  EXPECT_FALSE(rival_quantization_config(tmp.path()).has_value());
+  write(tmp / "config.json", {{"model_type", "llama"}});
+  EXPECT_FALSE(rival_quantization_config(tmp.path()).has_value());
+  // compressed-tensors' dense format holds plain weights: not a rival's quantized checkpoint.
+  write(tmp / "config.json",
+        {{"quantization_config", {{"quant_method", "compressed-tensors"}, {"format", "dense"}}}});
+  EXPECT_FALSE(rival_quantization_config(tmp.path()).has_value());
+  write(tmp / "config.json",
+        {{"quantization_config", {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}}}});
+  EXPECT_EQ(rival_quantization_config(tmp.path())->value("format", ""), "pack-quantized");
+  // AutoGPTQ's own file, beside a config without the key.
+  write(tmp / "config.json", {{"model_type", "llama"}});
+  write(tmp / "quantize_config.json", {{"bits", 4}, {"group_size", 128}, {"desc_act", false}});
+  EXPECT_EQ(rival_quantization_config(tmp.path())->value("quant_method", ""), "gptq");
 }
 
 }  // namespace
