@@ -9,22 +9,13 @@
 #include "nibble/arch.h"
 #include "nibble/error.h"
 #include "nibble/source.h"
+#include "io/json_file.h"
 
 namespace nibble {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-json read_json_file(const fs::path& path) {
-  std::ifstream f(path);
-  NIBBLE_CHECK(f.good(), "{}: cannot open", path.string());
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
-    NIBBLE_FAIL("{}: malformed JSON: {}", path.string(), e.what());
-  }
-}
 
 // Strips the trailing ".weight" of a linear's weight name.
 std::string linear_prefix(const std::string& weight_name) {
@@ -50,7 +41,7 @@ std::unique_ptr<CheckpointDir> CheckpointDir::open(const fs::path& dir) {
   json weight_map;
   const fs::path index_path = dir / "model.safetensors.index.json";
   if (fs::exists(index_path)) {
-    json index = read_json_file(index_path);
+    json index = io::read_json_file(index_path);
     NIBBLE_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
                  "{}: expected an object with a 'weight_map' object", index_path.string());
     weight_map = index["weight_map"];
@@ -81,7 +72,7 @@ std::unique_ptr<CheckpointDir> CheckpointDir::open(const fs::path& dir) {
   // by nibble quantize): the activation quantizer a W8A8 checkpoint was made
   // for ("activations"), and an online rotation ("online_rotation").
   if (const fs::path report = dir / "nibble.json"; fs::exists(report)) {
-    const json j = read_json_file(report);
+    const json j = io::read_json_file(report);
     if (j.is_object() && j.contains("activations") && !j["activations"].is_null()) {
       NIBBLE_CHECK(j["activations"].is_string(), "{}: \"activations\" should be the name of an activation quantizer "
                    "({}), found {}", report.string(), act_quant_names(), j["activations"].dump());

@@ -1,13 +1,11 @@
 // config.json -> ModelConfig.
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "nibble/arch.h"
 #include "nibble/error.h"
 #include "nibble/model_config.h"
+#include "io/json_file.h"
 
 namespace nibble {
 namespace {
@@ -72,14 +70,7 @@ RopeScaling parse_rope(const Reader& r, const json& rope, const char* where) {
 }  // namespace
 
 ModelConfig parse_model_config(const std::filesystem::path& path) {
-  std::ifstream f(path);
-  NIBBLE_CHECK(f.good(), "{}: cannot open config ({})", path.string(), std::strerror(errno));
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
-    NIBBLE_FAIL("{}: malformed JSON: {}", path.string(), e.what());
-  }
+  const json j = io::read_json_file(path);
   NIBBLE_CHECK(j.is_object(), "{}: expected a JSON object at top level", path.string());
   Reader r{path, j};
 

@@ -9,12 +9,13 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <set>
+#include <string_view>
 
 #include "nibble/arch.h"
 #include "nibble/dtype.h"
 #include "nibble/error.h"
+#include "io/json_file.h"
 
 namespace nibble {
 namespace fs = std::filesystem;
@@ -22,8 +23,10 @@ using json = nlohmann::json;
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+// The name without `suffix`, when it ends with it.
+std::optional<std::string> strip_suffix(const std::string& name, std::string_view suffix) {
+  if (!name.ends_with(suffix)) return std::nullopt;
+  return name.substr(0, name.size() - suffix.size());
 }
 
 // Field `index` of a little-endian bit stream of `bits`-wide unsigned values
@@ -120,8 +123,7 @@ class GptqScheme final : public RivalScheme {
                        v1_ ? "v1" : "v2");
   }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource&) const override {
-    if (!ends_with(stored, ".qweight")) return std::nullopt;
-    return stored.substr(0, stored.size() - 8);
+    return strip_suffix(stored, ".qweight");
   }
   std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const override {
     std::vector<std::string> p = {prefix + ".qweight", prefix + ".qzeros", prefix + ".scales"};
@@ -195,8 +197,7 @@ class AwqScheme final : public RivalScheme {
                        group_size_ > 0 ? fmt::format("g{}", group_size_) : "per-channel");
   }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource&) const override {
-    if (!ends_with(stored, ".qweight")) return std::nullopt;
-    return stored.substr(0, stored.size() - 8);
+    return strip_suffix(stored, ".qweight");
   }
   std::vector<std::string> parts(const std::string& prefix, const TensorSource&) const override {
     return {prefix + ".qweight", prefix + ".qzeros", prefix + ".scales"};
@@ -273,11 +274,10 @@ class CompressedTensorsScheme final : public RivalScheme {
   }
   std::string describe() const override { return "compressed-tensors (" + format_ + ")"; }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const override {
-    if (ends_with(stored, ".weight_packed")) return stored.substr(0, stored.size() - 14);
-    if (ends_with(stored, ".weight")) {
-      const std::string prefix = stored.substr(0, stored.size() - 7);
+    if (auto prefix = strip_suffix(stored, ".weight_packed")) return prefix;
+    if (auto prefix = strip_suffix(stored, ".weight")) {
       const DType dt = raw.meta(stored).dtype;
-      if ((dt == DType::I8 || dt == DType::F8_E4M3) && raw.contains(prefix + ".weight_scale")) return prefix;
+      if ((dt == DType::I8 || dt == DType::F8_E4M3) && raw.contains(*prefix + ".weight_scale")) return prefix;
     }
     return std::nullopt;
   }
@@ -436,16 +436,6 @@ const SchemeRow kSchemes[] = {
     {"compressed-tensors", make_scheme<CompressedTensorsScheme>},
 };
 
-json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  NIBBLE_CHECK(f.good(), "{}: cannot open", p.string());
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {
-    NIBBLE_FAIL("{}: malformed JSON: {}", p.string(), e.what());
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<RivalScheme> make_rival_scheme(const json& q, const std::string& where) {
@@ -464,7 +454,7 @@ std::optional<json> rival_quantization_config(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
   if (fs::exists(dir / "config.json")) {
-    const json c = read_json(dir / "config.json");
+    const json c = io::read_json_file(dir / "config.json");
     if (c.is_object() && c.contains("quantization_config") && c["quantization_config"].is_object()) {
       const json& q = c["quantization_config"];
       // compressed-tensors' "dense" format stores plain weights (a checkpoint saved unquantized).
@@ -475,7 +465,7 @@ std::optional<json> rival_quantization_config(const fs::path& dir) {
   }
   // AutoGPTQ (before transformers' integration) wrote its settings beside the config.
   if (fs::exists(dir / "quantize_config.json")) {
-    json q = read_json(dir / "quantize_config.json");
+    json q = io::read_json_file(dir / "quantize_config.json");
     if (q.is_object()) {
       if (!q.contains("quant_method")) q["quant_method"] = "gptq";
       return q;
@@ -492,15 +482,19 @@ std::unique_ptr<RivalSource> RivalSource::open(const fs::path& dir) {
   src->scheme_ = make_rival_scheme(*q, dir.string());
   src->raw_ = CheckpointDir::open(dir);
   const TensorSource& raw = *src->raw_;
+  const std::vector<std::string> stored_names = raw.names();
+  std::vector<std::optional<std::string>> prefixes;  // per stored name: the linear it marks, if any
   std::set<std::string> consumed;
   std::vector<std::string> linears;
-  for (const std::string& stored : raw.names())
-    if (const auto prefix = src->scheme_->linear_of(stored, raw)) {
-      linears.push_back(*prefix);
-      for (const std::string& p : src->scheme_->parts(*prefix, raw)) consumed.insert(p);
-    }
-  for (const std::string& stored : raw.names()) {
-    const auto prefix = src->scheme_->linear_of(stored, raw);
+  for (const std::string& stored : stored_names) {
+    prefixes.push_back(src->scheme_->linear_of(stored, raw));
+    if (!prefixes.back()) continue;
+    linears.push_back(*prefixes.back());
+    for (const std::string& p : src->scheme_->parts(*prefixes.back(), raw)) consumed.insert(p);
+  }
+  for (size_t i = 0; i < stored_names.size(); ++i) {
+    const std::string& stored = stored_names[i];
+    const std::optional<std::string>& prefix = prefixes[i];
     if (!prefix && consumed.count(stored)) continue;
     Entry e;
     if (prefix) {

@@ -47,8 +47,9 @@ class OverlaySource final : public ModelSource {
 std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const ModelSource* reference) {
   auto strip = [&](const char* p) { return spec.rfind(p, 0) == 0 ? spec.substr(std::string(p).size()) : std::string(); };
   if (const std::string d = strip("hf:"); !d.empty()) {
-    NIBBLE_CHECK(!rival_quantization_config(d), "{}: hf: names a plain checkpoint, but this one is quantized ({}); name "
-                 "it by its directory alone", d, (*rival_quantization_config(d)).value("quant_method", "?"));
+    if (const auto q = rival_quantization_config(d))
+      NIBBLE_FAIL("{}: hf: names a plain checkpoint, but this one is quantized ({}); name it by its directory alone", d,
+                  q->value("quant_method", "?"));
     auto s = CheckpointDir::open(d);
     NIBBLE_CHECK(!s->is_packed(), "{}: hf: names a plain checkpoint, but this one is packed by nibble (use packed:)", d);
     return s;

@@ -188,15 +188,10 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
     }
     NIBBLE_CHECK(!path->empty(), "inspect: give a model directory, .safetensors file or GGUF file (or --formats)");
     const fs::path p = *path;
-    std::unique_ptr<ModelSource> src;
-    if (fs::is_directory(p) && rival_quantization_config(p))
-      src = RivalSource::open(p);
-    else if (fs::is_directory(p))
-      src = CheckpointDir::open(p);
-    else if (is_gguf_file(p))
-      src = GgufSource::open(p);
-    else
-      src = CheckpointDir::open_file(p);
+    // A directory (nibble, HF or a rival's) or a GGUF file as every verb opens them; else one safetensors file.
+    const std::unique_ptr<ModelSource> src = fs::is_directory(p) || is_gguf_file(p)
+                                                 ? open_model_source(p.string())
+                                                 : CheckpointDir::open_file(p);
     if (*metadata)
       print_metadata(*src);
     else if (tensor->empty())
