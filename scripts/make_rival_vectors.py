@@ -155,6 +155,8 @@ ct_case("ct_w4a16_group_asym", "pack-quantized",
         {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 64})
 ct_case("ct_w8a16_channel_sym", "pack-quantized",
         {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"})
+ct_case("ct_w8_channel_asym", "pack-quantized",
+        {"num_bits": 8, "type": "int", "symmetric": False, "strategy": "channel"})
 ct_case("ct_w4_channel_asym_bf16", "pack-quantized",
         {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "channel"}, scale_dtype=torch.bfloat16)
 ct_case("ct_int8_channel", "int-quantized",

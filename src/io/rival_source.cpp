@@ -341,7 +341,8 @@ class CompressedTensorsScheme final : public RivalScheme {
                  "inputs", raw.describe(), prefix, scols, in);
     const std::vector<int32_t> g = groups_of(raw, prefix + ".weight_g_idx", in, gs, scols);
     std::vector<float> zero;  // [srows, scols] when asymmetric
-    if (raw.contains(prefix + ".weight_zero_point")) zero = zero_points(raw, prefix, bits, srows, scols);
+    if (raw.contains(prefix + ".weight_zero_point"))
+      zero = zero_points(raw, prefix, raw.contains(prefix + ".weight_packed") ? bits : 0, srows, scols);
     const float* c = codes.data<float>();
     const float* s = scale.data<float>();
     Tensor w = Tensor::empty(DType::F32, {out, in});
@@ -358,14 +359,16 @@ class CompressedTensorsScheme final : public RivalScheme {
   }
 
  private:
-  // weight_zero_point as F32 [rows, cols]: packed I32 down each column, or plain integers.
-  static std::vector<float> zero_points(const TensorSource& raw, const std::string& prefix, int bits, int64_t rows,
-                                        int64_t cols) {
+  // weight_zero_point as F32 [rows, cols]: with `packed_bits` (pack-quantized
+  // weights) I32 bit streams of that width down each column, else plain integers.
+  static std::vector<float> zero_points(const TensorSource& raw, const std::string& prefix, int packed_bits,
+                                        int64_t rows, int64_t cols) {
     const std::string name = prefix + ".weight_zero_point";
     const Tensor t = raw.load(name);
     std::vector<float> z(static_cast<size_t>(rows * cols));
-    if (t.dtype() == DType::I32 && t.dim() == 2 && t.size(0) == (rows * bits + 31) / 32 && t.size(1) == cols &&
-        bits < 8) {
+    const int bits = packed_bits;
+    if (bits > 0 && t.dtype() == DType::I32 && t.dim() == 2 && t.size(0) == (rows * bits + 31) / 32 &&
+        t.size(1) == cols) {
       const Tensor words = t.is_contiguous() ? t : t.contiguous();
       const uint32_t* p = static_cast<const uint32_t*>(words.raw());
       const float offset = static_cast<float>(1 << (bits - 1));

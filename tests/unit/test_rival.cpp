@@ -81,7 +81,8 @@ INSTANTIATE_TEST_SUITE_P(
     Libraries, RivalVector,
     ::testing::Values("gptq_b4_g32_asym_v1", "gptq_b4_g64_asym_v2", "gptq_b4_g64_sym_actorder_v1",
                       "gptq_b8_g128_asym_v1", "gptq_b2_g32_asym_v1", "gptq_b4_channel_asym_v1", "awq_g64", "awq_g128",
-                      "ct_w4a16_group_sym", "ct_w4a16_group_asym", "ct_w8a16_channel_sym", "ct_w4_channel_asym_bf16",
+                      "ct_w4a16_group_sym", "ct_w4a16_group_asym", "ct_w8a16_channel_sym", "ct_w8_channel_asym",
+                      "ct_w4_channel_asym_bf16",
                       "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block", "ct_nvfp4", "ct_mxfp4"),
     [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
