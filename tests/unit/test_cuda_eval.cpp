@@ -197,7 +197,6 @@ TEST(CudaEval, Bf16InputsSwitchOnALoadedModel) {
   EXPECT_THROW(packed->set_bf16_inputs(true), Error);
 }
 
-// build_reference and score_candidate with device "cuda" against "cpu" on the
 // nibble ppl --device cuda: the CPU's perplexity on both fixtures (qwen3 as
 // RTN int4, whose linears the GPU widens bit-exactly) up to fp32 order.
 TEST(CudaEval, PerplexityOnTheGpuMatchesTheCpu) {
@@ -223,6 +222,7 @@ TEST(CudaEval, PerplexityOnTheGpuMatchesTheCpu) {
   }
 }
 
+// build_reference and score_candidate with device "cuda" against "cpu" on the
 // qwen3 fixture: the reference's log-probabilities, its noise floor (bf16
 // inputs of every linear on both devices) and an RTN candidate's summary.
 TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
