@@ -238,6 +238,8 @@ class GgufSource final : public ModelSource {
   std::optional<Tokenizer> tokenizer() const override;
   // The GGUF tensor a logical (HF) name is read from.
   const std::string& gguf_name(const std::string& name) const;
+  // Whether that tensor is stored plain (F32, F16, BF16), not in a ggml block type.
+  bool is_plain(const std::string& name) const;
 
   const ModelConfig& config() const override { return config_; }
   std::string describe() const override;

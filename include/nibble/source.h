@@ -138,10 +138,10 @@ class CheckpointDir final : public ModelSource {
 std::vector<std::filesystem::path> carried_files(const std::filesystem::path& dir);
 
 // Opens a source named on the command line: "DIR" (plain, packed by nibble,
-// or a rival's GPTQ / AWQ / compressed-tensors checkpoint: detected), "hf:DIR", "packed:DIR", "gguf:FILE" or a GGUF file's own path (llama.cpp's
-// format, dequantized to f32),
-// "overlay:CAND,keep=REGEX" (tensors matching REGEX
-// come from `reference`), "overlay:CAND,head=SRC" (lm_head from SRC).
+// or a rival's GPTQ / AWQ / compressed-tensors checkpoint: detected),
+// "hf:DIR", "packed:DIR", "gguf:FILE" or a GGUF file's own path (llama.cpp's
+// format, dequantized to f32), "overlay:CAND,keep=REGEX" (tensors matching
+// REGEX come from `reference`), "overlay:CAND,head=SRC" (lm_head from SRC).
 std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const ModelSource* reference = nullptr);
 
 }  // namespace nibble

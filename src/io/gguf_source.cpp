@@ -300,6 +300,10 @@ const std::string& GgufSource::gguf_name(const std::string& name) const { return
 
 TensorMeta GgufSource::meta(const std::string& name) const { return entry(name).meta; }
 
+bool GgufSource::is_plain(const std::string& name) const {
+  return plain_dtype(file_.info(entry(name).gguf_name).type).has_value();
+}
+
 Tensor GgufSource::load(const std::string& name) const {
   const Entry& e = entry(name);
   const io::GgufTensorInfo& t = file_.info(e.gguf_name);

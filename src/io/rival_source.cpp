@@ -182,7 +182,9 @@ class AwqScheme final : public RivalScheme {
   AwqScheme(const json& q, const std::string& where) {
     const int bits = q.value("bits", q.value("w_bit", 4));
     NIBBLE_CHECK(bits == 4, "{}: AWQ at {} bits is not supported (4 is)", where, bits);
-    const json& gs = q.contains("group_size") ? q["group_size"] : q.contains("q_group_size") ? q["q_group_size"] : json(128);
+    const json& gs = q.contains("group_size")     ? q["group_size"]
+                     : q.contains("q_group_size") ? q["q_group_size"]
+                                                  : json(128);
     group_size_ = group_size_from(gs, where);
     NIBBLE_CHECK(q.value("zero_point", true), "{}: AWQ without zero points is not supported", where);
     std::string version = q.value("version", std::string("gemm"));
@@ -260,10 +262,11 @@ class CompressedTensorsScheme final : public RivalScheme {
     static const std::vector<std::string> known = {"pack-quantized", "int-quantized",        "float-quantized",
                                                    "naive-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized",
                                                    "mixed-precision"};
-    NIBBLE_CHECK(std::find(known.begin(), known.end(), format_) != known.end(),
-                 "{}: compressed-tensors format '{}' is not supported (pack-quantized, int-quantized, "
-                 "float-quantized, naive-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized and mixed-precision are)",
-                 where, format_);
+    NIBBLE_CHECK(
+        std::find(known.begin(), known.end(), format_) != known.end(),
+        "{}: compressed-tensors format '{}' is not supported (pack-quantized, int-quantized, "
+        "float-quantized, naive-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized and mixed-precision are)",
+        where, format_);
     if (q.contains("config_groups") && q["config_groups"].is_object())
       for (const auto& [name, group] : q["config_groups"].items())
         if (group.is_object() && group.contains("weights") && group["weights"].is_object()) {
@@ -297,7 +300,8 @@ class CompressedTensorsScheme final : public RivalScheme {
       const Tensor packed = words_of(raw, prefix + ".weight_packed", "compressed-tensors codes");
       const Tensor shape_t = raw.load(prefix + ".weight_shape").to_f32();
       NIBBLE_CHECK(shape_t.numel() == 2, "{}: '{}.weight_shape' should hold [out, in]", raw.describe(), prefix);
-      const int64_t out = static_cast<int64_t>(shape_t.data<float>()[0]), in = static_cast<int64_t>(shape_t.data<float>()[1]);
+      const int64_t out = static_cast<int64_t>(shape_t.data<float>()[0]),
+                    in = static_cast<int64_t>(shape_t.data<float>()[1]);
       NIBBLE_CHECK(out == packed.size(0) && in > 0, "{}: '{}.weight_shape' [{}, {}] does not match the packed rows {}",
                    raw.describe(), prefix, out, in, packed.size(0));
       bits = 0;

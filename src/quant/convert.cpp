@@ -243,13 +243,12 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
       if (gguf) {
         // Quantizing a block-quantized weight again would stack two roundings
         // and report only the second one's error.
-        const uint32_t type = gguf->file().info(gguf->gguf_name(name)).type;
-        NIBBLE_CHECK(type == static_cast<uint32_t>(io::GgmlType::F32) || type == static_cast<uint32_t>(io::GgmlType::F16) ||
-                         type == static_cast<uint32_t>(io::GgmlType::BF16),
+        NIBBLE_CHECK(gguf->is_plain(name),
                      "{}: tensor '{}' ({}) is stored as {}; quantize from an F32, F16 or BF16 GGUF file or the "
                      "original checkpoint (to quantize the already-rounded weights anyway, `nibble dequantize` the "
                      "file first)",
-                     model_dir.string(), name, gguf->gguf_name(name), io::ggml_type_name(type));
+                     model_dir.string(), name, gguf->gguf_name(name),
+                     io::ggml_type_name(gguf->file().info(gguf->gguf_name(name)).type));
       }
       // A bad weight fails the run with nothing written under the target (or,
       // when allowed, keeps just that tensor: decided here, before the plan).
@@ -302,9 +301,9 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
     quant::CalibratedParts::Sink sink;
     if (writer) sink = [&w = *writer](const std::string& stored, const Tensor& t) { w.write(stored, t); };
     try {
-      calibrated = std::make_unique<quant::CalibratedParts>(model_dir, weight_files, model, selected, *quantizer, layer_transform.get(),
-                                                            format, opt, out.staging() / state_dir_name, res.warnings,
-                                                            res.notes, sink);
+      calibrated = std::make_unique<quant::CalibratedParts>(
+          model_dir, weight_files, model, selected, *quantizer, layer_transform.get(), format, opt,
+          out.staging() / state_dir_name, res.warnings, res.notes, sink);
     } catch (...) {
       // A non-finite weight is the better message (and leaves no state: a
       // resumed run would fail the same way).

@@ -49,7 +49,8 @@ Packed pack_gptq_v1(const Tensor& w32) {
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t n = 0; n < out; ++n) {
       float mn = 0, mx = 0;
-      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) mn = std::min(mn, w[n * in + k]), mx = std::max(mx, w[n * in + k]);
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k)
+        mn = std::min(mn, w[n * in + k]), mx = std::max(mx, w[n * in + k]);
       const uint16_t s16 = f32_to_f16(std::max((mx - mn) / 15.0f, 1e-6f));
       const float s = f16_to_f32(s16);
       const uint32_t z = static_cast<uint32_t>(std::clamp(std::nearbyint(-mn / s), 0.0f, 15.0f));

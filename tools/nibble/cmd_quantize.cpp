@@ -27,8 +27,10 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   for (const std::string& n : format_names())
     if (std::find(formats.begin(), formats.end(), n) == formats.end()) formats.push_back(n);
 
-  cmd->add_option("--model", *model, "Hugging Face model directory (config.json + safetensors), or a GGUF file whose linears are "
-                  "F32/F16/BF16")->required();
+  cmd->add_option("--model", *model,
+                  "Hugging Face model directory (config.json + safetensors), or a GGUF file whose linears are "
+                  "F32/F16/BF16")
+      ->required();
   cmd->add_option("--out", *out, "Output directory for the packed checkpoint")->required();
   cmd->add_option("--method", opt->method,
                   "Quantization method: a quantizer (rtn, gptq), optionally after a transform (awq, smoothquant, "
