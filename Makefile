@@ -37,7 +37,7 @@ fuzz:
 	@scripts/install-deps.sh --fuzz
 	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DNIBBLE_CUDA=off -DNIBBLE_TESTS=OFF -DNIBBLE_FUZZ=ON >/dev/null
-	@cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors fuzz_gguf fuzz_gguf_model fuzz_tokenizer fuzz_hf_json fuzz_npy
+	@cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors fuzz_gguf fuzz_gguf_model fuzz_tokenizer fuzz_hf_json fuzz_npy fuzz_rival
 
 demo: build
 	@scripts/demo.sh $(NIBBLE) $(NIBBLE_SHARED) $(DEMO_OUT)

@@ -87,6 +87,22 @@ inline void write_file(const std::string& path, std::string_view bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// The input "framed" as a safetensors image: the bytes up to the first NUL
+// become the header JSON and the rest the data buffer, with a correct 8-byte
+// length prefix put in front. Mutating whole files almost always breaks that
+// prefix; framing lets the fuzzer reach the header's contents. The vector has
+// exactly the image's size, so ASan sees any read past its end.
+inline std::vector<uint8_t> framed_safetensors(const uint8_t* data, size_t size) {
+  const auto* nul = size ? static_cast<const uint8_t*>(std::memchr(data, 0, size)) : nullptr;
+  const size_t header = nul ? static_cast<size_t>(nul - data) : size;
+  const size_t rest = nul ? size - header - 1 : 0;
+  std::vector<uint8_t> framed(8 + header + rest);
+  for (int i = 0; i < 8; ++i) framed[i] = static_cast<uint8_t>(static_cast<uint64_t>(header) >> (8 * i));
+  if (header) std::memcpy(framed.data() + 8, data, header);
+  if (rest) std::memcpy(framed.data() + 8 + header, nul + 1, rest);
+  return framed;
+}
+
 // StreamDecoder's pieces plus finish() equal decode() of the same ids: its
 // documented contract.
 inline void check_stream(const nibble::Tokenizer& tok, const std::vector<int32_t>& ids, bool skip) {

@@ -60,13 +60,7 @@ void parse_one(const uint8_t* data, size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   parse_one(data, size);
 
-  const auto* nul = size ? static_cast<const uint8_t*>(std::memchr(data, 0, size)) : nullptr;
-  const size_t header = nul ? static_cast<size_t>(nul - data) : size;
-  const size_t rest = nul ? size - header - 1 : 0;
-  std::vector<uint8_t> framed(8 + header + rest);  // exact size: ASan sees overreads
-  for (int i = 0; i < 8; ++i) framed[i] = static_cast<uint8_t>(static_cast<uint64_t>(header) >> (8 * i));
-  if (header) std::memcpy(framed.data() + 8, data, header);
-  if (rest) std::memcpy(framed.data() + 8 + header, nul + 1, rest);
+  const std::vector<uint8_t> framed = fuzz::framed_safetensors(data, size);
   parse_one(framed.data(), framed.size());
   return 0;
 }

@@ -35,7 +35,8 @@ class RivalScheme {
   // weight_packed), else nullopt.
   virtual std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const = 0;
   // Every stored tensor of the linear at `prefix` (all of them are hidden
-  // behind its logical "prefix.weight").
+  // behind its logical "prefix.weight"). Throws naming the source when a
+  // tensor the scheme always stores is missing.
   virtual std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const = 0;
   // Its weight, F32 [out, in]: the value the scheme defines, computed in f32
   // (exact for the products of a 16-bit scale and a small integer).

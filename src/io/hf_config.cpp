@@ -19,51 +19,23 @@ std::string in_quotes(const std::string& s) {
   return "'" + d.substr(1, d.size() - 2) + "'";
 }
 
-struct Reader {
-  const std::filesystem::path& path;
-  const json& j;
+using io::JsonFields;
 
-  template <typename T>
-  T required(const char* key) const {
-    NIBBLE_CHECK(j.contains(key) && !j.at(key).is_null(), "{}: missing required key '{}'", path.string(), key);
-    return get<T>(j.at(key), key);
-  }
-  template <typename T>
-  T optional(const char* key, T fallback) const {
-    if (!j.contains(key) || j.at(key).is_null()) return fallback;
-    return get<T>(j.at(key), key);
-  }
-  template <typename T>
-  T get(const json& v, const char* key) const {
-    if constexpr (std::is_same_v<T, bool>) {
-      NIBBLE_CHECK(v.is_boolean(), "{}: '{}' should be a boolean, found {}", path.string(), key, v.dump());
-    } else if constexpr (std::is_integral_v<T>) {
-      NIBBLE_CHECK(v.is_number_integer(), "{}: '{}' should be an integer, found {}", path.string(), key, v.dump());
-    } else if constexpr (std::is_floating_point_v<T>) {
-      NIBBLE_CHECK(v.is_number(), "{}: '{}' should be a number, found {}", path.string(), key, v.dump());
-    } else {
-      NIBBLE_CHECK(v.is_string(), "{}: '{}' should be a string, found {}", path.string(), key, v.dump());
-    }
-    return v.get<T>();
-  }
-};
-
-RopeScaling parse_rope(const Reader& r, const json& rope, const char* where) {
+RopeScaling parse_rope(const JsonFields& r, const json& rope, const char* where) {
   RopeScaling s;
-  NIBBLE_CHECK(rope.is_object(), "{}: '{}' should be an object, found {}", r.path.string(), where, rope.dump());
-  Reader sub{r.path, rope};
+  NIBBLE_CHECK(rope.is_object(), "{}: '{}' should be an object, found {}", r.where, where, rope.dump());
+  JsonFields sub{r.where, rope};
   // transformers 4 used "type", later versions "rope_type".
   s.type = sub.optional<std::string>("rope_type", sub.optional<std::string>("type", "default"));
   NIBBLE_CHECK(s.type == "default" || s.type == "linear" || s.type == "llama3",
-               "{}: rope type {} is not supported (supported: default, linear, llama3)", r.path.string(),
-               in_quotes(s.type));
+               "{}: rope type {} is not supported (supported: default, linear, llama3)", r.where, in_quotes(s.type));
   s.factor = sub.optional<double>("factor", 1.0);
   if (s.type == "llama3") {
     s.low_freq_factor = sub.required<double>("low_freq_factor");
     s.high_freq_factor = sub.required<double>("high_freq_factor");
     s.original_max_position_embeddings = sub.required<int64_t>("original_max_position_embeddings");
   }
-  if (s.type == "linear") NIBBLE_CHECK(s.factor > 0, "{}: linear rope factor must be > 0, found {}", r.path.string(), s.factor);
+  if (s.type == "linear") NIBBLE_CHECK(s.factor > 0, "{}: linear rope factor must be > 0, found {}", r.where, s.factor);
   return s;
 }
 
@@ -72,7 +44,7 @@ RopeScaling parse_rope(const Reader& r, const json& rope, const char* where) {
 ModelConfig parse_model_config(const std::filesystem::path& path) {
   const json j = io::read_json_file(path);
   NIBBLE_CHECK(j.is_object(), "{}: expected a JSON object at top level", path.string());
-  Reader r{path, j};
+  JsonFields r{path.string(), j};
 
   ModelConfig c;
   c.model_type = r.required<std::string>("model_type");
@@ -133,18 +105,20 @@ ModelConfig parse_model_config(const std::filesystem::path& path) {
                  path.string(), c.hidden_size, c.num_heads);
     c.head_dim = c.hidden_size / c.num_heads;
   }
-  NIBBLE_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, "{}: head_dim must be positive and even, found {}",
-               path.string(), c.head_dim);
+  NIBBLE_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, "{}: head_dim must be positive and even, found {}", path.string(),
+               c.head_dim);
 
   // RoPE: transformers 5 puts theta and scaling in rope_parameters; 4 had
   // rope_theta plus an optional rope_scaling object.
   if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
     const json& rp = j["rope_parameters"];
     c.rope_scaling = parse_rope(r, rp, "rope_parameters");
-    c.rope_theta = Reader{path, rp}.optional<double>("rope_theta", r.optional<double>("rope_theta", 10000.0));
+    c.rope_theta =
+        JsonFields{path.string(), rp}.optional<double>("rope_theta", r.optional<double>("rope_theta", 10000.0));
   } else {
     c.rope_theta = r.optional<double>("rope_theta", 10000.0);
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = parse_rope(r, j["rope_scaling"], "rope_scaling");
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+      c.rope_scaling = parse_rope(r, j["rope_scaling"], "rope_scaling");
   }
   NIBBLE_CHECK(c.rope_theta > 0, "{}: rope_theta must be positive, found {}", path.string(), c.rope_theta);
 

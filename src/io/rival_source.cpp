@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <initializer_list>
 #include <set>
 #include <string_view>
 
@@ -75,7 +77,12 @@ std::vector<int32_t> groups_of(const TensorSource& raw, const std::string& g_idx
     NIBBLE_CHECK(t.numel() == in, "{}: '{}' should have {} entries (one per input), found {}", raw.describe(),
                  g_idx_name, in, t.numel());
     const float* p = t.data<float>();
-    for (int64_t k = 0; k < in; ++k) g[k] = static_cast<int32_t>(p[k]);
+    for (int64_t k = 0; k < in; ++k) {
+      NIBBLE_CHECK(p[k] >= 0 && p[k] < static_cast<float>(n_groups) && p[k] == std::floor(p[k]),
+                   "{}: '{}'[{}] = {} is not a group index (there are {} groups of scales)", raw.describe(),
+                   g_idx_name, k, p[k], n_groups);
+      g[k] = static_cast<int32_t>(p[k]);
+    }
   } else {
     for (int64_t k = 0; k < in; ++k) g[k] = static_cast<int32_t>(k / group_size);
   }
@@ -85,9 +92,22 @@ std::vector<int32_t> groups_of(const TensorSource& raw, const std::string& g_idx
   return g;
 }
 
+// The linear's tensors `prefix + suffix`, each of which must be stored.
+std::vector<std::string> required_parts(const TensorSource& raw, const std::string& prefix,
+                                        std::initializer_list<const char*> suffixes, const char* scheme) {
+  std::vector<std::string> p;
+  for (const char* s : suffixes) {
+    p.push_back(prefix + s);
+    NIBBLE_CHECK(raw.contains(p.back()), "{}: {} linear '{}' has no '{}'", raw.describe(), scheme, prefix, p.back());
+  }
+  return p;
+}
+
+// The config's fields, named in errors as "<where>: quantization_config".
+io::JsonFields fields_of(const json& q, const std::string& where) { return {where + ": quantization_config", q}; }
+
 int64_t group_size_from(const json& v, const std::string& where) {
-  NIBBLE_CHECK(v.is_number_integer(), "{}: group_size should be an integer, found {}", where, v.dump());
-  const int64_t g = v.get<int64_t>();
+  const int64_t g = io::JsonFields{where, v}.get<int64_t>(v, "group_size");
   NIBBLE_CHECK(g == -1 || g > 0, "{}: group_size should be positive or -1 (one group per row), found {}", where, g);
   return g;
 }
@@ -103,14 +123,13 @@ int64_t group_size_from(const json& v, const std::string& where) {
 class GptqScheme final : public RivalScheme {
  public:
   GptqScheme(const json& q, const std::string& where) {
-    NIBBLE_CHECK(q.contains("bits") && q["bits"].is_number_integer(), "{}: GPTQ quantization_config needs 'bits'",
-                 where);
-    bits_ = q["bits"].get<int>();
+    const io::JsonFields f = fields_of(q, where);
+    bits_ = f.required<int>("bits");
     NIBBLE_CHECK(bits_ == 2 || bits_ == 4 || bits_ == 8,
                  "{}: GPTQ at {} bits is not supported (2, 4 and 8 are; 3-bit packing is not)", where, bits_);
-    group_size_ = q.contains("group_size") ? group_size_from(q["group_size"], where) : 128;
-    sym_ = q.value("sym", true);
-    const std::string fmt = q.value("checkpoint_format", q.value("format", std::string("gptq")));
+    group_size_ = q.contains("group_size") ? group_size_from(q["group_size"], f.where) : 128;
+    sym_ = f.optional<bool>("sym", true);
+    const std::string fmt = f.optional<std::string>("checkpoint_format", f.optional<std::string>("format", "gptq"));
     NIBBLE_CHECK(fmt == "gptq" || fmt == "gptq_v2",
                  "{}: GPTQ checkpoint_format '{}' is not supported (gptq and gptq_v2 are; marlin, bitblas and "
                  "ipex repack the weights)",
@@ -126,7 +145,7 @@ class GptqScheme final : public RivalScheme {
     return strip_suffix(stored, ".qweight");
   }
   std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const override {
-    std::vector<std::string> p = {prefix + ".qweight", prefix + ".qzeros", prefix + ".scales"};
+    std::vector<std::string> p = required_parts(raw, prefix, {".qweight", ".qzeros", ".scales"}, "GPTQ");
     if (raw.contains(prefix + ".g_idx")) p.push_back(prefix + ".g_idx");
     return p;
   }
@@ -180,14 +199,15 @@ class GptqScheme final : public RivalScheme {
 class AwqScheme final : public RivalScheme {
  public:
   AwqScheme(const json& q, const std::string& where) {
-    const int bits = q.value("bits", q.value("w_bit", 4));
+    const io::JsonFields f = fields_of(q, where);
+    const int bits = f.optional<int>("bits", f.optional<int>("w_bit", 4));
     NIBBLE_CHECK(bits == 4, "{}: AWQ at {} bits is not supported (4 is)", where, bits);
     const json& gs = q.contains("group_size")     ? q["group_size"]
                      : q.contains("q_group_size") ? q["q_group_size"]
                                                   : json(128);
-    group_size_ = group_size_from(gs, where);
-    NIBBLE_CHECK(q.value("zero_point", true), "{}: AWQ without zero points is not supported", where);
-    std::string version = q.value("version", std::string("gemm"));
+    group_size_ = group_size_from(gs, f.where);
+    NIBBLE_CHECK(f.optional<bool>("zero_point", true), "{}: AWQ without zero points is not supported", where);
+    std::string version = f.optional<std::string>("version", "gemm");
     for (char& c : version) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     NIBBLE_CHECK(version == "gemm",
                  "{}: AWQ version '{}' is not supported (gemm is; gemv, marlin and exllama lay the codes out "
@@ -201,8 +221,8 @@ class AwqScheme final : public RivalScheme {
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource&) const override {
     return strip_suffix(stored, ".qweight");
   }
-  std::vector<std::string> parts(const std::string& prefix, const TensorSource&) const override {
-    return {prefix + ".qweight", prefix + ".qzeros", prefix + ".scales"};
+  std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const override {
+    return required_parts(raw, prefix, {".qweight", ".qzeros", ".scales"}, "AWQ");
   }
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
     static constexpr int kInterleave[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble holding output 8j+i
@@ -258,8 +278,9 @@ class AwqScheme final : public RivalScheme {
 class CompressedTensorsScheme final : public RivalScheme {
  public:
   CompressedTensorsScheme(const json& q, const std::string& where) {
-    format_ = q.value("format", std::string("dense"));
-    static const std::vector<std::string> known = {"pack-quantized", "int-quantized",        "float-quantized",
+    const io::JsonFields f = fields_of(q, where);
+    format_ = f.optional<std::string>("format", "dense");
+    static const std::vector<std::string> known = {"pack-quantized",  "int-quantized",        "float-quantized",
                                                    "naive-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized",
                                                    "mixed-precision"};
     NIBBLE_CHECK(
@@ -271,8 +292,12 @@ class CompressedTensorsScheme final : public RivalScheme {
       for (const auto& [name, group] : q["config_groups"].items())
         if (group.is_object() && group.contains("weights") && group["weights"].is_object()) {
           const json& wa = group["weights"];
-          if (wa.contains("block_structure") && wa["block_structure"].is_array() && wa["block_structure"].size() == 2)
-            block_ = {wa["block_structure"][0].get<int64_t>(), wa["block_structure"][1].get<int64_t>()};
+          if (wa.contains("block_structure") && wa["block_structure"].is_array() && wa["block_structure"].size() == 2) {
+            const json& b = wa["block_structure"];
+            block_ = {f.get<int64_t>(b[0], "block_structure"), f.get<int64_t>(b[1], "block_structure")};
+            NIBBLE_CHECK(block_->first > 0 && block_->second > 0,
+                         "{}: block_structure should be two positive sizes, found {}", f.where, b.dump());
+          }
         }
   }
   std::string describe() const override { return "compressed-tensors (" + format_ + ")"; }
@@ -300,10 +325,13 @@ class CompressedTensorsScheme final : public RivalScheme {
       const Tensor packed = words_of(raw, prefix + ".weight_packed", "compressed-tensors codes");
       const Tensor shape_t = raw.load(prefix + ".weight_shape").to_f32();
       NIBBLE_CHECK(shape_t.numel() == 2, "{}: '{}.weight_shape' should hold [out, in]", raw.describe(), prefix);
-      const int64_t out = static_cast<int64_t>(shape_t.data<float>()[0]),
-                    in = static_cast<int64_t>(shape_t.data<float>()[1]);
-      NIBBLE_CHECK(out == packed.size(0) && in > 0, "{}: '{}.weight_shape' [{}, {}] does not match the packed rows {}",
-                   raw.describe(), prefix, out, in, packed.size(0));
+      // At least one bit per input: at most 32 inputs per word.
+      const float* dims = shape_t.data<float>();
+      NIBBLE_CHECK(dims[0] == static_cast<float>(packed.size(0)) && dims[1] >= 1 &&
+                       dims[1] <= 32.0f * static_cast<float>(packed.size(1)) && dims[1] == std::floor(dims[1]),
+                   "{}: '{}.weight_shape' [{}, {}] does not match the packed words {}", raw.describe(), prefix, dims[0],
+                   dims[1], shape_str(packed.shape()));
+      const int64_t out = packed.size(0), in = static_cast<int64_t>(dims[1]);
       bits = 0;
       for (int b = 1; b <= 8 && !bits; ++b)
         if ((in * b + 31) / 32 == packed.size(1)) bits = b;
@@ -465,7 +493,7 @@ std::optional<json> rival_quantization_config(const fs::path& dir) {
     if (c.is_object() && c.contains("quantization_config") && c["quantization_config"].is_object()) {
       const json& q = c["quantization_config"];
       // compressed-tensors' "dense" format stores plain weights (a checkpoint saved unquantized).
-      if (q.value("quant_method", "") == "compressed-tensors" && q.value("format", "dense") == "dense")
+      if (q.value("quant_method", json()) == "compressed-tensors" && q.value("format", json("dense")) == "dense")
         return std::nullopt;
       return q;
     }

@@ -10,6 +10,7 @@
 #include "nibble/dtype.h"
 #include "nibble/error.h"
 #include "nibble/rival.h"
+#include "nibble/safetensors.h"
 #include "test_util.h"
 
 namespace nibble {
@@ -109,6 +110,63 @@ TEST(Rival, UnsupportedSettingsAreNamed) {
   EXPECT_NE(err(R"({"quant_method": "compressed-tensors", "format": "marlin-24"})").find("marlin-24"),
             std::string::npos);
   EXPECT_NE(err(R"({"bits": 4})").find("quant_method"), std::string::npos);
+}
+
+// A damaged linear is refused with a one-line error that names it (found by
+// fuzz/fuzz_rival.cpp: each case below once crashed, threw a JSON type error
+// or cast an out-of-range float).
+TEST(Rival, DamagedLinearsAreRefusedByName) {
+  test::TempDir tmp;
+  // The vector `name` with tensor `drop` left out and `edit` applied to the rest, read back.
+  auto damaged = [&](const std::string& name, const std::string& drop, auto edit) {
+    const Vector v = open_vector(name);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const std::string& n : v.file->names())
+      if (n != drop) tensors.emplace_back(n, v.file->load(n).contiguous());
+    for (auto& [n, t] : tensors) edit(n, t);
+    const fs::path path = tmp / (name + ".safetensors");
+    io::save_safetensors(path, tensors, v.file->metadata());
+    const auto file = CheckpointDir::open_file(path);
+    return test::error_of([&] {
+      const auto scheme = make_rival_scheme(json::parse(file->metadata().at("quantization_config")), "cfg");
+      for (const std::string& n : scheme->parts("layer", *file)) (void)file->meta(n);
+      (void)scheme->dequantize("layer", *file);
+    });
+  };
+  auto keep = [](const std::string&, Tensor&) {};
+  EXPECT_NE(damaged("gptq_b4_g32_asym_v1", "layer.qzeros", keep).find("GPTQ linear 'layer' has no 'layer.qzeros'"),
+            std::string::npos);
+  EXPECT_NE(damaged("awq_g128", "layer.scales", keep).find("AWQ linear 'layer' has no 'layer.scales'"),
+            std::string::npos);
+  // An act-order group index past the scales' groups, and one that is no integer.
+  for (const float bad : {1e9f, 0.5f}) {
+    const std::string e = damaged("gptq_b4_g64_sym_actorder_v1", "", [&](const std::string& n, Tensor& t) {
+      if (n != "layer.g_idx") return;
+      t = t.to_f32();
+      t.data_mut<float>()[3] = bad;
+    });
+    EXPECT_NE(e.find("'layer.g_idx'[3] = "), std::string::npos) << e;
+    EXPECT_NE(e.find("is not a group index"), std::string::npos) << e;
+  }
+  // compressed-tensors' weight_shape beyond what the packed words can hold.
+  const std::string e = damaged("ct_w4a16_group_sym", "", [](const std::string& n, Tensor& t) {
+    if (n != "layer.weight_shape") return;
+    t = t.to_f32();
+    t.data_mut<float>()[1] = 7e18f;
+  });
+  EXPECT_NE(e.find("'layer.weight_shape' ["), std::string::npos) << e;
+  EXPECT_NE(e.find("does not match the packed words"), std::string::npos) << e;
+  // A config field of the wrong type names the field.
+  auto cfg_err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
+  EXPECT_EQ(cfg_err(R"({"quant_method": "gptq", "bits": 4, "sym": 1})")
+                .rfind("cfg: quantization_config: 'sym' should be a boolean, found 1 (", 0),
+            0u);
+  EXPECT_EQ(cfg_err(R"({"quant_method": "awq", "w_bit": "4"})")
+                .rfind("cfg: quantization_config: 'w_bit' should be an integer, found \"4\" (", 0),
+            0u);
+  EXPECT_EQ(cfg_err(R"({"quant_method": "gptq", "bits": 4294967300})")
+                .rfind("cfg: quantization_config: 'bits' = 4294967300 is out of range (", 0),
+            0u);
 }
 
 TEST(Rival, QuantizationConfigIsFoundWhereTheToolsWriteIt) {
