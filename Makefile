@@ -32,7 +32,7 @@ asan:
 debug:
 	@$(MAKE) --no-print-directory build BUILD_TYPE=Debug BUILD_DIR=build-debug
 
-# libFuzzer targets for the safetensors, GGUF and .npy readers, GGUF models, the tokenizer, config.json and tokenizer.json (clang); see docs/FUZZING.md.
+# libFuzzer targets for the safetensors, GGUF and .npy readers, GGUF models, the tokenizer, config.json and tokenizer.json, rivals' quantized linears (clang); see docs/FUZZING.md.
 fuzz:
 	@scripts/install-deps.sh --fuzz
 	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

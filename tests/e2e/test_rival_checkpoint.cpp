@@ -1,7 +1,8 @@
 // A whole GPTQ checkpoint through RivalSource: qwen3-26M-linux's linears,
 // rounded to 4-bit g128 codes and packed here in GPTQ's v1 layout (the layout
 // itself is checked against GPTQModel's own vectors in test_rival.cpp), must
-// run exactly as a plain checkpoint holding scale · (q − z) does, be found by
+// run exactly as a plain checkpoint holding scale · (q − z) does (also with
+// the all-zero biases old AutoGPTQ releases stored), be found by
 // open_model_source, and come back from `nibble dequantize` as that plain
 // checkpoint without its quantization_config.
 #include <gtest/gtest.h>
@@ -101,6 +102,8 @@ TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
     rival.emplace_back(prefix + ".qweight", p.qweight);
     rival.emplace_back(prefix + ".qzeros", p.qzeros);
     rival.emplace_back(prefix + ".scales", p.scales);
+    // Old AutoGPTQ releases stored an all-zero fp16 bias for linears that have none.
+    rival.emplace_back(prefix + ".bias", Tensor::zeros(DType::F16, {t.size(0)}));
     plain.emplace_back(name, p.dequantized);
   }
   std::ifstream cf(test::model_dir("qwen3-26M-linux") / "config.json");
@@ -114,7 +117,8 @@ TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
   const auto src = open_model_source((tmp / "gptq").string());
   ASSERT_NE(dynamic_cast<const RivalSource*>(src.get()), nullptr);
   src->validate_against_config();
-  EXPECT_EQ(src->names().size(), base->names().size());
+  const size_t n_linears = 7 * static_cast<size_t>(src->config().num_layers);
+  EXPECT_EQ(src->names().size(), base->names().size() + n_linears);  // the zero biases are plain tensors
   EXPECT_FALSE(src->contains("model.layers.0.mlp.up_proj.qweight"));
   const TensorMeta m = src->meta("model.layers.0.mlp.up_proj.weight");
   EXPECT_EQ(m.shape, base->meta("model.layers.0.mlp.up_proj.weight").shape);
@@ -123,7 +127,8 @@ TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
   const auto plain_src = CheckpointDir::open(tmp / "plain");
   const Tensor a = logits_of(*src), b = logits_of(*plain_src);
   ASSERT_EQ(a.shape(), b.shape());
-  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);  // the same f32 weights, the same forward
+  // The same f32 weights, the same forward; adding a zero bias changes no value.
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
 
   // dequantize: a plain checkpoint of the same weights, its config without the quantization_config.
   const auto r = test::run_command(test::nibble_bin() + " dequantize -q --model " + (tmp / "gptq").string() +
