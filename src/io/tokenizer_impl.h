@@ -57,6 +57,10 @@ class Regex : public nibble::Regex {
  public:
   // `where` names the pattern's place for errors ("file: pre_tokenizer.pretokenizers[0]").
   Regex(const std::string& pattern, const std::string& where);
+
+ private:
+  // `compiled`: the pattern rewritten for Oniguruma's \s, computed once.
+  Regex(const std::string& compiled, const std::string& pattern, const std::string& where);
 };
 
 // A Split/Replace pattern: {"String": s} (matched literally; `tokenizers`

@@ -64,8 +64,10 @@ std::string rewritten_where(const std::string& pattern, const std::string& compi
 }  // namespace
 
 Regex::Regex(const std::string& pattern, const std::string& where)
-    : nibble::Regex(oniguruma_compatible(pattern), rewritten_where(pattern, oniguruma_compatible(pattern), where),
-                    Mode::unicode) {}
+    : Regex(oniguruma_compatible(pattern), pattern, where) {}
+
+Regex::Regex(const std::string& compiled, const std::string& pattern, const std::string& where)
+    : nibble::Regex(compiled, rewritten_where(pattern, compiled, where), Mode::unicode) {}
 
 // ---- Patterns and JSON readers ----------------------------------------------
 
