@@ -145,6 +145,9 @@ if ONLY:
     build = lambda name, pack, qcfg: _build(name, pack, qcfg) if name in ONLY else None
 build("gptq-w4g128", gptq, {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False, "desc_act": False,
                             "checkpoint_format": "gptq"})
+build("gptq-w3g128", lambda w: gptq(w, bits=3),
+      {"quant_method": "gptq", "bits": 3, "group_size": 128, "sym": False, "desc_act": False,
+       "checkpoint_format": "gptq"})
 build("awq-w4g128", awq, {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"})
 for name, fmt, w in (
     ("ct-w4a16-g128-asym", "pack-quantized",

@@ -147,6 +147,10 @@ gptq_case("gptq_b4_g64_sym_actorder_v1", 4, 64, sym=True, desc_act=True, v1=True
 gptq_case("gptq_b8_g128_asym_v1", 8, 128, sym=False, desc_act=False, v1=True)
 gptq_case("gptq_b2_g32_asym_v1", 2, 32, sym=False, desc_act=False, v1=True)
 gptq_case("gptq_b4_channel_asym_v1", 4, -1, sym=False, desc_act=False, v1=True)
+# 3 bits: a bit stream across word boundaries (32 values in 3 words); 3-bit zeros need outputs in multiples of 32.
+gptq_case("gptq_b3_g32_asym_v1", 3, 32, sym=False, desc_act=False, v1=True, out_f=32)
+gptq_case("gptq_b3_g64_asym_v2", 3, 64, sym=False, desc_act=False, v1=False, out_f=32)
+gptq_case("gptq_b3_g64_sym_actorder_v1", 3, 64, sym=True, desc_act=True, v1=True, out_f=32)
 awq_case("awq_g64", 64)
 awq_case("awq_g128", 128)
 ct_case("ct_w4a16_group_sym", "pack-quantized",

@@ -45,7 +45,7 @@ class RivalScheme {
 
 // The scheme a quantization_config names by its "quant_method" (gptq, awq,
 // compressed-tensors). Throws naming `where` for another method or settings
-// nibble cannot read (GPTQ at 3 bits, AWQ's GEMV layout, ...).
+// nibble cannot read (GPTQ at 5-7 bits, AWQ's GEMV layout, ...).
 std::unique_ptr<RivalScheme> make_rival_scheme(const nlohmann::json& quantization_config, const std::string& where);
 
 // The quantization_config of a model directory (config.json's, or the

@@ -115,24 +115,26 @@ int64_t group_size_from(const json& v, const std::string& where) {
 // ------------------------------------------------------------------ GPTQ
 //
 // qweight I32 [in·bits/32, out]: input k of output n is field k of column n's
-// bit stream. qzeros I32 [groups, out·bits/32]: output n's zero is field n of
-// the group's row. scales [groups, out]; g_idx I32 [in] (optional).
+// bit stream (at 3 bits, 32 fields fill 3 words and fields 10 and 21 straddle
+// two). qzeros I32 [groups, out·bits/32]: output n's zero is field n of the
+// group's row. scales [groups, out]; g_idx I32 [in] (optional).
 // w[n, k] = scale[g, n] · (q − z). Checkpoints in the "gptq" (v1) format
-// store every zero minus one, subtracted from the packed word as a whole
-// (GPTQModel's export): the word plus one in every field gives z back exactly.
+// store every zero minus one. At 2, 4 and 8 bits GPTQModel's export subtracts
+// it from the packed word as a whole, so the word plus one in every field
+// gives z back exactly; at 3 bits it subtracts it from each field modulo 8.
 class GptqScheme final : public RivalScheme {
  public:
   GptqScheme(const json& q, const std::string& where) {
     const io::JsonFields f = fields_of(q, where);
     bits_ = f.required<int>("bits");
-    NIBBLE_CHECK(bits_ == 2 || bits_ == 4 || bits_ == 8,
-                 "{}: GPTQ at {} bits is not supported (2, 4 and 8 are; 3-bit packing is not)", where, bits_);
+    NIBBLE_CHECK(bits_ == 2 || bits_ == 3 || bits_ == 4 || bits_ == 8,
+                 "{}: GPTQ at {} bits is not supported (2, 3, 4 and 8 are)", where, bits_);
     group_size_ = q.contains("group_size") ? group_size_from(q["group_size"], f.where) : 128;
     sym_ = f.optional<bool>("sym", true);
     const std::string fmt = f.optional<std::string>("checkpoint_format", f.optional<std::string>("format", "gptq"));
     NIBBLE_CHECK(fmt == "gptq" || fmt == "gptq_v2",
                  "{}: GPTQ checkpoint_format '{}' is not supported (gptq and gptq_v2 are; marlin, bitblas and "
-                 "ipex repack the weights)",
+                 "ipex repack the weights, and gptq_p is GPTQModel's planar layout)",
                  where, fmt);
     v1_ = fmt == "gptq";
   }
@@ -152,23 +154,30 @@ class GptqScheme final : public RivalScheme {
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
     const Tensor qw = words_of(raw, prefix + ".qweight", "GPTQ codes");
     const Tensor qz = words_of(raw, prefix + ".qzeros", "GPTQ zeros");
-    const int64_t per_word = 32 / bits_;
-    const int64_t in = qw.size(0) * per_word, out = qw.size(1);
+    NIBBLE_CHECK(qw.size(0) * 32 % bits_ == 0,
+                 "{}: '{}.qweight' has {} rows, which hold no whole number of {}-bit codes", raw.describe(), prefix,
+                 qw.size(0), bits_);
+    const int64_t in = qw.size(0) * 32 / bits_, out = qw.size(1);
     const int64_t gs = group_size_ > 0 ? group_size_ : in;
     const int64_t n_groups = qz.size(0);
-    NIBBLE_CHECK(qz.size(1) * per_word == out, "{}: '{}.qzeros' should have {} columns for {} outputs, found {}",
-                 raw.describe(), prefix, out / per_word, out, qz.size(1));
+    NIBBLE_CHECK(qz.size(1) * 32 == out * bits_, "{}: '{}.qzeros' should have {} columns for {} outputs, found {}",
+                 raw.describe(), prefix, out * bits_ / 32.0, out, qz.size(1));
     const Tensor s = floats_of(raw, prefix + ".scales", {n_groups, out});
     const std::vector<int32_t> g = groups_of(raw, prefix + ".g_idx", in, gs, n_groups);
     const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
     const uint32_t* z = static_cast<const uint32_t*>(qz.raw());
-    uint32_t ones = 0;  // one in every field
-    for (int64_t f = 0; f < per_word; ++f) ones |= 1u << (f * bits_);
+    // v1 zeros: the word plus one in every field (2, 4, 8 bits), or each field plus one (3 bits).
+    const bool whole_words = 32 % bits_ == 0;
+    uint32_t ones = 0;
+    if (v1_ && whole_words)
+      for (int f = 0; f < 32 / bits_; ++f) ones |= 1u << (f * bits_);
+    const uint32_t field_plus = v1_ && !whole_words ? 1 : 0, mask = (1u << bits_) - 1;
     // zeros[g, n], unpacked once.
     std::vector<float> zero(static_cast<size_t>(n_groups * out));
     for (int64_t r = 0; r < n_groups; ++r) {
-      auto word = [&](int64_t w) { return v1_ ? z[r * qz.size(1) + w] + ones : z[r * qz.size(1) + w]; };
-      for (int64_t n = 0; n < out; ++n) zero[r * out + n] = static_cast<float>(stream_field(word, n, bits_));
+      auto word = [&](int64_t w) { return z[r * qz.size(1) + w] + ones; };
+      for (int64_t n = 0; n < out; ++n)
+        zero[r * out + n] = static_cast<float>((stream_field(word, n, bits_) + field_plus) & mask);
     }
     Tensor w = Tensor::empty(DType::F32, {out, in});
     float* dst = w.data_mut<float>();

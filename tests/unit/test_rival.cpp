@@ -78,14 +78,15 @@ TEST_P(RivalVector, DequantizesAsTheLibraryDoes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Libraries, RivalVector,
-    ::testing::Values("gptq_b4_g32_asym_v1", "gptq_b4_g64_asym_v2", "gptq_b4_g64_sym_actorder_v1",
-                      "gptq_b8_g128_asym_v1", "gptq_b2_g32_asym_v1", "gptq_b4_channel_asym_v1", "awq_g64", "awq_g128",
-                      "ct_w4a16_group_sym", "ct_w4a16_group_asym", "ct_w8a16_channel_sym", "ct_w8_channel_asym",
-                      "ct_w4_channel_asym_bf16",
-                      "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block", "ct_nvfp4", "ct_mxfp4"),
-    [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
+                         ::testing::Values("gptq_b4_g32_asym_v1", "gptq_b4_g64_asym_v2", "gptq_b4_g64_sym_actorder_v1",
+                                           "gptq_b8_g128_asym_v1", "gptq_b2_g32_asym_v1", "gptq_b4_channel_asym_v1",
+                                           "gptq_b3_g32_asym_v1", "gptq_b3_g64_asym_v2", "gptq_b3_g64_sym_actorder_v1",
+                                           "awq_g64", "awq_g128", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
+                                           "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
+                                           "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
+                                           "ct_nvfp4", "ct_mxfp4"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // GPTQ's v1 zeros are stored minus one by subtracting 0x11111111 from the
 // packed word (GPTQModel's export), so a zero of 0 borrows from its
@@ -102,7 +103,9 @@ TEST(Rival, GptqV1ZerosComeBackThroughTheBorrow) {
 
 TEST(Rival, UnsupportedSettingsAreNamed) {
   auto err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
-  EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 3, "group_size": 128})").find("3 bits"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 5, "group_size": 128})").find("5 bits"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_p"})").find("gptq_p"),
+            std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"})").find("marlin"),
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "awq", "bits": 4, "version": "gemv"})").find("gemv"), std::string::npos);
