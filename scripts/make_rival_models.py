@@ -113,6 +113,36 @@ def ct(fmt, weights):
     return pack, qcfg
 
 
+def bnb4(quant_type, double_quant, dtype=torch.bfloat16, blocksize=64):
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    def pack(w):
+        out_f, in_f = w.shape
+        p = bnb.nn.Params4bit(w.to(dtype), requires_grad=False, quant_type=quant_type,
+                              compress_statistics=double_quant, blocksize=blocksize)
+        p._quantize("cpu")
+        m = bnb.nn.Linear4bit(in_f, out_f, bias=False, quant_type=quant_type, compress_statistics=double_quant)
+        m.weight = p
+        return dict(m.state_dict()), F.dequantize_4bit(p.data, p.quant_state).float()
+
+    qcfg = {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
+            "bnb_4bit_quant_type": quant_type, "bnb_4bit_use_double_quant": double_quant,
+            "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8"}
+    return pack, qcfg
+
+
+def bnb8(w):
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    out_f, in_f = w.shape
+    m = bnb.nn.Linear8bitLt(in_f, out_f, bias=False, has_fp16_weights=False)
+    m.weight = bnb.nn.Int8Params(w.clone(), requires_grad=False, has_fp16_weights=False)
+    sd = m.to("cpu").state_dict()
+    return dict(sd), F.int8_vectorwise_dequant(sd["weight"], sd["SCB"]).float()
+
+
 def build(name, pack, qcfg):
     src = load_model()
     rival, plain = {}, {}
@@ -159,3 +189,7 @@ for name, fmt, w in (
 ):
     pack, qcfg = ct(fmt, w)
     build(name, pack, qcfg)
+build("bnb-nf4-dq", *bnb4("nf4", True))
+build("bnb-fp4", *bnb4("fp4", False))
+build("bnb-int8", bnb8, {"quant_method": "bitsandbytes", "load_in_4bit": False, "load_in_8bit": True,
+                         "llm_int8_threshold": 6.0})

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Test vectors for nibble's rival-checkpoint readers (src/io/rival_source.cpp),
 made by the rivals' own libraries: GPTQModel (TorchLinear.pack_original and its
-v2 -> v1 export), AutoAWQ (WQLinear_GEMM.from_linear, dequantize_gemm) and
-compressed-tensors (its compressors' compress and decompress).
+v2 -> v1 export), AutoAWQ (WQLinear_GEMM.from_linear, dequantize_gemm),
+compressed-tensors (its compressors' compress and decompress) and bitsandbytes
+(Linear4bit / Linear8bitLt state dicts, dequantize_4bit, int8_vectorwise_dequant).
 
 Each case is one safetensors file in tests/data/rivals/: the stored tensors of
 one linear under the prefix "layer" as the library writes them, "reference"
@@ -10,7 +11,7 @@ one linear under the prefix "layer" as the library writes them, "reference"
 as JSON in the file's metadata. Weights are random (seeded); nothing comes from
 a model.
 
-    python3 -m venv /tmp/rv && /tmp/rv/bin/pip install torch compressed-tensors
+    python3 -m venv /tmp/rv && /tmp/rv/bin/pip install torch compressed-tensors bitsandbytes
     /tmp/rv/bin/pip install --no-deps autoawq gptqmodel   (+ the modules they import)
     /tmp/rv/bin/python scripts/make_rival_vectors.py tests/data/rivals
 """
@@ -141,6 +142,43 @@ def ct_case(name, fmt, weights, out_f=16, in_f=256, seed=3, scale_dtype=torch.fl
     save(name, t, ref, q)
 
 
+# ------------------------------------------------------------ bitsandbytes
+def bnb4_case(name, quant_type, double_quant, dtype, blocksize, out_f, in_f, seed=4):
+    """A Linear4bit's state dict as transformers saves it, and the library's dequantize_4bit (in `dtype`)."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    lin, _ = linear(out_f, in_f, seed)
+    w = lin.weight.data.to(dtype)
+    m = bnb.nn.Linear4bit(in_f, out_f, bias=False, quant_type=quant_type, compress_statistics=double_quant,
+                          compute_dtype=dtype)
+    m.weight = bnb.nn.Params4bit(w.clone(), requires_grad=False, quant_type=quant_type,
+                                 compress_statistics=double_quant, blocksize=blocksize)
+    m.weight._quantize("cpu")
+    ref = F.dequantize_4bit(m.weight.data, m.weight.quant_state)
+    assert ref.dtype == dtype and tuple(ref.shape) == (out_f, in_f)
+    t = {f"layer.{k}": v for k, v in m.state_dict().items()}
+    q = {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
+         "bnb_4bit_quant_type": quant_type, "bnb_4bit_use_double_quant": double_quant,
+         "bnb_4bit_compute_dtype": str(dtype).removeprefix("torch."), "bnb_4bit_quant_storage": "uint8"}
+    save(name, t, ref, q)
+
+
+def bnb8_case(name, out_f=16, in_f=256, seed=5):
+    """A Linear8bitLt's state dict (LLM.int8: row-wise absmax) and the library's int8_vectorwise_dequant."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    lin, _ = linear(out_f, in_f, seed)
+    m = bnb.nn.Linear8bitLt(in_f, out_f, bias=False, has_fp16_weights=False)
+    m.weight = bnb.nn.Int8Params(lin.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+    m = m.to("cpu")
+    sd = m.state_dict()
+    ref = F.int8_vectorwise_dequant(sd["weight"], sd["SCB"])
+    q = {"quant_method": "bitsandbytes", "load_in_4bit": False, "load_in_8bit": True, "llm_int8_threshold": 6.0}
+    save(name, {f"layer.{k}": v for k, v in sd.items()}, ref, q)
+
+
 gptq_case("gptq_b4_g32_asym_v1", 4, 32, sym=False, desc_act=False, v1=True)
 gptq_case("gptq_b4_g64_asym_v2", 4, 64, sym=False, desc_act=False, v1=False)
 gptq_case("gptq_b4_g64_sym_actorder_v1", 4, 64, sym=True, desc_act=True, v1=True)
@@ -176,3 +214,9 @@ ct_case("ct_nvfp4", "nvfp4-pack-quantized",
 ct_case("ct_mxfp4", "mxfp4-pack-quantized",
         {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
          "scale_dtype": "torch.uint8", "zp_dtype": None})
+# bitsandbytes: NF4 with double quantization over two nested blocks (264 blocks of 64), FP4 with a ragged last
+# block, NF4 in fp16 with blocks of 128, and LLM.int8.
+bnb4_case("bnb_nf4_dq_bf16", "nf4", True, torch.bfloat16, 64, out_f=24, in_f=704)
+bnb4_case("bnb_fp4_bf16_ragged", "fp4", False, torch.bfloat16, 64, out_f=15, in_f=100)
+bnb4_case("bnb_nf4_f16_b128", "nf4", False, torch.float16, 128, out_f=16, in_f=256)
+bnb8_case("bnb_int8")

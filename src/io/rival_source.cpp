@@ -92,6 +92,9 @@ std::vector<int32_t> groups_of(const TensorSource& raw, const std::string& g_idx
   return g;
 }
 
+// ⌈a / b⌉ for a ≥ 0, b > 0, without overflowing near INT64_MAX.
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
 // The linear's tensors `prefix + suffix`, each of which must be stored.
 std::vector<std::string> required_parts(const TensorSource& raw, const std::string& prefix,
                                         std::initializer_list<const char*> suffixes, const char* scheme) {
@@ -466,6 +469,141 @@ class CompressedTensorsScheme final : public RivalScheme {
 };
 
 // The table: quant_method -> scheme.
+// ----------------------------------------------------------- bitsandbytes
+//
+// transformers' serialization of bitsandbytes layers. Read from the stored
+// tensors of each linear:
+//   4-bit (Linear4bit): P.weight holds the codes of the flattened weight, two
+//     per byte, element 2j in the HIGH nibble (its dtype is the storage dtype;
+//     only its bytes count). P.weight.quant_map F32 [16]: each code's value (the
+//     NF4 or FP4 table, as the file stores it). P.weight.absmax: F32, one per
+//     `blocksize` elements (the last block may be short); with double
+//     quantization U8 codes, with P.weight.nested_quant_map F32 [256] and
+//     P.weight.nested_absmax F32 per `nested_blocksize` blocks:
+//     absmax[b] = nested_quant_map[code] · nested_absmax[b / nested_blocksize]
+//     + nested_offset. P.weight.quant_state.bitsandbytes__nf4 (or __fp4): U8
+//     bytes of JSON {quant_type, blocksize, dtype, shape, nested_*}.
+//     w[i] = quant_map[code_i] · absmax[i / blocksize].
+//   8-bit (Linear8bitLt, LLM.int8): P.weight I8 [out, in], P.SCB F32 [out]
+//     (each row's absmax), P.weight_format U8 (0: row-major).
+//     w[n, k] = q · SCB[n] · (1/127 rounded to f32).
+// All in f32 as the library computes them (it then rounds to the model's
+// dtype). The 8-bit layer also quantizes activations at run time; nibble
+// measures its weights only.
+class BitsAndBytesScheme final : public RivalScheme {
+ public:
+  BitsAndBytesScheme(const json& q, const std::string& where) {
+    const io::JsonFields f = fields_of(q, where);
+    const bool in4 = f.optional<bool>("load_in_4bit", false), in8 = f.optional<bool>("load_in_8bit", false);
+    NIBBLE_CHECK(in4 != in8, "{}: a bitsandbytes quantization_config should set one of load_in_4bit and load_in_8bit",
+                 where);
+    describe_ = in8 ? std::string("bitsandbytes 8-bit (LLM.int8)")
+                    : fmt::format("bitsandbytes 4-bit ({}{})", f.optional<std::string>("bnb_4bit_quant_type", "fp4"),
+                                  f.optional<bool>("bnb_4bit_use_double_quant", false) ? ", double quant" : "");
+  }
+  std::string describe() const override { return describe_; }
+  std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const override {
+    for (const char* suffix : {".weight.quant_state.bitsandbytes__nf4", ".weight.quant_state.bitsandbytes__fp4"})
+      if (auto prefix = strip_suffix(stored, suffix)) return prefix;
+    if (auto prefix = strip_suffix(stored, ".SCB"))
+      if (raw.contains(*prefix + ".weight") && raw.meta(*prefix + ".weight").dtype == DType::I8) return prefix;
+    return std::nullopt;
+  }
+  std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const override {
+    if (raw.contains(prefix + ".SCB")) {
+      std::vector<std::string> p = required_parts(raw, prefix, {".weight", ".SCB"}, "bitsandbytes");
+      if (raw.contains(prefix + ".weight_format")) p.push_back(prefix + ".weight_format");
+      return p;
+    }
+    std::vector<std::string> p =
+        required_parts(raw, prefix, {".weight", ".weight.absmax", ".weight.quant_map"}, "bitsandbytes");
+    for (const char* s : {".weight.nested_absmax", ".weight.nested_quant_map", ".weight.quant_state.bitsandbytes__nf4",
+                          ".weight.quant_state.bitsandbytes__fp4"})
+      if (raw.contains(prefix + s)) p.push_back(prefix + s);
+    return p;
+  }
+  Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
+    return raw.contains(prefix + ".SCB") ? int8(prefix, raw) : nf4(prefix, raw);
+  }
+
+ private:
+  static Tensor int8(const std::string& prefix, const TensorSource& raw) {
+    const Tensor q = raw.load(prefix + ".weight").contiguous();
+    NIBBLE_CHECK(q.dtype() == DType::I8 && q.dim() == 2, "{}: '{}.weight' should be a 2-D I8 tensor, found {} {}",
+                 raw.describe(), prefix, dtype_name(q.dtype()), shape_str(q.shape()));
+    if (raw.contains(prefix + ".weight_format")) {
+      const Tensor fmt = raw.load(prefix + ".weight_format").to_f32();
+      NIBBLE_CHECK(fmt.numel() == 1 && fmt.data<float>()[0] == 0,
+                   "{}: '{}.weight_format' names a tiled GPU layout; only row-major (0) is read", raw.describe(),
+                   prefix);
+    }
+    const int64_t out = q.size(0), in = q.size(1);
+    const Tensor scb = floats_of(raw, prefix + ".SCB", {out});
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    const int8_t* src = q.data<int8_t>();
+    const float* s = scb.data<float>();
+    float* dst = w.data_mut<float>();
+    const float inv127 = static_cast<float>(7.874015718698502e-3);
+    for (int64_t n = 0; n < out; ++n)
+      for (int64_t k = 0; k < in; ++k) dst[n * in + k] = static_cast<float>(src[n * in + k]) * s[n] * inv127;
+    return w;
+  }
+
+  static Tensor nf4(const std::string& prefix, const TensorSource& raw) {
+    const std::string state_name = raw.contains(prefix + ".weight.quant_state.bitsandbytes__nf4")
+                                       ? prefix + ".weight.quant_state.bitsandbytes__nf4"
+                                       : prefix + ".weight.quant_state.bitsandbytes__fp4";
+    NIBBLE_CHECK(raw.contains(state_name), "{}: bitsandbytes linear '{}' has no quant_state", raw.describe(), prefix);
+    const Tensor state_bytes = raw.load(state_name).contiguous();
+    const json st = json::parse(std::string_view(static_cast<const char*>(state_bytes.raw()), state_bytes.nbytes()),
+                                nullptr, /*allow_exceptions=*/false);
+    NIBBLE_CHECK(st.is_object(), "{}: '{}' should hold a JSON object", raw.describe(), state_name);
+    const io::JsonFields f{raw.describe() + ": " + state_name, st};
+    const int64_t blocksize = f.required<int64_t>("blocksize");
+    NIBBLE_CHECK(blocksize > 0, "{}: blocksize should be positive, found {}", f.where, blocksize);
+    NIBBLE_CHECK(st.contains("shape") && st["shape"].is_array() && st["shape"].size() == 2,
+                 "{}: 'shape' should be [out, in]", f.where);
+    const int64_t out = f.get<int64_t>(st["shape"][0], "shape"), in = f.get<int64_t>(st["shape"][1], "shape");
+    const Tensor codes = raw.load(prefix + ".weight").contiguous();
+    const int64_t max_dim = 2 * static_cast<int64_t>(codes.nbytes());  // bounds each side before the product
+    NIBBLE_CHECK(out > 0 && in > 0 && out <= max_dim && in <= max_dim &&
+                     (out * in + 1) / 2 == static_cast<int64_t>(codes.nbytes()),
+                 "{}: shape [{}, {}] does not fit the {} bytes of codes in '{}.weight' (two codes per byte)", f.where,
+                 out, in, codes.nbytes(), prefix);
+    const int64_t n = out * in, blocks = ceil_div(n, blocksize);
+    const Tensor map = floats_of(raw, prefix + ".weight.quant_map", {16});
+    std::vector<float> absmax(static_cast<size_t>(blocks));
+    const Tensor am = raw.load(prefix + ".weight.absmax").contiguous();
+    NIBBLE_CHECK(am.numel() == blocks, "{}: '{}.weight.absmax' should have {} entries (one per block of {}), found {}",
+                 raw.describe(), prefix, blocks, blocksize, am.numel());
+    if (am.dtype() == DType::U8) {  // double quantization
+      const int64_t nested = f.required<int64_t>("nested_blocksize");
+      NIBBLE_CHECK(nested > 0, "{}: nested_blocksize should be positive, found {}", f.where, nested);
+      const float offset = static_cast<float>(f.required<double>("nested_offset"));
+      const Tensor nmap = floats_of(raw, prefix + ".weight.nested_quant_map", {256});
+      const Tensor nabs = floats_of(raw, prefix + ".weight.nested_absmax", {ceil_div(blocks, nested)});
+      const uint8_t* c = am.data<uint8_t>();
+      for (int64_t b = 0; b < blocks; ++b)
+        absmax[b] = nmap.data<float>()[c[b]] * nabs.data<float>()[b / nested] + offset;
+    } else {
+      const Tensor a = floats_of(raw, prefix + ".weight.absmax", {blocks});
+      std::copy(a.data<float>(), a.data<float>() + blocks, absmax.begin());
+    }
+    const uint8_t* packed = static_cast<const uint8_t*>(codes.raw());
+    const float* m = map.data<float>();
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    float* dst = w.data_mut<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t byte = packed[i / 2];
+      dst[i] = m[i % 2 ? byte & 15 : byte >> 4] * absmax[i / blocksize];
+    }
+    return w;
+  }
+
+  std::string describe_;
+};
+
 struct SchemeRow {
   const char* quant_method;
   std::unique_ptr<RivalScheme> (*make)(const json& q, const std::string& where);
@@ -478,6 +616,7 @@ const SchemeRow kSchemes[] = {
     {"gptq", make_scheme<GptqScheme>},
     {"awq", make_scheme<AwqScheme>},
     {"compressed-tensors", make_scheme<CompressedTensorsScheme>},
+    {"bitsandbytes", make_scheme<BitsAndBytesScheme>},
 };
 
 }  // namespace

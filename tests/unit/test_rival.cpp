@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "nibble/dtype.h"
@@ -85,7 +86,8 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
                                            "awq_g64", "awq_g128", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
                                            "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
                                            "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
-                                           "ct_nvfp4", "ct_mxfp4"),
+                                           "ct_nvfp4", "ct_mxfp4", "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
+                                           "bnb_nf4_f16_b128", "bnb_int8"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // GPTQ's v1 zeros are stored minus one by subtracting 0x11111111 from the
@@ -109,7 +111,8 @@ TEST(Rival, UnsupportedSettingsAreNamed) {
   EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"})").find("marlin"),
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "awq", "bits": 4, "version": "gemv"})").find("gemv"), std::string::npos);
-  EXPECT_NE(err(R"({"quant_method": "bitsandbytes"})").find("gptq, awq, compressed-tensors"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "hqq"})").find("gptq, awq, compressed-tensors, bitsandbytes"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "bitsandbytes"})").find("one of load_in_4bit and load_in_8bit"), std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "compressed-tensors", "format": "marlin-24"})").find("marlin-24"),
             std::string::npos);
   EXPECT_NE(err(R"({"bits": 4})").find("quant_method"), std::string::npos);
@@ -159,6 +162,17 @@ TEST(Rival, DamagedLinearsAreRefusedByName) {
   });
   EXPECT_NE(e.find("'layer.weight_shape' ["), std::string::npos) << e;
   EXPECT_NE(e.find("does not match the packed words"), std::string::npos) << e;
+  // bitsandbytes: a quant_state whose shape would overflow int64 when multiplied, and a missing absmax.
+  const std::string big = damaged("bnb_nf4_f16_b128", "", [](const std::string& n, Tensor& t) {
+    if (n != "layer.weight.quant_state.bitsandbytes__nf4") return;
+    const std::string js = R"({"quant_type": "nf4", "blocksize": 128, "shape": [4294967296, 4294967296]})";
+    t = Tensor::empty(DType::U8, {static_cast<int64_t>(js.size())});
+    std::memcpy(t.raw_mut(), js.data(), js.size());
+  });
+  EXPECT_NE(big.find("shape [4294967296, 4294967296] does not fit the 2048 bytes of codes"), std::string::npos) << big;
+  EXPECT_NE(damaged("bnb_nf4_dq_bf16", "layer.weight.absmax", keep)
+                .find("bitsandbytes linear 'layer' has no 'layer.weight.absmax'"),
+            std::string::npos);
   // A config field of the wrong type names the field.
   auto cfg_err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
   EXPECT_EQ(cfg_err(R"({"quant_method": "gptq", "bits": 4, "sym": 1})")
