@@ -1,6 +1,6 @@
 // libFuzzer target for the rival schemes (src/io/rival_source.cpp): GPTQ,
-// AWQ, compressed-tensors and bitsandbytes linears read back from their
-// packed tensors.
+// AWQ, compressed-tensors, bitsandbytes and auto-round linears read back from
+// their packed tensors.
 //
 // An input is a safetensors image like the unit tests' vectors
 // (tests/data/rivals/): the tensors of one linear named "layer.*", and the

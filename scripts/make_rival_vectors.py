@@ -2,8 +2,9 @@
 """Test vectors for nibble's rival-checkpoint readers (src/io/rival_source.cpp),
 made by the rivals' own libraries: GPTQModel (TorchLinear.pack_original and its
 v2 -> v1 export), AutoAWQ (WQLinear_GEMM.from_linear, dequantize_gemm),
-compressed-tensors (its compressors' compress and decompress) and bitsandbytes
-(Linear4bit / Linear8bitLt state dicts, dequantize_4bit, int8_vectorwise_dequant).
+compressed-tensors (its compressors' compress and decompress), bitsandbytes
+(Linear4bit / Linear8bitLt state dicts, dequantize_4bit, int8_vectorwise_dequant)
+and auto-round (auto_round_extension's GPTQ-layout QuantLinear pack and forward).
 
 Each case is one safetensors file in tests/data/rivals/: the stored tensors of
 one linear under the prefix "layer" as the library writes them, "reference"
@@ -12,7 +13,7 @@ as JSON in the file's metadata. Weights are random (seeded); nothing comes from
 a model.
 
     python3 -m venv /tmp/rv && /tmp/rv/bin/pip install torch compressed-tensors bitsandbytes
-    /tmp/rv/bin/pip install --no-deps autoawq gptqmodel   (+ the modules they import)
+    /tmp/rv/bin/pip install --no-deps autoawq gptqmodel auto-round   (+ the modules they import)
     /tmp/rv/bin/python scripts/make_rival_vectors.py tests/data/rivals
 """
 import json
@@ -142,6 +143,54 @@ def ct_case(name, fmt, weights, out_f=16, in_f=256, seed=3, scale_dtype=torch.fl
     save(name, t, ref, q)
 
 
+# ------------------------------------------------------------- auto-round
+def ar_case(name, packing, bits, group_size, sym, out_f=32, in_f=256, seed=6):
+    """auto-round's own GPTQ-layout packers (auto_round_extension): qlinear_torch_zp for "auto_round:auto_gptq"
+    (zeros minus one, clamped at 0), qlinear_torch for "auto_round" (zeros as they are). The reference is the
+    layer's own forward of the identity."""
+    from auto_round_extension.torch.qlinear_torch import QuantLinear as PlainZeros
+    from auto_round_extension.torch.qlinear_torch_zp import QuantLinear as ZerosMinusOne
+
+    lin, g = linear(out_f, in_f, seed)
+    groups = in_f // group_size
+    maxq = 2**bits - 1
+    scales = (torch.rand(out_f, groups, generator=g) * 0.02 + 0.01).half().float()
+    if sym:
+        zeros = torch.full((out_f, groups), float((maxq + 1) // 2))
+    else:
+        zeros = torch.randint(1, maxq + 1, (out_f, groups), generator=g).float()
+        zeros[0, 0] = maxq
+    gi = torch.arange(in_f) // group_size
+    codes = torch.randint(0, maxq + 1, (out_f, in_f), generator=g).float()
+    lin.weight.data = (codes - zeros[:, gi]) * scales[:, gi]
+    cls = ZerosMinusOne if packing == "auto_round:auto_gptq" else PlainZeros
+    ql = cls(bits, group_size, in_f, out_f, bias=False)
+    ql.device = torch.device("cpu")  # qlinear_torch's packer reads it; only its loader sets it
+    ql.pack(lin, scales, zeros)
+    ref = ql.forward(torch.eye(in_f)).T.float()
+    q = {"quant_method": "auto-round", "packing_format": packing, "bits": bits, "group_size": group_size, "sym": sym,
+         "data_type": "int", "iters": 200}
+    save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
+
+
+def ar_awq_case(name, group_size, out_f=32, in_f=256, seed=7):
+    """auto-round's "auto_round:auto_awq" export: its own copy of AWQ's GEMM packer and dequantize_gemm."""
+    from auto_round.export.export_to_awq.utils import WQLinear_GEMM, dequantize_gemm
+
+    lin, g = linear(out_f, in_f, seed)
+    groups = in_f // group_size
+    scales = (torch.rand(groups, out_f, generator=g) * 0.02 + 0.01).half()
+    zeros = torch.randint(0, 16, (groups, out_f), generator=g)
+    gi = torch.arange(in_f) // group_size
+    codes = torch.randint(0, 16, (out_f, in_f), generator=g)
+    lin.weight.data = ((codes - zeros.T[:, gi]) * scales.float().T[:, gi]).float()
+    ql = WQLinear_GEMM.from_linear(lin, 4, group_size, scales=scales, zeros=zeros)
+    ref = dequantize_gemm(ql.qweight, ql.qzeros, ql.scales, 4, group_size).T.float()
+    q = {"quant_method": "auto-round", "packing_format": "auto_round:auto_awq", "bits": 4, "group_size": group_size,
+         "sym": False, "data_type": "int"}
+    save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
+
+
 # ------------------------------------------------------------ bitsandbytes
 def bnb4_case(name, quant_type, double_quant, dtype, blocksize, out_f, in_f, seed=4):
     """A Linear4bit's state dict as transformers saves it, and the library's dequantize_4bit (in `dtype`)."""
@@ -220,3 +269,10 @@ bnb4_case("bnb_nf4_dq_bf16", "nf4", True, torch.bfloat16, 64, out_f=24, in_f=704
 bnb4_case("bnb_fp4_bf16_ragged", "fp4", False, torch.bfloat16, 64, out_f=15, in_f=100)
 bnb4_case("bnb_nf4_f16_b128", "nf4", False, torch.float16, 128, out_f=16, in_f=256)
 bnb8_case("bnb_int8")
+# auto-round's own format: GPTQ layout, zeros minus one ("auto_round:auto_gptq", its default for symmetric
+# weights) or as they are ("auto_round", asymmetric).
+ar_case("ar_gptq_sym_b4_g128", "auto_round:auto_gptq", 4, 128, sym=True)
+ar_case("ar_gptq_asym_b4_g32", "auto_round:auto_gptq", 4, 32, sym=False)
+ar_case("ar_asym_b4_g64", "auto_round", 4, 64, sym=False)
+ar_case("ar_asym_b2_g32", "auto_round", 2, 32, sym=False)
+ar_awq_case("ar_awq_g64", 64)

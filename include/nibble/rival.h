@@ -1,7 +1,8 @@
 // Rivals' quantized checkpoints: Hugging Face directories whose config.json
 // (or AutoGPTQ's quantize_config.json) carries a quantization_config made by
 // GPTQ (AutoGPTQ / GPTQModel), AWQ (AutoAWQ's GEMM layout), compressed-tensors
-// (llm-compressor) or bitsandbytes (transformers' 4-bit and 8-bit layers). RivalSource presents such a directory
+// (llm-compressor), bitsandbytes (transformers' 4-bit and 8-bit layers) or
+// auto-round (Intel's AutoRound, in GPTQ's or AWQ's layout). RivalSource presents such a directory
 // with every quantized linear dequantized to F32, so that it runs through
 // nibble's own forward like any other candidate (DESIGN.md, "The flows").
 //

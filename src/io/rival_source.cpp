@@ -604,6 +604,56 @@ class BitsAndBytesScheme final : public RivalScheme {
   std::string describe_;
 };
 
+// ------------------------------------------------------------- auto-round
+//
+// Intel's auto-round writes its own quant_method ("auto-round", earlier
+// "intel/auto-round") over the layouts of other tools, named by
+// `packing_format`: "auto_round:auto_gptq" (its default for symmetric weights)
+// is GPTQ's layout with v1 zeros, stored minus one and clamped at 0;
+// "auto_round" and "auto_round:gptqmodel" are GPTQ's layout with the zeros as
+// they are (v2); "auto_round:auto_awq" is AWQ's GEMM layout. This row reads
+// each through that tool's scheme.
+class AutoRoundScheme final : public RivalScheme {
+ public:
+  AutoRoundScheme(const json& q, const std::string& where) {
+    const io::JsonFields f = fields_of(q, where);
+    NIBBLE_CHECK(f.optional<std::string>("data_type", "int") == "int",
+                 "{}: auto-round data_type '{}' is not supported (int is)", where,
+                 f.optional<std::string>("data_type", "int"));
+    const bool sym = f.optional<bool>("sym", true);
+    packing_ = f.optional<std::string>("packing_format", sym ? "auto_round:auto_gptq" : "auto_round");
+    json inner = {{"bits", f.optional<int64_t>("bits", 4)}, {"sym", sym}};
+    if (q.contains("group_size")) inner["group_size"] = q["group_size"];
+    if (packing_ == "auto_round:auto_awq") {
+      inner["zero_point"] = true;  // AWQ's GEMM layout always stores zeros (8 for symmetric weights)
+      inner["version"] = "gemm";
+      inner_ = std::make_unique<AwqScheme>(inner, where);
+    } else if (packing_ == "auto_round:auto_gptq" || packing_ == "auto_round" || packing_ == "auto_round:gptqmodel") {
+      inner["checkpoint_format"] = packing_ == "auto_round:auto_gptq" ? "gptq" : "gptq_v2";
+      inner_ = std::make_unique<GptqScheme>(inner, where);
+    } else {
+      NIBBLE_FAIL(
+          "{}: auto-round packing_format '{}' is not supported (auto_round, auto_round:auto_gptq, "
+          "auto_round:gptqmodel and auto_round:auto_awq are)",
+          where, packing_);
+    }
+  }
+  std::string describe() const override { return "auto-round " + packing_ + ": " + inner_->describe(); }
+  std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const override {
+    return inner_->linear_of(stored, raw);
+  }
+  std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const override {
+    return inner_->parts(prefix, raw);
+  }
+  Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
+    return inner_->dequantize(prefix, raw);
+  }
+
+ private:
+  std::string packing_;
+  std::unique_ptr<RivalScheme> inner_;
+};
+
 struct SchemeRow {
   const char* quant_method;
   std::unique_ptr<RivalScheme> (*make)(const json& q, const std::string& where);
@@ -617,6 +667,8 @@ const SchemeRow kSchemes[] = {
     {"awq", make_scheme<AwqScheme>},
     {"compressed-tensors", make_scheme<CompressedTensorsScheme>},
     {"bitsandbytes", make_scheme<BitsAndBytesScheme>},
+    {"auto-round", make_scheme<AutoRoundScheme>},
+    {"intel/auto-round", make_scheme<AutoRoundScheme>},
 };
 
 }  // namespace

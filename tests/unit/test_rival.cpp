@@ -87,7 +87,8 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
                                            "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
                                            "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
                                            "ct_nvfp4", "ct_mxfp4", "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
-                                           "bnb_nf4_f16_b128", "bnb_int8"),
+                                           "bnb_nf4_f16_b128", "bnb_int8", "ar_gptq_sym_b4_g128", "ar_gptq_asym_b4_g32",
+                                           "ar_asym_b4_g64", "ar_asym_b2_g32", "ar_awq_g64"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // GPTQ's v1 zeros are stored minus one by subtracting 0x11111111 from the
@@ -111,8 +112,11 @@ TEST(Rival, UnsupportedSettingsAreNamed) {
   EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"})").find("marlin"),
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "awq", "bits": 4, "version": "gemv"})").find("gemv"), std::string::npos);
-  EXPECT_NE(err(R"({"quant_method": "hqq"})").find("gptq, awq, compressed-tensors, bitsandbytes"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "hqq"})").find("gptq, awq, compressed-tensors, bitsandbytes, auto-round"),
+            std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "bitsandbytes"})").find("one of load_in_4bit and load_in_8bit"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "auto-round", "packing_format": "auto_round:fp8"})").find("auto_round:fp8"),
+            std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "compressed-tensors", "format": "marlin-24"})").find("marlin-24"),
             std::string::npos);
   EXPECT_NE(err(R"({"bits": 4})").find("quant_method"), std::string::npos);
