@@ -8,7 +8,7 @@ set -euo pipefail
 APT_PACKAGES=(
   cmake ninja-build g++ pkg-config
   nlohmann-json3-dev libcli11-dev libfmt-dev libssl-dev
-  libopenblas-dev liblapacke-dev libpcre2-dev libutf8proc-dev
+  libopenblas-dev libopenblas0-openmp liblapacke-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 
