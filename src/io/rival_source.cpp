@@ -532,8 +532,8 @@ class BitsAndBytesScheme final : public RivalScheme {
     NIBBLE_CHECK(q.dtype() == DType::I8 && q.dim() == 2, "{}: '{}.weight' should be a 2-D I8 tensor, found {} {}",
                  raw.describe(), prefix, dtype_name(q.dtype()), shape_str(q.shape()));
     if (raw.contains(prefix + ".weight_format")) {
-      const Tensor fmt = raw.load(prefix + ".weight_format").to_f32();
-      NIBBLE_CHECK(fmt.numel() == 1 && fmt.data<float>()[0] == 0,
+      const Tensor layout = raw.load(prefix + ".weight_format").to_f32();
+      NIBBLE_CHECK(layout.numel() == 1 && layout.data<float>()[0] == 0,
                    "{}: '{}.weight_format' names a tiled GPU layout; only row-major (0) is read", raw.describe(),
                    prefix);
     }
