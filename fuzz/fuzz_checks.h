@@ -103,6 +103,14 @@ inline std::vector<uint8_t> framed_safetensors(const uint8_t* data, size_t size)
   return framed;
 }
 
+// Runs `parse(bytes, size)` on the input as a whole file and framed (above).
+template <typename Parse>
+void whole_and_framed(const uint8_t* data, size_t size, Parse parse) {
+  parse(data, size);
+  const std::vector<uint8_t> framed = framed_safetensors(data, size);
+  parse(framed.data(), framed.size());
+}
+
 // StreamDecoder's pieces plus finish() equal decode() of the same ids: its
 // documented contract.
 inline void check_stream(const nibble::Tokenizer& tok, const std::vector<int32_t>& ids, bool skip) {

@@ -58,9 +58,6 @@ void parse_one(const uint8_t* data, size_t size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  parse_one(data, size);
-
-  const std::vector<uint8_t> framed = fuzz::framed_safetensors(data, size);
-  parse_one(framed.data(), framed.size());
+  fuzz::whole_and_framed(data, size, parse_one);
   return 0;
 }
