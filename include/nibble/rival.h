@@ -49,14 +49,21 @@ class RivalScheme {
 // nibble cannot read (GPTQ at 5-7 bits, AWQ's GEMV layout, ...).
 std::unique_ptr<RivalScheme> make_rival_scheme(const nlohmann::json& quantization_config, const std::string& where);
 
+// The quant_method values make_rival_scheme reads, comma-separated (its
+// table's rows), for messages and --help.
+std::string rival_method_names();
+
 // The quantization_config of a model directory (config.json's, or the
 // quantize_config.json AutoGPTQ wrote beside it), or nullopt (also for
-// compressed-tensors' "dense" format, whose weights are plain).
+// compressed-tensors' "dense" format, whose weights are plain). Its
+// quant_method, when present, is a string (else an Error naming the file).
 std::optional<nlohmann::json> rival_quantization_config(const std::filesystem::path& dir);
 
 class RivalSource final : public ModelSource {
  public:
   static std::unique_ptr<RivalSource> open(const std::filesystem::path& dir);
+  // The same with the directory's rival_quantization_config already read.
+  static std::unique_ptr<RivalSource> open(const std::filesystem::path& dir, const nlohmann::json& quantization_config);
 
   const RivalScheme& scheme() const { return *scheme_; }
   // The stored tensors behind a logical name (one for a plain tensor).

@@ -137,8 +137,12 @@ class CheckpointDir final : public ModelSource {
 // not weights.
 std::vector<std::filesystem::path> carried_files(const std::filesystem::path& dir);
 
+// The tokenizer that goes with the weights (ModelSource::tokenizer()); throws
+// naming `name` (the source as the user gave it) when there is none.
+Tokenizer require_tokenizer(const ModelSource& src, const std::string& name);
+
 // Opens a source named on the command line: "DIR" (plain, packed by nibble,
-// or a rival's GPTQ / AWQ / compressed-tensors checkpoint: detected),
+// or a rival's quantized checkpoint, rival.h: detected),
 // "hf:DIR", "packed:DIR", "gguf:FILE" or a GGUF file's own path (llama.cpp's
 // format, dequantized to f32), "overlay:CAND,keep=REGEX" (tensors matching
 // REGEX come from `reference`), "overlay:CAND,head=SRC" (lm_head from SRC).

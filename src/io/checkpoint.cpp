@@ -239,6 +239,12 @@ std::optional<Tokenizer> ModelSource::tokenizer() const {
   return Tokenizer::from_file(p);
 }
 
+Tokenizer require_tokenizer(const ModelSource& src, const std::string& name) {
+  std::optional<Tokenizer> tok = src.tokenizer();
+  NIBBLE_CHECK(tok, "{}: no tokenizer (no tokenizer.json beside the weights)", name);
+  return std::move(*tok);
+}
+
 std::vector<Tensor> ModelSource::parts(const std::string& name) const {
   NIBBLE_FAIL("{}: tensor '{}' has no stored parts", describe(), name);
 }

@@ -677,12 +677,15 @@ std::unique_ptr<RivalScheme> make_rival_scheme(const json& q, const std::string&
   NIBBLE_CHECK(q.is_object() && q.contains("quant_method") && q["quant_method"].is_string(),
                "{}: quantization_config should be an object naming its quant_method", where);
   const std::string method = q["quant_method"].get<std::string>();
-  std::string names;
-  for (const SchemeRow& r : kSchemes) {
+  for (const SchemeRow& r : kSchemes)
     if (method == r.quant_method) return r.make(q, where);
-    names += fmt::format("{}{}", names.empty() ? "" : ", ", r.quant_method);
-  }
-  NIBBLE_FAIL("{}: quantization method '{}' is not supported (nibble reads {})", where, method, names);
+  NIBBLE_FAIL("{}: quantization method '{}' is not supported (nibble reads {})", where, method, rival_method_names());
+}
+
+std::string rival_method_names() {
+  std::string names;
+  for (const SchemeRow& r : kSchemes) names += fmt::format("{}{}", names.empty() ? "" : ", ", r.quant_method);
+  return names;
 }
 
 std::optional<json> rival_quantization_config(const fs::path& dir) {
@@ -692,6 +695,9 @@ std::optional<json> rival_quantization_config(const fs::path& dir) {
     const json c = io::read_json_file(dir / "config.json");
     if (c.is_object() && c.contains("quantization_config") && c["quantization_config"].is_object()) {
       const json& q = c["quantization_config"];
+      NIBBLE_CHECK(!q.contains("quant_method") || q["quant_method"].is_string(),
+                   "{}: quantization_config's quant_method should be a string, found {}",
+                   (dir / "config.json").string(), q["quant_method"].dump());
       // compressed-tensors' "dense" format stores plain weights (a checkpoint saved unquantized).
       if (q.value("quant_method", json()) == "compressed-tensors" && q.value("format", json("dense")) == "dense")
         return std::nullopt;
@@ -702,6 +708,9 @@ std::optional<json> rival_quantization_config(const fs::path& dir) {
   if (fs::exists(dir / "quantize_config.json")) {
     json q = io::read_json_file(dir / "quantize_config.json");
     if (q.is_object()) {
+      NIBBLE_CHECK(!q.contains("quant_method") || q["quant_method"].is_string(),
+                   "{}: quant_method should be a string, found {}", (dir / "quantize_config.json").string(),
+                   q["quant_method"].dump());
       if (!q.contains("quant_method")) q["quant_method"] = "gptq";
       return q;
     }
@@ -711,10 +720,14 @@ std::optional<json> rival_quantization_config(const fs::path& dir) {
 
 std::unique_ptr<RivalSource> RivalSource::open(const fs::path& dir) {
   const std::optional<json> q = rival_quantization_config(dir);
-  NIBBLE_CHECK(q.has_value(), "{}: no quantization_config in config.json (not a GPTQ, AWQ or compressed-tensors "
-               "checkpoint)", dir.string());
+  NIBBLE_CHECK(q.has_value(), "{}: no quantization_config in config.json (not a checkpoint of {})", dir.string(),
+               rival_method_names());
+  return open(dir, *q);
+}
+
+std::unique_ptr<RivalSource> RivalSource::open(const fs::path& dir, const json& q) {
   auto src = std::unique_ptr<RivalSource>(new RivalSource());
-  src->scheme_ = make_rival_scheme(*q, dir.string());
+  src->scheme_ = make_rival_scheme(q, dir.string());
   src->raw_ = CheckpointDir::open(dir);
   const TensorSource& raw = *src->raw_;
   const std::vector<std::string> stored_names = raw.names();

@@ -90,8 +90,8 @@ std::unique_ptr<ModelSource> open_model_source(const std::string& spec, const Mo
   if (is_gguf_file(spec)) return open_gguf(spec);
   NIBBLE_CHECK(!std::filesystem::is_regular_file(spec),
                "{}: a file that is not GGUF; a Hugging Face or nibble checkpoint is named by its directory", spec);
-  // A rival's quantized checkpoint (GPTQ, AWQ, compressed-tensors): by its config's quantization_config.
-  if (rival_quantization_config(spec)) return RivalSource::open(spec);
+  // A rival's quantized checkpoint (rival.h): by its config's quantization_config.
+  if (const auto q = rival_quantization_config(spec)) return RivalSource::open(spec, *q);
   return CheckpointDir::open(spec);
 }
 

@@ -465,13 +465,13 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   // A GGUF file has no config.json or tokenizer.json to carry over: both are written from what it holds.
   std::unique_ptr<ModelSource> src;
   const GgufSource* gguf = nullptr;
-  const bool rival = rival_quantization_config(packed_dir).has_value();
+  const std::optional<nlohmann::json> rival = rival_quantization_config(packed_dir);
   if (is_gguf_file(packed_dir)) {
     auto g = GgufSource::open(packed_dir);
     gguf = g.get();
     src = std::move(g);
   } else if (rival) {
-    src = RivalSource::open(packed_dir);
+    src = RivalSource::open(packed_dir, *rival);
   } else {
     src = CheckpointDir::open(packed_dir);
   }

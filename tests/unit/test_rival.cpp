@@ -203,6 +203,11 @@ TEST(Rival, QuantizationConfigIsFoundWhereTheToolsWriteIt) {
   write(tmp / "config.json",
         {{"quantization_config", {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}}}});
   EXPECT_EQ(rival_quantization_config(tmp.path())->value("format", ""), "pack-quantized");
+  // A quant_method that is no string is an Error naming the file (refusals quote it as one).
+  write(tmp / "config.json", {{"quantization_config", {{"quant_method", 5}}}});
+  EXPECT_NE(test::error_of([&] { rival_quantization_config(tmp.path()); })
+                .find("config.json: quantization_config's quant_method should be a string, found 5"),
+            std::string::npos);
   // AutoGPTQ's own file, beside a config without the key.
   write(tmp / "config.json", {{"model_type", "llama"}});
   write(tmp / "quantize_config.json", {{"bits", 4}, {"group_size", 128}, {"desc_act", false}});

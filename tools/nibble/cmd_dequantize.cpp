@@ -13,7 +13,7 @@ void register_dequantize(CLI::App& app, const GlobalOptions& global) {
   auto out = std::make_shared<std::string>();
   auto dtype = std::make_shared<std::string>("f32");
   auto force = std::make_shared<bool>(false);
-  cmd->add_option("--model", *model, "Packed (or plain) model directory, a GPTQ / AWQ / compressed-tensors checkpoint, or a GGUF file")->required();
+  cmd->add_option("--model", *model, "Model: " + model_help())->required();
   cmd->add_option("--out", *out, "Output directory")->required();
   cmd->add_option("--dtype", *dtype,
                   "Output dtype: f32 is exact; bf16/f16 round the dequantized values")

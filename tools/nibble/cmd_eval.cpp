@@ -117,9 +117,7 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       "eval", "KL(reference || candidate) over the full vocabulary per position, top-1 agreement, perplexity");
   auto o = std::make_shared<EvalCli>();
   cmd->add_option("--reference", o->reference, "Reference model (DIR, hf:DIR, or a GGUF file)")->required();
-  cmd->add_option("--candidate", o->candidates,
-                  "Candidate (repeatable): DIR (nibble, HF, or a GPTQ / AWQ / compressed-tensors checkpoint), hf:DIR, packed:DIR, gguf:FILE or FILE.gguf, overlay:CAND,keep=REGEX, "
-                  "overlay:CAND,head=SRC");
+  cmd->add_option("--candidate", o->candidates, "Candidate (repeatable): " + candidate_help());
   cmd->add_option("--corpus", o->corpora, "NAME=FILE (repeatable): UTF-8 text (reference tokenizer) or .npy ids")
       ->required();
   cmd->add_option("--ctx", o->opt.ctx, "Window length in tokens")->capture_default_str();

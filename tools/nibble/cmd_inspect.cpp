@@ -147,6 +147,16 @@ void print_tensor(const ModelSource& src, const std::string& name, int64_t rows_
 
 }  // namespace
 
+std::string model_help() {
+  return "a directory (HF, nibble-packed, or a rival's quantized checkpoint: " + rival_method_names() +
+         ") or a GGUF file";
+}
+
+std::string candidate_help() {
+  return "DIR (HF, nibble-packed, or a rival's quantized checkpoint: " + rival_method_names() +
+         "), hf:DIR, packed:DIR, gguf:FILE or FILE.gguf, overlay:CAND,keep=REGEX, overlay:CAND,head=SRC";
+}
+
 std::string format_list_text() {
   std::string out;
   for (const FormatSpec* f : format_registry()) {

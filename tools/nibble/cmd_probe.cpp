@@ -32,10 +32,7 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
       "probe", "Relative output error ||(W'-W)x|| / ||Wx|| of every matrix on the reference's own activations");
   auto o = std::make_shared<ProbeCli>();
   cmd->add_option("--reference", o->reference, "Reference model directory (unquantized)")->required();
-  cmd->add_option("--candidate", o->candidate,
-                  "Candidate: DIR (nibble, HF, or a GPTQ / AWQ / compressed-tensors checkpoint), hf:DIR, packed:DIR, gguf:FILE or FILE.gguf, overlay:CAND,keep=REGEX, "
-                  "overlay:CAND,head=SRC")
-      ->required();
+  cmd->add_option("--candidate", o->candidate, "Candidate: " + candidate_help())->required();
   cmd->add_option("--corpus", o->corpus, "Held-out UTF-8 text")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", o->opt.ctx, "Window length in tokens")->capture_default_str();
   cmd->add_option("--chunks", o->opt.chunks, "Windows used (0 = all)")->capture_default_str();
@@ -48,9 +45,7 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
   cmd->callback([o, &global] {
     auto ref = open_model_source(o->reference);
     auto cand = open_model_source(o->candidate, ref.get());
-    const std::optional<Tokenizer> found = ref->tokenizer();
-    NIBBLE_CHECK(found, "{}: no tokenizer (no tokenizer.json beside the weights)", o->reference);
-    const Tokenizer& tok = *found;
+    const Tokenizer tok = require_tokenizer(*ref, o->reference);
     std::ifstream f(o->corpus, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();

@@ -34,9 +34,7 @@ class Runner {
   Runner(const std::string& path, const std::string& device, const std::string& kv, const std::string& act_quant)
       : src_(open_model_source(path)), kv_(find_kv_quant(kv)) {
     const ActQuantSpec* act = act_quant.empty() ? nullptr : find_act_quant(act_quant);
-    std::optional<Tokenizer> tok = src_->tokenizer();
-    NIBBLE_CHECK(tok, "{}: no tokenizer (no tokenizer.json beside the weights)", path);
-    tok_ = std::make_unique<Tokenizer>(std::move(*tok));
+    tok_ = std::make_unique<Tokenizer>(require_tokenizer(*src_, path));
     NIBBLE_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, found '{}'", device);
 #ifndef NIBBLE_HAVE_CUDA
     NIBBLE_CHECK(device == "cpu", "--device cuda: this build has no CUDA backend (build with NIBBLE_CUDA=on)");
@@ -156,7 +154,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     bool truncate = false, ignore_eos = false, no_cuda_graph = false;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--model", o->model, "Model: a directory (HF, nibble-packed, GPTQ, AWQ or compressed-tensors) or a GGUF file")->required();
+  cmd->add_option("--model", o->model, "Model: " + model_help())->required();
   cmd->add_option("--prompt", o->prompt, "Prompt text")->required();
   cmd->add_option("-n,--n-tokens", o->n, "New tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--temp", o->sampler.temperature, "Temperature (0 = greedy)")->capture_default_str();
@@ -264,7 +262,7 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
   auto text = std::make_shared<std::string>();
   auto ctx = std::make_shared<int64_t>(512);
   auto max_chunks = std::make_shared<int64_t>(0);
-  cmd->add_option("--model", *model, "Model: a directory (HF, nibble-packed, GPTQ, AWQ or compressed-tensors) or a GGUF file")->required();
+  cmd->add_option("--model", *model, "Model: " + model_help())->required();
   cmd->add_option("--text", *text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", *ctx, "Window length in tokens")->capture_default_str();
   cmd->add_option("--chunks", *max_chunks, "Score at most this many windows (0 = all)")->capture_default_str();
@@ -284,9 +282,7 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
               "  nibble ppl --model out/qwen3-rtn --text ../shared/data/corpora/linux-eval.txt --device cuda");
   cmd->callback([=, &global] {
     auto dir = open_model_source(*model);
-    const std::optional<Tokenizer> found = dir->tokenizer();
-    NIBBLE_CHECK(found, "{}: no tokenizer (no tokenizer.json beside the weights)", *model);
-    const Tokenizer& tok = *found;
+    const Tokenizer tok = require_tokenizer(*dir, *model);
     std::ifstream f(*text, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();

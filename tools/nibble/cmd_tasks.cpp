@@ -42,10 +42,9 @@ void register_gsm8k(CLI::App& app, const GlobalOptions& global) {
     o->g.progress = !global.quiet;
     o->g.journal = o->out + ".partial";
     auto src = open_model_source(o->model);
-    const std::optional<Tokenizer> tok = src->tokenizer();
-    NIBBLE_CHECK(tok, "{}: no tokenizer (no tokenizer.json beside the weights)", o->model);
+    const Tokenizer tok = require_tokenizer(*src, o->model);
     std::string style;
-    const auto items = eval::run_gsm8k(*src, *tok, o->g, &style);
+    const auto items = eval::run_gsm8k(*src, tok, o->g, &style);
     std::string text;
     int64_t right = 0, resumed = 0;
     for (const auto& it : items) {

@@ -35,4 +35,11 @@ void register_flips(CLI::App& app, const GlobalOptions& global);
 // and the row's description.
 std::string format_list_text();
 
+// --help words for a model named on the command line (open_model_source's
+// forms; the rivals' quant_methods from their registry, rival_method_names):
+// a directory or a GGUF file ...
+std::string model_help();
+// ... and every form a candidate may take.
+std::string candidate_help();
+
 }  // namespace nibble::cli
