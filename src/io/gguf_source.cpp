@@ -280,6 +280,8 @@ std::string GgufSource::describe() const { return file_.path().string(); }
 std::optional<Tokenizer> GgufSource::tokenizer() const {
   const io::GgufVocab v = vocab();
   if (v.tokens.empty()) return std::nullopt;
+  // First: it checks the BOS/EOS ids against the tokens that are indexed below.
+  const std::string json = io::tokenizer_json_from_gguf(v, describe());
   TokenizerConfig tc;
   if (v.bos_id) tc.bos_token = v.tokens[*v.bos_id];
   if (v.eos_id) tc.eos_token = v.tokens[*v.eos_id];
@@ -287,7 +289,7 @@ std::optional<Tokenizer> GgufSource::tokenizer() const {
   tc.add_bos_token = v.add_bos;
   tc.add_eos_token = v.add_eos;
   tc.chat_template = v.chat_template;
-  return Tokenizer::from_json(io::tokenizer_json_from_gguf(v, describe()), describe() + " (tokenizer.ggml.*)", tc);
+  return Tokenizer::from_json(json, describe() + " (tokenizer.ggml.*)", tc);
 }
 
 const GgufSource::Entry& GgufSource::entry(const std::string& name) const {

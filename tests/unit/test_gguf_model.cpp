@@ -134,8 +134,10 @@ struct Defect {
   std::string skip_key = "";     // metadata key left out (without the "<arch>." prefix)
   std::string drop_tensor = "";  // GGUF tensor left out
   std::string rename_from = "", rename_to = "";
-  int64_t rope_dims = 0;    // <arch>.rope.dimension_count, when > 0
+  int64_t rope_dims = 0;  // <arch>.rope.dimension_count, when > 0
   bool bad_rope_freqs = false;
+  std::vector<std::string> vocab = {};  // tokenizer.ggml.tokens of a SentencePiece ("llama") vocabulary, when not empty
+  int64_t bos_id = -1;                  // tokenizer.ggml.bos_token_id, when >= 0
 };
 
 ModelConfig synth_config(const Synth& s) {
@@ -243,6 +245,11 @@ ModelConfig write_synth(const Synth& s, const fs::path& hf_dir, const fs::path& 
       b.kv_u32(s.arch + "." + k, static_cast<uint32_t>(v));
   };
   kv("context_length", c.max_position_embeddings);
+  if (!defect.vocab.empty()) {
+    b.kv_str("tokenizer.ggml.model", "llama");
+    b.kv_str_array("tokenizer.ggml.tokens", defect.vocab);
+    if (defect.bos_id >= 0) b.kv_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(defect.bos_id));
+  }
   kv("embedding_length", c.hidden_size);
   kv("block_count", c.num_layers);
   kv("feed_forward_length", c.intermediate_size);
@@ -299,11 +306,19 @@ void expect_same_model(const Synth& s) {
 }
 
 TEST(GgufSource, LlamaWithBiasesIsUnpermuted) { expect_same_model({.arch = "llama", .attention_bias = true}); }
-TEST(GgufSource, LlamaTiedWithLlama3Rope) {
-  expect_same_model({.arch = "llama", .tied = true, .llama3_rope = true});
-}
+TEST(GgufSource, LlamaTiedWithLlama3Rope) { expect_same_model({.arch = "llama", .tied = true, .llama3_rope = true}); }
 TEST(GgufSource, Qwen2KeepsRowOrder) { expect_same_model({.arch = "qwen2"}); }
 TEST(GgufSource, Qwen3TiedWithQkNorm) { expect_same_model({.arch = "qwen3", .tied = true}); }
+
+// A BOS id past the vocabulary is refused before any token is looked up by it
+// (GgufSource::tokenizer once indexed the tokens with it first).
+TEST(GgufSource, TokenizerWithABosIdPastTheVocabularyIsRefused) {
+  TempDir tmp("nibble-gguf");
+  write_synth({}, tmp / "hf", tmp / "m.gguf", {.vocab = {"<s>", "a"}, .bos_id = 7});
+  const auto gguf = GgufSource::open(tmp / "m.gguf");
+  const std::string e = test::error_of([&] { gguf->tokenizer(); });
+  EXPECT_NE(e.find("tokenizer.ggml.bos_token_id 7 is outside the 2 tokens"), std::string::npos) << e;
+}
 
 TEST(GgufSource, ModelLevelErrors) {
   TempDir tmp("nibble-gguf");
