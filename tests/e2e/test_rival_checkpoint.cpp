@@ -18,67 +18,13 @@
 #include "nibble/model.h"
 #include "nibble/rival.h"
 #include "test_util.h"
+#include "unit/gptq_checkpoint.h"
 
 namespace nibble {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-bool is_linear(const std::string& name) {
-  for (const char* l : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
-    if (name.find(std::string(".") + l + ".weight") != std::string::npos) return true;
-  return false;
-}
-
-// GPTQ v1 parts of w [out, in] (groups of 128, min/max RTN) and the weight they define, f32 [out, in].
-struct Packed {
-  Tensor qweight, qzeros, scales, dequantized;
-};
-Packed pack_gptq_v1(const Tensor& w32) {
-  const int64_t out = w32.size(0), in = w32.size(1), gs = 128, groups = in / gs;
-  const float* w = w32.data<float>();
-  Packed p;
-  p.qweight = Tensor::zeros(DType::I32, {in / 8, out});
-  p.qzeros = Tensor::zeros(DType::I32, {groups, out / 8});
-  p.scales = Tensor::empty(DType::F16, {groups, out});
-  p.dequantized = Tensor::empty(DType::F32, {out, in});
-  auto* qw = static_cast<uint32_t*>(p.qweight.raw_mut());
-  auto* qz = static_cast<uint32_t*>(p.qzeros.raw_mut());
-  auto* sc = static_cast<uint16_t*>(p.scales.raw_mut());
-  float* dq = p.dequantized.data_mut<float>();
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t n = 0; n < out; ++n) {
-      float mn = 0, mx = 0;
-      for (int64_t k = g * gs; k < (g + 1) * gs; ++k)
-        mn = std::min(mn, w[n * in + k]), mx = std::max(mx, w[n * in + k]);
-      const uint16_t s16 = f32_to_f16(std::max((mx - mn) / 15.0f, 1e-6f));
-      const float s = f16_to_f32(s16);
-      const uint32_t z = static_cast<uint32_t>(std::clamp(std::nearbyint(-mn / s), 0.0f, 15.0f));
-      sc[g * out + n] = s16;
-      qz[g * (out / 8) + n / 8] |= z << (4 * (n % 8));
-      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
-        const uint32_t q =
-            static_cast<uint32_t>(std::clamp(std::nearbyint(w[n * in + k] / s) + static_cast<float>(z), 0.0f, 15.0f));
-        qw[(k / 8) * out + n] |= q << (4 * (k % 8));
-        dq[n * in + k] = s * (static_cast<float>(q) - static_cast<float>(z));
-      }
-    }
-  // v1 stores every zero minus one, taken from the packed word as a whole.
-  for (int64_t i = 0; i < p.qzeros.numel(); ++i) qz[i] -= 0x11111111u;
-  return p;
-}
-
-void write_dir(const fs::path& dir, const std::vector<std::pair<std::string, Tensor>>& tensors, const json& cfg) {
-  fs::create_directories(dir);
-  std::vector<io::OutputUnit> plan;
-  for (const auto& [name, t] : tensors) plan.push_back({name, {{name, t.dtype(), t.shape()}}, ""});
-  io::ShardedWriter w(dir, plan, uint64_t{1} << 40, {{"format", "pt"}});
-  for (const auto& [name, t] : tensors) w.write(name, t);
-  w.finish();
-  std::ofstream(dir / "config.json") << cfg.dump(2);
-  fs::copy_file(test::model_dir("qwen3-26M-linux") / "tokenizer.json", dir / "tokenizer.json");
-}
 
 Tensor logits_of(const ModelSource& src) {
   auto model = Model::load(src);
@@ -88,30 +34,9 @@ Tensor logits_of(const ModelSource& src) {
 
 TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
   test::TempDir tmp;
+  // Old AutoGPTQ releases stored an all-zero fp16 bias for linears that have none.
+  test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/true);
   const auto base = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
-  std::vector<std::pair<std::string, Tensor>> rival, plain;
-  for (const std::string& name : base->names()) {
-    const Tensor t = base->load(name);
-    if (!is_linear(name)) {
-      rival.emplace_back(name, t);
-      plain.emplace_back(name, t);
-      continue;
-    }
-    const Packed p = pack_gptq_v1(t.to_f32());
-    const std::string prefix = name.substr(0, name.size() - 7);
-    rival.emplace_back(prefix + ".qweight", p.qweight);
-    rival.emplace_back(prefix + ".qzeros", p.qzeros);
-    rival.emplace_back(prefix + ".scales", p.scales);
-    // Old AutoGPTQ releases stored an all-zero fp16 bias for linears that have none.
-    rival.emplace_back(prefix + ".bias", Tensor::zeros(DType::F16, {t.size(0)}));
-    plain.emplace_back(name, p.dequantized);
-  }
-  std::ifstream cf(test::model_dir("qwen3-26M-linux") / "config.json");
-  json cfg = json::parse(cf);
-  write_dir(tmp / "plain", plain, cfg);
-  cfg["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4},         {"group_size", 128},
-                                {"sym", false},           {"desc_act", false}, {"checkpoint_format", "gptq"}};
-  write_dir(tmp / "gptq", rival, cfg);
 
   // Found by its config; the packed parts hidden behind each linear's weight.
   const auto src = open_model_source((tmp / "gptq").string());
