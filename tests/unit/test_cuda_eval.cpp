@@ -22,6 +22,7 @@
 #include "nibble/source.h"
 #include "nibble/tokenizer.h"
 #include "test_util.h"
+#include "unit/gptq_checkpoint.h"
 
 namespace nibble {
 namespace {
@@ -298,6 +299,73 @@ TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--kv"), std::string::npos) << e.what();
   }
+}
+
+// Rivals' checkpoints on the GPU yardstick: a GGUF file as the reference and
+// another as the candidate (stories260K, F32 and Q4_K_M), and a GPTQ
+// directory as the candidate (qwen3); each scores as on the CPU, and the
+// GPTQ directory exactly as the plain checkpoint of the weights its codes
+// define.
+TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir tmp("nibble-cuda-rivals");
+  test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/false);
+  const fs::path gguf = test::model_dir("stories260K") / "gguf";
+  struct Case {
+    fs::path ref, cand, text;
+    int64_t ctx;
+  };
+  const Case cases[] = {{gguf / "stories260K-F32.gguf", gguf / "stories260K-Q4_K_M.gguf",
+                         test::shared_dir() / "data/corpora/tinystories-valid-sample.txt", 128},
+                        {test::model_dir("qwen3-26M-linux"), tmp / "gptq",
+                         test::shared_dir() / "data/corpora/linux-eval.txt", 256}};
+  for (const Case& c : cases) {
+    const auto ref = open_model_source(c.ref.string());
+    const auto cand = open_model_source(c.cand.string());
+    const Tokenizer tok = require_tokenizer(*ref, "the reference");
+    const eval::Corpus corpus{"text", tok.encode(test::read_file(c.text).substr(0, 60000), true), "x"};
+    eval::KlOptions o;
+    o.ctx = c.ctx;
+    o.chunks = 4;
+    o.bos = leading_bos(tok);
+    o.progress = false;
+    o.bootstrap = 100;
+    eval::KlOptions og = o;
+    og.device = "cuda";
+    std::vector<std::string> notes;
+    const eval::Reference rc = eval::build_reference(*ref, {corpus}, o, "", notes);
+    const eval::Reference rg = eval::build_reference(*ref, {corpus}, og, "", notes);
+    const auto sc = eval::score_candidate(*cand, rc, {corpus}, o);
+    const auto sg = eval::score_candidate(*cand, rg, {corpus}, og);
+    ASSERT_EQ(sc.size(), 1u);
+    ASSERT_EQ(sg.size(), 1u);
+    EXPECT_EQ(sc[0].positions, sg[0].positions) << c.cand;
+    EXPECT_GT(sc[0].kl.mean, 0.0) << c.cand;
+    EXPECT_NEAR(sg[0].kl.mean, sc[0].kl.mean, 1e-3 * sc[0].kl.mean) << c.cand;
+    EXPECT_NEAR(sg[0].kl.p99, sc[0].kl.p99, 1e-2 * sc[0].kl.p99) << c.cand;
+    EXPECT_NEAR(sg[0].top1, sc[0].top1, 2.0 / static_cast<double>(sc[0].positions)) << c.cand;
+    EXPECT_NEAR(sg[0].ppl_cand, sc[0].ppl_cand, 1e-4 * sc[0].ppl_cand) << c.cand;
+    std::printf("[gpu eval] %s against %s: KL cpu %.6g gpu %.6g, top-1 %.4f %.4f\n", c.cand.filename().c_str(),
+                c.ref.filename().c_str(), sc[0].kl.mean, sg[0].kl.mean, sc[0].top1, sg[0].top1);
+  }
+  // The GPTQ directory on the GPU: the same f32 weights as the plain one, so the same scores.
+  const auto ref = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
+  const Tokenizer tok = require_tokenizer(*ref, "the reference");
+  const eval::Corpus corpus{"text", tok.encode(test::read_file(cases[1].text).substr(0, 30000), true), "x"};
+  eval::KlOptions og;
+  og.ctx = 256;
+  og.chunks = 2;
+  og.bos = leading_bos(tok);
+  og.progress = false;
+  og.bootstrap = 10;
+  og.device = "cuda";
+  std::vector<std::string> notes;
+  const eval::Reference rg = eval::build_reference(*ref, {corpus}, og, "", notes);
+  const auto g = eval::score_candidate(*open_model_source((tmp / "gptq").string()), rg, {corpus}, og);
+  const auto p = eval::score_candidate(*CheckpointDir::open(tmp / "plain"), rg, {corpus}, og);
+  EXPECT_EQ(g[0].kl.mean, p[0].kl.mean);
+  EXPECT_EQ(g[0].kl.max, p[0].kl.max);
+  EXPECT_EQ(g[0].top1, p[0].top1);
 }
 
 }  // namespace
