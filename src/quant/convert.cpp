@@ -516,14 +516,16 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
 
   // config.json states the dtype the weights are stored in, in the style
   // (transformers 4 "torch_dtype" or 5 "dtype") the source used, and no
-  // longer a rival's quantization_config (nor AutoGPTQ's file of it).
+  // longer a rival's quantization_config (nor the files AutoGPTQ and
+  // auto-round keep it in beside the config).
   const fs::path cfg_path = out.staging() / "config.json";
   std::ifstream cf(cfg_path);
   ojson cfg = ojson::parse(cf);
   cf.close();
   if (rival) {
     cfg.erase("quantization_config");
-    fs::remove(out.staging() / "quantize_config.json");
+    fs::remove(out.staging() / "quantize_config.json");     // AutoGPTQ
+    fs::remove(out.staging() / "quantization_config.json");  // auto-round
   }
   if (cfg.contains("dtype")) cfg["dtype"] = word;
   if (cfg.contains("torch_dtype") || !cfg.contains("dtype")) cfg["torch_dtype"] = word;

@@ -55,12 +55,17 @@ TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
   // The same f32 weights, the same forward; adding a zero bias changes no value.
   EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
 
-  // dequantize: a plain checkpoint of the same weights, its config without the quantization_config.
+  // dequantize: a plain checkpoint of the same weights, its config without the quantization_config,
+  // and without the copies AutoGPTQ and auto-round keep beside it.
+  for (const char* f : {"quantize_config.json", "quantization_config.json"})
+    std::ofstream(tmp / "gptq" / f) << R"({"quant_method": "gptq", "bits": 4, "group_size": 128})";
   const auto r = test::run_command(test::nibble_bin() + " dequantize -q --model " + (tmp / "gptq").string() +
                                    " --out " + (tmp / "hf").string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream hf_cfg(tmp / "hf" / "config.json");
   EXPECT_FALSE(json::parse(hf_cfg).contains("quantization_config"));
+  EXPECT_FALSE(fs::exists(tmp / "hf" / "quantize_config.json"));
+  EXPECT_FALSE(fs::exists(tmp / "hf" / "quantization_config.json"));
   const auto hf = CheckpointDir::open(tmp / "hf");
   const Tensor w1 = hf->load("model.layers.3.self_attn.o_proj.weight"),
                w2 = plain_src->load("model.layers.3.self_attn.o_proj.weight");
