@@ -4,35 +4,17 @@
 // the calibration text the same ids). A block-quantized file is refused.
 #include <gtest/gtest.h>
 
-#include <cstring>
 
 #include "nibble/convert.h"
 #include "nibble/source.h"
 #include "nibble/tokenizer.h"
+#include "same_parts.h"
 #include "test_util.h"
 
 namespace nibble {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Every stored tensor of `want` is in `got` with the same bytes.
-void expect_same_parts(const fs::path& got_dir, const fs::path& want_dir) {
-  const auto got = CheckpointDir::open(got_dir), want = CheckpointDir::open(want_dir);
-  for (const std::string& name : want->names()) {
-    ASSERT_TRUE(got->contains(name)) << name;
-    const TensorMeta m = want->meta(name);
-    EXPECT_EQ(got->meta(name).format.has_value(), m.format.has_value()) << name;
-    const std::vector<Tensor> a = m.format ? got->parts(name) : std::vector<Tensor>{got->load(name)};
-    const std::vector<Tensor> b = m.format ? want->parts(name) : std::vector<Tensor>{want->load(name)};
-    ASSERT_EQ(a.size(), b.size()) << name;
-    for (size_t i = 0; i < a.size(); ++i) {
-      ASSERT_EQ(a[i].dtype(), b[i].dtype()) << name;
-      ASSERT_EQ(a[i].shape(), b[i].shape()) << name;
-      EXPECT_EQ(std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()), 0) << name << " part " << i;
-    }
-  }
-}
 
 QuantizeOptions gptq_options() {
   QuantizeOptions o;
@@ -52,7 +34,7 @@ TEST(GgufQuantize, F32FileGivesTheHfCheckpointsCodes) {
   const QuantizeOptions o = gptq_options();
   const QuantizeResult g = quantize_model(dir / "gguf" / "stories260K-F32.gguf", tmp / "from-gguf", o);
   quantize_model(dir, tmp / "from-hf", o);
-  expect_same_parts(tmp / "from-gguf", tmp / "from-hf");
+  test::expect_same_parts(tmp / "from-gguf", tmp / "from-hf");
   // The head llama.cpp stored untied stays a plain tensor (--keep); the checkpoint says it is untied.
   const auto got = CheckpointDir::open(tmp / "from-gguf");
   got->validate_against_config();

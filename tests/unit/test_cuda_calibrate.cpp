@@ -22,6 +22,7 @@
 #include "nibble/layerwise.h"
 #include "nibble/model.h"
 #include "nibble/tokenizer.h"
+#include "same_parts.h"
 #include "stories_split.h"
 #include "test_util.h"
 
@@ -239,6 +240,25 @@ TEST(Cuda, GptqOnGpuEndToEndMatchesCpuQuality) {
   const auto j = nlohmann::json::parse(f);
   EXPECT_EQ(j["options"]["device"], "cuda");
   EXPECT_GT(j["tensors"]["model.layers.0.mlp.down_proj.weight"]["rel_error"].get<double>(), 0.0);
+}
+
+// nibble quantize --device cuda on llama.cpp's F32 file of stories260K
+// (converted from the HF checkpoint: the same weights) stores the codes,
+// scales and mins the same run on the HF directory stores.
+TEST(Cuda, GptqOnGpuFromAGgufFileGivesTheHfCheckpointsCodes) {
+  SKIP_WITHOUT_DEVICE();
+  TempDir tmp;
+  const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
+  const fs::path model = test::model_dir("stories260K");
+  QuantizeOptions g = test::gptq_options(calib, 16, 128, 64);
+  g.mse = true;
+  g.device = "cuda";
+  g.keep_regex = "lm_head";  // the GGUF file stores the tied head as a tensor of its own
+  quantize_model(model / "gguf" / "stories260K-F32.gguf", tmp / "from-gguf", g);
+  quantize_model(model, tmp / "from-hf", g);
+  test::expect_same_parts(tmp / "from-gguf", tmp / "from-hf");
+  std::ifstream f(tmp / "from-gguf/nibble.json");
+  EXPECT_EQ(nlohmann::json::parse(f)["options"]["device"], "cuda");
 }
 
 TEST(Cuda, GptqOnGpuQuantizesTheHeadAndResumes) {

@@ -61,16 +61,15 @@ std::vector<int32_t> some_ids(int64_t n, int64_t vocab, uint32_t seed) {
 // and in decode through the KV cache. kv: the CPU's simulated cache scheme,
 // held for real on the GPU (kv_device_dtype: none, or bf16). Returns the
 // worst rows of prefill and decode.
-std::pair<double, double> f32_forward_diff(const fs::path& dir, int64_t n, int decode_steps,
-                                           const KvQuantSpec* kv = nullptr) {
-  auto src = CheckpointDir::open(dir);
-  auto cpu = Model::load(*src);
+std::pair<double, double> f32_forward_diff(const ModelSource& src, const std::string& label, int64_t n,
+                                           int decode_steps, const KvQuantSpec* kv = nullptr) {
+  auto cpu = Model::load(src);
   const ModelConfig& c = cpu->config();
   const int64_t V = c.vocab_size;
   cuda::GpuOptions g;
   g.f32_linears = true;
   g.kv_dtype = kv_device_dtype(kv, "test");
-  auto gpu = cuda::GpuModel::load(*src, n + decode_steps, g);
+  auto gpu = cuda::GpuModel::load(src, n + decode_steps, g);
   const std::vector<int32_t> prompt = some_ids(n, V, 7);
   KVCache cache(c, n + decode_steps, kv);
   const double prefill = worst_row(cpu->forward(prompt, cache, true), gpu->forward(prompt, true), V);
@@ -80,8 +79,12 @@ std::pair<double, double> f32_forward_diff(const fs::path& dir, int64_t n, int d
     decode = std::max(decode, worst_row(cpu->forward({t}, cache, false), gpu->forward({t}, false), V));
   }
   std::printf("[f32 forward%s] %s: worst row max|dlogit|/max|logit| prefill %.3g, decode %.3g\n",
-              kv ? ", bf16 KV cache" : "", dir.filename().c_str(), prefill, decode);
+              kv ? ", bf16 KV cache" : "", label.c_str(), prefill, decode);
   return {prefill, decode};
+}
+std::pair<double, double> f32_forward_diff(const fs::path& dir, int64_t n, int decode_steps,
+                                           const KvQuantSpec* kv = nullptr) {
+  return f32_forward_diff(*CheckpointDir::open(dir), dir.filename().string(), n, decode_steps, kv);
 }
 
 void check_f32_forward(const fs::path& dir, int64_t n, int decode_steps) {
@@ -347,6 +350,10 @@ TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
     EXPECT_NEAR(sg[0].ppl_cand, sc[0].ppl_cand, 1e-4 * sc[0].ppl_cand) << c.cand;
     std::printf("[gpu eval] %s against %s: KL cpu %.6g gpu %.6g, top-1 %.4f %.4f\n", c.cand.filename().c_str(),
                 c.ref.filename().c_str(), sc[0].kl.mean, sg[0].kl.mean, sc[0].top1, sg[0].top1);
+    // The forward under it, prefill and decode: the CPU's logits up to fp32 order.
+    const auto [prefill, decode] = f32_forward_diff(*cand, c.cand.filename().string(), 40, 8);
+    EXPECT_LT(prefill, 2e-5) << c.cand;
+    EXPECT_LT(decode, 2e-5) << c.cand;
   }
   // The GPTQ directory on the GPU: the same f32 weights as the plain one, so the same scores.
   const auto ref = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
