@@ -18,6 +18,7 @@ a model.
 """
 import json
 import math
+import os
 import sys
 import types
 from pathlib import Path
@@ -29,7 +30,13 @@ OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/data/rivals")
 OUT.mkdir(parents=True, exist_ok=True)
 
 
+# ONLY=name1,name2 writes those cases alone (every case is still computed).
+ONLY = set(filter(None, os.environ.get("ONLY", "").split(",")))
+
+
 def save(name, tensors, reference, qconfig):
+    if ONLY and name not in ONLY:
+        return
     t = {k: v.contiguous() for k, v in tensors.items()}
     t["reference"] = reference.float().contiguous()
     save_file(t, str(OUT / f"{name}.safetensors"), metadata={"quantization_config": json.dumps(qconfig)})
@@ -228,6 +235,35 @@ def bnb8_case(name, out_f=16, in_f=256, seed=5):
     save(name, {f"layer.{k}": v for k, v in sd.items()}, ref, q)
 
 
+def bnb8_matmul_case(name, out_f=24, in_f=256, tokens=12, seed=6):
+    """LLM.int8's activations: a Linear8bitLt (threshold 6) run on fp16 inputs whose columns 3 and 100 hold
+    outliers (|x| >= 6, one exactly 6), with entries just below 6 elsewhere. Besides the layer and its
+    dequantized weight ("reference"): "x" (the input), "x_quant" (the input as the int8 matmul sees it:
+    int8_vectorwise_quant's codes times their row scale / 127, the outlier columns as they are) and "y" (the
+    layer's own output, fp16)."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    lin, g = linear(out_f, in_f, seed)
+    m = bnb.nn.Linear8bitLt(in_f, out_f, bias=False, has_fp16_weights=False, threshold=6.0)
+    m.weight = bnb.nn.Int8Params(lin.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+    m = m.to("cpu").eval()  # inference (from_pretrained's mode): in training mode the CPU dequantizes instead
+    sd = m.state_dict()
+    x = torch.randn(tokens, in_f, generator=g) * 1.5
+    x[2, 3], x[7, 3], x[5, 100], x[0, 100] = 9.5, -7.25, 6.0, 5.99  # outliers of columns 3 and 100 (and 5.99 < 6)
+    x[4, 50], x[9, 200] = -5.995, 5.98  # below the threshold: ordinary entries, each its row's absmax
+    x = x.half()
+    ca, sca, cols = F.int8_vectorwise_quant(x.clone(), threshold=6.0)
+    xq = ca.float() * (sca.unsqueeze(1) / 127.0)
+    xq[:, cols] = x[:, cols].float()
+    with torch.no_grad():
+        y = m(x)
+    ref = F.int8_vectorwise_dequant(sd["weight"], sd["SCB"])
+    q = {"quant_method": "bitsandbytes", "load_in_4bit": False, "load_in_8bit": True, "llm_int8_threshold": 6.0}
+    print(name, "outlier columns", cols.tolist())
+    save(name, {**{f"layer.{k}": v for k, v in sd.items()}, "x": x.float(), "x_quant": xq, "y": y.float()}, ref, q)
+
+
 gptq_case("gptq_b4_g32_asym_v1", 4, 32, sym=False, desc_act=False, v1=True)
 gptq_case("gptq_b4_g64_asym_v2", 4, 64, sym=False, desc_act=False, v1=False)
 gptq_case("gptq_b4_g64_sym_actorder_v1", 4, 64, sym=True, desc_act=True, v1=True)
@@ -269,6 +305,7 @@ bnb4_case("bnb_nf4_dq_bf16", "nf4", True, torch.bfloat16, 64, out_f=24, in_f=704
 bnb4_case("bnb_fp4_bf16_ragged", "fp4", False, torch.bfloat16, 64, out_f=15, in_f=100)
 bnb4_case("bnb_nf4_f16_b128", "nf4", False, torch.float16, 128, out_f=16, in_f=256)
 bnb8_case("bnb_int8")
+bnb8_matmul_case("bnb_int8_matmul")
 # auto-round's own format: GPTQ layout, zeros minus one ("auto_round:auto_gptq", its default for symmetric
 # weights) or as they are ("auto_round", asymmetric).
 ar_case("ar_gptq_sym_b4_g128", "auto_round:auto_gptq", 4, 128, sym=True)

@@ -42,6 +42,9 @@ class RivalScheme {
   // Its weight, F32 [out, in]: the value the scheme defines, computed in f32
   // (exact for the products of a 16-bit scale and a small integer).
   virtual Tensor dequantize(const std::string& prefix, const TensorSource& raw) const = 0;
+  // The activation quantizer the scheme's linears run with (act_quant.h), or
+  // empty: ModelSource::activation_quant.
+  virtual std::string activation_quant() const { return {}; }
 };
 
 // The scheme a quantization_config names by its "quant_method" (gptq, awq,
@@ -76,6 +79,7 @@ class RivalSource final : public ModelSource {
   TensorMeta meta(const std::string& name) const override;
   Tensor load(const std::string& name) const override;
   std::filesystem::path tokenizer_json() const override { return raw_->tokenizer_json(); }
+  std::string activation_quant() const override { return scheme_->activation_quant(); }
 
  private:
   struct Entry {

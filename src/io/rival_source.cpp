@@ -488,8 +488,10 @@ class CompressedTensorsScheme final : public RivalScheme {
 //     (each row's absmax), P.weight_format U8 (0: row-major).
 //     w[n, k] = q · SCB[n] · (1/127 rounded to f32).
 // All in f32 as the library computes them (it then rounds to the model's
-// dtype). The 8-bit layer also quantizes activations at run time; nibble
-// measures its weights only.
+// dtype). The 8-bit layer also quantizes its inputs at run time: the
+// checkpoint declares the activation quantizer "llm_int8" (its default
+// llm_int8_threshold of 6; act_quant.cpp) or, with threshold 0 (no outlier
+// columns), "int8_token", which the forward then simulates.
 class BitsAndBytesScheme final : public RivalScheme {
  public:
   BitsAndBytesScheme(const json& q, const std::string& where) {
@@ -497,11 +499,20 @@ class BitsAndBytesScheme final : public RivalScheme {
     const bool in4 = f.optional<bool>("load_in_4bit", false), in8 = f.optional<bool>("load_in_8bit", false);
     NIBBLE_CHECK(in4 != in8, "{}: a bitsandbytes quantization_config should set one of load_in_4bit and load_in_8bit",
                  where);
+    if (in8) {
+      const double threshold = f.optional<double>("llm_int8_threshold", 6.0);
+      NIBBLE_CHECK(threshold == 6.0 || threshold == 0.0,
+                   "{}: llm_int8_threshold {}: nibble simulates LLM.int8's activations at the default threshold 6 "
+                   "and without outliers (0) only",
+                   where, threshold);
+      activations_ = threshold == 0.0 ? "int8_token" : "llm_int8";
+    }
     describe_ = in8 ? std::string("bitsandbytes 8-bit (LLM.int8)")
                     : fmt::format("bitsandbytes 4-bit ({}{})", f.optional<std::string>("bnb_4bit_quant_type", "fp4"),
                                   f.optional<bool>("bnb_4bit_use_double_quant", false) ? ", double quant" : "");
   }
   std::string describe() const override { return describe_; }
+  std::string activation_quant() const override { return activations_; }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const override {
     for (const char* suffix : {".weight.quant_state.bitsandbytes__nf4", ".weight.quant_state.bitsandbytes__fp4"})
       if (auto prefix = strip_suffix(stored, suffix)) return prefix;
@@ -602,6 +613,7 @@ class BitsAndBytesScheme final : public RivalScheme {
   }
 
   std::string describe_;
+  std::string activations_;  // 8-bit: llm_int8 or int8_token
 };
 
 // ------------------------------------------------------------- auto-round
@@ -774,7 +786,10 @@ std::unique_ptr<RivalSource> RivalSource::open(const fs::path& dir, const json& 
   return src;
 }
 
-std::string RivalSource::describe() const { return raw_->dir().string() + " (" + scheme_->describe() + ")"; }
+std::string RivalSource::describe() const {
+  const std::string act = scheme_->activation_quant();
+  return raw_->dir().string() + " (" + scheme_->describe() + (act.empty() ? "" : ", activations " + act) + ")";
+}
 
 const RivalSource::Entry& RivalSource::entry(const std::string& name) const {
   auto it = entries_.find(name);

@@ -3,6 +3,7 @@
 //   int8_tensor      scale = absmax(x over the whole [n, dim] matrix) / 127
 //   int8_token       scale = absmax(row) / 127, one per token
 //   fp8_e4m3_tensor  scale = absmax(x over the whole matrix) / 448
+//   llm_int8         bitsandbytes' LLM.int8 (Linear8bitLt, threshold 6): see llm_int8 below
 //
 //   int8: code = clamp(round_half_even(x / scale), -127, 127), x' = code * scale
 //   fp8:  x'   = e4m3_value(e4m3_rne_saturating(x / scale)) * scale
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "nibble/dtype.h"
 #include "nibble/error.h"
@@ -55,6 +57,33 @@ void fp8_e4m3_tensor(float* x, int64_t n, int64_t dim) {
   for (int64_t i = 0; i < n * dim; ++i) x[i] = f8_e4m3_to_f32(f32_to_f8_e4m3(x[i] / scale)) * scale;
 }
 
+// LLM.int8 as bitsandbytes computes it (int8_vectorwise_quant with threshold
+// 6, then int8_mixed_scaled_mm), on x rounded to fp16 as its matmul casts it:
+// an input column holding any |x| >= 6 over the call's tokens is an outlier
+// column and is multiplied exactly (in the model's dtype, with the weight
+// columns dequantized); every other entry is int8 with one scale per token,
+// absmax/127 over that token's entries below the threshold (entries of
+// outlier columns below it count), code = round_half_even(x · (127/absmax)).
+// A token with no such entry keeps zeros (its int8 part is empty).
+void llm_int8(float* x, int64_t n, int64_t dim) {
+  constexpr float kThreshold = 6.0f;
+  std::vector<float> h(static_cast<size_t>(n * dim));
+  for (int64_t i = 0; i < n * dim; ++i) h[i] = f16_to_f32(f32_to_f16(x[i]));
+  std::vector<char> outlier_col(static_cast<size_t>(dim), 0);
+  for (int64_t i = 0; i < n * dim; ++i)
+    if (std::abs(h[i]) >= kThreshold) outlier_col[i % dim] = 1;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* hr = &h[r * dim];
+    float* xr = x + r * dim;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < dim; ++j)
+      if (std::abs(hr[j]) < kThreshold) amax = std::max(amax, std::abs(hr[j]));
+    const float mul = 127.0f / amax, step = amax / 127.0f;
+    for (int64_t j = 0; j < dim; ++j)
+      if (!outlier_col[j]) xr[j] = amax > 0.0f ? std::nearbyint(hr[j] * mul) * step : 0.0f;
+  }
+}
+
 }  // namespace
 
 const std::vector<ActQuantSpec>& act_quants() {
@@ -63,6 +92,10 @@ const std::vector<ActQuantSpec>& act_quants() {
       {"int8_token", "int8, symmetric, one dynamic scale absmax/127 per token", 8, int8_token},
       {"fp8_e4m3_tensor", "OCP FP8 E4M3, one dynamic scale absmax/448 per linear input (all tokens)", 8,
        fp8_e4m3_tensor},
+      {"llm_int8",
+       "bitsandbytes' LLM.int8: input columns with any |x| >= 6 exact, the rest int8 per token (absmax/127 over the "
+       "entries below 6, on x rounded to fp16)",
+       8, llm_int8},
   };
   return rows;
 }

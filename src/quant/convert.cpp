@@ -524,7 +524,7 @@ void dequantize_model(const fs::path& packed_dir, const fs::path& out_dir, const
   cf.close();
   if (rival) {
     cfg.erase("quantization_config");
-    fs::remove(out.staging() / "quantize_config.json");     // AutoGPTQ
+    fs::remove(out.staging() / "quantize_config.json");      // AutoGPTQ
     fs::remove(out.staging() / "quantization_config.json");  // auto-round
   }
   if (cfg.contains("dtype")) cfg["dtype"] = word;

@@ -4,7 +4,6 @@
 // the calibration text the same ids). A block-quantized file is refused.
 #include <gtest/gtest.h>
 
-
 #include "nibble/convert.h"
 #include "nibble/source.h"
 #include "nibble/tokenizer.h"

@@ -318,10 +318,10 @@ TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
     fs::path ref, cand, text;
     int64_t ctx;
   };
-  const Case cases[] = {{gguf / "stories260K-F32.gguf", gguf / "stories260K-Q4_K_M.gguf",
-                         test::shared_dir() / "data/corpora/tinystories-valid-sample.txt", 128},
-                        {test::model_dir("qwen3-26M-linux"), tmp / "gptq",
-                         test::shared_dir() / "data/corpora/linux-eval.txt", 256}};
+  const Case cases[] = {
+      {gguf / "stories260K-F32.gguf", gguf / "stories260K-Q4_K_M.gguf",
+       test::shared_dir() / "data/corpora/tinystories-valid-sample.txt", 128},
+      {test::model_dir("qwen3-26M-linux"), tmp / "gptq", test::shared_dir() / "data/corpora/linux-eval.txt", 256}};
   for (const Case& c : cases) {
     const auto ref = open_model_source(c.ref.string());
     const auto cand = open_model_source(c.cand.string());

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "nibble/act_quant.h"
 #include "nibble/dtype.h"
 #include "nibble/error.h"
 #include "nibble/rival.h"
@@ -90,6 +91,56 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
                                            "bnb_nf4_f16_b128", "bnb_int8", "ar_gptq_sym_b4_g128", "ar_gptq_asym_b4_g32",
                                            "ar_asym_b4_g64", "ar_asym_b2_g32", "ar_awq_g64"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+// LLM.int8's activations (bnb_int8_matmul: a Linear8bitLt run by
+// bitsandbytes on an input with outlier columns): the checkpoint declares
+// llm_int8, whose fake quantization gives the input the library's int8
+// matmul sees (its codes times their row scale, the outlier columns exact),
+// and with the dequantized weight the library's output, which the exact input
+// does not.
+TEST(Rival, LlmInt8ActivationsAreTheLibrarys) {
+  const Vector v = open_vector("bnb_int8_matmul");
+  ASSERT_EQ(v.scheme->activation_quant(), "llm_int8");
+  const ActQuantSpec* aq = find_act_quant(v.scheme->activation_quant());
+  const Tensor x = v.file->load("x").to_f32(), want_x = v.file->load("x_quant").to_f32();
+  const Tensor y = v.file->load("y").to_f32(), w = v.scheme->dequantize("layer", *v.file);
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  std::vector<float> xq(x.data<float>(), x.data<float>() + x.numel());
+  aq->apply(xq.data(), n, in);
+  int64_t changed = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float a = xq[i], b = want_x.data<float>()[i];
+    EXPECT_NEAR(a, b, 1e-6f * std::max(1.0f, std::abs(b))) << "x[" << i / in << ", " << i % in << "]";
+    changed += a != x.data<float>()[i];
+  }
+  EXPECT_GT(changed, x.numel() / 2);
+  // y = x' · wᵀ as the library computes it in fp16: the int8 part rounded to fp16, then the
+  // outlier columns' part added (their weights rounded to fp16, |x| < 10 here) and rounded again:
+  // within an fp16 ulp of each output plus 5e-4. The exact input misses most outputs by more.
+  auto misses = [&](const float* xs) {
+    int64_t bad = 0;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int64_t k = 0; k < in; ++k) acc += static_cast<double>(xs[t * in + k]) * w.data<float>()[o * in + k];
+        const double b = y.data<float>()[t * out + o];
+        bad += std::abs(acc - b) > std::ldexp(1.0, -10) * std::abs(b) + 5e-4;
+      }
+    return bad;
+  };
+  EXPECT_EQ(misses(xq.data()), 0);
+  EXPECT_GT(misses(x.data<float>()), n * out / 4);
+  // Threshold 0 (no outlier columns) is int8 per token; other thresholds are not simulated.
+  json q = json::parse(v.file->metadata().at("quantization_config"));
+  q["llm_int8_threshold"] = 0.0;
+  EXPECT_EQ(make_rival_scheme(q, "t0")->activation_quant(), "int8_token");
+  q["llm_int8_threshold"] = 4.0;
+  EXPECT_NE(test::error_of([&] { make_rival_scheme(q, "t4"); }).find("llm_int8_threshold 4"), std::string::npos);
+  q.erase("llm_int8_threshold");
+  EXPECT_EQ(make_rival_scheme(q, "default")->activation_quant(), "llm_int8");
+  // 4-bit layers run on the exact activations.
+  EXPECT_EQ(open_vector("bnb_nf4_dq_bf16").scheme->activation_quant(), "");
+}
 
 // GPTQ's v1 zeros are stored minus one by subtracting 0x11111111 from the
 // packed word (GPTQModel's export), so a zero of 0 borrows from its

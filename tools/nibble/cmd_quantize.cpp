@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "nibble/act_quant.h"
 #include "nibble/convert.h"
 #include "nibble/format.h"
 #include "nibble/quantizer.h"
@@ -73,8 +74,8 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--rotate-seed", opt->rotate_seed, "rotate: seed of the Hadamard rotations' random signs")
       ->capture_default_str();
   cmd->add_option("--activations", opt->activations,
-                  "Activation quantizer the checkpoint's linears run with (simulated W8A8: int8_tensor, int8_token, "
-                  "fp8_e4m3_tensor); recorded in nibble.json and applied by run/eval/ppl");
+                  "Activation quantizer the checkpoint's linears run with (simulated W8A8: " + act_quant_names() +
+                      "); recorded in nibble.json and applied by run/eval/ppl");
   auto* g_cal = "Calibration (gptq, awq, smoothquant)";
   cmd->add_option("--calib", calib_files, "Calibration data: UTF-8 text (tokenized with the model's tokenizer) or "
                                           ".npy token ids; several files are concatenated")
