@@ -56,6 +56,20 @@ std::vector<int32_t> some_ids(int64_t n, int64_t vocab, uint32_t seed) {
   return ids;
 }
 
+// The yardstick's options in these tests: `chunks` windows of `ctx` tokens
+// with the tokenizer's BOS, `bootstrap` resamples, quiet, on `device`.
+eval::KlOptions kl_options(int64_t ctx, int64_t chunks, const Tokenizer& tok, int bootstrap,
+                           const char* device = "cpu") {
+  eval::KlOptions o;
+  o.ctx = ctx;
+  o.chunks = chunks;
+  o.bos = leading_bos(tok);
+  o.progress = false;
+  o.bootstrap = bootstrap;
+  o.device = device;
+  return o;
+}
+
 // f32 weights, f32 inputs, the fp32 GEMM: the CPU forward's logits up to fp32
 // summation order (measured on the H200: see the printed figures), in prefill
 // and in decode through the KV cache. kv: the CPU's simulated cache scheme,
@@ -239,17 +253,10 @@ TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
   const Tokenizer tok = Tokenizer::from_file(model / "tokenizer.json");
   const std::string text = test::read_file(test::shared_dir() / "data/corpora/linux-eval.txt").substr(0, 60000);
   const eval::Corpus corpus{"linux", tok.encode(text, true), "x"};
-  eval::KlOptions o;
-  o.ctx = 256;
-  o.chunks = 6;
-  o.bos = leading_bos(tok);
-  o.progress = false;
-  o.bootstrap = 100;
+  const eval::KlOptions o = kl_options(256, 6, tok, 100), og = kl_options(256, 6, tok, 100, "cuda");
   auto ref = CheckpointDir::open(model);
   auto cand = CheckpointDir::open(tmp / "rtn");
   std::vector<std::string> notes;
-  eval::KlOptions og = o;
-  og.device = "cuda";
   const eval::Reference rc = eval::build_reference(*ref, {corpus}, o, "", notes);
   const eval::Reference rg = eval::build_reference(*ref, {corpus}, og, "", notes);
   ASSERT_EQ(rc.corpora[0].logprobs.shape(), rg.corpora[0].logprobs.shape());
@@ -327,14 +334,7 @@ TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
     const auto cand = open_model_source(c.cand.string());
     const Tokenizer tok = require_tokenizer(*ref, "the reference");
     const eval::Corpus corpus{"text", tok.encode(test::read_file(c.text).substr(0, 60000), true), "x"};
-    eval::KlOptions o;
-    o.ctx = c.ctx;
-    o.chunks = 4;
-    o.bos = leading_bos(tok);
-    o.progress = false;
-    o.bootstrap = 100;
-    eval::KlOptions og = o;
-    og.device = "cuda";
+    const eval::KlOptions o = kl_options(c.ctx, 4, tok, 100), og = kl_options(c.ctx, 4, tok, 100, "cuda");
     std::vector<std::string> notes;
     const eval::Reference rc = eval::build_reference(*ref, {corpus}, o, "", notes);
     const eval::Reference rg = eval::build_reference(*ref, {corpus}, og, "", notes);
@@ -359,13 +359,7 @@ TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
   const auto ref = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
   const Tokenizer tok = require_tokenizer(*ref, "the reference");
   const eval::Corpus corpus{"text", tok.encode(test::read_file(cases[1].text).substr(0, 30000), true), "x"};
-  eval::KlOptions og;
-  og.ctx = 256;
-  og.chunks = 2;
-  og.bos = leading_bos(tok);
-  og.progress = false;
-  og.bootstrap = 10;
-  og.device = "cuda";
+  const eval::KlOptions og = kl_options(256, 2, tok, 10, "cuda");
   std::vector<std::string> notes;
   const eval::Reference rg = eval::build_reference(*ref, {corpus}, og, "", notes);
   const auto g = eval::score_candidate(*open_model_source((tmp / "gptq").string()), rg, {corpus}, og);
