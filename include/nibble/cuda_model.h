@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "nibble/act_quant.h"
 #include "nibble/dtype.h"
 #include "nibble/model_config.h"
 #include "nibble/source.h"
@@ -83,6 +84,13 @@ struct GpuOptions {
   // include/nibble/kv_quant.h maps a scheme to this). Every attention kernel
   // reads either (src/backend/cuda/kv_cache.cuh).
   DType kv_dtype = DType::F32;
+  // With f32_linears and without decode_graph (the yardstick's prefill):
+  // every decoder linear's input (not the head's) is fake-quantized by this
+  // activation quantizer as the CPU forward does it, before the bf16 rounding
+  // of bf16_inputs. The input is copied to the host, quantized by the
+  // registry's own function (act_quant.h) and copied back: the CPU's numbers,
+  // at the cost of a round trip per input.
+  const ActQuantSpec* act_quant = nullptr;
 };
 
 // GpuOptions::kKvSharedAuto's position for a KV cache of `kv_dtype`.

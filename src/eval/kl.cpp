@@ -110,11 +110,8 @@ class WindowRunner {
     const std::string act = !setup.cand.act_quant     ? src.activation_quant()
                             : *setup.cand.act_quant ? std::string((*setup.cand.act_quant)->name)
                                                     : std::string();
-    NIBBLE_CHECK(act.empty(),
-                 "eval --device cuda: {} runs with simulated activation quantization '{}', which the GPU forward "
-                 "does not do; use --device cpu (or --act-quant none)",
-                 src.describe(), act);
     cuda::GpuOptions g;
+    g.act_quant = act.empty() ? nullptr : find_act_quant(act);  // each input through the host (GpuOptions)
     g.f32_linears = true;
     g.bf16_inputs = setup.bf16_activations;
     g.decode_graph = false;  // prefill only

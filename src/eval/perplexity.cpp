@@ -111,12 +111,10 @@ PerplexityResult perplexity_streaming(const ModelSource& src, const std::vector<
 PerplexityResult perplexity_cuda(const ModelSource& src, const std::vector<int32_t>& tokens, int64_t ctx,
                                  std::optional<int32_t> bos, bool progress) {
 #ifdef NIBBLE_HAVE_CUDA
-  NIBBLE_CHECK(src.activation_quant().empty(),
-               "ppl --device cuda: {} declares simulated activation quantization '{}', which the GPU forward does not "
-               "do; use --device cpu",
-               src.describe(), src.activation_quant());
   const auto ws = windows(src.config(), tokens, ctx, bos);
   cuda::GpuOptions g;
+  // What the checkpoint declares, as the CPU forward applies it (each input through the host: GpuOptions).
+  if (const std::string a = src.activation_quant(); !a.empty()) g.act_quant = find_act_quant(a);
   g.f32_linears = true;
   g.decode_graph = false;  // whole windows only
   g.kv_shared_from = -1;

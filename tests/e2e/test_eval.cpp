@@ -193,7 +193,6 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
   refused("--device tpu", "--device");
   // Simulations the GPU forward does not do are refused at once, on any build and any machine.
   refused("--device cuda --kv none,int4", "--kv int4 is simulated on the CPU only");
-  refused("--device cuda --act-quant int8_token", "--act-quant int8_token is simulated on the CPU only");
 #ifndef NIBBLE_HAVE_CUDA
   refused("--device cuda", "CUDA build");
 #endif

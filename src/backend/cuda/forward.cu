@@ -316,8 +316,21 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
 // every linear takes it; leading dimension ldx) · [W0; W1; ...]ᵀ + bias: each
 // linear writes its own columns.
 // round_in: f32 linears round their inputs to bf16 first (GpuOptions::bf16_inputs).
+// aq: f32 inputs are first fake-quantized by it, once for all the linears
+// (GpuOptions::act_quant): a round trip through the host, in place.
 void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, int64_t M, int64_t ldx, float* y,
-                     int64_t ldy, cudaStream_t s, bool round_in) {
+                     int64_t ldy, cudaStream_t s, bool round_in, const ActQuantSpec* aq = nullptr) {
+  if (aq != nullptr && count > 0) {
+    NIBBLE_CHECK(act == Act::F32, "GpuModel: simulated activation quantization needs f32 inputs");
+    const int64_t in = ls[0].in;
+    std::vector<float> host(static_cast<size_t>(M * in));
+    auto* xf = static_cast<float*>(const_cast<void*>(x));
+    NIBBLE_CUDA_CHECK(cudaMemcpy2DAsync(host.data(), in * 4, xf, ldx * 4, in * 4, M, cudaMemcpyDeviceToHost, s));
+    NIBBLE_CUDA_CHECK(cudaStreamSynchronize(s));
+    aq->apply(host.data(), M, in);
+    NIBBLE_CUDA_CHECK(cudaMemcpy2DAsync(xf, ldx * 4, host.data(), in * 4, in * 4, M, cudaMemcpyHostToDevice, s));
+    NIBBLE_CUDA_CHECK(cudaStreamSynchronize(s));  // the host copy goes out of scope
+  }
   for (size_t i = 0; i < count; ++i) {
     const GpuLinear& l = ls[i];
     // Programmatic dependent launch: the W4A16 kernel streams its weights in
@@ -345,8 +358,8 @@ void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, 
   }
 }
 void linears_forward(const std::vector<GpuLinear>& ls, const void* x, Act act, int64_t M, int64_t ldx, float* y,
-                     int64_t ldy, cudaStream_t s, bool round_in) {
-  linears_forward(ls.data(), ls.size(), x, act, M, ldx, y, ldy, s, round_in);
+                     int64_t ldy, cudaStream_t s, bool round_in, const ActQuantSpec* aq = nullptr) {
+  linears_forward(ls.data(), ls.size(), x, act, M, ldx, y, ldy, s, round_in, aq);
 }
 
 // Whether a linear takes f32 inputs for one token.
@@ -636,7 +649,7 @@ struct GpuModel::Impl {
         linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, true);
       } else {
         norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, f32_in(L.f32_qkv));
-        linears_forward(L.qkv, xn, act(f32_in(L.f32_qkv)), n, ldD, qkv, QKV, stream, round_in);
+        linears_forward(L.qkv, xn, act(f32_in(L.f32_qkv)), n, ldD, qkv, QKV, stream, round_in, opts.act_quant);
       }
       void* kc = kcache[l].get();
       void* vc = vcache[l].get();
@@ -697,7 +710,7 @@ struct GpuModel::Impl {
       } else if (one && L.prep_o)
         linears_prepared(&L.o, 1, sc.oq, tmp, stream);
       else
-        linears_forward(&L.o, 1, att, act(f32_in(L.f32_o)), n, ldQ, tmp, D, stream, round_in);
+        linears_forward(&L.o, 1, att, act(f32_in(L.f32_o)), n, ldQ, tmp, D, stream, round_in, opts.act_quant);
       if (fz) {
         GemvFusion f = in_norm;
         f.swiglu = true;
@@ -709,7 +722,8 @@ struct GpuModel::Impl {
         linears_prepared(L.gate_up.data(), L.gate_up.size(), sc.xq, gu, stream, true);
       } else {
         norm(rows_n, x, tmp, f32p(L.post_norm), xn, f32_in(L.f32_gate_up));
-        linears_forward(L.gate_up, xn, act(f32_in(L.f32_gate_up)), n, ldD, gu, 2 * F, stream, round_in);
+        linears_forward(L.gate_up, xn, act(f32_in(L.f32_gate_up)), n, ldD, gu, 2 * F, stream, round_in,
+                        opts.act_quant);
       }
       const bool last = l + 1 == layers.size();
       if (fz && (!last || prep_head)) {  // x += down's output, then the next norm's z
@@ -731,7 +745,7 @@ struct GpuModel::Impl {
           pdl_launch(silu_mul_kernel<bf16>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F,
                      static_cast<bf16*>(h), ldF, n, F);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
-        linears_forward(&L.down, 1, h, act(f32_in(L.f32_down)), n, ldF, tmp, D, stream, round_in);
+        linears_forward(&L.down, 1, h, act(f32_in(L.f32_down)), n, ldF, tmp, D, stream, round_in, opts.act_quant);
       }
     }
     // The last MLP output joins only the rows whose logits are wanted (the
@@ -962,6 +976,9 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
                src.describe());
   NIBBLE_CHECK(opts.kv_dtype == DType::F32 || opts.kv_dtype == DType::BF16,
                "GpuModel: a KV cache of {} (f32 or bf16 only)", dtype_name(opts.kv_dtype));
+  NIBBLE_CHECK(opts.act_quant == nullptr || (opts.f32_linears && !opts.decode_graph),
+               "GpuModel: simulated activation quantization ({}) runs with f32 linears and no decode graph only",
+               opts.act_quant ? std::string(opts.act_quant->name) : std::string());
   check_fits(src, max_tokens, opts.f32_linears && src.config().tie_word_embeddings, opts.kv_dtype);
   std::unique_ptr<GpuModel> model(new GpuModel());
   Impl& m = *model->impl_;
