@@ -88,8 +88,11 @@ struct GpuOptions {
   // every decoder linear's input (not the head's) is fake-quantized by this
   // activation quantizer as the CPU forward does it, before the bf16 rounding
   // of bf16_inputs. The input is copied to the host, quantized by the
-  // registry's own function (act_quant.h) and copied back: the CPU's numbers,
-  // at the cost of a round trip per input.
+  // registry's own function (act_quant.h) and copied back, at the cost of a
+  // round trip per input. The quantizer is the CPU's, but its inputs differ
+  // from the CPU's in their last bits, so near-tie activations can round one
+  // step apart: an equally valid realization (CudaEval tests), not the CPU's
+  // numbers to fp32 order.
   const ActQuantSpec* act_quant = nullptr;
 };
 
