@@ -107,11 +107,11 @@ class WindowRunner {
     if (o.device == "cpu") return;
     NIBBLE_CHECK(o.device == "cuda", "eval: --device '{}' (cpu or cuda)", o.device);
 #ifdef NIBBLE_HAVE_CUDA
-    const std::string act = !setup.cand.act_quant     ? src.activation_quant()
-                            : *setup.cand.act_quant ? std::string((*setup.cand.act_quant)->name)
-                                                    : std::string();
+    // The candidate's activation quantizer, else the one its source declares
+    // (as DecoderLayer::load applies it on the CPU); each input goes through the host.
+    const std::string declared = src.activation_quant();
     cuda::GpuOptions g;
-    g.act_quant = act.empty() ? nullptr : find_act_quant(act);  // each input through the host (GpuOptions)
+    g.act_quant = setup.cand.act_quant ? *setup.cand.act_quant : declared.empty() ? nullptr : find_act_quant(declared);
     g.f32_linears = true;
     g.bf16_inputs = setup.bf16_activations;
     g.decode_graph = false;  // prefill only
