@@ -17,6 +17,7 @@
 #include "nibble/arch.h"
 #include "nibble/dtype.h"
 #include "nibble/error.h"
+#include "nibble/regex.h"
 #include "io/json_file.h"
 
 namespace nibble {
@@ -285,8 +286,8 @@ class AwqScheme final : public RivalScheme {
 //   weight I8 / F8_E4M3 [out, in] + weight_scale: int-quantized / float-quantized.
 // Integer and FP8 weights: w = (q − zero) · scale[group of the input] with
 // scales [out, groups] (group or channel), [1] (tensor) or, for block
-// quantization, [⌈out/bo⌉, ⌈in/bi⌉] (block_structure of the config group,
-// else the block implied by the shapes).
+// quantization, [⌈out/bo⌉, ⌈in/bi⌉] (block_structure of the config group
+// whose targets match the linear, else the block implied by the shapes).
 class CompressedTensorsScheme final : public RivalScheme {
  public:
   CompressedTensorsScheme(const json& q, const std::string& where) {
@@ -301,16 +302,30 @@ class CompressedTensorsScheme final : public RivalScheme {
         "float-quantized, naive-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized and mixed-precision are)",
         where, format_);
     if (q.contains("config_groups") && q["config_groups"].is_object())
-      for (const auto& [name, group] : q["config_groups"].items())
-        if (group.is_object() && group.contains("weights") && group["weights"].is_object()) {
+      for (const auto& [name, group] : q["config_groups"].items()) {
+        if (!group.is_object()) continue;
+        const std::string gwhere = fmt::format("{}: config group '{}'", f.where, name);
+        Group g;
+        if (group.contains("targets") && group["targets"].is_array())
+          for (const json& t : group["targets"]) {
+            NIBBLE_CHECK(t.is_string(), "{}: targets should be strings, found {}", gwhere, t.dump());
+            const std::string target = t.get<std::string>();
+            if (target.rfind("re:", 0) == 0)  // Python's re.match: anchored at the name's start only
+              g.regexes.push_back(std::make_shared<const Regex>("\\A(?:" + target.substr(3) + ")", gwhere));
+            else
+              g.names.push_back(target);
+          }
+        if (group.contains("weights") && group["weights"].is_object()) {
           const json& wa = group["weights"];
           if (wa.contains("block_structure") && wa["block_structure"].is_array() && wa["block_structure"].size() == 2) {
             const json& b = wa["block_structure"];
-            block_ = {f.get<int64_t>(b[0], "block_structure"), f.get<int64_t>(b[1], "block_structure")};
-            NIBBLE_CHECK(block_->first > 0 && block_->second > 0,
-                         "{}: block_structure should be two positive sizes, found {}", f.where, b.dump());
+            g.block = {f.get<int64_t>(b[0], "block_structure"), f.get<int64_t>(b[1], "block_structure")};
+            NIBBLE_CHECK(g.block->first > 0 && g.block->second > 0,
+                         "{}: block_structure should be two positive sizes, found {}", gwhere, b.dump());
           }
         }
+        groups_.push_back(std::move(g));
+      }
   }
   std::string describe() const override { return "compressed-tensors (" + format_ + ")"; }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const override {
@@ -377,10 +392,11 @@ class CompressedTensorsScheme final : public RivalScheme {
       srows = scale.numel();
     }
     const bool blocks = srows != out && srows != 1;
-    const int64_t row_block = srows == out ? 1 : srows == 1 ? out : block_ ? block_->first : (out + srows - 1) / srows;
+    const std::optional<std::pair<int64_t, int64_t>> block = block_of(prefix);
+    const int64_t row_block = srows == out ? 1 : srows == 1 ? out : block ? block->first : (out + srows - 1) / srows;
     NIBBLE_CHECK((out + row_block - 1) / row_block == srows, "{}: '{}.weight_scale' has {} rows for {} outputs",
                  raw.describe(), prefix, srows, out);
-    const int64_t gs = blocks && block_ ? block_->second : (in + scols - 1) / scols;
+    const int64_t gs = blocks && block ? block->second : (in + scols - 1) / scols;
     NIBBLE_CHECK((in + gs - 1) / gs == scols, "{}: '{}.weight_scale' has {} columns, which fits no group size for {} "
                  "inputs", raw.describe(), prefix, scols, in);
     const std::vector<int32_t> g = groups_of(raw, prefix + ".weight_g_idx", in, gs, scols);
@@ -464,8 +480,37 @@ class CompressedTensorsScheme final : public RivalScheme {
     return w;
   }
 
+  // The block_structure of the config group that quantized linear `prefix`, chosen as compressed-tensors
+  // matches modules to targets: an exact name first, then a "re:" pattern (re.match), then the class name
+  // ("Linear", which every linear here is); among targets of one kind, the alphabetically first. None when no
+  // group names a block: the block then follows from the scales' shape.
+  std::optional<std::pair<int64_t, int64_t>> block_of(const std::string& prefix) const {
+    std::optional<std::pair<int, std::string>> best;  // (kind, target)
+    std::optional<std::pair<int64_t, int64_t>> block;
+    auto consider = [&](int kind, const std::string& target, const Group& g) {
+      const std::pair<int, std::string> key{kind, target};
+      if (best && !(key < *best)) return;
+      best = key;
+      block = g.block;
+    };
+    for (const Group& g : groups_) {
+      for (const std::string& n : g.names) {
+        if (n == prefix) consider(0, n, g);
+        if (n == "Linear") consider(2, n, g);
+      }
+      for (const auto& r : g.regexes)
+        if (r->search(prefix)) consider(1, r->pattern(), g);
+    }
+    return block;
+  }
+
+  struct Group {
+    std::vector<std::string> names;                      // module names and class names
+    std::vector<std::shared_ptr<const Regex>> regexes;  // "re:" targets
+    std::optional<std::pair<int64_t, int64_t>> block;    // weights.block_structure
+  };
   std::string format_;
-  std::optional<std::pair<int64_t, int64_t>> block_;
+  std::vector<Group> groups_;
 };
 
 // The table: quant_method -> scheme.

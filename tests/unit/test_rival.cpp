@@ -155,6 +155,61 @@ TEST(Rival, GptqV1ZerosComeBackThroughTheBorrow) {
   EXPECT_EQ((w0 >> 4) & 15u, 13u);
 }
 
+// compressed-tensors with config groups of different block_structure (block-quantized
+// int8 here): each linear is read with the block of the group whose targets match it, as
+// the library assigns schemes (an exact name, then a "re:" pattern anchored at the name's
+// start, then the class name "Linear"). The shapes are ragged, so a block guessed from the
+// scales' shape would be wrong for every one of them.
+TEST(Rival, CompressedTensorsBlocksFollowTheLinearsConfigGroup) {
+  test::TempDir tmp;
+  const json q = json::parse(R"({"quant_method": "compressed-tensors", "format": "int-quantized",
+    "config_groups": {
+      "mlp": {"targets": ["re:.*mlp\\.down_proj$"], "weights": {"strategy": "block", "block_structure": [16, 64]}},
+      "one": {"targets": ["model.layers.0.self_attn.o_proj"], "weights": {"strategy": "block", "block_structure": [32, 16]}},
+      "rest": {"targets": ["Linear"], "weights": {"strategy": "block", "block_structure": [8, 32]}}}})");
+  struct Case {
+    std::string prefix;
+    int64_t bo, bi;
+  };
+  // o_proj also matches "Linear", and "model.mlp.down_proj_x" the regex's prefix only (no "$" match).
+  const std::vector<Case> cases = {{"model.layers.0.mlp.down_proj", 16, 64},
+                                   {"model.layers.0.self_attn.o_proj", 32, 16},
+                                   {"model.layers.0.self_attn.q_proj", 8, 32},
+                                   {"model.layers.0.mlp.down_proj_x", 8, 32}};
+  const int64_t out = 40, in = 100;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const int64_t sr = (out + cases[c].bo - 1) / cases[c].bo, sc = (in + cases[c].bi - 1) / cases[c].bi;
+    Tensor w = Tensor::empty(DType::I8, {out, in}), s = Tensor::empty(DType::F32, {sr, sc});
+    for (int64_t i = 0; i < out * in; ++i) w.data_mut<int8_t>()[i] = static_cast<int8_t>((i * 37 + 11 * c) % 255 - 127);
+    for (int64_t i = 0; i < sr * sc; ++i) s.data_mut<float>()[i] = 0.001f * static_cast<float>(i + 1 + 7 * c);
+    tensors.emplace_back(cases[c].prefix + ".weight", w);
+    tensors.emplace_back(cases[c].prefix + ".weight_scale", s);
+  }
+  const fs::path path = tmp / "ct_blocks.safetensors";
+  io::save_safetensors(path, tensors, {});
+  const auto file = CheckpointDir::open_file(path);
+  const auto scheme = make_rival_scheme(q, "ct_blocks");
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Case& k = cases[c];
+    const Tensor w = file->load(k.prefix + ".weight"), s = file->load(k.prefix + ".weight_scale");
+    const int64_t sc = s.size(1);
+    const Tensor got = scheme->dequantize(k.prefix, *file);
+    ASSERT_EQ(got.shape(), (std::vector<int64_t>{out, in})) << k.prefix;
+    int64_t bad = 0;
+    for (int64_t n = 0; n < out; ++n)
+      for (int64_t i = 0; i < in; ++i) {
+        const float want = static_cast<float>(w.data<int8_t>()[n * in + i]) * s.data<float>()[(n / k.bo) * sc + i / k.bi];
+        bad += got.data<float>()[n * in + i] != want;
+      }
+    EXPECT_EQ(bad, 0) << k.prefix;
+  }
+  // A "re:" target that is no regular expression is refused, naming its group.
+  json badq = q;
+  badq["config_groups"]["mlp"]["targets"] = {"re:(unclosed"};
+  EXPECT_NE(test::error_of([&] { make_rival_scheme(badq, "cfg"); }).find("config group 'mlp'"), std::string::npos);
+}
+
 TEST(Rival, UnsupportedSettingsAreNamed) {
   auto err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
   EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 5, "group_size": 128})").find("5 bits"), std::string::npos);
