@@ -4,6 +4,7 @@
 // without a kernel are dequantized to f32 when loaded).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -71,6 +72,10 @@ class KVCache {
 // `dense`; anything else (other formats dequantized) becomes f32.
 LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool dense = false);
 
+// The inputs of a layer's linears, as a calibration tap sees them: q/k/v
+// share one input, so do gate/up.
+enum class LinearInput { QKV, O, GateUp, Down };
+
 // One decoder layer's weights (norm gains f32; linears dense or packed).
 struct DecoderLayer {
   Tensor input_norm, post_norm, q_norm, k_norm;  // F32 (q/k norms: qwen3 only)
@@ -85,6 +90,9 @@ struct DecoderLayer {
   // same four inputs bf16_activations rounds; the embedding and the head are
   // never quantized.
   const ActQuantSpec* act_quant = nullptr;
+  // The inputs (indexed by LinearInput) act_quant leaves exact: those whose
+  // linears all run unquantized activations (ModelSource::activations_quantized).
+  std::array<bool, 4> exact_inputs{};
 
   // Loads layer i of `src`, with the activation quantizer the source declares
   // (ModelSource::activation_quant()). With `dense`, packed linears are dequantized to
@@ -92,9 +100,12 @@ struct DecoderLayer {
   static DecoderLayer load(const ModelSource& src, int64_t i, bool dense = false);
 };
 
-// The inputs of a layer's linears, as a calibration tap sees them: q/k/v
-// share one input, so do gate/up.
-enum class LinearInput { QKV, O, GateUp, Down };
+// DecoderLayer::exact_inputs of layer `layer` of `src`: the inputs none of
+// whose linears runs quantized activations. With `strict` (the source
+// declares its activation quantizer), an input whose linears disagree is an
+// error naming two of them; otherwise it counts as quantized.
+std::array<bool, 4> exact_linear_inputs(const ModelSource& src, int64_t layer, bool strict);
+
 // Called with x[n, dim] (row-major) before the linears that read it.
 using InputTap = std::function<void(LinearInput which, const float* x, int64_t n, int64_t dim)>;
 

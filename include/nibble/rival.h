@@ -80,6 +80,9 @@ class RivalSource final : public ModelSource {
   Tensor load(const std::string& name) const override;
   std::filesystem::path tokenizer_json() const override { return raw_->tokenizer_json(); }
   std::string activation_quant() const override { return scheme_->activation_quant(); }
+  // Only the scheme's quantized linears: one the checkpoint stores plain
+  // (skipped by the tool) runs with exact inputs.
+  bool activations_quantized(const std::string& prefix) const override;
 
  private:
   struct Entry {

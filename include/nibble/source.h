@@ -70,8 +70,16 @@ class ModelSource : public TensorSource {
   virtual std::optional<OnlineRotation> down_proj_rotation() const { return std::nullopt; }
   // The activation quantizer the weights were made for (act_quant.h; e.g.
   // "int8_token" for a SmoothQuant W8A8 checkpoint), or empty: the forward
-  // then simulates it at every linear input.
+  // then simulates it at every linear input it applies to (below).
   virtual std::string activation_quant() const { return {}; }
+  // Whether the linear at `prefix` ("model.layers.0.mlp.down_proj") runs with
+  // quantized inputs when an activation quantizer is simulated. False for the
+  // linears a rival's checkpoint keeps in 16 bits (bitsandbytes'
+  // llm_int8_skip_modules): their engine feeds them exact activations.
+  virtual bool activations_quantized(const std::string& prefix) const {
+    (void)prefix;
+    return true;
+  }
 };
 
 // Names of the quantization metadata keys in a packed file's __metadata__.

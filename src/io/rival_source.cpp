@@ -844,6 +844,11 @@ const RivalSource::Entry& RivalSource::entry(const std::string& name) const {
 
 std::vector<std::string> RivalSource::stored_parts(const std::string& name) const { return entry(name).stored; }
 
+bool RivalSource::activations_quantized(const std::string& prefix) const {
+  auto it = entries_.find(prefix + ".weight");
+  return it != entries_.end() && !it->second.prefix.empty();
+}
+
 TensorMeta RivalSource::meta(const std::string& name) const { return entry(name).meta; }
 
 Tensor RivalSource::load(const std::string& name) const {

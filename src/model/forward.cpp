@@ -77,9 +77,9 @@ void round_bf16(float* x, int64_t n) {
 }
 
 // A linear's input x[n, dim] as the simulated engine hands it over: fake
-// quantized (W8A8) and/or rounded to bf16.
-void linear_input(const DecoderLayer& L, float* x, int64_t n, int64_t dim) {
-  if (L.act_quant) L.act_quant->apply(x, n, dim);
+// quantized (W8A8; not an input the source runs exact) and/or rounded to bf16.
+void linear_input(const DecoderLayer& L, LinearInput which, float* x, int64_t n, int64_t dim) {
+  if (L.act_quant && !L.exact_inputs[static_cast<size_t>(which)]) L.act_quant->apply(x, n, dim);
   if (L.bf16_activations) round_bf16(x, n * dim);
 }
 
@@ -172,8 +172,35 @@ DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {
                  src.describe(), r->size, L.down.in_features());
     L.down_rotation = std::make_shared<const quant::HadamardRotation>(r->size, r->seed);
   }
-  if (const std::string a = src.activation_quant(); !a.empty()) L.act_quant = find_act_quant(a);
+  const std::string declared = src.activation_quant();
+  if (!declared.empty()) L.act_quant = find_act_quant(declared);
+  L.exact_inputs = exact_linear_inputs(src, i, !declared.empty());
   return L;
+}
+
+std::array<bool, 4> exact_linear_inputs(const ModelSource& src, int64_t layer, bool strict) {
+  const std::string p = fmt::format("model.layers.{}.", layer);
+  std::array<int, 4> quantized{}, exact{};
+  std::array<std::string, 4> a_quantized, a_exact;  // one linear of each kind per input, for the error
+  for (const LinearSlot& s : decoder_linears()) {
+    const size_t i = static_cast<size_t>(s.input);
+    if (src.activations_quantized(p + s.name)) {
+      ++quantized[i];
+      a_quantized[i] = s.name;
+    } else {
+      ++exact[i];
+      a_exact[i] = s.name;
+    }
+  }
+  std::array<bool, 4> r{};
+  for (size_t i = 0; i < 4; ++i) {
+    NIBBLE_CHECK(!strict || quantized[i] == 0 || exact[i] == 0,
+                 "{}: layer {}: {} runs with exact activations (kept in 16 bits) but {} with quantized ones; they read "
+                 "one input, which nibble simulates one way for all its linears",
+                 src.describe(), layer, a_exact[i], a_quantized[i]);
+    r[i] = quantized[i] == 0;
+  }
+  return r;
 }
 
 void Model::set_act_quant(const ActQuantSpec* a) {
@@ -218,7 +245,7 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
                kv_rows ? kv_rows->spec().name : "", kv_rows ? kv_rows->quantized() : 0, p0);
 
   rms_norm(x, n, D, L.input_norm.data<float>(), eps, xn.data());
-  linear_input(L, xn.data(), n, D);
+  linear_input(L, LinearInput::QKV, xn.data(), n, D);
   if (tap) (*tap)(LinearInput::QKV, xn.data(), n, D);
   L.q.forward(xn.data(), n, q.data());  // [n, H*hd]
   L.k.forward(xn.data(), n, k.data());  // [n, KV*hd]
@@ -271,18 +298,18 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
       }
     }
   }
-  linear_input(L, att.data(), n, H * hd);
+  linear_input(L, LinearInput::O, att.data(), n, H * hd);
   if (tap) (*tap)(LinearInput::O, att.data(), n, H * hd);
   L.o.forward(att.data(), n, tmp.data());  // [n, D]
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
   rms_norm(x, n, D, L.post_norm.data<float>(), eps, xn.data());
-  linear_input(L, xn.data(), n, D);
+  linear_input(L, LinearInput::GateUp, xn.data(), n, D);
   if (tap) (*tap)(LinearInput::GateUp, xn.data(), n, D);
   L.gate.forward(xn.data(), n, g.data());  // [n, F]
   L.up.forward(xn.data(), n, u.data());    // [n, F]
   for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(gate) * up
   if (L.down_rotation) L.down_rotation->apply(g.data(), n);  // rotate+...: down_proj's weights read rotated inputs
-  linear_input(L, g.data(), n, F);
+  linear_input(L, LinearInput::Down, g.data(), n, F);
   if (tap) (*tap)(LinearInput::Down, g.data(), n, F);
   L.down.forward(g.data(), n, tmp.data());  // [n, D]
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];

@@ -7,12 +7,14 @@
 // checkpoint without its quantization_config.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "nibble/act_quant.h"
 #include "nibble/checkpoint_writer.h"
 #include "nibble/dtype.h"
 #include "nibble/model.h"
@@ -79,6 +81,106 @@ TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
   // hf: names plain checkpoints only.
   EXPECT_NE(test::error_of([&] { open_model_source("hf:" + (tmp / "gptq").string()); }).find("quantized (gptq)"),
             std::string::npos);
+}
+
+// qwen3-26M-linux's linears as bitsandbytes' Linear8bitLt stores them (I8
+// weight, SCB = each row's absmax; w = q · SCB / 127), except the linears named
+// in `skipped`, which llm_int8_skip_modules keeps plain.
+void write_bnb_int8_qwen3(const fs::path& dir, const std::vector<std::string>& skipped) {
+  const auto base = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : base->names()) {
+    const Tensor t = base->load(name);
+    bool skip = !test::is_linear_weight(name);
+    for (const std::string& s : skipped) skip = skip || name.find("." + s + ".weight") != std::string::npos;
+    if (skip) {
+      tensors.emplace_back(name, t);
+      continue;
+    }
+    const Tensor w = t.to_f32();
+    const int64_t out = w.size(0), in = w.size(1);
+    Tensor q = Tensor::empty(DType::I8, {out, in}), scb = Tensor::empty(DType::F32, {out});
+    for (int64_t n = 0; n < out; ++n) {
+      float amax = 0;
+      for (int64_t k = 0; k < in; ++k) amax = std::max(amax, std::abs(w.data<float>()[n * in + k]));
+      scb.data_mut<float>()[n] = amax;
+      for (int64_t k = 0; k < in; ++k)
+        q.data_mut<int8_t>()[n * in + k] =
+            static_cast<int8_t>(std::nearbyint(w.data<float>()[n * in + k] * 127.0f / std::max(amax, 1e-30f)));
+    }
+    const std::string prefix = name.substr(0, name.size() - 7);
+    tensors.emplace_back(name, q);
+    tensors.emplace_back(prefix + ".SCB", scb);
+  }
+  std::ifstream cf(test::model_dir("qwen3-26M-linux") / "config.json");
+  json cfg = json::parse(cf);
+  json skip = skipped;
+  skip.push_back("lm_head");
+  cfg["quantization_config"] = {{"quant_method", "bitsandbytes"}, {"load_in_8bit", true},
+                                {"llm_int8_threshold", 6.0}, {"llm_int8_skip_modules", skip}};
+  test::write_checkpoint_dir(dir, tensors, cfg);
+}
+
+// A bitsandbytes 8-bit checkpoint whose llm_int8_skip_modules keeps down_proj
+// in 16 bits: as in the library, down_proj reads its input exact while the
+// int8 linears read LLM.int8's quantized one.
+TEST(RivalCheckpoint, Bnb8BitSkippedLinearsReadExactActivations) {
+  test::TempDir tmp;
+  write_bnb_int8_qwen3(tmp / "skip", {"down_proj"});
+  const auto src = open_model_source((tmp / "skip").string());
+  ASSERT_NE(dynamic_cast<const RivalSource*>(src.get()), nullptr);
+  ASSERT_EQ(src->activation_quant(), "llm_int8");
+  EXPECT_TRUE(src->activations_quantized("model.layers.1.self_attn.q_proj"));
+  EXPECT_FALSE(src->activations_quantized("model.layers.1.mlp.down_proj"));
+  const ModelConfig& c = src->config();
+  DecoderLayer L = DecoderLayer::load(*src, 1);
+  EXPECT_EQ(L.exact_inputs, (std::array<bool, 4>{false, false, false, true}));
+  const ActQuantSpec* aq = find_act_quant("llm_int8");
+  ASSERT_EQ(L.act_quant, aq);
+
+  // Layer 1 on a few embedding rows, each linear input recorded as the linears read it.
+  const std::vector<int32_t> tokens = {1, 17, 300, 42, 4000, 5, 77, 1024};
+  const int64_t n = static_cast<int64_t>(tokens.size()), D = c.hidden_size, row = c.num_kv_heads * c.head_dim;
+  const Tensor embed = src->load("model.embed_tokens.weight").to_f32();
+  const std::vector<float> inv_freq = rope_inv_freq(c);
+  auto inputs_of = [&](const DecoderLayer& layer) {
+    std::vector<float> x(static_cast<size_t>(n * D)), keys(static_cast<size_t>(n * row)), values(keys.size());
+    for (int64_t i = 0; i < n; ++i) std::copy_n(embed.data<float>() + tokens[i] * D, D, x.data() + i * D);
+    std::array<std::vector<float>, 4> in;
+    const InputTap tap = [&](LinearInput which, const float* v, int64_t rows, int64_t dim) {
+      in[static_cast<size_t>(which)].assign(v, v + rows * dim);
+    };
+    decoder_layer_forward(c, layer, inv_freq, x.data(), n, 0, keys.data(), values.data(), &tap);
+    return in;
+  };
+  auto quantized = [&](std::vector<float> v) {
+    aq->apply(v.data(), n, static_cast<int64_t>(v.size()) / n);
+    return v;
+  };
+  const size_t qkv = static_cast<size_t>(LinearInput::QKV), down = static_cast<size_t>(LinearInput::Down);
+  DecoderLayer exact = DecoderLayer::load(*src, 1);
+  exact.act_quant = nullptr;
+  DecoderLayer all = DecoderLayer::load(*src, 1);
+  all.exact_inputs = {};
+  const auto in_exact = inputs_of(exact), in_skip = inputs_of(L), in_all = inputs_of(all);
+  // q|k|v's input is LLM.int8's quantization of the exact one.
+  EXPECT_EQ(in_skip[qkv], quantized(in_exact[qkv]));
+  // Up to down_proj, the run with the exemption lifted computes the same; then it quantizes down's input,
+  // which the checkpoint's run leaves exact.
+  for (size_t i = 0; i < down; ++i) EXPECT_EQ(in_all[i], in_skip[i]) << i;
+  EXPECT_EQ(in_all[down], quantized(in_skip[down]));
+  int64_t changed = 0;
+  for (size_t i = 0; i < in_skip[down].size(); ++i) changed += in_skip[down][i] != in_all[down][i];
+  EXPECT_GT(changed, static_cast<int64_t>(in_skip[down].size()) / 2);
+
+  // Skipping q_proj alone: k_proj and v_proj read the same input quantized, which one input cannot be.
+  write_bnb_int8_qwen3(tmp / "mixed", {"q_proj"});
+  const auto mixed = open_model_source((tmp / "mixed").string());
+  const std::string e = test::error_of([&] { DecoderLayer::load(*mixed, 0); });
+  EXPECT_NE(e.find("layer 0: self_attn.q_proj runs with exact activations"), std::string::npos) << e;
+  EXPECT_NE(e.find("self_attn.v_proj with quantized ones"), std::string::npos) << e;
+  // An activation quantizer the user picks (not the checkpoint's) quantizes such an input.
+  EXPECT_EQ(exact_linear_inputs(*mixed, 0, false), (std::array<bool, 4>{false, false, false, false}));
 }
 
 }  // namespace

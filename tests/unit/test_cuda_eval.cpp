@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "nibble/act_quant.h"
 #include "nibble/convert.h"
 #include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
@@ -337,6 +338,69 @@ TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--kv"), std::string::npos) << e.what();
   }
+}
+
+// A source that declares llm_int8 activations and runs only the linears whose
+// names end in one of `quantized` with quantized inputs (as a bitsandbytes
+// checkpoint with llm_int8_skip_modules does): the weights are `base`'s.
+class ExemptSource final : public ModelSource {
+ public:
+  ExemptSource(const ModelSource& base, std::vector<std::string> quantized)
+      : base_(base), quantized_(std::move(quantized)) {}
+  const ModelConfig& config() const override { return base_.config(); }
+  std::string describe() const override { return base_.describe() + " (exempt)"; }
+  std::vector<std::string> names() const override { return base_.names(); }
+  bool contains(const std::string& name) const override { return base_.contains(name); }
+  TensorMeta meta(const std::string& name) const override { return base_.meta(name); }
+  Tensor load(const std::string& name) const override { return base_.load(name); }
+  std::vector<Tensor> parts(const std::string& name) const override { return base_.parts(name); }
+  std::filesystem::path tokenizer_json() const override { return base_.tokenizer_json(); }
+  std::string activation_quant() const override { return "llm_int8"; }
+  bool activations_quantized(const std::string& prefix) const override {
+    for (const std::string& q : quantized_)
+      if (prefix.size() >= q.size() && prefix.compare(prefix.size() - q.size(), q.size(), q) == 0) return true;
+    return false;
+  }
+
+ private:
+  const ModelSource& base_;
+  std::vector<std::string> quantized_;
+};
+
+// The inputs a source runs exact (ModelSource::activations_quantized) skip the
+// GPU's activation quantizer as they skip the CPU's: with every linear exempt,
+// the declared llm_int8 changes no logit; with down_proj alone quantized, it
+// changes them.
+TEST(CudaEval, ExactInputsSkipTheActivationQuantizer) {
+  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  const auto base = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
+  const int64_t n = 64, V = base->config().vocab_size;
+  const std::vector<int32_t> prompt = some_ids(n, V, 11);
+  auto gpu_logits = [&](const ModelSource& src, const ActQuantSpec* aq) {
+    cuda::GpuOptions g;
+    g.f32_linears = true;
+    g.decode_graph = false;
+    g.act_quant = aq;
+    return cuda::GpuModel::load(src, n, g)->forward(prompt, true);
+  };
+  const ActQuantSpec* llm = find_act_quant("llm_int8");
+  const Tensor exact = gpu_logits(*base, nullptr);
+  const ExemptSource none(*base, {}), down(*base, {"mlp.down_proj"});
+  const Tensor all_exempt = gpu_logits(none, llm), down_only = gpu_logits(down, llm);
+  ASSERT_EQ(all_exempt.shape(), exact.shape());
+  EXPECT_EQ(std::memcmp(all_exempt.raw(), exact.raw(), exact.nbytes()), 0);
+  const double moved = worst_row(exact, down_only, V);
+  EXPECT_GT(moved, 1e-4);
+  // The CPU's forward agrees on both counts.
+  auto cpu_logits = [&](const ModelSource& src) {
+    auto m = Model::load(src);
+    KVCache cache(m->config(), n);
+    return m->forward(prompt, cache, true);
+  };
+  const Tensor cpu_exact = cpu_logits(*base), cpu_none = cpu_logits(none);
+  EXPECT_EQ(std::memcmp(cpu_none.raw(), cpu_exact.raw(), cpu_exact.nbytes()), 0);
+  EXPECT_GT(worst_row(cpu_exact, cpu_logits(down), V), 1e-4);
+  std::printf("[gpu exact inputs] down_proj alone quantized moves the logits by %.3g of the row's largest\n", moved);
 }
 
 // Rivals' checkpoints on the GPU yardstick: a GGUF file as the reference and

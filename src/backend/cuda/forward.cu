@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -449,6 +450,11 @@ struct GpuLayer {
   // Decode: the group size of the prepared activation the norm / SiLU kernel
   // writes for these linears directly, 0 where they do not take one.
   int prep_qkv = 0, prep_o = 0, prep_gate_up = 0, prep_down = 0;
+  // The inputs (by LinearInput) GpuOptions::act_quant leaves exact (DecoderLayer::exact_inputs).
+  std::array<bool, 4> exact_in{};
+  const ActQuantSpec* act_quant(const ActQuantSpec* aq, LinearInput which) const {
+    return exact_in[static_cast<size_t>(which)] ? nullptr : aq;
+  }
 };
 
 // Device scratch for `rows` tokens. tokens holds the ids, then (decode) the
@@ -649,7 +655,8 @@ struct GpuModel::Impl {
         linears_prepared(L.qkv.data(), L.qkv.size(), sc.xq, qkv, stream, true);
       } else {
         norm(rows_n, x, l == 0 ? nullptr : tmp, f32p(L.input_norm), xn, f32_in(L.f32_qkv));
-        linears_forward(L.qkv, xn, act(f32_in(L.f32_qkv)), n, ldD, qkv, QKV, stream, round_in, opts.act_quant);
+        linears_forward(L.qkv, xn, act(f32_in(L.f32_qkv)), n, ldD, qkv, QKV, stream, round_in,
+                        L.act_quant(opts.act_quant, LinearInput::QKV));
       }
       void* kc = kcache[l].get();
       void* vc = vcache[l].get();
@@ -710,7 +717,8 @@ struct GpuModel::Impl {
       } else if (one && L.prep_o)
         linears_prepared(&L.o, 1, sc.oq, tmp, stream);
       else
-        linears_forward(&L.o, 1, att, act(f32_in(L.f32_o)), n, ldQ, tmp, D, stream, round_in, opts.act_quant);
+        linears_forward(&L.o, 1, att, act(f32_in(L.f32_o)), n, ldQ, tmp, D, stream, round_in,
+                        L.act_quant(opts.act_quant, LinearInput::O));
       if (fz) {
         GemvFusion f = in_norm;
         f.swiglu = true;
@@ -723,7 +731,7 @@ struct GpuModel::Impl {
       } else {
         norm(rows_n, x, tmp, f32p(L.post_norm), xn, f32_in(L.f32_gate_up));
         linears_forward(L.gate_up, xn, act(f32_in(L.f32_gate_up)), n, ldD, gu, 2 * F, stream, round_in,
-                        opts.act_quant);
+                        L.act_quant(opts.act_quant, LinearInput::GateUp));
       }
       const bool last = l + 1 == layers.size();
       if (fz && (!last || prep_head)) {  // x += down's output, then the next norm's z
@@ -745,7 +753,8 @@ struct GpuModel::Impl {
           pdl_launch(silu_mul_kernel<bf16>, blocks_of(n * F, 256), 256, 0, stream, gu, gu + F, 2 * F,
                      static_cast<bf16*>(h), ldF, n, F);
         NIBBLE_CUDA_CHECK(cudaGetLastError());
-        linears_forward(&L.down, 1, h, act(f32_in(L.f32_down)), n, ldF, tmp, D, stream, round_in, opts.act_quant);
+        linears_forward(&L.down, 1, h, act(f32_in(L.f32_down)), n, ldF, tmp, D, stream, round_in,
+                        L.act_quant(opts.act_quant, LinearInput::Down));
       }
     }
     // The last MLP output joins only the rows whose logits are wanted (the
@@ -1037,6 +1046,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     }
     L.o = load_linear_gpu(src, a + "o_proj", f32);
     L.down = load_linear_gpu(src, f + "down_proj", f32);
+    if (opts.act_quant) L.exact_in = exact_linear_inputs(src, i, !src.activation_quant().empty());
     m.layers.push_back(std::move(L));
     m.kcache.emplace_back(kv_cache_bytes(c, max_tokens, opts.kv_dtype));
     m.vcache.emplace_back(kv_cache_bytes(c, max_tokens, opts.kv_dtype));
