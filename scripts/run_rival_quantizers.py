@@ -10,7 +10,9 @@ NAME (all when none): gptqmodel (GPTQModel's GPTQ, its defaults), gptqmodel-desc
 its auto_round format). All are 4-bit, groups of 128, asymmetric, lm_head kept,
 calibrated on 128 sequences of 512 tokens: the first 65 536 tokens of CALIB.txt
 through the model's tokenizer, as `nibble quantize --calib CALIB.txt
---calib-samples 128 --calib-len 512` takes them.
+--calib-samples 128 --calib-len 512 --calib-windows first` takes them (without
+--calib-windows first, nibble draws its windows at random starts in the whole
+file: another calibration set).
 
 Needs torch, transformers, gptqmodel and auto-round (see make_rival_vectors.py
 for the venv); on a small CPU machine set GPTQMODEL_CPU_WORKERS=2.

@@ -17,6 +17,11 @@ struct CalibrationOptions {
   int64_t samples = 128;
   int64_t length = 2048;  // clipped to the model's context and to the data
   uint64_t seed = 0;
+  // How the windows are cut from the data: "random" (`samples` windows at
+  // random starts, drawn with `seed`; they may overlap) or "first" (the data's
+  // first samples x length tokens in consecutive windows, as GPTQModel and
+  // AutoRound take a list of sequences: for calibrating on exactly their data).
+  std::string windows = "random";
 };
 
 struct CalibrationSet {

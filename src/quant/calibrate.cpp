@@ -115,6 +115,7 @@ CalibratedParts::CalibratedParts(const fs::path& source, const std::vector<fs::p
              {"samples", opt.calib.samples},
              {"length", calib.length},
              {"seed", opt.calib.seed},
+             {"windows", opt.calib.windows},
              {"tokens", calib.length * opt.calib.samples},
              {"data_tokens", calib.stream_tokens},
              {"sequential", opt.sequential},

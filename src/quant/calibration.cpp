@@ -84,12 +84,18 @@ CalibrationSet load_calibration(const CalibrationOptions& o, const Tokenizer* to
   NIBBLE_CHECK(L >= 2, "calibration data too short: {} tokens", set.stream_tokens);
   set.length = L;
   const int64_t window = L - lead, starts = set.stream_tokens - window + 1;
+  const bool first = o.windows == "first";
+  NIBBLE_CHECK(first || o.windows == "random", "--calib-windows '{}': random or first", o.windows);
+  NIBBLE_CHECK(!first || o.samples * window <= set.stream_tokens,
+               "--calib-windows first: {} windows of {} tokens need {} tokens of data, and the calibration data has {} "
+               "(fewer --calib-samples, a shorter --calib-len, or more data)",
+               o.samples, window, o.samples * window, set.stream_tokens);
   if (o.samples * window > set.stream_tokens)
     set.notes.push_back(fmt::format("{} samples of {} tokens overlap: the calibration data has {} tokens", o.samples,
                                     L, set.stream_tokens));
   std::mt19937_64 rng(o.seed);
   for (int64_t s = 0; s < o.samples; ++s) {
-    const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(starts));
+    const int64_t start = first ? s * window : static_cast<int64_t>(rng() % static_cast<uint64_t>(starts));
     std::vector<int32_t> seq;
     seq.reserve(static_cast<size_t>(L));
     if (bos) seq.push_back(*bos);

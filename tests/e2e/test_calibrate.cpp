@@ -57,6 +57,23 @@ TEST(Calibration, SamplesAreDeterministicWindowsOfTheData) {
   }
   o.seed = 8;
   EXPECT_NE(load_calibration(o, &tok, bos, 512, tok.vocab_size()).sha256, a.sha256);
+  // --calib-windows first: the data's first 16 x 99 tokens, window after window, whatever the seed.
+  o.windows = "first";
+  const CalibrationSet f = load_calibration(o, &tok, bos, 512, tok.vocab_size());
+  ASSERT_EQ(f.sequences.size(), 16u);
+  for (size_t s = 0; s < 16; ++s) {
+    std::vector<int32_t> want = {*bos};
+    want.insert(want.end(), stream.begin() + 99 * s, stream.begin() + 99 * (s + 1));
+    EXPECT_EQ(f.sequences[s], want) << s;
+  }
+  o.seed = 7;
+  EXPECT_EQ(load_calibration(o, &tok, bos, 512, tok.vocab_size()).sha256, f.sha256);
+  o.samples = static_cast<int64_t>(stream.size()) / 99 + 1;  // one window more than the data holds
+  EXPECT_NE(test::error_of([&] { load_calibration(o, &tok, bos, 512, tok.vocab_size()); })
+                .find("--calib-windows first: "),
+            std::string::npos);
+  o.samples = 16;
+  o.windows = "random";
   // Clipping to the context, noted.
   o.length = 4096;
   const CalibrationSet c = load_calibration(o, &tok, bos, 512, tok.vocab_size());

@@ -86,6 +86,11 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       ->capture_default_str()->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->group(g_cal);
   cmd->add_option("--seed", opt->calib.seed, "Seed for sampling the calibration windows")->capture_default_str()
       ->group(g_cal);
+  cmd->add_option("--calib-windows", opt->calib.windows,
+                  "random: windows at random starts in the data (drawn with --seed); first: the data's first "
+                  "samples x len tokens in consecutive windows (the sequences GPTQModel or AutoRound get from a "
+                  "list of them)")
+      ->capture_default_str()->check(CLI::IsMember({"random", "first"}))->group(g_cal);
   cmd->add_flag("--no-sequential{false}", opt->sequential,
                 "Calibrate every layer on the unquantized model's activations (default: through the already-quantized "
                 "layers)")->group(g_cal);
