@@ -236,6 +236,13 @@ class GgufSource final : public ModelSource {
   // The file's own tokenizer (tokenizer_json_from_gguf), with its BOS/EOS tokens and chat template;
   // nullopt when it carries none.
   std::optional<Tokenizer> tokenizer() const override;
+  // The same as tokenizer.json text and the config it is built with (what a checkpoint made from the
+  // file writes beside its weights); tokenizer() is Tokenizer::from_json of these.
+  struct TokenizerSpec {
+    std::string json;
+    TokenizerConfig config;
+  };
+  std::optional<TokenizerSpec> tokenizer_spec() const;
   // The GGUF tensor a logical (HF) name is read from.
   const std::string& gguf_name(const std::string& name) const;
   // Whether that tensor is stored plain (F32, F16, BF16), not in a ggml block type.

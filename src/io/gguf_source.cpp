@@ -277,19 +277,26 @@ std::unique_ptr<ModelSource> open_gguf(const std::filesystem::path& path) { retu
 
 std::string GgufSource::describe() const { return file_.path().string(); }
 
-std::optional<Tokenizer> GgufSource::tokenizer() const {
+std::optional<GgufSource::TokenizerSpec> GgufSource::tokenizer_spec() const {
   const io::GgufVocab v = vocab();
   if (v.tokens.empty()) return std::nullopt;
+  TokenizerSpec spec;
   // First: it checks the BOS/EOS ids against the tokens that are indexed below.
-  const std::string json = io::tokenizer_json_from_gguf(v, describe());
-  TokenizerConfig tc;
+  spec.json = io::tokenizer_json_from_gguf(v, describe());
+  TokenizerConfig& tc = spec.config;
   if (v.bos_id) tc.bos_token = v.tokens[*v.bos_id];
   if (v.eos_id) tc.eos_token = v.tokens[*v.eos_id];
   if (v.padding_id && *v.padding_id < static_cast<int64_t>(v.tokens.size())) tc.pad_token = v.tokens[*v.padding_id];
   tc.add_bos_token = v.add_bos;
   tc.add_eos_token = v.add_eos;
   tc.chat_template = v.chat_template;
-  return Tokenizer::from_json(json, describe() + " (tokenizer.ggml.*)", tc);
+  return spec;
+}
+
+std::optional<Tokenizer> GgufSource::tokenizer() const {
+  const std::optional<TokenizerSpec> spec = tokenizer_spec();
+  if (!spec) return std::nullopt;
+  return Tokenizer::from_json(spec->json, describe() + " (tokenizer.ggml.*)", spec->config);
 }
 
 const GgufSource::Entry& GgufSource::entry(const std::string& name) const {

@@ -99,10 +99,11 @@ const char* dtype_word(DType dt) {
 // is known to load) as tokenizer.json with the config it was built with.
 void write_gguf_companions(const GgufSource& gguf, const fs::path& dir, const char* dtype_word) {
   write_file_atomic(dir / "config.json", model_config_json(gguf.config(), dtype_word));
-  const std::optional<Tokenizer> tok = gguf.tokenizer();
-  if (!tok) return;
-  write_file_atomic(dir / "tokenizer.json", io::tokenizer_json_from_gguf(gguf.vocab(), gguf.describe()) + "\n");
-  const TokenizerConfig& c = tok->config();
+  const std::optional<GgufSource::TokenizerSpec> spec = gguf.tokenizer_spec();
+  if (!spec) return;
+  (void)Tokenizer::from_json(spec->json, gguf.describe() + " (tokenizer.ggml.*)", spec->config);  // it loads
+  write_file_atomic(dir / "tokenizer.json", spec->json + "\n");
+  const TokenizerConfig& c = spec->config;
   ojson tc = {{"tokenizer_class", "PreTrainedTokenizerFast"}};
   if (c.bos_token) tc["bos_token"] = *c.bos_token;
   if (c.eos_token) tc["eos_token"] = *c.eos_token;
