@@ -16,8 +16,16 @@
 // succeed or throw nibble::Error with one line that starts with the input's
 // name. A dequantized weight must be a 2-D F32 tensor whose bytes are all
 // readable; a linear's parts must be stored tensors and include its marker.
+//
+// The same image is then opened as a whole checkpoint directory, as `nibble
+// eval --candidate DIR` opens one: model.safetensors beside a small fixed
+// config.json carrying the quantization_config (in /dev/shm), through
+// RivalSource::open. It must open or be refused with one line that names the
+// directory; once open, every logical tensor's load() must give its meta()'s
+// shape and dtype, and its bytes must all be readable.
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +36,7 @@
 #include "fuzz_checks.h"
 #include "nibble/rival.h"
 #include "nibble/safetensors.h"
+#include "nibble/source.h"
 
 const char* const fuzz::kTarget = "fuzz_rival";
 
@@ -65,18 +74,19 @@ class BufferSource final : public nibble::TensorSource {
   const nibble::io::SafetensorsFile& f_;
 };
 
-void read_linears(const nibble::io::SafetensorsFile& f) {
+// The image's quantization_config when it parses as JSON and makes a scheme (else nullopt).
+std::optional<nlohmann::json> read_linears(const nibble::io::SafetensorsFile& f) {
   auto it = f.metadata().find("quantization_config");
-  if (it == f.metadata().end()) return;
+  if (it == f.metadata().end()) return std::nullopt;
   const nlohmann::json q = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  if (q.is_discarded()) return;  // config.json itself is read by io::read_json_file (fuzz_hf_json)
+  if (q.is_discarded()) return std::nullopt;  // config.json itself is read by io::read_json_file (fuzz_hf_json)
   std::unique_ptr<nibble::RivalScheme> scheme;
   try {
     scheme = nibble::make_rival_scheme(q, kName);
     (void)scheme->describe();
   } catch (const nibble::Error& e) {
     check_error(e);
-    return;
+    return std::nullopt;
   }
   const BufferSource raw(f);
   for (const std::string& stored : raw.names()) {
@@ -97,15 +107,47 @@ void read_linears(const nibble::io::SafetensorsFile& f) {
       check_error(e);
     }
   }
+  return q;
+}
+
+// A small Llama config around the quantization_config: the linears are "layer.*", which the config does not
+// expect, so RivalSource takes their shapes from dequantizing them.
+constexpr const char* kConfig = R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+  "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1, "vocab_size": 64,
+  "rms_norm_eps": 1e-5, "max_position_embeddings": 128})";
+
+void open_directory(const uint8_t* data, size_t size, const nlohmann::json& q) {
+  static const std::string dir = fuzz::shm_path("_dir");
+  std::filesystem::create_directories(dir);
+  nlohmann::json cfg = nlohmann::json::parse(kConfig);
+  cfg["quantization_config"] = q;
+  fuzz::write_file(dir + "/config.json", cfg.dump());
+  fuzz::write_file(dir + "/model.safetensors", std::string_view(reinterpret_cast<const char*>(data), size));
+  try {
+    const auto src = nibble::RivalSource::open(dir);
+    for (const std::string& name : src->names()) {
+      const nibble::TensorMeta m = src->meta(name);
+      const nibble::Tensor t = src->load(name);
+      if (t.shape() != m.shape) broken("load() gave another shape than meta()");
+      if (t.dtype() != m.dtype) broken("load() gave another dtype than meta()");
+      const nibble::Tensor c = t.contiguous();
+      fuzz::touch(c.raw(), c.nbytes());
+    }
+  } catch (const nibble::Error& e) {
+    fuzz::check_error(e, dir);
+  }
+  std::filesystem::remove_all(dir);  // nothing left in /dev/shm between inputs or after the run
 }
 
 void parse_one(const uint8_t* data, size_t size) {
+  std::optional<nlohmann::json> q;
   try {
     const auto f = nibble::io::SafetensorsFile::from_buffer(nullptr, data, size, kName);
-    read_linears(f);
+    q = read_linears(f);
   } catch (const nibble::Error& e) {
     check_error(e);
   }
+  if (q) open_directory(data, size, *q);
 }
 
 }  // namespace
