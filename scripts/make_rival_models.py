@@ -78,6 +78,21 @@ def awq(w, gs=128):
     return {"qweight": ql.qweight, "qzeros": ql.qzeros, "scales": ql.scales}, ref
 
 
+def awq_gemv(w, gs=128):
+    """AutoAWQ's GEMV layout of the same weights as awq() (it has no CPU dequantization: the reference is the
+    grid weights it is given, which its rounding packs back exactly)."""
+    from awq.modules.linear.gemv import WQLinear_GEMV
+
+    out_f, in_f = w.shape
+    scale, zero = minmax_params(w, gs, 4)
+    g = torch.arange(in_f) // gs
+    s_, z_ = scale[:, g], zero[:, g]
+    lin = torch.nn.Linear(in_f, out_f, bias=False)
+    lin.weight.data = (torch.clamp(torch.round(w / s_) + z_, 0, 15) - z_) * s_
+    ql = WQLinear_GEMV.from_linear(lin, 4, gs, scales=scale.contiguous().half(), zeros=zero.contiguous().to(torch.int32))
+    return {"qweight": ql.qweight, "qzeros": ql.qzeros, "scales": ql.scales}, lin.weight.data.float()
+
+
 def ct(fmt, weights):
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
@@ -179,6 +194,8 @@ build("gptq-w3g128", lambda w: gptq(w, bits=3),
       {"quant_method": "gptq", "bits": 3, "group_size": 128, "sym": False, "desc_act": False,
        "checkpoint_format": "gptq"})
 build("awq-w4g128", awq, {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"})
+build("awq-gemv-w4g128", awq_gemv,
+      {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemv"})
 for name, fmt, w in (
     ("ct-w4a16-g128-asym", "pack-quantized",
      {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 128}),

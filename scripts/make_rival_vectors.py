@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Test vectors for nibble's rival-checkpoint readers (src/io/rival_source.cpp),
 made by the rivals' own libraries: GPTQModel (TorchLinear.pack_original and its
-v2 -> v1 export), AutoAWQ (WQLinear_GEMM.from_linear, dequantize_gemm),
+v2 -> v1 export), AutoAWQ (WQLinear_GEMM.from_linear, dequantize_gemm; WQLinear_GEMV.from_linear),
 compressed-tensors (its compressors' compress and decompress), bitsandbytes
 (Linear4bit / Linear8bitLt state dicts, dequantize_4bit, int8_vectorwise_dequant)
 and auto-round (auto_round_extension's GPTQ-layout QuantLinear pack and forward).
@@ -105,6 +105,26 @@ def awq_case(name, group_size, out_f=32, in_f=256, seed=2):
     ql = WQLinear_GEMM.from_linear(lin, 4, group_size, scales=scales, zeros=zeros)
     ref = dequantize_gemm(ql.qweight, ql.qzeros, ql.scales, 4, group_size).T.float()
     q = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}
+    save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
+
+
+def awq_gemv_case(name, group_size, out_f=32, in_f=256, seed=4):
+    """AutoAWQ's GEMV layout (WQLinear_GEMV.from_linear). AutoAWQ dequantizes it only inside its CUDA kernel, so the
+    reference is the weight it was given, (code - zero) * scale exactly, which from_linear's rounding packs back to
+    those codes (the zeros and scales padded to its calculate_zeros_width)."""
+    from awq.modules.linear.gemv import WQLinear_GEMV
+
+    lin, g = linear(out_f, in_f, seed)
+    groups = in_f // group_size
+    scales = (torch.rand(out_f, groups, generator=g) * 0.02 + 0.01).half()
+    zeros = torch.randint(0, 16, (out_f, groups), generator=g)
+    zeros[0, 0], zeros[1, 0] = 0, 15
+    codes = torch.randint(0, 16, (out_f, in_f), generator=g)
+    gi = torch.arange(in_f) // group_size
+    ref = ((codes - zeros[:, gi]) * scales.float()[:, gi]).float()
+    lin.weight.data = ref.clone()
+    ql = WQLinear_GEMV.from_linear(lin, 4, group_size, scales=scales, zeros=zeros)
+    q = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemv"}
     save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
 
 
@@ -276,6 +296,8 @@ gptq_case("gptq_b3_g64_asym_v2", 3, 64, sym=False, desc_act=False, v1=False, out
 gptq_case("gptq_b3_g64_sym_actorder_v1", 3, 64, sym=True, desc_act=True, v1=True, out_f=32)
 awq_case("awq_g64", 64)
 awq_case("awq_g128", 128)
+awq_gemv_case("awq_gemv_g64", 64)
+awq_gemv_case("awq_gemv_g128", 128)
 ct_case("ct_w4a16_group_sym", "pack-quantized",
         {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128})
 ct_case("ct_w4a16_group_asym", "pack-quantized",

@@ -1,6 +1,6 @@
 // Rivals' quantized checkpoints: Hugging Face directories whose config.json
 // (or AutoGPTQ's quantize_config.json) carries a quantization_config made by
-// GPTQ (AutoGPTQ / GPTQModel), AWQ (AutoAWQ's GEMM layout), compressed-tensors
+// GPTQ (AutoGPTQ / GPTQModel), AWQ (AutoAWQ's GEMM and GEMV layouts), compressed-tensors
 // (llm-compressor), bitsandbytes (transformers' 4-bit and 8-bit layers) or
 // auto-round (Intel's AutoRound, in GPTQ's or AWQ's layout). RivalSource presents such a directory
 // with every quantized linear dequantized to F32, so that it runs through
@@ -49,7 +49,7 @@ class RivalScheme {
 
 // The scheme a quantization_config names by its "quant_method" (gptq, awq,
 // compressed-tensors). Throws naming `where` for another method or settings
-// nibble cannot read (GPTQ at 5-7 bits, AWQ's GEMV layout, ...).
+// nibble cannot read (GPTQ at 5-7 bits, AWQ's GEMV-fast layout, ...).
 std::unique_ptr<RivalScheme> make_rival_scheme(const nlohmann::json& quantization_config, const std::string& where);
 
 // The quant_method values make_rival_scheme reads, comma-separated (its

@@ -209,6 +209,10 @@ class GptqScheme final : public RivalScheme {
 // scales [groups, out]. Word j of a row holds outputs 8j..8j+7, output 8j+i
 // in nibble kInterleave[i] (the order AutoAWQ packs them in, 0 2 4 6 1 3 5 7
 // by nibble). w[n, k] = scale[g, n] · (q − z), g = k / group_size.
+// Its GEMV layout ("version": "gemv"): qweight I32 [out, in/8], input k of
+// row n in nibble k % 8 of word k / 8; qzeros I32 [out, ≥ groups/8] the same
+// way over the groups; scales [out, ≥ groups] (both padded to AutoAWQ's
+// calculate_zeros_width); w[n, k] = scale[n, g] · (q − z).
 class AwqScheme final : public RivalScheme {
  public:
   AwqScheme(const json& q, const std::string& where) {
@@ -222,14 +226,15 @@ class AwqScheme final : public RivalScheme {
     NIBBLE_CHECK(f.optional<bool>("zero_point", true), "{}: AWQ without zero points is not supported", where);
     std::string version = f.optional<std::string>("version", "gemm");
     for (char& c : version) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    NIBBLE_CHECK(version == "gemm",
-                 "{}: AWQ version '{}' is not supported (gemm is; gemv, marlin and exllama lay the codes out "
-                 "differently)",
+    NIBBLE_CHECK(version == "gemm" || version == "gemv",
+                 "{}: AWQ version '{}' is not supported (gemm and gemv are; gemv_fast, marlin and exllama lay the "
+                 "codes out differently)",
                  where, version);
+    gemv_ = version == "gemv";
   }
   std::string describe() const override {
-    return fmt::format("AWQ 4-bit {} (GEMM layout)",
-                       group_size_ > 0 ? fmt::format("g{}", group_size_) : "per-channel");
+    return fmt::format("AWQ 4-bit {} ({} layout)", group_size_ > 0 ? fmt::format("g{}", group_size_) : "per-channel",
+                       gemv_ ? "GEMV" : "GEMM");
   }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource&) const override {
     return strip_suffix(stored, ".qweight");
@@ -238,6 +243,7 @@ class AwqScheme final : public RivalScheme {
     return required_parts(raw, prefix, {".qweight", ".qzeros", ".scales"}, "AWQ");
   }
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
+    if (gemv_) return dequantize_gemv(prefix, raw);
     static constexpr int kInterleave[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble holding output 8j+i
     const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
     const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
@@ -268,7 +274,39 @@ class AwqScheme final : public RivalScheme {
   }
 
  private:
+  Tensor dequantize_gemv(const std::string& prefix, const TensorSource& raw) const {
+    const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
+    const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
+    const int64_t out = qw.size(0), in = qw.size(1) * 8;
+    const int64_t gs = group_size_ > 0 ? group_size_ : in;
+    NIBBLE_CHECK(in % gs == 0, "{}: '{}.qweight' holds {} inputs, not a whole number of groups of {}", raw.describe(),
+                 prefix, in, gs);
+    const int64_t n_groups = in / gs;
+    NIBBLE_CHECK(qz.size(0) == out && qz.size(1) * 8 >= n_groups,
+                 "{}: '{}.qzeros' should be [{}, at least {}] for {} groups (GEMV layout), found {}", raw.describe(),
+                 prefix, out, ceil_div(n_groups, int64_t{8}), n_groups, shape_str(qz.shape()));
+    const Tensor s = floats_of(raw, prefix + ".scales", {});
+    NIBBLE_CHECK(s.dim() == 2 && s.size(0) == out && s.size(1) >= n_groups,
+                 "{}: '{}.scales' should be [{}, at least {}] (GEMV layout), found {}", raw.describe(), prefix, out,
+                 n_groups, shape_str(s.shape()));
+    const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
+    const uint32_t* z = static_cast<const uint32_t*>(qz.raw());
+    const float* sc = s.data<float>();
+    const int64_t qwords = qw.size(1), zwords = qz.size(1), scols = s.size(1);
+    auto nibble = [](uint32_t word, int64_t i) { return static_cast<float>((word >> (4 * (i % 8))) & 15u); };
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    float* dst = w.data_mut<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n)
+      for (int64_t k = 0; k < in; ++k) {
+        const int64_t g = k / gs;
+        dst[n * in + k] = sc[n * scols + g] * (nibble(q[n * qwords + k / 8], k) - nibble(z[n * zwords + g / 8], g));
+      }
+    return w;
+  }
+
   int64_t group_size_ = 128;
+  bool gemv_ = false;
 };
 
 // ---------------------------------------------------- compressed-tensors

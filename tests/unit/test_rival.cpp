@@ -84,7 +84,7 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
                          ::testing::Values("gptq_b4_g32_asym_v1", "gptq_b4_g64_asym_v2", "gptq_b4_g64_sym_actorder_v1",
                                            "gptq_b8_g128_asym_v1", "gptq_b2_g32_asym_v1", "gptq_b4_channel_asym_v1",
                                            "gptq_b3_g32_asym_v1", "gptq_b3_g64_asym_v2", "gptq_b3_g64_sym_actorder_v1",
-                                           "awq_g64", "awq_g128", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
+                                           "awq_g64", "awq_g128", "awq_gemv_g64", "awq_gemv_g128", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
                                            "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
                                            "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
                                            "ct_nvfp4", "ct_mxfp4", "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
@@ -217,7 +217,8 @@ TEST(Rival, UnsupportedSettingsAreNamed) {
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"})").find("marlin"),
             std::string::npos);
-  EXPECT_NE(err(R"({"quant_method": "awq", "bits": 4, "version": "gemv"})").find("gemv"), std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "awq", "bits": 4, "version": "gemv_fast"})").find("gemv_fast"),
+            std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "hqq"})").find("gptq, awq, compressed-tensors, bitsandbytes, auto-round"),
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "bitsandbytes"})").find("one of load_in_4bit and load_in_8bit"), std::string::npos);
