@@ -248,6 +248,8 @@ class AwqScheme final : public RivalScheme {
     const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
     const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
     const int64_t in = qw.size(0), out = qw.size(1) * 8;
+    NIBBLE_CHECK(in > 0 && out > 0, "{}: '{}.qweight' {} holds no weights", raw.describe(), prefix,
+                 shape_str(qw.shape()));
     const int64_t gs = group_size_ > 0 ? group_size_ : in;
     const int64_t n_groups = qz.size(0);
     NIBBLE_CHECK(qz.size(1) == qw.size(1) && n_groups == (in + gs - 1) / gs,
@@ -278,6 +280,8 @@ class AwqScheme final : public RivalScheme {
     const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
     const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
     const int64_t out = qw.size(0), in = qw.size(1) * 8;
+    NIBBLE_CHECK(in > 0 && out > 0, "{}: '{}.qweight' {} holds no weights", raw.describe(), prefix,
+                 shape_str(qw.shape()));
     const int64_t gs = group_size_ > 0 ? group_size_ : in;
     NIBBLE_CHECK(in % gs == 0, "{}: '{}.qweight' holds {} inputs, not a whole number of groups of {}", raw.describe(),
                  prefix, in, gs);

@@ -284,6 +284,19 @@ TEST(Rival, DamagedLinearsAreRefusedByName) {
   EXPECT_NE(damaged("bnb_nf4_dq_bf16", "layer.weight.absmax", keep)
                 .find("bitsandbytes linear 'layer' has no 'layer.weight.absmax'"),
             std::string::npos);
+  // An AWQ qweight that holds no weights, with one group per row (group_size -1): the group size came out 0 and
+  // divided (found by reading the GEMV reader's code; UBSan confirmed it on the GEMM reader).
+  for (const char* version : {"gemm", "gemv"}) {
+    const fs::path path = tmp / (std::string("awq_empty_") + version + ".safetensors");
+    io::save_safetensors(path, {{"layer.qweight", Tensor::zeros(DType::I32, {0, 4})},
+                                {"layer.qzeros", Tensor::zeros(DType::I32, {1, 4})},
+                                {"layer.scales", Tensor::zeros(DType::F16, {1, 32})}});
+    const auto file = CheckpointDir::open_file(path);
+    const auto scheme =
+        make_rival_scheme(json{{"quant_method", "awq"}, {"group_size", -1}, {"version", version}}, "cfg");
+    const std::string e = test::error_of([&] { (void)scheme->dequantize("layer", *file); });
+    EXPECT_NE(e.find("'layer.qweight' [0, 4] holds no weights"), std::string::npos) << version << ": " << e;
+  }
   // A config field of the wrong type names the field.
   auto cfg_err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
   EXPECT_EQ(cfg_err(R"({"quant_method": "gptq", "bits": 4, "sym": 1})")
