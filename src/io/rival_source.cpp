@@ -434,7 +434,12 @@ class CompressedTensorsScheme final : public RivalScheme {
       srows = scale.numel();
     }
     const bool blocks = srows != out && srows != 1;
-    const std::optional<std::pair<int64_t, int64_t>> block = block_of(prefix);
+    std::optional<std::pair<int64_t, int64_t>> block;
+    try {
+      block = block_of(prefix);
+    } catch (const Error& e) {  // a target's pattern failed on this name (PCRE2's match limit, say)
+      NIBBLE_FAIL("{}: linear '{}': matching it to a config group's targets: {}", raw.describe(), prefix, e.what());
+    }
     const int64_t row_block = srows == out ? 1 : srows == 1 ? out : block ? block->first : (out + srows - 1) / srows;
     NIBBLE_CHECK((out + row_block - 1) / row_block == srows, "{}: '{}.weight_scale' has {} rows for {} outputs",
                  raw.describe(), prefix, srows, out);
