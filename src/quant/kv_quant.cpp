@@ -78,13 +78,13 @@ const std::vector<KvQuantSpec>& kv_quants() {
   static const std::vector<KvQuantSpec> rows = {
       {"int8", "KIVI int8: keys per channel in blocks of 32 positions, values per token in groups of 32 channels, "
                "asymmetric; newest 128..159 positions f32",
-       8, 128, 32, nullptr, kivi_keys<8>, kivi_values<8>},
+       8, 128, 32, nullptr, kivi_keys<8>, kivi_values<8>, std::nullopt},
       {"int4", "KIVI int4: keys per channel in blocks of 32 positions, values per token in groups of 32 channels, "
                "asymmetric; newest 128..159 positions f32",
-       4, 128, 32, nullptr, kivi_keys<4>, kivi_values<4>},
+       4, 128, 32, nullptr, kivi_keys<4>, kivi_values<4>, std::nullopt},
       {"fp8_e4m3", "OCP FP8 E4M3, one scale per layer for K and for V (absmax/448 of the first forward call), "
                    "every position",
-       8, 0, 1, fp8_scale, fp8_rows, fp8_rows},
+       8, 0, 1, fp8_scale, fp8_rows, fp8_rows, std::nullopt},
       {"bf16", "bf16 (round to nearest even), every position: half the bytes of f32; the cache --device cuda "
                "holds natively",
        16, 0, 1, nullptr, bf16_rows, bf16_rows, DType::BF16},
