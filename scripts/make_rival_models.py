@@ -203,6 +203,12 @@ for name, fmt, w in (
     ("ct-fp8-channel", "float-quantized", {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}),
     ("ct-nvfp4", "nvfp4-pack-quantized",
      {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16}),
+    ("ct-mxfp6", "mxfp6-pack-quantized",
+     {"num_bits": 6, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
+      "scale_dtype": "torch.uint8", "zp_dtype": None}),
+    ("ct-mxfp8", "mxfp8-quantized",
+     {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
+      "scale_dtype": "torch.uint8", "zp_dtype": None}),
 ):
     pack, qcfg = ct(fmt, w)
     build(name, pack, qcfg)

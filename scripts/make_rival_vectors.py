@@ -159,7 +159,8 @@ def ct_case(name, fmt, weights, out_f=16, in_f=256, seed=3, scale_dtype=torch.fl
         global_scale = generate_gparam(w.min(), w.max())
         state["weight_global_scale"] = global_scale
     scale, zp = calculate_qparams(mn, mx, args, global_scale=global_scale)
-    state["weight_scale"] = scale.to(scale_dtype) if fmt not in ("nvfp4-pack-quantized", "mxfp4-pack-quantized") else scale
+    mx = ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized", "mxfp8-quantized")
+    state["weight_scale"] = scale.to(scale_dtype) if fmt not in mx else scale
     state["weight_zero_point"] = zp
     comp = BaseCompressor.get_value_from_registry(fmt) if hasattr(BaseCompressor, "get_value_from_registry") else BaseCompressor.load_from_registry(fmt)
     compressed = comp.compress(state, scheme)
@@ -320,6 +321,12 @@ ct_case("ct_nvfp4", "nvfp4-pack-quantized",
         {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16})
 ct_case("ct_mxfp4", "mxfp4-pack-quantized",
         {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
+         "scale_dtype": "torch.uint8", "zp_dtype": None})
+ct_case("ct_mxfp6", "mxfp6-pack-quantized",
+        {"num_bits": 6, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
+         "scale_dtype": "torch.uint8", "zp_dtype": None})
+ct_case("ct_mxfp8", "mxfp8-quantized",
+        {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
          "scale_dtype": "torch.uint8", "zp_dtype": None})
 # bitsandbytes: NF4 with double quantization over two nested blocks (264 blocks of 64), FP4 with a ragged last
 # block, NF4 in fp16 with blocks of 128, and LLM.int8.

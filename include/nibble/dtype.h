@@ -45,6 +45,9 @@ uint8_t f32_to_f8_e5m2(float x);
 float e2m1_to_f32(uint8_t code);  // bits above the low 4 are ignored
 // Round to nearest even, saturating to ±6 (±inf too); NaN has no E2M1 code and is an error.
 uint8_t f32_to_e2m1(float x);
+// OCP FP6 E2M3 (MXFP6's element type): S.EE.MMM in the low 6 bits, bias 1,
+// magnitudes M/8 (E = 0) and (1 + M/8) · 2^(E-1), largest 7.5, no infinities or NaN.
+float e2m3_to_f32(uint8_t code);  // bits above the low 6 are ignored
 // OCP E8M0 (the MX shared scale): 2^(b - 127), b = 0xFF is NaN.
 float e8m0_to_f32(uint8_t b);
 

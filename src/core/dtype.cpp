@@ -299,6 +299,12 @@ uint8_t f32_to_e2m1(float x) {
   return static_cast<uint8_t>(encode_minifloat(x, 2, 1, 1, 6.0f));
 }
 
+float e2m3_to_f32(uint8_t code) {
+  const int e = (code >> 3) & 3, m = code & 7;
+  const float v = e == 0 ? static_cast<float>(m) / 8.0f : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 1);
+  return (code & 0x20) ? -v : v;
+}
+
 float e8m0_to_f32(uint8_t b) { return b == 0xFF ? NAN : std::ldexp(1.0f, static_cast<int>(b) - 127); }
 
 void convert_to_f32(const void* src, DType dt, float* dst, size_t n) {

@@ -335,14 +335,14 @@ class CompressedTensorsScheme final : public RivalScheme {
   CompressedTensorsScheme(const json& q, const std::string& where) {
     const io::JsonFields f = fields_of(q, where);
     format_ = f.optional<std::string>("format", "dense");
-    static const std::vector<std::string> known = {"pack-quantized",  "int-quantized",        "float-quantized",
-                                                   "naive-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized",
-                                                   "mixed-precision"};
-    NIBBLE_CHECK(
-        std::find(known.begin(), known.end(), format_) != known.end(),
-        "{}: compressed-tensors format '{}' is not supported (pack-quantized, int-quantized, "
-        "float-quantized, naive-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized and mixed-precision are)",
-        where, format_);
+    static const std::vector<std::string> known = {
+        "pack-quantized",       "int-quantized",        "float-quantized", "naive-quantized", "nvfp4-pack-quantized",
+        "mxfp4-pack-quantized", "mxfp6-pack-quantized", "mxfp8-quantized", "mixed-precision"};
+    NIBBLE_CHECK(std::find(known.begin(), known.end(), format_) != known.end(),
+                 "{}: compressed-tensors format '{}' is not supported (pack-quantized, int-quantized, "
+                 "float-quantized, naive-quantized, nvfp4-pack-quantized, mxfp4-pack-quantized, mxfp6-pack-quantized, "
+                 "mxfp8-quantized and mixed-precision are)",
+                 where, format_);
     if (q.contains("config_groups") && q["config_groups"].is_object())
       for (const auto& [name, group] : q["config_groups"].items()) {
         if (!group.is_object()) continue;
@@ -359,6 +359,7 @@ class CompressedTensorsScheme final : public RivalScheme {
           }
         if (group.contains("weights") && group["weights"].is_object()) {
           const json& wa = group["weights"];
+          if (wa.contains("num_bits") && wa["num_bits"].is_number_integer()) g.num_bits = wa["num_bits"].get<int>();
           if (wa.contains("block_structure") && wa["block_structure"].is_array() && wa["block_structure"].size() == 2) {
             const json& b = wa["block_structure"];
             g.block = {f.get<int64_t>(b[0], "block_structure"), f.get<int64_t>(b[1], "block_structure")};
@@ -386,8 +387,11 @@ class CompressedTensorsScheme final : public RivalScheme {
     return p;
   }
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
-    if (raw.contains(prefix + ".weight_packed") && raw.meta(prefix + ".weight_packed").dtype == DType::U8)
-      return fp4(prefix, raw);
+    if (raw.contains(prefix + ".weight_packed") && raw.meta(prefix + ".weight_packed").dtype == DType::U8) {
+      const Group* group = group_of(prefix, raw);
+      const bool six = group ? group->num_bits == 6 : format_ == "mxfp6-pack-quantized";
+      return six ? fp6(prefix, raw) : fp4(prefix, raw);
+    }
     Tensor codes;  // F32 [out, in]: the integer or FP8 values
     int bits = 8;
     if (raw.contains(prefix + ".weight_packed")) {
@@ -421,7 +425,10 @@ class CompressedTensorsScheme final : public RivalScheme {
       NIBBLE_CHECK(codes.dim() == 2, "{}: '{}.weight' should be 2-D", raw.describe(), prefix);
     }
     const int64_t out = codes.size(0), in = codes.size(1);
-    const Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
+    // Scales as stored, or MXFP8's E8M0 exponents (U8).
+    const Tensor scale = raw.contains(prefix + ".weight_scale") && raw.meta(prefix + ".weight_scale").dtype == DType::U8
+                             ? e8m0_scales(raw, prefix + ".weight_scale")
+                             : floats_of(raw, prefix + ".weight_scale", {});
     // Scales: one (tensor), [out] or [out, groups] (channel, group), or
     // [row blocks, column blocks] (block).
     int64_t srows = 1, scols = 1;
@@ -434,12 +441,8 @@ class CompressedTensorsScheme final : public RivalScheme {
       srows = scale.numel();
     }
     const bool blocks = srows != out && srows != 1;
-    std::optional<std::pair<int64_t, int64_t>> block;
-    try {
-      block = block_of(prefix);
-    } catch (const Error& e) {  // a target's pattern failed on this name (PCRE2's match limit, say)
-      NIBBLE_FAIL("{}: linear '{}': matching it to a config group's targets: {}", raw.describe(), prefix, e.what());
-    }
+    const Group* group = group_of(prefix, raw);
+    const std::pair<int64_t, int64_t>* block = group && group->block ? &*group->block : nullptr;
     const int64_t row_block = srows == out ? 1 : srows == 1 ? out : block ? block->first : (out + srows - 1) / srows;
     NIBBLE_CHECK((out + row_block - 1) / row_block == srows, "{}: '{}.weight_scale' has {} rows for {} outputs",
                  raw.describe(), prefix, srows, out);
@@ -492,6 +495,48 @@ class CompressedTensorsScheme final : public RivalScheme {
     return z;
   }
 
+  // E8M0 exponents (U8) as F32 scales 2^(b − 127), in the stored shape.
+  static Tensor e8m0_scales(const TensorSource& raw, const std::string& name) {
+    const Tensor t = raw.load(name).contiguous();
+    Tensor f = Tensor::empty(DType::F32, t.shape());
+    const uint8_t* b = static_cast<const uint8_t*>(t.raw());
+    for (int64_t i = 0; i < t.numel(); ++i) f.data_mut<float>()[i] = e8m0_to_f32(b[i]);
+    return f;
+  }
+
+  // MXFP6 (E2M3): four 6-bit codes in three bytes, little-endian (code i of a
+  // 24-bit word in bits 6i..6i+5), E8M0 scales per 32 inputs.
+  static Tensor fp6(const std::string& prefix, const TensorSource& raw) {
+    const Tensor packed = raw.load(prefix + ".weight_packed");
+    NIBBLE_CHECK(packed.dim() == 2 && packed.size(1) % 3 == 0,
+                 "{}: '{}.weight_packed' should be 2-D with a multiple of 3 bytes a row (four FP6 codes in three), "
+                 "found {}",
+                 raw.describe(), prefix, shape_str(packed.shape()));
+    const int64_t out = packed.size(0), in = packed.size(1) / 3 * 4, blocks = (in + 31) / 32;
+    const Tensor scale_t = raw.load(prefix + ".weight_scale");
+    NIBBLE_CHECK(scale_t.dtype() == DType::U8 && scale_t.numel() == out * blocks,
+                 "{}: MXFP6 scales '{}.weight_scale' should be U8 (E8M0), one per 32 inputs of each row ({}), found "
+                 "{} {}",
+                 raw.describe(), prefix, out * blocks, dtype_name(scale_t.dtype()), shape_str(scale_t.shape()));
+    const Tensor sc = scale_t.is_contiguous() ? scale_t : scale_t.contiguous();
+    const Tensor pc = packed.is_contiguous() ? packed : packed.contiguous();
+    const uint8_t* p = static_cast<const uint8_t*>(pc.raw());
+    const uint8_t* s = static_cast<const uint8_t*>(sc.raw());
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    float* dst = w.data_mut<float>();
+    const int64_t row_bytes = packed.size(1);
+    for (int64_t n = 0; n < out; ++n)
+      for (int64_t j = 0; j < in / 4; ++j) {
+        const uint8_t* b = p + n * row_bytes + 3 * j;
+        const uint32_t word = b[0] | (static_cast<uint32_t>(b[1]) << 8) | (static_cast<uint32_t>(b[2]) << 16);
+        for (int64_t i = 0; i < 4; ++i) {
+          const int64_t k = 4 * j + i;
+          dst[n * in + k] = e2m3_to_f32(static_cast<uint8_t>(word >> (6 * i))) * e8m0_to_f32(s[n * blocks + k / 32]);
+        }
+      }
+    return w;
+  }
+
   // NVFP4 (global scale) and MXFP4 (E8M0 scales).
   static Tensor fp4(const std::string& prefix, const TensorSource& raw) {
     const Tensor packed = raw.load(prefix + ".weight_packed");
@@ -527,35 +572,41 @@ class CompressedTensorsScheme final : public RivalScheme {
     return w;
   }
 
-  // The block_structure of the config group that quantized linear `prefix`, chosen as compressed-tensors
-  // matches modules to targets: an exact name first, then a "re:" pattern (re.match), then the class name
-  // ("Linear", which every linear here is); among targets of one kind, the alphabetically first. None when no
-  // group names a block: the block then follows from the scales' shape.
-  std::optional<std::pair<int64_t, int64_t>> block_of(const std::string& prefix) const {
-    std::optional<std::pair<int, std::string>> best;  // (kind, target)
-    std::optional<std::pair<int64_t, int64_t>> block;
-    auto consider = [&](int kind, const std::string& target, const Group& g) {
-      const std::pair<int, std::string> key{kind, target};
-      if (best && !(key < *best)) return;
-      best = key;
-      block = g.block;
-    };
-    for (const Group& g : groups_) {
-      for (const std::string& n : g.names) {
-        if (n == prefix) consider(0, n, g);
-        if (n == "Linear") consider(2, n, g);
-      }
-      for (const auto& r : g.regexes)
-        if (r->search(prefix)) consider(1, r->pattern(), g);
-    }
-    return block;
-  }
-
   struct Group {
     std::vector<std::string> names;                      // module names and class names
     std::vector<std::shared_ptr<const Regex>> regexes;  // "re:" targets
     std::optional<std::pair<int64_t, int64_t>> block;    // weights.block_structure
+    int num_bits = 0;                                    // weights.num_bits (0: not given)
   };
+
+  // The config group that quantized linear `prefix`, chosen as compressed-tensors matches modules to targets:
+  // an exact name first, then a "re:" pattern (re.match), then the class name ("Linear", which every linear here
+  // is); among targets of one kind, the alphabetically first. Null when no group's targets match. A pattern that
+  // fails on the name (PCRE2's match limit) is refused naming the source and the linear.
+  const Group* group_of(const std::string& prefix, const TensorSource& raw) const {
+    std::optional<std::pair<int, std::string>> best;  // (kind, target)
+    const Group* chosen = nullptr;
+    auto consider = [&](int kind, const std::string& target, const Group& g) {
+      const std::pair<int, std::string> key{kind, target};
+      if (best && !(key < *best)) return;
+      best = key;
+      chosen = &g;
+    };
+    try {
+      for (const Group& g : groups_) {
+        for (const std::string& n : g.names) {
+          if (n == prefix) consider(0, n, g);
+          if (n == "Linear") consider(2, n, g);
+        }
+        for (const auto& r : g.regexes)
+          if (r->search(prefix)) consider(1, r->pattern(), g);
+      }
+    } catch (const Error& e) {
+      NIBBLE_FAIL("{}: linear '{}': matching it to a config group's targets: {}", raw.describe(), prefix, e.what());
+    }
+    return chosen;
+  }
+
   std::string format_;
   std::vector<Group> groups_;
 };

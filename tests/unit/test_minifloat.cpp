@@ -145,6 +145,25 @@ TEST(Minifloat, E2M1DecodesToTheOcpTable) {
   EXPECT_THROW(f32_to_e2m1(NAN), Error);
 }
 
+// OCP MX spec, FP6 E2M3: the subnormals 0.125 .. 0.875, 1.0 at E = 1, the largest 7.5 (0b011111), and the sign in
+// bit 5; the 32 magnitudes are strictly increasing.
+TEST(Minifloat, E2M3DecodesToTheOcpValues) {
+  EXPECT_EQ(e2m3_to_f32(0x00), 0.0f);
+  EXPECT_EQ(e2m3_to_f32(0x01), 0.125f);
+  EXPECT_EQ(e2m3_to_f32(0x07), 0.875f);
+  EXPECT_EQ(e2m3_to_f32(0x08), 1.0f);
+  EXPECT_EQ(e2m3_to_f32(0x0F), 1.875f);
+  EXPECT_EQ(e2m3_to_f32(0x10), 2.0f);
+  EXPECT_EQ(e2m3_to_f32(0x1F), 7.5f);
+  EXPECT_EQ(e2m3_to_f32(0x3F), -7.5f);
+  EXPECT_EQ(e2m3_to_f32(0x21), -0.125f);
+  EXPECT_EQ(e2m3_to_f32(0x40 | 0x08), 1.0f);  // bits above the low 6 ignored
+  for (int c = 1; c < 32; ++c) {
+    EXPECT_LT(e2m3_to_f32(static_cast<uint8_t>(c - 1)), e2m3_to_f32(static_cast<uint8_t>(c))) << c;
+    EXPECT_EQ(e2m3_to_f32(static_cast<uint8_t>(c | 0x20)), -e2m3_to_f32(static_cast<uint8_t>(c))) << c;
+  }
+}
+
 TEST(Minifloat, E8M0IsAPowerOfTwo) {
   EXPECT_EQ(e8m0_to_f32(127), 1.0f);
   EXPECT_EQ(e8m0_to_f32(0), std::ldexp(1.0f, -127));

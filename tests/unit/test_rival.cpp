@@ -87,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
                                            "awq_g64", "awq_g128", "awq_gemv_g64", "awq_gemv_g128", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
                                            "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
                                            "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
-                                           "ct_nvfp4", "ct_mxfp4", "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
+                                           "ct_nvfp4", "ct_mxfp4", "ct_mxfp6", "ct_mxfp8", "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
                                            "bnb_nf4_f16_b128", "bnb_int8", "ar_gptq_sym_b4_g128", "ar_gptq_asym_b4_g32",
                                            "ar_asym_b4_g64", "ar_asym_b2_g32", "ar_awq_g64"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
