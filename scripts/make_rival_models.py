@@ -44,8 +44,10 @@ def minmax_params(w, gs, bits):
     return scale, zero
 
 
-def gptq(w, gs=128, bits=4):
+def gptq(w, gs=128, bits=4, planar=False):
+    """planar: GPTQModel's gptq_p layout (its only layout at 5-7 bits), zeros as they are (v2)."""
     from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.quantization.config import FORMAT
     from gptqmodel.utils.model import convert_gptq_v2_to_v1_format_module
 
     out_f, in_f = w.shape
@@ -53,10 +55,11 @@ def gptq(w, gs=128, bits=4):
     lin = torch.nn.Linear(in_f, out_f, bias=False)
     lin.weight.data = w.clone()
     ql = TorchLinear(bits=bits, group_size=gs, sym=False, desc_act=False, in_features=in_f, out_features=out_f,
-                     bias=False)
+                     bias=False, **({"format": FORMAT.GPTQ_P} if planar else {}))
     ql.pack_original(lin, scale, zero, g_idx=(torch.arange(in_f) // gs).to(torch.int32))
     ref = ql.dequantize_weight().T.float()
-    convert_gptq_v2_to_v1_format_module(ql, types.SimpleNamespace(bits=bits, pack_dtype=torch.int32))
+    if not planar:
+        convert_gptq_v2_to_v1_format_module(ql, types.SimpleNamespace(bits=bits, pack_dtype=torch.int32))
     parts = {"qweight": ql.qweight, "qzeros": ql.qzeros, "scales": ql.scales}
     return parts, ref
 
@@ -193,6 +196,9 @@ build("gptq-w4g128", gptq, {"quant_method": "gptq", "bits": 4, "group_size": 128
 build("gptq-w3g128", lambda w: gptq(w, bits=3),
       {"quant_method": "gptq", "bits": 3, "group_size": 128, "sym": False, "desc_act": False,
        "checkpoint_format": "gptq"})
+build("gptq-p-w6g128", lambda w: gptq(w, bits=6, planar=True),
+      {"quant_method": "gptq", "bits": 6, "group_size": 128, "sym": False, "desc_act": False,
+       "checkpoint_format": "gptq_p"})
 build("awq-w4g128", awq, {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"})
 build("awq-gemv-w4g128", awq_gemv,
       {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemv"})

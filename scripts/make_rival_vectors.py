@@ -51,7 +51,7 @@ def linear(out_f, in_f, seed, scale=0.05):
 
 
 # ------------------------------------------------------------------ GPTQ
-def gptq_case(name, bits, group_size, sym, desc_act, v1, out_f=16, in_f=256, seed=1):
+def gptq_case(name, bits, group_size, sym, desc_act, v1, out_f=16, in_f=256, seed=1, planar=False):
     from gptqmodel.nn_modules.qlinear.torch import TorchLinear
     from gptqmodel.utils.model import convert_gptq_v2_to_v1_format_module
 
@@ -74,8 +74,12 @@ def gptq_case(name, bits, group_size, sym, desc_act, v1, out_f=16, in_f=256, see
     # Weights inside each group's range, so that the codes are not all clamped.
     codes = torch.randint(0, maxq + 1, (out_f, in_f), generator=g).float()
     lin.weight.data = (codes - zeros[:, g_idx.long()]) * scales[:, g_idx.long()] + (torch.rand(out_f, in_f, generator=g) - 0.5) * 0.5 * scales[:, g_idx.long()]
+    extra = {}
+    if planar:  # GPTQModel's planar gptq_p layout (5-7 bits always; 3 bits when asked), v2 zeros
+        from gptqmodel.quantization.config import FORMAT
+        extra["format"] = FORMAT.GPTQ_P
     ql = TorchLinear(bits=bits, group_size=gs if group_size > 0 else -1, sym=sym, desc_act=desc_act, in_features=in_f,
-                     out_features=out_f, bias=False)
+                     out_features=out_f, bias=False, **extra)
     ql.pack_original(lin, scales.half().float(), zeros, g_idx=g_idx)
     ref = ql.dequantize_weight().T.float()  # [in, out] -> [out, in]
     if v1:
@@ -85,7 +89,7 @@ def gptq_case(name, bits, group_size, sym, desc_act, v1, out_f=16, in_f=256, see
     if desc_act:
         t["layer.g_idx"] = ql.g_idx.to(torch.int32)
     q = {"quant_method": "gptq", "bits": bits, "group_size": group_size, "sym": sym, "desc_act": desc_act,
-         "checkpoint_format": "gptq" if v1 else "gptq_v2"}
+         "checkpoint_format": "gptq_p" if planar else "gptq" if v1 else "gptq_v2"}
     save(name, t, ref, q)
 
 
@@ -295,6 +299,11 @@ gptq_case("gptq_b4_channel_asym_v1", 4, -1, sym=False, desc_act=False, v1=True)
 gptq_case("gptq_b3_g32_asym_v1", 3, 32, sym=False, desc_act=False, v1=True, out_f=32)
 gptq_case("gptq_b3_g64_asym_v2", 3, 64, sym=False, desc_act=False, v1=False, out_f=32)
 gptq_case("gptq_b3_g64_sym_actorder_v1", 3, 64, sym=True, desc_act=True, v1=True, out_f=32)
+# GPTQModel's planar layout (gptq_p): 5, 6 and 7 bits, and 3 bits the planar way (not the continuous layout above).
+gptq_case("gptq_p_b5_g32_asym", 5, 32, sym=False, desc_act=False, v1=False, out_f=32, planar=True)
+gptq_case("gptq_p_b6_g64_sym_actorder", 6, 64, sym=True, desc_act=True, v1=False, out_f=32, planar=True)
+gptq_case("gptq_p_b7_g128_asym", 7, 128, sym=False, desc_act=False, v1=False, out_f=32, planar=True)
+gptq_case("gptq_p_b3_g64_asym", 3, 64, sym=False, desc_act=False, v1=False, out_f=32, planar=True)
 awq_case("awq_g64", 64)
 awq_case("awq_g128", 128)
 awq_gemv_case("awq_gemv_g64", 64)

@@ -49,7 +49,7 @@ class RivalScheme {
 
 // The scheme a quantization_config names by its "quant_method" (gptq, awq,
 // compressed-tensors). Throws naming `where` for another method or settings
-// nibble cannot read (GPTQ at 5-7 bits, AWQ's GEMV-fast layout, ...).
+// nibble cannot read (GPTQ at 5-7 bits outside the planar layout, AWQ's GEMV-fast layout, ...).
 std::unique_ptr<RivalScheme> make_rival_scheme(const nlohmann::json& quantization_config, const std::string& where);
 
 // The quant_method values make_rival_scheme reads, comma-separated (its

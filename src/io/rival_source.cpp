@@ -126,26 +126,31 @@ int64_t group_size_from(const json& v, const std::string& where) {
 // store every zero minus one. At 2, 4 and 8 bits GPTQModel's export subtracts
 // it from the packed word as a whole, so the word plus one in every field
 // gives z back exactly; at 3 bits it subtracts it from each field modulo 8.
+// GPTQModel's planar layout ("gptq_p", 2-8 bits, zeros as they are) keeps
+// the same tensors and shapes but stores each run of 32 codes as `bits` words
+// of bit planes (planar_field below), so that no code straddles two words.
 class GptqScheme final : public RivalScheme {
  public:
   GptqScheme(const json& q, const std::string& where) {
     const io::JsonFields f = fields_of(q, where);
     bits_ = f.required<int>("bits");
-    NIBBLE_CHECK(bits_ == 2 || bits_ == 3 || bits_ == 4 || bits_ == 8,
-                 "{}: GPTQ at {} bits is not supported (2, 3, 4 and 8 are)", where, bits_);
     group_size_ = q.contains("group_size") ? group_size_from(q["group_size"], f.where) : 128;
     sym_ = f.optional<bool>("sym", true);
     const std::string fmt = f.optional<std::string>("checkpoint_format", f.optional<std::string>("format", "gptq"));
-    NIBBLE_CHECK(fmt == "gptq" || fmt == "gptq_v2",
-                 "{}: GPTQ checkpoint_format '{}' is not supported (gptq and gptq_v2 are; marlin, bitblas and "
-                 "ipex repack the weights, and gptq_p is GPTQModel's planar layout)",
+    NIBBLE_CHECK(fmt == "gptq" || fmt == "gptq_v2" || fmt == "gptq_p",
+                 "{}: GPTQ checkpoint_format '{}' is not supported (gptq, gptq_v2 and gptq_p are; marlin, bitblas and "
+                 "ipex repack the weights)",
                  where, fmt);
+    planar_ = fmt == "gptq_p";
     v1_ = fmt == "gptq";
+    NIBBLE_CHECK(planar_ ? bits_ >= 2 && bits_ <= 8 : bits_ == 2 || bits_ == 3 || bits_ == 4 || bits_ == 8,
+                 "{}: GPTQ at {} bits is not supported ({}; GPTQModel writes 5-7 bits in its planar gptq_p layout)",
+                 where, bits_, planar_ ? "2 to 8 are, planar" : "2, 3, 4 and 8 are");
   }
   std::string describe() const override {
-    return fmt::format("GPTQ {}-bit {} {} ({} zeros)", bits_,
+    return fmt::format("GPTQ {}-bit {} {} ({}{} zeros)", bits_,
                        group_size_ > 0 ? fmt::format("g{}", group_size_) : "per-channel", sym_ ? "sym" : "asym",
-                       v1_ ? "v1" : "v2");
+                       planar_ ? "planar layout, " : "", v1_ ? "v1" : "v2");
   }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource&) const override {
     return strip_suffix(stored, ".qweight");
@@ -158,9 +163,13 @@ class GptqScheme final : public RivalScheme {
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
     const Tensor qw = words_of(raw, prefix + ".qweight", "GPTQ codes");
     const Tensor qz = words_of(raw, prefix + ".qzeros", "GPTQ zeros");
-    NIBBLE_CHECK(qw.size(0) * 32 % bits_ == 0,
-                 "{}: '{}.qweight' has {} rows, which hold no whole number of {}-bit codes", raw.describe(), prefix,
-                 qw.size(0), bits_);
+    NIBBLE_CHECK(qw.size(0) * 32 % bits_ == 0 && (!planar_ || qw.size(0) % bits_ == 0),
+                 "{}: '{}.qweight' has {} rows, which hold no whole number of {}-bit codes{}", raw.describe(), prefix,
+                 qw.size(0), bits_, planar_ ? " in runs of 32 (planar layout)" : "");
+    NIBBLE_CHECK(!planar_ || qz.size(1) % bits_ == 0,
+                 "{}: '{}.qzeros' has {} columns, which hold no whole number of {}-bit zeros in runs of 32 (planar "
+                 "layout)",
+                 raw.describe(), prefix, qz.size(1), bits_);
     const int64_t in = qw.size(0) * 32 / bits_, out = qw.size(1);
     const int64_t gs = group_size_ > 0 ? group_size_ : in;
     const int64_t n_groups = qz.size(0);
@@ -181,7 +190,7 @@ class GptqScheme final : public RivalScheme {
     for (int64_t r = 0; r < n_groups; ++r) {
       auto word = [&](int64_t w) { return z[r * qz.size(1) + w] + ones; };
       for (int64_t n = 0; n < out; ++n)
-        zero[r * out + n] = static_cast<float>((stream_field(word, n, bits_) + field_plus) & mask);
+        zero[r * out + n] = static_cast<float>((field(word, n) + field_plus) & mask);
     }
     Tensor w = Tensor::empty(DType::F32, {out, in});
     float* dst = w.data_mut<float>();
@@ -191,16 +200,53 @@ class GptqScheme final : public RivalScheme {
       auto word = [&](int64_t i) { return q[i * out + n]; };
       for (int64_t k = 0; k < in; ++k) {
         const int64_t gi = g[k];
-        dst[n * in + k] = sc[gi * out + n] * (static_cast<float>(stream_field(word, k, bits_)) - zero[gi * out + n]);
+        dst[n * in + k] = sc[gi * out + n] * (static_cast<float>(field(word, k)) - zero[gi * out + n]);
       }
     }
     return w;
   }
 
  private:
+  // Field `index` of a packed run: the continuous bit stream, or the planar layout.
+  template <class WordFn>
+  uint32_t field(const WordFn& word, int64_t index) const {
+    return planar_ ? planar_field(word, index, bits_) : stream_field(word, index, bits_);
+  }
+
+  // GPTQModel's planar packing: each run of 32 codes fills `bits` words, its
+  // planes one after the other, low plane first. A plane of width w (taking
+  // bits o .. o+w-1 of each code) is w words; word i of it holds codes
+  // i·(32/w) .. (i+1)·(32/w) − 1 of the run, code j of those at bit j·w.
+  template <class WordFn>
+  static uint32_t planar_field(const WordFn& word, int64_t index, int bits) {
+    struct Plane {
+      int width, offset;
+    };
+    static constexpr Plane kPlanes[9][3] = {{},
+                                            {},
+                                            {{2, 0}},
+                                            {{2, 0}, {1, 2}},
+                                            {{4, 0}},
+                                            {{4, 0}, {1, 4}},
+                                            {{4, 0}, {2, 4}},
+                                            {{4, 0}, {2, 4}, {1, 6}},
+                                            {{8, 0}}};
+    const int64_t t = index % 32;
+    int64_t row = index / 32 * bits;
+    uint32_t v = 0;
+    for (const Plane& p : kPlanes[bits]) {
+      if (p.width == 0) break;
+      const int64_t per_word = 32 / p.width;
+      const uint32_t w = word(row + t / per_word) >> (t % per_word * p.width);
+      v |= (w & ((1u << p.width) - 1)) << p.offset;
+      row += p.width;
+    }
+    return v;
+  }
+
   int bits_ = 4;
   int64_t group_size_ = 128;
-  bool sym_ = true, v1_ = true;
+  bool sym_ = true, v1_ = true, planar_ = false;
 };
 
 // ------------------------------------------------------------------- AWQ

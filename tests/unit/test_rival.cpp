@@ -84,6 +84,8 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
                          ::testing::Values("gptq_b4_g32_asym_v1", "gptq_b4_g64_asym_v2", "gptq_b4_g64_sym_actorder_v1",
                                            "gptq_b8_g128_asym_v1", "gptq_b2_g32_asym_v1", "gptq_b4_channel_asym_v1",
                                            "gptq_b3_g32_asym_v1", "gptq_b3_g64_asym_v2", "gptq_b3_g64_sym_actorder_v1",
+                                           "gptq_p_b5_g32_asym", "gptq_p_b6_g64_sym_actorder", "gptq_p_b7_g128_asym",
+                                           "gptq_p_b3_g64_asym",
                                            "awq_g64", "awq_g128", "awq_gemv_g64", "awq_gemv_g128", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
                                            "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
                                            "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
@@ -213,7 +215,7 @@ TEST(Rival, CompressedTensorsBlocksFollowTheLinearsConfigGroup) {
 TEST(Rival, UnsupportedSettingsAreNamed) {
   auto err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
   EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 5, "group_size": 128})").find("5 bits"), std::string::npos);
-  EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_p"})").find("gptq_p"),
+  EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 9, "checkpoint_format": "gptq_p"})").find("9 bits"),
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"})").find("marlin"),
             std::string::npos);
