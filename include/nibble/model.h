@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nibble/act_quant.h"
@@ -93,6 +94,11 @@ struct DecoderLayer {
   // The inputs (indexed by LinearInput) act_quant leaves exact: those whose
   // linears all run unquantized activations (ModelSource::activations_quantized).
   std::array<bool, 4> exact_inputs{};
+  // Set when the source's declared quantizer cannot be simulated as its engine
+  // runs it (an input whose linears disagree: exact_linear_inputs' conflict);
+  // applying act_quant is then an Error with this message. Choosing a
+  // quantizer (Model::set_act_quant, --act-quant) clears it.
+  std::string unsimulated;
 
   // Loads layer i of `src`, with the activation quantizer the source declares
   // (ModelSource::activation_quant()). With `dense`, packed linears are dequantized to
@@ -101,10 +107,10 @@ struct DecoderLayer {
 };
 
 // DecoderLayer::exact_inputs of layer `layer` of `src`: the inputs none of
-// whose linears runs quantized activations. With `strict` (the source
-// declares its activation quantizer), an input whose linears disagree is an
-// error naming two of them; otherwise it counts as quantized.
-std::array<bool, 4> exact_linear_inputs(const ModelSource& src, int64_t layer, bool strict);
+// whose linears runs quantized activations. An input whose linears disagree
+// counts as quantized, and `conflict` (when given) gets a message naming two
+// of them.
+std::array<bool, 4> exact_linear_inputs(const ModelSource& src, int64_t layer, std::string* conflict = nullptr);
 
 // Called with x[n, dim] (row-major) before the linears that read it.
 using InputTap = std::function<void(LinearInput which, const float* x, int64_t n, int64_t dim)>;

@@ -80,7 +80,10 @@ void for_each_window(const ModelSource& src, const std::vector<std::vector<int32
     for (int64_t i = 0; i < c.num_layers; ++i) {
       DecoderLayer L = DecoderLayer::load(src, i);
       L.bf16_activations = bf16_activations;
-      if (setup.cand.act_quant) L.act_quant = *setup.cand.act_quant;
+      if (setup.cand.act_quant) {  // the user's quantizer: a mixed input counts as quantized
+        L.act_quant = *setup.cand.act_quant;
+        L.unsimulated.clear();
+      }
       stream.apply(L, nullptr, true, setup.cand.kv_quant);
     }
     const LinearWeight head = stream.load_head(src);

@@ -79,7 +79,10 @@ void round_bf16(float* x, int64_t n) {
 // A linear's input x[n, dim] as the simulated engine hands it over: fake
 // quantized (W8A8; not an input the source runs exact) and/or rounded to bf16.
 void linear_input(const DecoderLayer& L, LinearInput which, float* x, int64_t n, int64_t dim) {
-  if (L.act_quant && !L.exact_inputs[static_cast<size_t>(which)]) L.act_quant->apply(x, n, dim);
+  if (L.act_quant && !L.exact_inputs[static_cast<size_t>(which)]) {
+    NIBBLE_CHECK(L.unsimulated.empty(), "{}", L.unsimulated);
+    L.act_quant->apply(x, n, dim);
+  }
   if (L.bf16_activations) round_bf16(x, n * dim);
 }
 
@@ -173,12 +176,16 @@ DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {
     L.down_rotation = std::make_shared<const quant::HadamardRotation>(r->size, r->seed);
   }
   const std::string declared = src.activation_quant();
-  if (!declared.empty()) L.act_quant = find_act_quant(declared);
-  L.exact_inputs = exact_linear_inputs(src, i, !declared.empty());
+  std::string conflict;
+  L.exact_inputs = exact_linear_inputs(src, i, &conflict);
+  if (!declared.empty()) {
+    L.act_quant = find_act_quant(declared);
+    L.unsimulated = conflict;
+  }
   return L;
 }
 
-std::array<bool, 4> exact_linear_inputs(const ModelSource& src, int64_t layer, bool strict) {
+std::array<bool, 4> exact_linear_inputs(const ModelSource& src, int64_t layer, std::string* conflict) {
   const std::string p = fmt::format("model.layers.{}.", layer);
   std::array<int, 4> quantized{}, exact{};
   std::array<std::string, 4> a_quantized, a_exact;  // one linear of each kind per input, for the error
@@ -194,17 +201,21 @@ std::array<bool, 4> exact_linear_inputs(const ModelSource& src, int64_t layer, b
   }
   std::array<bool, 4> r{};
   for (size_t i = 0; i < 4; ++i) {
-    NIBBLE_CHECK(!strict || quantized[i] == 0 || exact[i] == 0,
-                 "{}: layer {}: {} runs with exact activations (kept in 16 bits) but {} with quantized ones; they read "
-                 "one input, which nibble simulates one way for all its linears",
-                 src.describe(), layer, a_exact[i], a_quantized[i]);
+    if (conflict && conflict->empty() && quantized[i] > 0 && exact[i] > 0)
+      *conflict = fmt::format(
+          "{}: layer {}: {} runs with exact activations (kept in 16 bits) but {} with quantized ones; they read one "
+          "input, which nibble simulates one way for all its linears (--act-quant NAME or none runs it one way)",
+          src.describe(), layer, a_exact[i], a_quantized[i]);
     r[i] = quantized[i] == 0;
   }
   return r;
 }
 
 void Model::set_act_quant(const ActQuantSpec* a) {
-  for (DecoderLayer& L : layers_) L.act_quant = a;
+  for (DecoderLayer& L : layers_) {
+    L.act_quant = a;
+    L.unsimulated.clear();  // the user's quantizer: a mixed input counts as quantized
+  }
 }
 
 std::unique_ptr<Model> Model::load(const ModelSource& src) {

@@ -173,14 +173,24 @@ TEST(RivalCheckpoint, Bnb8BitSkippedLinearsReadExactActivations) {
   for (size_t i = 0; i < in_skip[down].size(); ++i) changed += in_skip[down][i] != in_all[down][i];
   EXPECT_GT(changed, static_cast<int64_t>(in_skip[down].size()) / 2);
 
-  // Skipping q_proj alone: k_proj and v_proj read the same input quantized, which one input cannot be.
+  // Skipping q_proj alone: k_proj and v_proj read the same input quantized, which one input cannot be. The
+  // checkpoint loads; running it with its declared quantizer is refused, naming both; with one the user picks
+  // (or none) it runs, such an input counting as quantized.
   write_bnb_int8_qwen3(tmp / "mixed", {"q_proj"});
   const auto mixed = open_model_source((tmp / "mixed").string());
-  const std::string e = test::error_of([&] { DecoderLayer::load(*mixed, 0); });
+  auto model = Model::load(*mixed);
+  KVCache cache(c, 16);
+  const std::string e = test::error_of([&] { model->forward({1, 2, 3}, cache); });
   EXPECT_NE(e.find("layer 0: self_attn.q_proj runs with exact activations"), std::string::npos) << e;
   EXPECT_NE(e.find("self_attn.v_proj with quantized ones"), std::string::npos) << e;
-  // An activation quantizer the user picks (not the checkpoint's) quantizes such an input.
-  EXPECT_EQ(exact_linear_inputs(*mixed, 0, false), (std::array<bool, 4>{false, false, false, false}));
+  for (const char* name : {"none", "int8_token"}) {
+    model->set_act_quant(find_act_quant(name));
+    KVCache fresh(c, 16);
+    EXPECT_EQ(model->forward({1, 2, 3}, fresh).size(0), 3) << name;
+  }
+  std::string conflict;
+  EXPECT_EQ(exact_linear_inputs(*mixed, 0, &conflict), (std::array<bool, 4>{false, false, false, false}));
+  EXPECT_NE(conflict.find("self_attn.q_proj"), std::string::npos);
 }
 
 }  // namespace

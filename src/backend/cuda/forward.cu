@@ -1046,7 +1046,12 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     }
     L.o = load_linear_gpu(src, a + "o_proj", f32);
     L.down = load_linear_gpu(src, f + "down_proj", f32);
-    if (opts.act_quant) L.exact_in = exact_linear_inputs(src, i, !src.activation_quant().empty());
+    if (opts.act_quant) {  // the declared quantizer must be simulable as the checkpoint runs it (DecoderLayer::unsimulated)
+      std::string conflict;
+      L.exact_in = exact_linear_inputs(src, i, &conflict);
+      const std::string declared = src.activation_quant();
+      NIBBLE_CHECK(conflict.empty() || declared.empty() || opts.act_quant != find_act_quant(declared), "{}", conflict);
+    }
     m.layers.push_back(std::move(L));
     m.kcache.emplace_back(kv_cache_bytes(c, max_tokens, opts.kv_dtype));
     m.vcache.emplace_back(kv_cache_bytes(c, max_tokens, opts.kv_dtype));
