@@ -64,18 +64,24 @@ def gptq(w, gs=128, bits=4, planar=False):
     return parts, ref
 
 
-def awq(w, gs=128):
-    from awq.modules.linear.gemm import WQLinear_GEMM
-    from awq.utils.packing_utils import dequantize_gemm
-
+def awq_grid(w, gs):
+    """A linear holding w rounded to AutoAWQ's 4-bit grid, and its scales and zeros [out, groups]. AutoAWQ packs
+    round((w + z·s) / s) without clamping (its quantizer hands it weights already on the grid): give it the weights
+    rounded and clamped to the codes' range, as that quantizer would."""
     out_f, in_f = w.shape
     scale, zero = minmax_params(w, gs, 4)
-    # AutoAWQ packs round((w + z·s) / s) without clamping (its quantizer hands it weights already on the grid):
-    # give it the weights rounded and clamped to the codes' range, as that quantizer would.
     g = torch.arange(in_f) // gs
     s_, z_ = scale[:, g], zero[:, g]
     lin = torch.nn.Linear(in_f, out_f, bias=False)
     lin.weight.data = (torch.clamp(torch.round(w / s_) + z_, 0, 15) - z_) * s_
+    return lin, scale, zero
+
+
+def awq(w, gs=128):
+    from awq.modules.linear.gemm import WQLinear_GEMM
+    from awq.utils.packing_utils import dequantize_gemm
+
+    lin, scale, zero = awq_grid(w, gs)
     ql = WQLinear_GEMM.from_linear(lin, 4, gs, scales=scale.T.contiguous().half(), zeros=zero.T.contiguous().to(torch.int32))
     ref = dequantize_gemm(ql.qweight, ql.qzeros, ql.scales, 4, gs).T.float()
     return {"qweight": ql.qweight, "qzeros": ql.qzeros, "scales": ql.scales}, ref
@@ -86,12 +92,7 @@ def awq_gemv(w, gs=128):
     grid weights it is given, which its rounding packs back exactly)."""
     from awq.modules.linear.gemv import WQLinear_GEMV
 
-    out_f, in_f = w.shape
-    scale, zero = minmax_params(w, gs, 4)
-    g = torch.arange(in_f) // gs
-    s_, z_ = scale[:, g], zero[:, g]
-    lin = torch.nn.Linear(in_f, out_f, bias=False)
-    lin.weight.data = (torch.clamp(torch.round(w / s_) + z_, 0, 15) - z_) * s_
+    lin, scale, zero = awq_grid(w, gs)
     ql = WQLinear_GEMV.from_linear(lin, 4, gs, scales=scale.contiguous().half(), zeros=zero.contiguous().to(torch.int32))
     return {"qweight": ql.qweight, "qzeros": ql.qzeros, "scales": ql.scales}, lin.weight.data.float()
 

@@ -289,13 +289,17 @@ class AwqScheme final : public RivalScheme {
     return required_parts(raw, prefix, {".qweight", ".qzeros", ".scales"}, "AWQ");
   }
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
-    if (gemv_) return dequantize_gemv(prefix, raw);
-    static constexpr int kInterleave[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble holding output 8j+i
     const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
     const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
-    const int64_t in = qw.size(0), out = qw.size(1) * 8;
-    NIBBLE_CHECK(in > 0 && out > 0, "{}: '{}.qweight' {} holds no weights", raw.describe(), prefix,
+    NIBBLE_CHECK(qw.numel() > 0, "{}: '{}.qweight' {} holds no weights", raw.describe(), prefix,
                  shape_str(qw.shape()));
+    return gemv_ ? dequantize_gemv(prefix, raw, qw, qz) : dequantize_gemm(prefix, raw, qw, qz);
+  }
+
+ private:
+  Tensor dequantize_gemm(const std::string& prefix, const TensorSource& raw, const Tensor& qw, const Tensor& qz) const {
+    static constexpr int kInterleave[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble holding output 8j+i
+    const int64_t in = qw.size(0), out = qw.size(1) * 8;
     const int64_t gs = group_size_ > 0 ? group_size_ : in;
     const int64_t n_groups = qz.size(0);
     NIBBLE_CHECK(qz.size(1) == qw.size(1) && n_groups == (in + gs - 1) / gs,
@@ -321,13 +325,8 @@ class AwqScheme final : public RivalScheme {
     return w;
   }
 
- private:
-  Tensor dequantize_gemv(const std::string& prefix, const TensorSource& raw) const {
-    const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
-    const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
+  Tensor dequantize_gemv(const std::string& prefix, const TensorSource& raw, const Tensor& qw, const Tensor& qz) const {
     const int64_t out = qw.size(0), in = qw.size(1) * 8;
-    NIBBLE_CHECK(in > 0 && out > 0, "{}: '{}.qweight' {} holds no weights", raw.describe(), prefix,
-                 shape_str(qw.shape()));
     const int64_t gs = group_size_ > 0 ? group_size_ : in;
     NIBBLE_CHECK(in % gs == 0, "{}: '{}.qweight' holds {} inputs, not a whole number of groups of {}", raw.describe(),
                  prefix, in, gs);
