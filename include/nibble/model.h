@@ -106,6 +106,10 @@ struct DecoderLayer {
   static DecoderLayer load(const ModelSource& src, int64_t i, bool dense = false);
 };
 
+// The activation quantizer `src` declares (ModelSource::activation_quant()),
+// or nullptr: what its linears run with unless the user picks another.
+const ActQuantSpec* declared_act_quant(const ModelSource& src);
+
 // DecoderLayer::exact_inputs of layer `layer` of `src`: the inputs none of
 // whose linears runs quantized activations. An input whose linears disagree
 // counts as quantized, and `conflict` (when given) gets a message naming two

@@ -112,9 +112,8 @@ class WindowRunner {
 #ifdef NIBBLE_HAVE_CUDA
     // The candidate's activation quantizer, else the one its source declares
     // (as DecoderLayer::load applies it on the CPU); each input goes through the host.
-    const std::string declared = src.activation_quant();
     cuda::GpuOptions g;
-    g.act_quant = setup.cand.act_quant ? *setup.cand.act_quant : declared.empty() ? nullptr : find_act_quant(declared);
+    g.act_quant = setup.cand.act_quant ? *setup.cand.act_quant : declared_act_quant(src);
     g.f32_linears = true;
     g.bf16_inputs = setup.bf16_activations;
     g.decode_graph = false;  // prefill only

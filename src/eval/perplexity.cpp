@@ -3,6 +3,7 @@
 #include "nibble/error.h"
 #include "nibble/eval.h"
 #include "nibble/layerwise.h"
+#include "nibble/model.h"
 #include "nibble/util.h"
 #ifdef NIBBLE_HAVE_CUDA
 #include "nibble/cuda_model.h"
@@ -114,7 +115,7 @@ PerplexityResult perplexity_cuda(const ModelSource& src, const std::vector<int32
   const auto ws = windows(src.config(), tokens, ctx, bos);
   cuda::GpuOptions g;
   // What the checkpoint declares, as the CPU forward applies it (each input through the host: GpuOptions).
-  if (const std::string a = src.activation_quant(); !a.empty()) g.act_quant = find_act_quant(a);
+  g.act_quant = declared_act_quant(src);
   g.f32_linears = true;
   g.decode_graph = false;  // whole windows only
   g.kv_shared_from = -1;

@@ -472,7 +472,7 @@ class CompressedTensorsScheme final : public RivalScheme {
     const int64_t out = codes.size(0), in = codes.size(1);
     // Scales as stored, or MXFP8's E8M0 exponents (U8).
     const Tensor scale = raw.contains(prefix + ".weight_scale") && raw.meta(prefix + ".weight_scale").dtype == DType::U8
-                             ? e8m0_scales(raw, prefix + ".weight_scale")
+                             ? e8m0_scales(raw.load(prefix + ".weight_scale"))
                              : floats_of(raw, prefix + ".weight_scale", {});
     // Scales: one (tensor), [out] or [out, groups] (channel, group), or
     // [row blocks, column blocks] (block).
@@ -540,9 +540,10 @@ class CompressedTensorsScheme final : public RivalScheme {
     return z;
   }
 
-  // E8M0 exponents (U8) as F32 scales 2^(b − 127), in the stored shape.
-  static Tensor e8m0_scales(const TensorSource& raw, const std::string& name) {
-    const Tensor t = raw.load(name).contiguous();
+  // E8M0 exponents (U8) as F32 scales 2^(b − 127), in the stored shape: the
+  // shared scales of MXFP4, MXFP6 and MXFP8.
+  static Tensor e8m0_scales(const Tensor& bytes) {
+    const Tensor t = bytes.contiguous();
     Tensor f = Tensor::empty(DType::F32, t.shape());
     const uint8_t* b = static_cast<const uint8_t*>(t.raw());
     for (int64_t i = 0; i < t.numel(); ++i) f.data_mut<float>()[i] = e8m0_to_f32(b[i]);
@@ -563,10 +564,10 @@ class CompressedTensorsScheme final : public RivalScheme {
                  "{}: MXFP6 scales '{}.weight_scale' should be U8 (E8M0), one per 32 inputs of each row ({}), found "
                  "{} {}",
                  raw.describe(), prefix, out * blocks, dtype_name(scale_t.dtype()), shape_str(scale_t.shape()));
-    const Tensor sc = scale_t.is_contiguous() ? scale_t : scale_t.contiguous();
+    const Tensor sc = e8m0_scales(scale_t);
     const Tensor pc = packed.is_contiguous() ? packed : packed.contiguous();
     const uint8_t* p = static_cast<const uint8_t*>(pc.raw());
-    const uint8_t* s = static_cast<const uint8_t*>(sc.raw());
+    const float* s = sc.data<float>();
     Tensor w = Tensor::empty(DType::F32, {out, in});
     float* dst = w.data_mut<float>();
     const int64_t row_bytes = packed.size(1);
@@ -576,7 +577,7 @@ class CompressedTensorsScheme final : public RivalScheme {
         const uint32_t word = b[0] | (static_cast<uint32_t>(b[1]) << 8) | (static_cast<uint32_t>(b[2]) << 16);
         for (int64_t i = 0; i < 4; ++i) {
           const int64_t k = 4 * j + i;
-          dst[n * in + k] = e2m3_to_f32(static_cast<uint8_t>(word >> (6 * i))) * e8m0_to_f32(s[n * blocks + k / 32]);
+          dst[n * in + k] = e2m3_to_f32(static_cast<uint8_t>(word >> (6 * i))) * s[n * blocks + k / 32];
         }
       }
     return w;
@@ -601,8 +602,8 @@ class CompressedTensorsScheme final : public RivalScheme {
     } else {
       NIBBLE_CHECK(scale_t.dtype() == DType::U8, "{}: MXFP4 scales '{}.weight_scale' should be U8 (E8M0), found {}",
                    raw.describe(), prefix, dtype_name(scale_t.dtype()));
-      const Tensor c = scale_t.is_contiguous() ? scale_t : scale_t.contiguous();
-      for (size_t i = 0; i < scale.size(); ++i) scale[i] = e8m0_to_f32(static_cast<const uint8_t*>(c.raw())[i]);
+      const Tensor f = e8m0_scales(scale_t);
+      std::copy(f.data<float>(), f.data<float>() + f.numel(), scale.begin());
     }
     const Tensor pc = packed.is_contiguous() ? packed : packed.contiguous();
     const uint8_t* p = static_cast<const uint8_t*>(pc.raw());

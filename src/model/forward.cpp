@@ -175,14 +175,16 @@ DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {
                  src.describe(), r->size, L.down.in_features());
     L.down_rotation = std::make_shared<const quant::HadamardRotation>(r->size, r->seed);
   }
-  const std::string declared = src.activation_quant();
   std::string conflict;
   L.exact_inputs = exact_linear_inputs(src, i, &conflict);
-  if (!declared.empty()) {
-    L.act_quant = find_act_quant(declared);
-    L.unsimulated = conflict;
-  }
+  L.act_quant = declared_act_quant(src);
+  if (L.act_quant) L.unsimulated = conflict;
   return L;
+}
+
+const ActQuantSpec* declared_act_quant(const ModelSource& src) {
+  const std::string a = src.activation_quant();
+  return a.empty() ? nullptr : find_act_quant(a);
 }
 
 std::array<bool, 4> exact_linear_inputs(const ModelSource& src, int64_t layer, std::string* conflict) {

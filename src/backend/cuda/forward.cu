@@ -1049,8 +1049,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
     if (opts.act_quant) {  // the declared quantizer must be simulable as the checkpoint runs it (DecoderLayer::unsimulated)
       std::string conflict;
       L.exact_in = exact_linear_inputs(src, i, &conflict);
-      const std::string declared = src.activation_quant();
-      NIBBLE_CHECK(conflict.empty() || declared.empty() || opts.act_quant != find_act_quant(declared), "{}", conflict);
+      NIBBLE_CHECK(conflict.empty() || opts.act_quant != declared_act_quant(src), "{}", conflict);
     }
     m.layers.push_back(std::move(L));
     m.kcache.emplace_back(kv_cache_bytes(c, max_tokens, opts.kv_dtype));
