@@ -27,6 +27,7 @@ struct QuantizeOptions {
   bool mse = false;        // MSE range search per group (RTN and GPTQ)
   bool act_order = false;  // GPTQ: decreasing diag(H) order, static groups
   double damp = 0.01;      // GPTQ: λ = damp · mean(diag H)
+  int refine = 0;          // GPTQ: passes of quant::refine after the sweep (CPU)
   std::string device = "cpu";  // GPTQ: "cpu", or "cuda" (int4_asym; the solve on the GPU)
   double alpha = 0.5;      // SmoothQuant: migration strength
   uint64_t rotate_seed = 0;  // rotation: seed of the random signs
@@ -54,6 +55,9 @@ struct TensorResult {
   double damp_used = 0;
   int damp_retries = 0;
   int64_t dead_columns = 0;
+  // GPTQ --refine: the sweep's objective before and after, what moved.
+  double refine_before = 0, refine_after = 0;
+  int64_t refine_codes = 0, refine_groups = 0;
 };
 
 struct QuantizeResult {

@@ -89,6 +89,13 @@ struct FormatSpec {
   // Packing to the on-disk parts (in the order parts() lists them) and back.
   std::vector<Tensor> (*pack)(const QuantizedMatrix& q);
   QuantizedMatrix (*unpack)(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+
+  // Optional (nullptr: a refinement keeps the fitted parameters): for formats
+  // whose decode is code · scale + min with both stored per group, the stored
+  // parameters for a real-valued (scale, min), rounded as the format stores
+  // them. GPTQ's --refine refits a group's (scale, min) to its chosen codes by
+  // least squares and stores the result through this.
+  GroupParams (*store_scale_min)(double scale, double min) = nullptr;
 };
 
 // All registered formats, in registry order.

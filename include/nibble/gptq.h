@@ -139,6 +139,26 @@ GptqResult gptq(const float* w, int64_t rows, int64_t cols, const MatrixStats& s
 GptqResult gptq(const float* w, int64_t rows, int64_t cols, const PreparedHessian& hessian, const Grid& grid,
                 const GptqOptions& options);
 
+// Refinement of a GPTQ result against the objective GPTQ minimizes one column
+// at a time: f(Q) = Σ_rows (q − w)ᵀ (H + λI) (q − w) over the live inputs (w the
+// original row, λ the damping the sweep used). Each pass is a coordinate
+// descent over every live weight (each moved to the representable value that
+// minimizes f with the rest of its row fixed: the nearest one to
+// q_j − [(H + λI)(q − w)]_j / (H_jj + λ)), then, for formats with
+// store_scale_min, a least-squares refit of each group's (scale, min) to its
+// codes, kept when the stored (rounded) parameters lower f. Passes stop early
+// once one changes nothing. Every accepted step lowers f, so f never rises
+// (Nair and Suggala 2024, "CDQuant: Greedy Coordinate Descent for Accurate LLM
+// Quantization", for the coordinate descent after GPTQ).
+struct RefineReport {
+  int64_t code_changes = 0;   // weights moved to another code
+  int64_t group_refits = 0;   // groups whose (scale, min) were replaced
+  int passes = 0;             // the most passes any row ran
+  double cost_before = 0, cost_after = 0;  // f before and after
+};
+RefineReport refine(GptqResult& result, const float* w, const MatrixStats& stats, const PreparedHessian& hessian,
+                    const Grid& grid, int passes);
+
 // Round-to-nearest on any grid (the group parameters fitted to each group's
 // own values), returned in the same shape as GPTQ's result.
 GptqResult rtn(const float* w, int64_t rows, int64_t cols, const Grid& grid);

@@ -25,6 +25,8 @@ struct QuantizerConfig {
   // Where the method runs: "cpu", or "cuda" (GPTQ on int4_asym only; needs a
   // CUDA build and a visible device, checked when the quantizer is made).
   std::string device = "cpu";
+  // GPTQ: passes of quant::refine after the sweep (0: none; CPU only).
+  int refine = 0;
 };
 
 // What a method reports about one matrix besides its codes.
@@ -35,6 +37,10 @@ struct QuantizeInfo {
   // Filled by the calibrated flow: the stored weight against the matrix the
   // quantizer was given (after any transform), ‖W' − W‖_F / ‖W‖_F and max |W' − W|.
   double rel_error = 0, max_abs_error = 0;
+  // GPTQ --refine (quant::refine): the sweep's objective before and after,
+  // weights moved to another code, groups whose parameters were refitted.
+  double refine_before = 0, refine_after = 0;
+  int64_t refine_codes = 0, refine_groups = 0;
 };
 
 class Quantizer {

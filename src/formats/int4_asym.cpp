@@ -60,6 +60,14 @@ uint8_t encode(float w, const GroupParams& p) {
 
 float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(code) * p.scale + p.min; }
 
+GroupParams store_scale_min(double scale, double min) {
+  GroupParams p;
+  p.scale = round_to_bf16(static_cast<float>(scale));
+  p.min = round_to_bf16(static_cast<float>(min));
+  if (p.min == 0.0f) p.min = 0.0f;  // -0 -> +0, as fit_group stores it
+  return p;
+}
+
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
   // qweight byte j of a row = code[2j] | code[2j+1] << 4 (pack_codes with 4 bits)
   return {pack_codes(q, 4), params_part(q, &GroupParams::scale, DType::BF16),
@@ -90,6 +98,7 @@ const FormatSpec kInt4Asym{
     .decode = decode,
     .pack = pack,
     .unpack = unpack,
+    .store_scale_min = store_scale_min,
 };
 
 }  // namespace nibble::formats

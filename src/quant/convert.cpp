@@ -164,7 +164,10 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
                "method '{}' needs calibration data: pass --calib FILE (text or .npy token ids)", method.name);
   NIBBLE_CHECK(method.quantizer->name == "gptq" || !opt.act_order,
                "--act-order is a GPTQ option (method '{}' has no column order)", method.name);
-  auto quantizer = method.quantizer->make(quant::QuantizerConfig{format, opt.mse, opt.act_order, opt.damp, opt.device});
+  NIBBLE_CHECK(method.quantizer->name == "gptq" || opt.refine == 0,
+               "--refine refines GPTQ's result (method '{}' has no Hessian objective)", method.name);
+  auto quantizer = method.quantizer->make(
+      quant::QuantizerConfig{format, opt.mse, opt.act_order, opt.damp, opt.device, opt.refine});
   // A transform: a view of the whole model (rotation), or a reshaping of each
   // layer during calibration (AWQ, SmoothQuant).
   const quant::TransformConfig tcfg{format, opt.alpha, opt.rotate_seed};
@@ -341,6 +344,10 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
         tr.damp_used = info.damp_used;
         tr.damp_retries = info.damp_retries;
         tr.dead_columns = info.dead_columns;
+        tr.refine_before = info.refine_before;
+        tr.refine_after = info.refine_after;
+        tr.refine_codes = info.refine_codes;
+        tr.refine_groups = info.refine_groups;
         // Against the matrix the quantizer was given (a layer transform's
         // rescaled one): computed when it was quantized.
         tr.rel_error = info.rel_error;
@@ -412,6 +419,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
   if (method.quantizer->name == "gptq") {
     report["options"]["act_order"] = opt.act_order;
     report["options"]["damp"] = opt.damp;
+    report["options"]["refine"] = opt.refine;
     report["options"]["block_size"] = 128;
     report["options"]["device"] = opt.device;
   }
@@ -438,6 +446,9 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
         e["damp_used"] = t.damp_used;
         e["damp_retries"] = t.damp_retries;
         e["dead_columns"] = t.dead_columns;
+        if (opt.refine > 0)
+          e["refine"] = {{"objective_before", t.refine_before}, {"objective_after", t.refine_after},
+                         {"codes_changed", t.refine_codes}, {"groups_refit", t.refine_groups}};
       }
     } else {
       e["kept"] = t.note;

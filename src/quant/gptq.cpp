@@ -454,8 +454,17 @@ class GptqQuantizer final : public Quantizer {
       prepared_ = prepare_hessian(*stats, o);
       prepared_id_ = stats->id;
     }
-    const GptqResult r = gptq(w.data<float>(), w.size(0), w.size(1), prepared_, *grid_, o);
+    GptqResult r = gptq(w.data<float>(), w.size(0), w.size(1), prepared_, *grid_, o);
     if (info) *info = QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns};
+    if (config_.refine > 0) {
+      const RefineReport rr = refine(r, w.data<float>(), *stats, prepared_, *grid_, config_.refine);
+      if (info) {
+        info->refine_before = rr.cost_before;
+        info->refine_after = rr.cost_after;
+        info->refine_codes = rr.code_changes;
+        info->refine_groups = rr.group_refits;
+      }
+    }
     return r.to_quantized(*config_.format.spec, config_.format.group_size);
   }
 
@@ -471,6 +480,8 @@ class GptqQuantizer final : public Quantizer {
 // use the GPU fails before any calibration work.
 std::unique_ptr<Quantizer> make_gptq(const QuantizerConfig& c) {
   NIBBLE_CHECK(c.device == "cpu" || c.device == "cuda", "gptq: --device must be cpu or cuda, found '{}'", c.device);
+  NIBBLE_CHECK(c.refine >= 0, "--refine: the number of passes must be >= 0, found {}", c.refine);
+  NIBBLE_CHECK(c.refine == 0 || c.device == "cpu", "--refine runs on the CPU only; use --device cpu or drop --refine");
   if (c.device == "cpu") return std::make_unique<GptqQuantizer>(c);
 #ifdef NIBBLE_HAVE_CUDA
   return cuda::make_gptq_quantizer(c);

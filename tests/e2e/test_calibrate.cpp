@@ -175,6 +175,30 @@ TEST(Gptq, StoriesBeatsRtnOnHeldOutTextAndIsDeterministic) {
   EXPECT_FALSE(fs::exists(tmp / ".gptq.nibble-partial"));
 }
 
+// --refine: every matrix's GPTQ objective (as quant::refine reports it) falls,
+// and nibble.json records it.
+TEST(Gptq, RefineLowersEveryMatrixsObjectiveAndIsRecorded) {
+  TempDir tmp;
+  const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
+  QuantizeOptions g = test::gptq_options(calib, 8, 128, 64);
+  g.refine = 10;
+  quantize_model(test::model_dir("stories260K"), tmp / "r", g);
+  const auto j = read_json(tmp / "r/nibble.json");
+  EXPECT_EQ(j["options"]["refine"], 10);
+  int matrices = 0;
+  double before = 0, after = 0;
+  for (const auto& [name, t] : j["tensors"].items()) {
+    if (!t["quantized"].get<bool>()) continue;
+    ++matrices;
+    const auto& r = t.at("refine");
+    EXPECT_LE(r["objective_after"].get<double>(), r["objective_before"].get<double>()) << name;
+    before += r["objective_before"].get<double>();
+    after += r["objective_after"].get<double>();
+  }
+  EXPECT_GT(matrices, 0);
+  EXPECT_LT(after, 0.99 * before);
+}
+
 TEST(Gptq, QwenHeadIsQuantizedLastOnTheQuantizedBody) {
   TempDir tmp;
   const fs::path calib = test::shared_dir() / "data/corpora/linux-calib.txt";
@@ -214,6 +238,9 @@ TEST(Gptq, KilledRunResumesAtTheNextLayerWithIdenticalResult) {
   r = test::run_command(base + (tmp / "part").string() + " --mse --resume");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("mse"), std::string::npos) << r.err;
+  r = test::run_command(base + (tmp / "part").string() + " --refine 2 --resume");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("refine"), std::string::npos) << r.err;
   // The same command with --resume continues at layer 3.
   r = test::run_command(test::nibble_bin() + " quantize --method gptq --group 64 --model " + model + " --calib " +
                         calib.string() + " --calib-samples 16 --calib-len 128 --out " + (tmp / "part").string() +
@@ -258,6 +285,10 @@ TEST(Gptq, BadCalibratedInputsFailClearly) {
                         (tmp / "o").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("act-order"), std::string::npos) << r.err;
+  r = test::run_command(test::nibble_bin() + " quantize --method rtn --refine 3 --model " + model + " --out " +
+                        (tmp / "o").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--refine refines GPTQ's result"), std::string::npos) << r.err;
   std::ofstream(tmp / "bad.txt", std::ios::binary) << "\xff\xfe not utf-8";
   r = test::run_command(test::nibble_bin() + " quantize --method gptq --model " + model + " --out " +
                         (tmp / "o").string() + " --calib " + (tmp / "bad.txt").string());

@@ -1,0 +1,168 @@
+// GPTQ's --refine: coordinate descent over the codes and a least-squares refit
+// of each group's (scale, min), both against the objective of the sweep,
+// f(Q) = Σ_rows (q − w)ᵀ A (q − w) with A = H + λI on the live inputs.
+//
+// Per row, e = A (q − w) is kept up to date: moving q_j by δ changes f by
+// 2δ e_j + δ² A_jj and e by δ A[:, j]. The 1-D minimizer of coordinate j is
+// t = q_j − e_j / A_jj, so the representable value nearest to t is the best
+// one for that weight. For a group G with codes c and decode c · s + m, a
+// change (Δs, Δm) moves q_G by c Δs + Δm, and f by
+//   2 (Δs cᵀe_G + Δm 1ᵀe_G) + [Δs Δm] [[cᵀA_GG c, cᵀA_GG 1], [1ᵀA_GG c, 1ᵀA_GG 1]] [Δs Δm]ᵀ,
+// minimized by one 2×2 solve; the rounded parameters are kept when they lower f.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "nibble/error.h"
+#include "nibble/gptq.h"
+
+namespace nibble::quant {
+
+RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, const PreparedHessian& prep,
+                    const Grid& grid, int passes) {
+  const int64_t rows = res.rows, cols = res.cols;
+  NIBBLE_CHECK(passes >= 0, "--refine: the number of passes must be >= 0, found {}", passes);
+  NIBBLE_CHECK(stats.dim == cols && prep.cols == cols, "refine: the statistics are for {} inputs, the matrix has {}",
+               stats.dim, cols);
+  NIBBLE_CHECK(res.dequant.size() == static_cast<size_t>(rows * cols), "refine: the result has no values");
+  RefineReport rep;
+  if (passes == 0 || rows == 0 || cols == 0) return rep;
+  const int64_t g = grid.group_len(cols);
+  const int64_t gpr = g > 0 ? (cols + g - 1) / g : 0;
+  const bool has_codes = !res.codes.empty();
+  const FormatSpec* f = grid.format();
+  const bool refit = g > 0 && has_codes && f && f->store_scale_min;
+  const std::vector<uint8_t>& dead = prep.dead;
+
+  // A = H + λI on the live inputs (a dead input's row and column of H are 0).
+  std::vector<float> A(static_cast<size_t>(cols * cols));
+#pragma omp parallel for schedule(static) if (cols >= 512)
+  for (int64_t i = 0; i < cols; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      A[i * cols + j] = dead[i] || dead[j] ? 0.0f
+                                           : static_cast<float>(stats.H[i * cols + j] + (i == j ? prep.lambda : 0.0));
+  // D = Q − W on the live inputs, E = D A (A is symmetric).
+  std::vector<float> D(static_cast<size_t>(rows * cols)), E(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      D[r * cols + j] = dead[j] ? 0.0f : res.dequant[r * cols + j] - w[r * cols + j];
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols),
+              static_cast<int>(cols), 1.0f, D.data(), static_cast<int>(cols), A.data(), static_cast<int>(cols), 0.0f,
+              E.data(), static_cast<int>(cols));
+  // 1ᵀ A_GG 1 per group: the same for every row.
+  std::vector<double> ones_A_ones(static_cast<size_t>(gpr), 0.0);
+  for (int64_t k = 0; k < gpr; ++k)
+    for (int64_t j = k * g; j < std::min(cols, (k + 1) * g); ++j)
+      for (int64_t l = k * g; l < std::min(cols, (k + 1) * g); ++l) ones_A_ones[k] += A[j * cols + l];
+  // The value of each code at scale 1, min 0 (decode is code_value · scale + min).
+  float code_value[256] = {};
+  if (refit) {
+    const GroupParams unit = f->store_scale_min(1.0, 0.0);
+    for (int c = 0; c < (1 << f->code_bits); ++c) code_value[c] = f->decode(static_cast<uint8_t>(c), unit);
+  }
+
+  double before = 0, after = 0;
+  int64_t code_changes = 0, group_refits = 0;
+  int max_passes = 0;
+#pragma omp parallel reduction(+ : before, after, code_changes, group_refits) reduction(max : max_passes) \
+    num_threads(rows * cols >= (1 << 16) ? omp_get_max_threads() : 1)
+  {
+    std::vector<float> dq(static_cast<size_t>(std::max<int64_t>(g, 1)));
+#pragma omp for schedule(dynamic, 8)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* e = &E[r * cols];
+      float* q = &res.dequant[r * cols];
+      uint8_t* code = has_codes ? &res.codes[r * cols] : nullptr;
+      const float* wr = w + r * cols;
+      for (int64_t j = 0; j < cols; ++j) before += static_cast<double>(e[j]) * D[r * cols + j];
+      // Moves q_j by delta and keeps e = A (q − w).
+      auto move = [&](int64_t j, float delta) {
+        const float* a = &A[j * cols];
+        for (int64_t l = 0; l < cols; ++l) e[l] += delta * a[l];
+      };
+      int pass = 0;
+      while (pass < passes) {
+        ++pass;
+        int64_t changed = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          if (dead[j]) continue;
+          const float ajj = A[j * cols + j];
+          const GroupParams p = g > 0 ? res.params[r * gpr + j / g] : GroupParams{};
+          uint8_t c = 0;
+          const float v = grid.quantize(q[j] - e[j] / ajj, p, &c);
+          const float delta = v - q[j];
+          if (delta == 0.0f || !(2.0f * delta * e[j] + delta * delta * ajj < 0.0f)) continue;
+          q[j] = v;
+          if (code) code[j] = c;
+          move(j, delta);
+          ++changed;
+        }
+        code_changes += changed;
+        if (refit) {
+          for (int64_t k = 0; k < gpr; ++k) {
+            const int64_t c0 = k * g, c1 = std::min(cols, c0 + g);
+            double ce = 0, oe = 0, cAc = 0, cA1 = 0;
+            for (int64_t j = c0; j < c1; ++j) {
+              if (dead[j]) continue;
+              const double cj = code_value[code[j]];
+              ce += cj * e[j];
+              oe += e[j];
+              double row_c = 0, row_1 = 0;  // (A_GG c)_j, (A_GG 1)_j
+              for (int64_t l = c0; l < c1; ++l) {
+                const double a = A[j * cols + l];
+                row_c += a * code_value[code[l]];
+                row_1 += a;
+              }
+              cAc += cj * row_c;
+              cA1 += cj * row_1;
+            }
+            const double c11 = ones_A_ones[k], det = cAc * c11 - cA1 * cA1;
+            if (!(det > 0)) continue;  // one distinct code: the pair is not determined
+            GroupParams& p = res.params[r * gpr + k];
+            const double ds = (-ce * c11 + oe * cA1) / det, dm = (-oe * cAc + ce * cA1) / det;
+            const GroupParams np = f->store_scale_min(p.scale + ds, p.min + dm);
+            if (!(np.scale > 0) || !std::isfinite(np.min) || (np.scale == p.scale && np.min == p.min)) continue;
+            double df = 0;
+            for (int64_t j = c0; j < c1; ++j) {
+              dq[j - c0] = dead[j] ? 0.0f : f->decode(code[j], np) - q[j];
+              df += 2.0 * dq[j - c0] * e[j];
+            }
+            for (int64_t j = c0; j < c1; ++j) {
+              if (dq[j - c0] == 0.0f) continue;
+              double s = 0;
+              for (int64_t l = c0; l < c1; ++l) s += static_cast<double>(A[j * cols + l]) * dq[l - c0];
+              df += dq[j - c0] * s;
+            }
+            if (!(df < 0)) continue;
+            p = np;
+            ++group_refits;
+            ++changed;
+            for (int64_t j = c0; j < c1; ++j) {
+              if (dead[j]) {  // not in f, but stored: keep the value the file will decode to
+                q[j] = f->decode(code[j], np);
+                continue;
+              }
+              if (dq[j - c0] == 0.0f) continue;
+              q[j] = f->decode(code[j], np);
+              move(j, dq[j - c0]);
+            }
+          }
+        }
+        if (changed == 0) break;
+      }
+      max_passes = std::max(max_passes, pass);
+      for (int64_t j = 0; j < cols; ++j)
+        if (!dead[j]) after += static_cast<double>(e[j]) * (q[j] - wr[j]);
+    }
+  }
+  rep.code_changes = code_changes;
+  rep.group_refits = group_refits;
+  rep.passes = max_passes;
+  rep.cost_before = before;
+  rep.cost_after = after;
+  return rep;
+}
+
+}  // namespace nibble::quant
