@@ -188,7 +188,8 @@ TEST(Layer, Int4GptqBeatsRtnOnOutputError) {
   for (const auto& [tag, args] : std::vector<std::pair<std::string, std::string>>{
            {"rtn", "--method rtn"},
            {"gptq", "--method gptq"},
-           {"gptq_ao_mse", "--method gptq --act-order --mse --grid int4_g64_asym"}}) {
+           {"gptq_ao_mse", "--method gptq --act-order --mse --grid int4_g64_asym"},
+           {"gptq_refine", "--method gptq --refine 20"}}) {
     SCOPED_TRACE(tag);
     const auto r = layer(tmp, in + args, tag);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -215,6 +216,15 @@ TEST(Layer, Int4GptqBeatsRtnOnOutputError) {
   EXPECT_LT(gptq["output_rel_err_calib"].get<double>(), rtn["output_rel_err_calib"].get<double>());
   EXPECT_LT(gptq["output_rel_err_heldout"].get<double>(), rtn["output_rel_err_heldout"].get<double>());
   EXPECT_LT(rep["gptq_ao_mse"]["output_rel_err_calib"].get<double>(), rtn["output_rel_err_calib"].get<double>());
+  // --refine lowers GPTQ's own objective (the damped calibration output error),
+  // and with it the calibration output error; held out too, on these inputs.
+  const auto& refined = rep["gptq_refine"];
+  ASSERT_TRUE(refined["refine"].is_object());
+  EXPECT_TRUE(gptq["refine"].is_null());
+  EXPECT_LT(refined["refine"]["objective_after"].get<double>(), refined["refine"]["objective_before"].get<double>());
+  EXPECT_GT(refined["refine"]["codes_changed"].get<int64_t>(), 0);
+  EXPECT_LT(refined["output_rel_err_calib"].get<double>(), gptq["output_rel_err_calib"].get<double>());
+  EXPECT_LT(refined["output_rel_err_heldout"].get<double>(), gptq["output_rel_err_heldout"].get<double>());
   // RTN's output equals the independent dequantization, bit for bit.
   const Tensor q = io::read_npy(tmp / "Qrtn.npy");
   const std::vector<float> want = reference_rtn_int4(w, kRows, kCols, 128);
@@ -222,7 +232,7 @@ TEST(Layer, Int4GptqBeatsRtnOnOutputError) {
     ASSERT_EQ(q.data<float>()[i], want[i]) << "[" << i / kCols << ", " << i % kCols << "] w = " << w[i];
   std::printf("[ measured ] rtn  weight %.5f  calib %.5f  heldout %.5f\n", rtn["weight_rel_err"].get<double>(),
               rtn["output_rel_err_calib"].get<double>(), rtn["output_rel_err_heldout"].get<double>());
-  for (const char* tag : {"gptq", "gptq_ao_mse"})
+  for (const char* tag : {"gptq", "gptq_ao_mse", "gptq_refine"})
     std::printf("[ measured ] %s  weight %.5f  calib %.5f  heldout %.5f\n", tag,
                 rep[tag]["weight_rel_err"].get<double>(), rep[tag]["output_rel_err_calib"].get<double>(),
                 rep[tag]["output_rel_err_heldout"].get<double>());

@@ -33,6 +33,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 struct LayerOptions {
   std::string weight, inputs, heldout, method, grid = "int4_asym", out, report;
   bool mse = false, act_order = false;
+  int refine = 0;
   double damp = 0.01;
   int group = 128;
   uint64_t rotate_seed = 0;
@@ -125,6 +126,7 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
                o.method);
   const bool is_gptq = method.quantizer->name == std::string_view("gptq");
   NIBBLE_CHECK(is_gptq || !o.act_order, "--act-order applies to GPTQ (--method gptq or TRANSFORM+gptq) only");
+  NIBBLE_CHECK(is_gptq || o.refine == 0, "--refine applies to GPTQ (--method gptq or TRANSFORM+gptq) only");
   // Fail before the work, not after it, when an output cannot be placed.
   for (const auto& [flag, path] : {std::pair{"--out", &o.out}, std::pair{"--report", &o.report}}) {
     const std::filesystem::path dir = std::filesystem::path(*path).parent_path();
@@ -176,6 +178,7 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
     transform_report = {{"name", "rotate"}, {"seed", o.rotate_seed}, {"hadamard_factor", rotation->factor()}};
   }
   quant::GptqResult r;
+  std::optional<quant::RefineReport> refined;
   double t_stats = 0;
   if (is_gptq) {
     quant::MatrixStats stats(cols);  // H = XᵀX [in, in], fp64
@@ -186,7 +189,9 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
     quant::GptqOptions go;
     go.damp = o.damp;
     go.act_order = o.act_order;
-    r = quant::gptq(wq.data<float>(), rows, cols, stats, *grid, go);
+    const quant::PreparedHessian prep = quant::prepare_hessian(stats, go);
+    r = quant::gptq(wq.data<float>(), rows, cols, prep, *grid, go);
+    if (o.refine > 0) refined = quant::refine(r, wq.data<float>(), stats, prep, *grid, o.refine);
   } else {
     // RTN needs no Hessian. Its dead-column count is GPTQ's (inputs with
     // H_ii = Σ x² = 0, i.e. never nonzero in calibration), for comparison;
@@ -257,6 +262,13 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
   j["damp_retries"] = is_gptq ? ojson(r.damp_retries) : ojson(nullptr);
   j["dead_columns"] = r.dead_columns;
   j["sweep_cost"] = is_gptq ? ojson(r.sweep_cost) : ojson(nullptr);
+  j["refine"] = refined ? ojson{{"passes", o.refine},
+                                {"passes_run", refined->passes},
+                                {"objective_before", refined->cost_before},
+                                {"objective_after", refined->cost_after},
+                                {"codes_changed", refined->code_changes},
+                                {"groups_refit", refined->group_refits}}
+                        : ojson(nullptr);
   j["seconds"] = seconds_since(t_start);
   j["seconds_quantize"] = t_quant;
   write_file_atomic(o.report, j.dump(2) + "\n");
@@ -272,6 +284,10 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
   if (held)
     std::printf("  output rel. error, held-out               %s  (squared error %.6g, SQNR %s)\n",
                 fmt_rel(held->rel()).c_str(), held->sq_err, fmt_db(held->sqnr()).c_str());
+  if (refined)
+    std::printf("  refine: GPTQ's objective %.6g -> %.6g in %d pass(es), %lld weights moved, %lld groups refit\n",
+                refined->cost_before, refined->cost_after, refined->passes,
+                static_cast<long long>(refined->code_changes), static_cast<long long>(refined->group_refits));
   std::printf("wrote %s and %s\n", o.out.c_str(), o.report.c_str());
   if (!global.quiet)
     std::fprintf(stderr, "nibble: layer: %.3f s (read %.3f s, statistics %.3f s, %s %.3f s, errors %.3f s)\n",
@@ -305,6 +321,11 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--mse", o->mse, "Search each group's range (33 shrink factors, |err|^2.4) instead of min/max");
   cmd->add_flag("--act-order", o->act_order, "GPTQ: sweep inputs in decreasing Hessian diagonal");
+  cmd->add_option("--refine", o->refine,
+                  "GPTQ: up to N passes of coordinate descent over the codes and least-squares refits of each "
+                  "group's scale and min, against GPTQ's objective, after the sweep (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   auto* damp = cmd->add_option("--damp", o->damp, "GPTQ: damping, as a fraction of mean(diag H)")
                    ->capture_default_str()
                    ->check(CLI::NonNegativeNumber);
