@@ -21,6 +21,8 @@ variants=(
   "gptq+mse g$gbig|--method gptq --mse --group $gbig $calib"
   "gptq+act-order g$gbig|--method gptq --act-order --group $gbig $calib"
   "gptq+mse+act-order g$gbig|--method gptq --mse --act-order --group $gbig $calib"
+  "gptq+refine g$gbig|--method gptq --refine 30 --group $gbig $calib"
+  "gptq+mse+act-order+refine g$gbig|--method gptq --mse --act-order --refine 30 --group $gbig $calib"
   "gptq no-sequential g$gbig|--method gptq --no-sequential --group $gbig $calib"
   "rtn g$gsmall|--method rtn --group $gsmall"
   "gptq+mse g$gsmall|--method gptq --mse --group $gsmall $calib"
