@@ -14,6 +14,8 @@
 //     then the column sweep (~out·in² flops of f32 GEMM);
 //   - the same with --mse (33-step range search per group) and with act-order;
 //   - rtn() (and rtn() with --mse) on the same grid, for comparison;
+//   - refine() with 30 passes on plain GPTQ's result (--refine 30), its time
+//     and output error;
 //   - the output error on the calibration inputs, ‖X(Ŵ−W)ᵀ‖/‖XWᵀ‖ (fp64 sums):
 //     GPTQ must beat RTN there, or it did no real work.
 // Inputs are synthetic but correlated, as a linear's inputs are: every token is
@@ -52,14 +54,17 @@ namespace {
 
 using namespace nibble::bench;
 using Clock = std::chrono::steady_clock;
+constexpr int kRefinePasses = 30;  // --refine 30, the README's setting
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct Row {
   Shape shape;
   double h_add = 0, h_fin = 0;
   // NAN: not run.
-  double t_rtn = NAN, t_gptq = NAN, t_rtn_mse = NAN, t_gptq_mse = NAN, t_gptq_ao = NAN;
-  double e_rtn = NAN, e_gptq = NAN, e_rtn_mse = NAN, e_gptq_mse = NAN, e_gptq_ao = NAN;
+  double t_rtn = NAN, t_gptq = NAN, t_rtn_mse = NAN, t_gptq_mse = NAN, t_gptq_ao = NAN, t_refine = NAN;
+  double e_rtn = NAN, e_gptq = NAN, e_rtn_mse = NAN, e_gptq_mse = NAN, e_gptq_ao = NAN, e_refine = NAN;
+  int refine_passes = 0;
+  int64_t refine_moves = 0, refine_refits = 0;
   double damp_used = 0;
   int damp_retries = 0;
   double identity_gap = NAN;  // |sweep_cost − (‖XΔWᵀ‖² + λ‖ΔW‖²)| / sweep_cost for plain GPTQ
@@ -169,7 +174,8 @@ int main(int argc, char** argv) {
       nibble::quant::GptqOptions opt;
       t0 = Clock::now();
       {
-        const auto r = nibble::quant::gptq(W.data(), s.out, s.in, stats, *grid, opt);
+        const nibble::quant::PreparedHessian prep = nibble::quant::prepare_hessian(stats, opt);
+        auto r = nibble::quant::gptq(W.data(), s.out, s.in, prep, *grid, opt);
         row.t_gptq = seconds_since(t0);
         const double out_sq = output_sq(X, tokens, r.dequant.data(), W.data(), s.out, s.in);
         row.e_gptq = std::sqrt(out_sq / ref_sq);
@@ -179,9 +185,20 @@ int main(int argc, char** argv) {
         // ‖XΔWᵀ‖² + λ‖ΔW‖² (U in f32, so equal to ~1e-3, not exactly).
         const double expect = out_sq + r.lambda * weight_sq(r.dequant.data(), W.data(), n);
         row.identity_gap = std::abs(r.sweep_cost - expect) / r.sweep_cost;
+        // --refine on plain GPTQ's result (the same Hessian, no second factorization).
+        t0 = Clock::now();
+        const auto rr = nibble::quant::refine(r, W.data(), stats, prep, *grid, kRefinePasses);
+        row.refine_passes = rr.passes;
+        row.refine_moves = rr.code_changes;
+        row.refine_refits = rr.group_refits;
+        row.t_refine = seconds_since(t0);
+        row.e_refine = rel(r);
       }
       std::fprintf(stderr, "[%s] gptq: %.2f s, out err %.5f (damp %g, %d retries; cost identity gap %.2e)\n",
                    s.name().c_str(), row.t_gptq, row.e_gptq, row.damp_used, row.damp_retries, row.identity_gap);
+      std::fprintf(stderr, "[%s] refine %d: %.2f s (%d passes run, %lld weights moved, %lld groups refit), out err %.5f\n",
+                   s.name().c_str(), kRefinePasses, row.t_refine, row.refine_passes,
+                   static_cast<long long>(row.refine_moves), static_cast<long long>(row.refine_refits), row.e_refine);
 
       if (run_variants) {
         t0 = Clock::now();
@@ -220,23 +237,24 @@ int main(int argc, char** argv) {
 
   std::printf("\n== seconds (wall); H = MatrixStats::add over %lld tokens, then finalize(); gptq/rtn = time ratio ==\n",
               static_cast<long long>(tokens));
-  std::printf("%-11s %-13s %8s %8s %8s %8s %9s %8s %8s %9s %10s\n", "shape", "role", "H add", "H fin", "rtn", "gptq",
-              "gptq/rtn", "rtn mse", "gptq mse", "gptq act", "H GiB");
+  std::printf("%-11s %-13s %8s %8s %8s %8s %9s %8s %8s %9s %8s %8s %10s\n", "shape", "role", "H add", "H fin", "rtn",
+              "gptq", "gptq/rtn", "rtn mse", "gptq mse", "gptq act", "refine", "ref/gptq", "H GiB");
   for (const Row& r : rows)
-    std::printf("%-11s %-13s %8s %8s %8s %8s %9s %8s %8s %9s %10.2f\n", r.shape.name().c_str(), r.shape.role,
+    std::printf("%-11s %-13s %8s %8s %8s %8s %9s %8s %8s %9s %8s %8s %10.2f\n", r.shape.name().c_str(), r.shape.role,
                 cell(r.h_add, "%.2f").c_str(), cell(r.h_fin, "%.2f").c_str(), cell(r.t_rtn, "%.3f").c_str(),
                 cell(r.t_gptq, "%.2f").c_str(), cell(r.t_gptq / r.t_rtn, "%.0f").c_str(),
                 cell(r.t_rtn_mse, "%.2f").c_str(), cell(r.t_gptq_mse, "%.2f").c_str(), cell(r.t_gptq_ao, "%.2f").c_str(),
+                cell(r.t_refine, "%.2f").c_str(), cell(r.t_refine / r.t_gptq, "%.2f").c_str(),
                 static_cast<double>(r.shape.in * r.shape.in * 8) / (1u << 30));
 
   std::printf("\n== output error on the calibration inputs, ||X(W'-W)^T|| / ||XW^T||; gptq/rtn < 1: GPTQ did work ==\n");
-  std::printf("%-11s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "rtn", "gptq", "gptq/rtn", "rtn mse", "gptq mse",
-              "gptq act", "damp", "cost gap");
+  std::printf("%-11s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "rtn", "gptq", "gptq/rtn", "rtn mse",
+              "gptq mse", "gptq act", "gptq+ref", "damp", "cost gap");
   for (const Row& r : rows)
-    std::printf("%-11s %9s %9s %9s %9s %9s %9s %9s %9s\n", r.shape.name().c_str(), cell(r.e_rtn, "%.5f").c_str(),
+    std::printf("%-11s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", r.shape.name().c_str(), cell(r.e_rtn, "%.5f").c_str(),
                 cell(r.e_gptq, "%.5f").c_str(), cell(r.e_gptq / r.e_rtn, "%.3f").c_str(),
                 cell(r.e_rtn_mse, "%.5f").c_str(), cell(r.e_gptq_mse, "%.5f").c_str(),
-                cell(r.e_gptq_ao, "%.5f").c_str(), cell(r.damp_used, "%g").c_str(),
+                cell(r.e_gptq_ao, "%.5f").c_str(), cell(r.e_refine, "%.5f").c_str(), cell(r.damp_used, "%g").c_str(),
                 cell(r.identity_gap, "%.1e").c_str());
   std::printf("(cost gap: |sweep_cost - (||X dW^T||^2 + lambda ||dW||^2)| / sweep_cost for plain gptq: the sweep's own\n"
               " error account (gptq.h) against the one measured here; near 0 says the sweep's bookkeeping holds)\n");

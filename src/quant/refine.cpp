@@ -51,11 +51,13 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols),
               static_cast<int>(cols), 1.0f, D.data(), static_cast<int>(cols), A.data(), static_cast<int>(cols), 0.0f,
               E.data(), static_cast<int>(cols));
-  // 1ᵀ A_GG 1 per group: the same for every row.
-  std::vector<double> ones_A_ones(static_cast<size_t>(gpr), 0.0);
+  // (A_GG 1)_j for j in G, and 1ᵀ A_GG 1 per group: the same for every row.
+  std::vector<double> group_row_sum(static_cast<size_t>(cols), 0.0), ones_A_ones(static_cast<size_t>(gpr), 0.0);
   for (int64_t k = 0; k < gpr; ++k)
-    for (int64_t j = k * g; j < std::min(cols, (k + 1) * g); ++j)
-      for (int64_t l = k * g; l < std::min(cols, (k + 1) * g); ++l) ones_A_ones[k] += A[j * cols + l];
+    for (int64_t j = k * g; j < std::min(cols, (k + 1) * g); ++j) {
+      for (int64_t l = k * g; l < std::min(cols, (k + 1) * g); ++l) group_row_sum[j] += A[j * cols + l];
+      ones_A_ones[k] += group_row_sum[j];
+    }
   // The value of each code at scale 1, min 0 (decode is code_value · scale + min).
   float code_value[256] = {};
   if (refit) {
@@ -63,6 +65,18 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
     for (int c = 0; c < (1 << f->code_bits); ++c) code_value[c] = f->decode(static_cast<uint8_t>(c), unit);
   }
 
+  // The smallest distance between two distinct values a group can hold (0 when
+  // the grid's values cannot be listed: no screen).
+  auto smallest_gap = [&](const GroupParams& p) {
+    if (!has_codes || !f || f->code_bits > 8) return 0.0f;
+    std::vector<float> v;
+    for (int c = 0; c < (1 << f->code_bits); ++c) v.push_back(f->decode(static_cast<uint8_t>(c), p));
+    std::sort(v.begin(), v.end());
+    float best = INFINITY;
+    for (size_t i = 1; i < v.size(); ++i)
+      if (v[i] > v[i - 1]) best = std::min(best, v[i] - v[i - 1]);
+    return std::isfinite(best) ? best : 0.0f;
+  };
   double before = 0, after = 0;
   int64_t code_changes = 0, group_refits = 0;
   int max_passes = 0;
@@ -70,6 +84,11 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
     num_threads(rows * cols >= (1 << 16) ? omp_get_max_threads() : 1)
   {
     std::vector<float> dq(static_cast<size_t>(std::max<int64_t>(g, 1)));
+    // For the row being refined, kept up to date as codes move: u = A_GG c per
+    // group G (u_j for j in G), and per group cᵀA_GG c and cᵀA_GG 1.
+    std::vector<double> u(static_cast<size_t>(refit ? cols : 0));
+    std::vector<double> form_cAc(static_cast<size_t>(gpr)), form_cA1(static_cast<size_t>(gpr));
+    std::vector<float> gap(static_cast<size_t>(std::max<int64_t>(gpr, 1)));  // per group: smallest_gap
 #pragma omp for schedule(dynamic, 8)
     for (int64_t r = 0; r < rows; ++r) {
       float* e = &E[r * cols];
@@ -79,9 +98,24 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
       for (int64_t j = 0; j < cols; ++j) before += static_cast<double>(e[j]) * D[r * cols + j];
       // Moves q_j by delta and keeps e = A (q − w).
       auto move = [&](int64_t j, float delta) {
-        const float* a = &A[j * cols];
-        for (int64_t l = 0; l < cols; ++l) e[l] += delta * a[l];
+        cblas_saxpy(static_cast<int>(cols), delta, &A[j * cols], 1, e, 1);
       };
+      if (refit)
+        for (int64_t k = 0; k < gpr; ++k) {
+          const int64_t c0 = k * g, c1 = std::min(cols, c0 + g);
+          double cAc = 0, cA1 = 0;
+          for (int64_t j = c0; j < c1; ++j) {
+            double uj = 0;
+            for (int64_t l = c0; l < c1; ++l) uj += static_cast<double>(A[j * cols + l]) * code_value[code[l]];
+            u[j] = uj;
+            cAc += code_value[code[j]] * uj;
+            cA1 += code_value[code[j]] * group_row_sum[j];
+          }
+          form_cAc[k] = cAc;
+          form_cA1[k] = cA1;
+        }
+      for (int64_t k = 0; k < std::max<int64_t>(gpr, 1); ++k)
+        gap[k] = smallest_gap(g > 0 ? res.params[r * gpr + k] : GroupParams{});
       int pass = 0;
       while (pass < passes) {
         ++pass;
@@ -89,12 +123,22 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
         for (int64_t j = 0; j < cols; ++j) {
           if (dead[j]) continue;
           const float ajj = A[j * cols + j];
+          // Every other value is at least gap away from q_j, so it can be nearer
+          // to t = q_j − e_j / A_jj only when |t − q_j| ≥ gap / 2.
+          if (std::abs(e[j]) < 0.49f * ajj * gap[g > 0 ? j / g : 0]) continue;
           const GroupParams p = g > 0 ? res.params[r * gpr + j / g] : GroupParams{};
           uint8_t c = 0;
           const float v = grid.quantize(q[j] - e[j] / ajj, p, &c);
           const float delta = v - q[j];
           if (delta == 0.0f || !(2.0f * delta * e[j] + delta * delta * ajj < 0.0f)) continue;
           q[j] = v;
+          if (refit) {  // the group's forms, for its code's new value
+            const double dc = static_cast<double>(code_value[c]) - code_value[code[j]];
+            const int64_t k = j / g, c0 = k * g, c1 = std::min(cols, c0 + g);
+            form_cAc[k] += 2 * dc * u[j] + dc * dc * ajj;
+            form_cA1[k] += dc * group_row_sum[j];
+            for (int64_t l = c0; l < c1; ++l) u[l] += dc * A[j * cols + l];
+          }
           if (code) code[j] = c;
           move(j, delta);
           ++changed;
@@ -103,27 +147,24 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
         if (refit) {
           for (int64_t k = 0; k < gpr; ++k) {
             const int64_t c0 = k * g, c1 = std::min(cols, c0 + g);
-            double ce = 0, oe = 0, cAc = 0, cA1 = 0;
+            double ce = 0, oe = 0;
             for (int64_t j = c0; j < c1; ++j) {
               if (dead[j]) continue;
-              const double cj = code_value[code[j]];
-              ce += cj * e[j];
+              ce += code_value[code[j]] * e[j];
               oe += e[j];
-              double row_c = 0, row_1 = 0;  // (A_GG c)_j, (A_GG 1)_j
-              for (int64_t l = c0; l < c1; ++l) {
-                const double a = A[j * cols + l];
-                row_c += a * code_value[code[l]];
-                row_1 += a;
-              }
-              cAc += cj * row_c;
-              cA1 += cj * row_1;
             }
-            const double c11 = ones_A_ones[k], det = cAc * c11 - cA1 * cA1;
+            const double cAc = form_cAc[k], cA1 = form_cA1[k], c11 = ones_A_ones[k];
+            const double det = cAc * c11 - cA1 * cA1;
             if (!(det > 0)) continue;  // one distinct code: the pair is not determined
             GroupParams& p = res.params[r * gpr + k];
             const double ds = (-ce * c11 + oe * cA1) / det, dm = (-oe * cAc + ce * cA1) / det;
             const GroupParams np = f->store_scale_min(p.scale + ds, p.min + dm);
             if (!(np.scale > 0) || !std::isfinite(np.min) || (np.scale == p.scale && np.min == p.min)) continue;
+            // The change of f for the stored parameters, from the quadratic form
+            // (exact up to the rounding of decode): a cheap screen...
+            const double s_ = static_cast<double>(np.scale) - p.scale, m_ = static_cast<double>(np.min) - p.min;
+            if (!(2 * (s_ * ce + m_ * oe) + s_ * s_ * cAc + 2 * s_ * m_ * cA1 + m_ * m_ * c11 < 0)) continue;
+            // ...then exactly, on the values decode gives.
             double df = 0;
             for (int64_t j = c0; j < c1; ++j) {
               dq[j - c0] = dead[j] ? 0.0f : f->decode(code[j], np) - q[j];
@@ -137,17 +178,14 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
             }
             if (!(df < 0)) continue;
             p = np;
+            gap[k] = smallest_gap(np);
             ++group_refits;
             ++changed;
-            for (int64_t j = c0; j < c1; ++j) {
-              if (dead[j]) {  // not in f, but stored: keep the value the file will decode to
-                q[j] = f->decode(code[j], np);
-                continue;
-              }
-              if (dq[j - c0] == 0.0f) continue;
-              q[j] = f->decode(code[j], np);
-              move(j, dq[j - c0]);
-            }
+            // Every value of the group (dead ones too: not in f, but stored, so
+            // they keep the value the file will decode to), and e += A[:, G] dq.
+            for (int64_t j = c0; j < c1; ++j) q[j] = f->decode(code[j], np);
+            cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(c1 - c0), static_cast<int>(cols), 1.0f,
+                        &A[c0 * cols], static_cast<int>(cols), dq.data(), 1, 1.0f, e, 1);
           }
         }
         if (changed == 0) break;

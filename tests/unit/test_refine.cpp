@@ -161,7 +161,7 @@ TEST(Refine, ReachesACoordinateMinimumOfGptqsObjective) {
       ls.min = round_to_bf16(static_cast<float>(m));
       std::vector<float> alt = q;
       for (int64_t j = c0; j < c0 + 128; ++j) alt[j] = f.decode(after.codes[r * p.cols + j], ls);
-      EXPECT_LE(fr, obj.row(alt.data(), r) + tol) << "row " << r << " group " << k;
+      EXPECT_LE(fr, obj.row(alt.data(), r) + 1e-3 * tol) << "row " << r << " group " << k;
     }
   }
   // Fewer output errors, as the objective says: ‖X (Q − W)ᵀ‖² fell too.
