@@ -8,7 +8,7 @@
 //
 // One block per SM: NC = 16 consumer warps and one producer warp. A stage is 16 groups of one 16-row tile (16 KB of
 // codes, then the 16 groups' 64-byte scale/min entries: 17 KB in one bulk copy); warp w takes group w of each stage
-// and runs the single-token GEMV's arithmetic (group_sums / group_combine of w4a16_gemv.cu) against a prepared input
+// and runs the single-token GEMV's arithmetic (group_sums / group_combine of w4a16_gemv_math.cuh, as w4a16_gemv.cu runs them) against a prepared input
 // read through L1. Block b takes tiles [b·T/G, (b+1)·T/G). Per-warp partial sums of a tile go to shared memory; every
 // FB tiles the consumers meet once and sum them over the warps in a fixed order into y (f32).
 // The stack: L layers of the Llama-3-8B shapes (q|k|v 6144×4096, o 4096×4096, gate|up 28672×4096, down 4096×14336)
@@ -27,7 +27,10 @@
 #include <vector>
 
 #include "backend/cuda/w4a16_common.cuh"
+#include "backend/cuda/w4a16_gemv_math.cuh"
 using namespace nibble::cuda::w4a16;
+using nibble::cuda::group_sums;
+using nibble::cuda::group_combine;
 
 #define CK(x)                                                                     \
   do {                                                                            \
@@ -41,35 +44,6 @@ using namespace nibble::cuda::w4a16;
 constexpr int kU = 16;                   // groups per stage
 constexpr int kStage = kU * (1024 + 64);  // bytes per stage
 
-__device__ inline void mma_u8s8(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void group_sums(const uint4 (&q)[2], const uint4 (&xf)[2], int32_t (&sum)[4]) {
-  int32_t acc[2][4] = {};
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-    mma_u8s8(acc[u], q[u].x & 0x0F0F0F0Fu, q[u].x & 0xF0F0F0F0u, q[u].y & 0x0F0F0F0Fu, q[u].y & 0xF0F0F0F0u, xf[u].x,
-             xf[u].y);
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-    mma_u8s8(acc[u], q[u].z & 0x0F0F0F0Fu, q[u].z & 0xF0F0F0F0u, q[u].w & 0x0F0F0F0Fu, q[u].w & 0xF0F0F0F0u, xf[u].z,
-             xf[u].w);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) sum[r] = acc[0][r] + acc[1][r];
-}
-__device__ __forceinline__ void group_combine(const int32_t (&acc)[4], uint2 sm, float d, float sx, float c_even,
-                                              float c_odd, float c_min, float& out_lo, float& out_hi) {
-  const float v_lo = fmaf(c_odd, static_cast<float>(acc[1]), c_even * static_cast<float>(acc[0]));
-  const float v_hi = fmaf(c_odd, static_cast<float>(acc[3] >> 4), c_even * static_cast<float>(acc[2] >> 4));
-  const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
-  const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
-  out_lo = fmaf(s_lo * d, v_lo, fmaf(c_min * m_lo, sx, out_lo));
-  out_hi = fmaf(s_hi * d, v_hi, fmaf(c_min * m_hi, sx, out_hi));
-}
 __device__ inline void bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
