@@ -90,12 +90,20 @@ struct FormatSpec {
   std::vector<Tensor> (*pack)(const QuantizedMatrix& q);
   QuantizedMatrix (*unpack)(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
 
-  // Optional (nullptr: a refinement keeps the fitted parameters): for formats
-  // whose decode is code · scale + min with both stored per group, the stored
-  // parameters for a real-valued (scale, min), rounded as the format stores
-  // them. GPTQ's --refine refits a group's (scale, min) to its chosen codes by
-  // least squares and stores the result through this.
-  GroupParams (*store_scale_min)(double scale, double min) = nullptr;
+  // Optional (nullptr: a refinement keeps the fitted parameters): formats whose
+  // group decode is affine in a per-group scale (and min), which GPTQ's
+  // --refine refits to a group's chosen codes by least squares.
+  const struct AffineParams* affine = nullptr;
+};
+
+// decode(c, p) == value(c) · scale(p) + min(p), where value(c) = decode(c, p)
+// at scale 1, min 0 (and global 1), and min(p) = p.min where has_min, else 0.
+struct AffineParams {
+  double (*scale)(const GroupParams& p);  // the scale the codes' values are multiplied by
+  bool has_min;
+  // The parameters the format stores nearest to a real-valued scale and min
+  // (min ignored without has_min), keeping p's per-matrix parts.
+  GroupParams (*store)(const GroupParams& p, double scale, double min);
 };
 
 // All registered formats, in registry order.

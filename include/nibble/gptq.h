@@ -144,15 +144,16 @@ GptqResult gptq(const float* w, int64_t rows, int64_t cols, const PreparedHessia
 // original row, λ the damping the sweep used). Each pass is a coordinate
 // descent over every live weight (each moved to the representable value that
 // minimizes f with the rest of its row fixed: the nearest one to
-// q_j − [(H + λI)(q − w)]_j / (H_jj + λ)), then, for formats with
-// store_scale_min, a least-squares refit of each group's (scale, min) to its
-// codes, kept when the stored (rounded) parameters lower f. Passes stop early
+// q_j − [(H + λI)(q − w)]_j / (H_jj + λ)), then, for grouped formats with an
+// affine decode (FormatSpec::affine), a least-squares refit of each group's
+// scale (and min) to its codes, kept when the stored (rounded) parameters
+// lower f. Passes stop early
 // once one changes nothing. Every accepted step lowers f, so f never rises
 // (Nair and Suggala 2024, "CDQuant: Greedy Coordinate Descent for Accurate LLM
 // Quantization", for the coordinate descent after GPTQ).
 struct RefineReport {
   int64_t code_changes = 0;   // weights moved to another code
-  int64_t group_refits = 0;   // groups whose (scale, min) were replaced
+  int64_t group_refits = 0;   // groups whose scale (and min) were replaced
   int passes = 0;             // the most passes any row ran
   double cost_before = 0, cost_after = 0;  // f before and after
 };

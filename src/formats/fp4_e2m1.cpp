@@ -30,6 +30,14 @@ GroupParams fit_group(const float* w, int64_t n, float shrink, const GroupParams
 uint8_t encode(float w, const GroupParams& p) { return p.scale == 0.0f ? 0 : f32_to_e2m1(w / p.scale); }
 float decode(uint8_t code, const GroupParams& p) { return e2m1_to_f32(code) * p.scale; }
 
+double affine_scale(const GroupParams& p) { return p.scale; }
+GroupParams affine_store(const GroupParams&, double scale, double) {
+  GroupParams p;
+  p.scale = round_to_bf16(static_cast<float>(scale));
+  return p;
+}
+const AffineParams kAffine{affine_scale, false, affine_store};
+
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
   return {pack_codes(q, 4), params_part(q, &GroupParams::scale, DType::BF16)};
 }
@@ -57,6 +65,7 @@ const FormatSpec kFp4E2m1{
     .decode = decode,
     .pack = pack,
     .unpack = unpack,
+    .affine = &kAffine,
 };
 
 }  // namespace nibble::formats

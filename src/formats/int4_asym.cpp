@@ -60,13 +60,15 @@ uint8_t encode(float w, const GroupParams& p) {
 
 float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(code) * p.scale + p.min; }
 
-GroupParams store_scale_min(double scale, double min) {
+double affine_scale(const GroupParams& p) { return p.scale; }
+GroupParams affine_store(const GroupParams&, double scale, double min) {
   GroupParams p;
   p.scale = round_to_bf16(static_cast<float>(scale));
   p.min = round_to_bf16(static_cast<float>(min));
   if (p.min == 0.0f) p.min = 0.0f;  // -0 -> +0, as fit_group stores it
   return p;
 }
+const AffineParams kAffine{affine_scale, true, affine_store};
 
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
   // qweight byte j of a row = code[2j] | code[2j+1] << 4 (pack_codes with 4 bits)
@@ -98,7 +100,7 @@ const FormatSpec kInt4Asym{
     .decode = decode,
     .pack = pack,
     .unpack = unpack,
-    .store_scale_min = store_scale_min,
+    .affine = &kAffine,
 };
 
 }  // namespace nibble::formats

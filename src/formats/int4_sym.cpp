@@ -41,6 +41,14 @@ uint8_t encode(float w, const GroupParams& p) {
 
 float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(code - kZero) * p.scale; }
 
+double affine_scale(const GroupParams& p) { return p.scale; }
+GroupParams affine_store(const GroupParams&, double scale, double) {
+  GroupParams p;
+  p.scale = f16_to_f32(f32_to_f16(static_cast<float>(scale)));
+  return p;
+}
+const AffineParams kAffine{affine_scale, false, affine_store};
+
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
   return {pack_codes(q, 4), params_part(q, &GroupParams::scale, DType::F16)};
 }
@@ -69,6 +77,7 @@ const FormatSpec kInt4Sym{
     .decode = decode,
     .pack = pack,
     .unpack = unpack,
+    .affine = &kAffine,
 };
 
 }  // namespace nibble::formats

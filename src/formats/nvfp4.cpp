@@ -48,6 +48,15 @@ uint8_t encode(float w, const GroupParams& p) {
 
 float decode(uint8_t code, const GroupParams& p) { return e2m1_to_f32(code) * (p.scale * p.global); }
 
+// The codes' multiplier is scale · global; only the block's E4M3 scale is refitted.
+double affine_scale(const GroupParams& p) { return static_cast<double>(p.scale * p.global); }
+GroupParams affine_store(const GroupParams& old, double scale, double) {
+  GroupParams p = old;
+  p.scale = old.global > 0.0f ? f8_e4m3_to_f32(f32_to_f8_e4m3(static_cast<float>(scale / old.global))) : 0.0f;
+  return p;
+}
+const AffineParams kAffine{affine_scale, false, affine_store};
+
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
   Tensor scales = Tensor::zeros(DType::F8_E4M3, {q.rows, q.groups_per_row()});
   Tensor global = Tensor::zeros(DType::F32, {1});
@@ -93,6 +102,7 @@ const FormatSpec kNvfp4{
     .decode = decode,
     .pack = pack,
     .unpack = unpack,
+    .affine = &kAffine,
 };
 
 }  // namespace nibble::formats

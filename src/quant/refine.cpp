@@ -33,7 +33,11 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
   const int64_t gpr = g > 0 ? (cols + g - 1) / g : 0;
   const bool has_codes = !res.codes.empty();
   const FormatSpec* f = grid.format();
-  const bool refit = g > 0 && has_codes && f && f->store_scale_min;
+  // Group parameters are refitted for grouped formats with an affine decode
+  // (not for per-channel ones, whose one group is the whole row).
+  const AffineParams* affine = f ? f->affine : nullptr;
+  const bool refit = g > 0 && has_codes && affine && grid.group_size() > 0;
+  const bool with_min = refit && affine->has_min;
   const std::vector<uint8_t>& dead = prep.dead;
 
   // A = H + λI on the live inputs (a dead input's row and column of H are 0).
@@ -61,7 +65,8 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
   // The value of each code at scale 1, min 0 (decode is code_value · scale + min).
   float code_value[256] = {};
   if (refit) {
-    const GroupParams unit = f->store_scale_min(1.0, 0.0);
+    GroupParams unit;
+    unit.scale = unit.global = 1.0f;
     for (int c = 0; c < (1 << f->code_bits); ++c) code_value[c] = f->decode(static_cast<uint8_t>(c), unit);
   }
 
@@ -154,15 +159,24 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
               oe += e[j];
             }
             const double cAc = form_cAc[k], cA1 = form_cA1[k], c11 = ones_A_ones[k];
-            const double det = cAc * c11 - cA1 * cA1;
-            if (!(det > 0)) continue;  // one distinct code: the pair is not determined
             GroupParams& p = res.params[r * gpr + k];
-            const double ds = (-ce * c11 + oe * cA1) / det, dm = (-oe * cAc + ce * cA1) / det;
-            const GroupParams np = f->store_scale_min(p.scale + ds, p.min + dm);
-            if (!(np.scale > 0) || !std::isfinite(np.min) || (np.scale == p.scale && np.min == p.min)) continue;
+            double ds = 0, dm = 0;
+            if (with_min) {
+              const double det = cAc * c11 - cA1 * cA1;
+              if (!(det > 0)) continue;  // one distinct code: the pair is not determined
+              ds = (-ce * c11 + oe * cA1) / det;
+              dm = (-oe * cAc + ce * cA1) / det;
+            } else {
+              if (!(cAc > 0)) continue;  // every code's value is 0
+              ds = -ce / cAc;
+            }
+            const double s0 = affine->scale(p), m0 = with_min ? p.min : 0.0;
+            const GroupParams np = affine->store(p, s0 + ds, m0 + dm);
+            const double s1 = affine->scale(np), m1 = with_min ? np.min : 0.0;
+            if (!(s1 > 0) || !std::isfinite(s1) || !std::isfinite(m1) || (s1 == s0 && m1 == m0)) continue;
             // The change of f for the stored parameters, from the quadratic form
             // (exact up to the rounding of decode): a cheap screen...
-            const double s_ = static_cast<double>(np.scale) - p.scale, m_ = static_cast<double>(np.min) - p.min;
+            const double s_ = s1 - s0, m_ = m1 - m0;
             if (!(2 * (s_ * ce + m_ * oe) + s_ * s_ * cAc + 2 * s_ * m_ * cA1 + m_ * m_ * c11 < 0)) continue;
             // ...then exactly, on the values decode gives.
             double df = 0;

@@ -76,118 +76,179 @@ struct Objective {
   }
 };
 
+// What the test knows of each format, written out here: the value of each code
+// at scale 1, whether a group has a min, the codes' multiplier, and the stored
+// parameters nearest to a real-valued scale and min.
+struct AffineCase {
+  const char* format;
+  std::vector<float> value;  // per code
+  bool has_min;
+  double (*scale)(const GroupParams&);
+  GroupParams (*store)(const GroupParams&, double, double);
+};
+const std::vector<float> kE2M1 = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+std::vector<float> ramp(int from) {
+  std::vector<float> v;
+  for (int c = 0; c < 16; ++c) v.push_back(static_cast<float>(c + from));
+  return v;
+}
+double plain_scale(const GroupParams& p) { return p.scale; }
+const AffineCase kCases[] = {
+    {"int4_g128_asym", ramp(0), true, plain_scale,
+     [](const GroupParams&, double s, double m) {
+       GroupParams p;
+       p.scale = round_to_bf16(static_cast<float>(s));
+       p.min = round_to_bf16(static_cast<float>(m));
+       return p;
+     }},
+    {"int4_g128_sym", ramp(-8), false, plain_scale,
+     [](const GroupParams&, double s, double) {
+       GroupParams p;
+       p.scale = f16_to_f32(f32_to_f16(static_cast<float>(s)));
+       return p;
+     }},
+    {"fp4_e2m1_g32", kE2M1, false, plain_scale,
+     [](const GroupParams&, double s, double) {
+       GroupParams p;
+       p.scale = round_to_bf16(static_cast<float>(s));
+       return p;
+     }},
+    {"nvfp4", kE2M1, false, [](const GroupParams& p) { return static_cast<double>(p.scale * p.global); },
+     [](const GroupParams& old, double s, double) {
+       GroupParams p = old;
+       p.scale = f8_e4m3_to_f32(f32_to_f8_e4m3(static_cast<float>(s / old.global)));
+       return p;
+     }},
+};
+
 TEST(Refine, ReachesACoordinateMinimumOfGptqsObjective) {
   const Problem p = make_problem(10, 256, 700, 5, 2.0f);
-  const FormatChoice fc = find_format("int4_asym", 128);
-  const FormatSpec& f = *fc.spec;
   GptqOptions o;
   const PreparedHessian prep = prepare_hessian(p.stats, o);
   ASSERT_EQ(prep.dead_columns, 1);
-  const auto grid = make_format_grid(fc, false);
-  const GptqResult before = gptq(p.w.data(), p.rows, p.cols, prep, *grid, o);
-  GptqResult after = before;
-  const RefineReport rep = refine(after, p.w.data(), p.stats, prep, *grid, 100);
   const Objective obj{p, prep};
+  for (const AffineCase& fcase : kCases) {
+    SCOPED_TRACE(fcase.format);
+    const FormatChoice fc = find_format(fcase.format);
+    const FormatSpec& f = *fc.spec;
+    ASSERT_NE(f.affine, nullptr);
+    EXPECT_EQ(f.affine->has_min, fcase.has_min);
+    const auto grid = make_format_grid(fc, false);
+    const int64_t g = grid->group_len(p.cols), gpr = p.cols / g;
+    const GptqResult before = gptq(p.w.data(), p.rows, p.cols, prep, *grid, o);
+    GptqResult after = before;
+    const RefineReport rep = refine(after, p.w.data(), p.stats, prep, *grid, 100);
 
-  // The report's objective is the reference's, and it fell.
-  const double f0 = obj.total(before.dequant), f1 = obj.total(after.dequant);
-  EXPECT_NEAR(rep.cost_before, f0, 1e-4 * f0);
-  EXPECT_NEAR(rep.cost_after, f1, 1e-4 * f0);
-  EXPECT_LT(f1, 0.97 * f0);
-  EXPECT_GT(rep.code_changes, 0);
-  EXPECT_GT(rep.group_refits, 0);
-  ASSERT_LT(rep.passes, 100) << "did not converge";
+    // The report's objective is the reference's, and it fell.
+    const double f0 = obj.total(before.dequant), f1 = obj.total(after.dequant);
+    EXPECT_NEAR(rep.cost_before, f0, 1e-4 * f0);
+    EXPECT_NEAR(rep.cost_after, f1, 1e-4 * f0);
+    EXPECT_LT(f1, 0.97 * f0);
+    EXPECT_GT(rep.code_changes, 0);
+    EXPECT_GT(rep.group_refits, 0);
+    ASSERT_LT(rep.passes, 100) << "did not converge";
 
-  // Pass by pass, f never rises (k passes are the first k of any longer run).
-  double last = f0;
-  for (int k = 1; k <= rep.passes; ++k) {
-    GptqResult partial = before;
-    const double fk = refine(partial, p.w.data(), p.stats, prep, *grid, k).cost_after;
-    EXPECT_LE(fk, last) << "after pass " << k;
-    EXPECT_NEAR(fk, obj.total(partial.dequant), 1e-4 * f0);
-    last = fk;
-  }
-  EXPECT_EQ(last, rep.cost_after);
-
-  // The values are the stored codes and parameters, decoded (dead inputs too).
-  const int64_t gpr = 2;
-  for (int64_t r = 0; r < p.rows; ++r)
-    for (int64_t j = 0; j < p.cols; ++j)
-      ASSERT_EQ(after.dequant[r * p.cols + j], f.decode(after.codes[r * p.cols + j], after.params[r * gpr + j / 128]))
-          << r << "," << j;
-
-  for (int64_t r = 0; r < p.rows; ++r) {
-    std::vector<float> q(after.dequant.begin() + r * p.cols, after.dequant.begin() + (r + 1) * p.cols);
-    const double fr = obj.row(q.data(), r);
-    const double tol = 1e-5 * fr;
-    const auto g = obj.grad(q.data(), r);
-    // No single weight lowers f by moving to another code of its group.
-    for (int64_t j = 0; j < p.cols; ++j) {
-      if (prep.dead[j]) continue;
-      const GroupParams& gp = after.params[r * gpr + j / 128];
-      for (int c = 0; c < 16; ++c) {
-        const double d = static_cast<double>(f.decode(static_cast<uint8_t>(c), gp)) - q[j];
-        ASSERT_GE(2 * d * g[j] + d * d * obj.a(j, j), -tol) << "row " << r << " input " << j << " code " << c;
-      }
+    // Pass by pass, f never rises (k passes are the first k of any longer run).
+    double last = f0;
+    for (int k = 1; k <= rep.passes; ++k) {
+      GptqResult partial = before;
+      const double fk = refine(partial, p.w.data(), p.stats, prep, *grid, k).cost_after;
+      EXPECT_LE(fk, last) << "after pass " << k;
+      EXPECT_NEAR(fk, obj.total(partial.dequant), 1e-4 * f0);
+      last = fk;
     }
-    // No group's least-squares (scale, min) for its codes, stored as bf16, lowers f.
-    for (int64_t k = 0; k < gpr; ++k) {
-      const int64_t c0 = k * 128;
-      // Normal equations of min over (s, m) of f with q_G = c s + m, the rest fixed:
-      // with u = q − w outside G and v = c s + m − w on G.
-      double M[2][2] = {}, b[2] = {};
-      for (int64_t j = c0; j < c0 + 128; ++j) {
-        if (prep.dead[j]) continue;
-        const double cj = after.codes[r * p.cols + j];
-        double rest = 0;  // (A (q − w))_j from the inputs outside G, minus A_jG w_G
-        for (int64_t l = 0; l < p.cols; ++l) {
-          const bool in = l >= c0 && l < c0 + 128;
-          rest += obj.a(j, l) * ((in ? 0.0 : static_cast<double>(q[l])) - p.w[r * p.cols + l]);
-        }
-        b[0] -= cj * rest;
-        b[1] -= rest;
-        for (int64_t l = c0; l < c0 + 128; ++l) {
-          const double cl = after.codes[r * p.cols + l];
-          M[0][0] += cj * obj.a(j, l) * cl;
-          M[0][1] += cj * obj.a(j, l);
-          M[1][1] += obj.a(j, l);
-        }
-      }
-      const double det = M[0][0] * M[1][1] - M[0][1] * M[0][1];
-      ASSERT_GT(det, 0);
-      const double s = (b[0] * M[1][1] - b[1] * M[0][1]) / det, m = (b[1] * M[0][0] - b[0] * M[0][1]) / det;
-      GroupParams ls;
-      ls.scale = round_to_bf16(static_cast<float>(s));
-      ls.min = round_to_bf16(static_cast<float>(m));
-      std::vector<float> alt = q;
-      for (int64_t j = c0; j < c0 + 128; ++j) alt[j] = f.decode(after.codes[r * p.cols + j], ls);
-      EXPECT_LE(fr, obj.row(alt.data(), r) + 1e-3 * tol) << "row " << r << " group " << k;
-    }
-  }
-  // Fewer output errors, as the objective says: ‖X (Q − W)ᵀ‖² fell too.
-  auto out_err = [&](const std::vector<float>& q) {
-    double e = 0;
+    EXPECT_EQ(last, rep.cost_after);
+
+    // The values are the stored codes and parameters, decoded (dead inputs
+    // too), and the decode is the affine one the test knows.
     for (int64_t r = 0; r < p.rows; ++r)
-      for (int64_t t = 0; t < p.tokens; ++t) {
-        double s = 0;
-        for (int64_t j = 0; j < p.cols; ++j)
-          s += static_cast<double>(p.x[t * p.cols + j]) * (q[r * p.cols + j] - p.w[r * p.cols + j]);
-        e += s * s;
+      for (int64_t j = 0; j < p.cols; ++j) {
+        const uint8_t c = after.codes[r * p.cols + j];
+        const GroupParams& gp = after.params[r * gpr + j / g];
+        ASSERT_EQ(after.dequant[r * p.cols + j], f.decode(c, gp)) << r << "," << j;
+        ASSERT_NEAR(f.decode(c, gp), fcase.value[c] * fcase.scale(gp) + (fcase.has_min ? gp.min : 0.0f),
+                    1e-6 * std::abs(fcase.scale(gp)));
       }
-    return e;
-  };
-  EXPECT_LT(out_err(after.dequant), out_err(before.dequant));
+
+    for (int64_t r = 0; r < p.rows; ++r) {
+      std::vector<float> q(after.dequant.begin() + r * p.cols, after.dequant.begin() + (r + 1) * p.cols);
+      const double fr = obj.row(q.data(), r);
+      const double tol = 1e-5 * fr;
+      const auto grad = obj.grad(q.data(), r);
+      // No single weight lowers f by moving to another code of its group.
+      for (int64_t j = 0; j < p.cols; ++j) {
+        if (prep.dead[j]) continue;
+        const GroupParams& gp = after.params[r * gpr + j / g];
+        for (int c = 0; c < 16; ++c) {
+          const double d = static_cast<double>(f.decode(static_cast<uint8_t>(c), gp)) - q[j];
+          ASSERT_GE(2 * d * grad[j] + d * d * obj.a(j, j), -tol) << "row " << r << " input " << j << " code " << c;
+        }
+      }
+      // No group's least-squares scale (and min) for its codes, stored as the
+      // format stores them, lowers f.
+      for (int64_t k = 0; k < gpr; ++k) {
+        const int64_t c0 = k * g;
+        // Normal equations of min over (s, m) of f with q_G = v s + m, the rest fixed.
+        double M[2][2] = {}, b[2] = {};
+        for (int64_t j = c0; j < c0 + g; ++j) {
+          if (prep.dead[j]) continue;
+          const double vj = fcase.value[after.codes[r * p.cols + j]];
+          double rest = 0;  // (A (q − w))_j over the inputs outside G, minus A_jG w_G
+          for (int64_t l = 0; l < p.cols; ++l) {
+            const bool in = l >= c0 && l < c0 + g;
+            rest += obj.a(j, l) * ((in ? 0.0 : static_cast<double>(q[l])) - p.w[r * p.cols + l]);
+          }
+          b[0] -= vj * rest;
+          b[1] -= rest;
+          for (int64_t l = c0; l < c0 + g; ++l) {
+            const double vl = fcase.value[after.codes[r * p.cols + l]];
+            M[0][0] += vj * obj.a(j, l) * vl;
+            M[0][1] += vj * obj.a(j, l);
+            M[1][1] += obj.a(j, l);
+          }
+        }
+        double s = 0, m = 0;
+        if (fcase.has_min) {
+          const double det = M[0][0] * M[1][1] - M[0][1] * M[0][1];
+          ASSERT_GT(det, 0);
+          s = (b[0] * M[1][1] - b[1] * M[0][1]) / det;
+          m = (b[1] * M[0][0] - b[0] * M[0][1]) / det;
+        } else {
+          if (!(M[0][0] > 0)) continue;
+          s = b[0] / M[0][0];
+        }
+        const GroupParams ls = fcase.store(after.params[r * gpr + k], s, m);
+        std::vector<float> alt = q;
+        for (int64_t j = c0; j < c0 + g; ++j) alt[j] = f.decode(after.codes[r * p.cols + j], ls);
+        EXPECT_LE(fr, obj.row(alt.data(), r) + 1e-3 * tol) << "row " << r << " group " << k;
+      }
+    }
+    // Fewer output errors, as the objective says: ‖X (Q − W)ᵀ‖² fell too.
+    auto out_err = [&](const std::vector<float>& q) {
+      double e = 0;
+      for (int64_t r = 0; r < p.rows; ++r)
+        for (int64_t t = 0; t < p.tokens; ++t) {
+          double sum = 0;
+          for (int64_t j = 0; j < p.cols; ++j)
+            sum += static_cast<double>(p.x[t * p.cols + j]) * (q[r * p.cols + j] - p.w[r * p.cols + j]);
+          e += sum * sum;
+        }
+      return e;
+    };
+    EXPECT_LT(out_err(after.dequant), out_err(before.dequant));
+  }
 }
 
-TEST(Refine, FormatsWithoutScaleMinRefitMoveOnlyCodes) {
+TEST(Refine, FormatsWithoutARefitMoveOnlyCodes) {
   const Problem p = make_problem(6, 128, 400, 9);
   GptqOptions o;
   const PreparedHessian prep = prepare_hessian(p.stats, o);
   const Objective obj{p, prep};
-  for (const char* name : {"int4_g128_sym", "fp4_e2m1_g32"}) {
+  // mxfp4's power-of-two scales are not refitted; per-channel formats' one
+  // group is the whole row.
+  for (const char* name : {"mxfp4", "int8_channel_sym"}) {
     SCOPED_TRACE(name);
     const FormatChoice fc = find_format(name);
-    ASSERT_EQ(fc.spec->store_scale_min, nullptr);
     const auto grid = make_format_grid(fc, false);
     const GptqResult before = gptq(p.w.data(), p.rows, p.cols, prep, *grid, o);
     GptqResult after = before;
