@@ -323,9 +323,9 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
   cmd->add_flag("--act-order", o->act_order, "GPTQ: sweep inputs in decreasing Hessian diagonal");
   cmd->add_option("--refine", o->refine,
                   "GPTQ: up to N passes of coordinate descent over the codes and least-squares refits of each "
-                  "group's scale and min, against GPTQ's objective, after the sweep (0: off)")
+                  "group's scale (and min), against GPTQ's objective, after the sweep (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1000));
   auto* damp = cmd->add_option("--damp", o->damp, "GPTQ: damping, as a fraction of mean(diag H)")
                    ->capture_default_str()
                    ->check(CLI::NonNegativeNumber);

@@ -65,9 +65,10 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--refine", opt->refine,
                   "GPTQ: after the sweep, up to N passes of coordinate descent over the codes, each followed by a "
-                  "least-squares refit of every group's scale and min, against GPTQ's own objective (CPU; 0: off)")
+                  "least-squares refit of every group's scale (and min), against GPTQ's own objective (CPU; 0: off; "
+                  "30 is a good choice)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1000));
   cmd->add_option("--device", opt->device,
                   "GPTQ: where it runs: cpu, or cuda (int4_asym; needs a CUDA build and a GPU; the calibration "
                   "forward, the Hessians and the solve all run on the GPU)")
