@@ -35,6 +35,10 @@ echo "== nibble quantize --method gptq --mse: calibrated on the other half of Ti
 "$NIBBLE" quantize --method gptq --mse --model "$MODEL" --out "$OUT/stories260K-gptq-g64" --group 64 \
   --calib "$OUT/ts-calib.txt" --calib-samples 64 --calib-len 256 --force
 echo
-echo "== nibble eval: the KL yardstick on held-out text, RTN vs GPTQ+MSE (ctx 256, 40 windows)"
+echo "== the same with act-order and --refine 30 (coordinate descent and group refits after the sweep)"
+"$NIBBLE" quantize --method gptq --mse --act-order --refine 30 --model "$MODEL" --out "$OUT/stories260K-gptq-refine-g64" \
+  --group 64 --calib "$OUT/ts-calib.txt" --calib-samples 64 --calib-len 256 --force
+echo
+echo "== nibble eval: the KL yardstick on held-out text, RTN vs GPTQ+MSE vs GPTQ+MSE+act-order+refine (ctx 256, 40 windows)"
 "$NIBBLE" -q eval --reference "$MODEL" --candidate "$OUT/stories260K-rtn-g64" --candidate "$OUT/stories260K-gptq-g64" \
-  --corpus tinystories="$OUT/ts-eval.txt" --ctx 256 --chunks 40
+  --candidate "$OUT/stories260K-gptq-refine-g64" --corpus tinystories="$OUT/ts-eval.txt" --ctx 256 --chunks 40

@@ -11,7 +11,8 @@
 #
 # Environment: NIBBLE (the binary), NIBBLE_SHARED, WORK (scratch dir),
 # FORMATS (space-separated, default: every canonical name of the registry),
-# GPTQ_FORMATS (space-separated formats also run with GPTQ, default none).
+# GPTQ_FORMATS (space-separated formats also run with GPTQ, default none),
+# REFINE_FORMATS (formats also run with GPTQ --refine 30, default none).
 set -euo pipefail
 which=${1:?usage: formats_table.sh stories|qwen3}
 tag=formats-table
@@ -29,6 +30,12 @@ for f in ${GPTQ_FORMATS:-}; do
   "$nibble" quantize -q --method gptq --format "$f" --model "$model" --out "$work/gptq_$f" --force $calib > /dev/null
   cands+=(--candidate "$work/gptq_$f")
 done
+for f in ${REFINE_FORMATS:-}; do
+  # shellcheck disable=SC2086
+  "$nibble" quantize -q --method gptq --refine 30 --format "$f" --model "$model" --out "$work/gptq-refine_$f" --force \
+    $calib > /dev/null
+  cands+=(--candidate "$work/gptq-refine_$f")
+done
 "$nibble" eval -q --reference "$model" "${cands[@]}" --corpus "$corpus" --ctx $ctx --chunks $chunks \
   --reference-cache "$work/ref-cache" --json "$work/eval.json" > "$work/eval.md"
 python3 - "$work" "$work/eval.json" <<'PY'
@@ -40,6 +47,7 @@ ref_ppl = None
 for c in report["candidates"]:
     name = os.path.basename(c["name"].rstrip("/"))
     method, fmt = name.split("_", 1)
+    method = {"gptq-refine": "gptq --refine 30"}.get(method, method)
     o = c["overall"]
     ref_ppl = o["ppl_ref"]
     print(f"| `{fmt}` | {method} | {c['bits_per_weight']:.3f} | "
