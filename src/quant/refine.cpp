@@ -82,133 +82,172 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
       if (v[i] > v[i - 1]) best = std::min(best, v[i] - v[i - 1]);
     return std::isfinite(best) ? best : 0.0f;
   };
+  // Per row, kept up to date as codes move: u = A_GG c per group G (u_j for j
+  // in G), and per group cᵀA_GG c, cᵀA_GG 1 and the smallest gap.
+  std::vector<float> u(static_cast<size_t>(refit ? rows * cols : 0));
+  std::vector<double> form_cAc(static_cast<size_t>(rows * gpr)), form_cA1(static_cast<size_t>(rows * gpr));
+  const int64_t gaps = std::max<int64_t>(gpr, 1);
+  std::vector<float> gap(static_cast<size_t>(rows * gaps));
+  std::vector<uint8_t> active(static_cast<size_t>(rows), 1);  // changed something in the pass before
+  std::vector<int> passes_run(static_cast<size_t>(rows), 0);
+  const int threads = rows * cols >= (1 << 16) ? omp_get_max_threads() : 1;
   double before = 0, after = 0;
   int64_t code_changes = 0, group_refits = 0;
-  int max_passes = 0;
-#pragma omp parallel reduction(+ : before, after, code_changes, group_refits) reduction(max : max_passes) \
-    num_threads(rows * cols >= (1 << 16) ? omp_get_max_threads() : 1)
-  {
-    std::vector<float> dq(static_cast<size_t>(std::max<int64_t>(g, 1)));
-    // For the row being refined, kept up to date as codes move: u = A_GG c per
-    // group G (u_j for j in G), and per group cᵀA_GG c and cᵀA_GG 1.
-    std::vector<double> u(static_cast<size_t>(refit ? cols : 0));
-    std::vector<double> form_cAc(static_cast<size_t>(gpr)), form_cA1(static_cast<size_t>(gpr));
-    std::vector<float> gap(static_cast<size_t>(std::max<int64_t>(gpr, 1)));  // per group: smallest_gap
-#pragma omp for schedule(dynamic, 8)
+#pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : before)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* code = has_codes ? &res.codes[r * cols] : nullptr;
+    for (int64_t j = 0; j < cols; ++j) before += static_cast<double>(E[r * cols + j]) * D[r * cols + j];
+    for (int64_t k = 0; k < gaps; ++k) gap[r * gaps + k] = smallest_gap(g > 0 ? res.params[r * gpr + k] : GroupParams{});
+    if (!refit) continue;
+    for (int64_t k = 0; k < gpr; ++k) {
+      const int64_t c0 = k * g, c1 = std::min(cols, c0 + g);
+      double cAc = 0, cA1 = 0;
+      for (int64_t j = c0; j < c1; ++j) {
+        double uj = 0;
+        for (int64_t l = c0; l < c1; ++l) uj += static_cast<double>(A[j * cols + l]) * code_value[code[l]];
+        u[r * cols + j] = static_cast<float>(uj);
+        cAc += code_value[code[j]] * uj;
+        cA1 += code_value[code[j]] * group_row_sum[j];
+      }
+      form_cAc[r * gpr + k] = cAc;
+      form_cA1[r * gpr + k] = cA1;
+    }
+  }
+  D = {};
+  // The refits of one group in every row, applied to E at once: dQ [rows that
+  // refit, g] times A's rows of the group.
+  std::vector<float> dQ(static_cast<size_t>(refit ? rows * g : 0)), T;
+  std::vector<int64_t> refit_rows;
+
+  for (int pass = 1; pass <= passes; ++pass) {
+    std::vector<uint8_t> changed(static_cast<size_t>(rows), 0);
+    // Coordinate descent, each active row on its own.
+#pragma omp parallel for schedule(dynamic, 8) num_threads(threads) reduction(+ : code_changes)
     for (int64_t r = 0; r < rows; ++r) {
+      if (!active[r]) continue;
       float* e = &E[r * cols];
       float* q = &res.dequant[r * cols];
       uint8_t* code = has_codes ? &res.codes[r * cols] : nullptr;
-      const float* wr = w + r * cols;
-      for (int64_t j = 0; j < cols; ++j) before += static_cast<double>(e[j]) * D[r * cols + j];
-      // Moves q_j by delta and keeps e = A (q − w).
-      auto move = [&](int64_t j, float delta) {
-        cblas_saxpy(static_cast<int>(cols), delta, &A[j * cols], 1, e, 1);
-      };
-      if (refit)
-        for (int64_t k = 0; k < gpr; ++k) {
-          const int64_t c0 = k * g, c1 = std::min(cols, c0 + g);
-          double cAc = 0, cA1 = 0;
-          for (int64_t j = c0; j < c1; ++j) {
-            double uj = 0;
-            for (int64_t l = c0; l < c1; ++l) uj += static_cast<double>(A[j * cols + l]) * code_value[code[l]];
-            u[j] = uj;
-            cAc += code_value[code[j]] * uj;
-            cA1 += code_value[code[j]] * group_row_sum[j];
-          }
-          form_cAc[k] = cAc;
-          form_cA1[k] = cA1;
+      int64_t moved = 0;
+      for (int64_t j = 0; j < cols; ++j) {
+        if (dead[j]) continue;
+        const float ajj = A[j * cols + j];
+        // Every other value is at least gap away from q_j, so it can be nearer
+        // to t = q_j − e_j / A_jj only when |t − q_j| ≥ gap / 2.
+        if (std::abs(e[j]) < 0.49f * ajj * gap[r * gaps + (g > 0 ? j / g : 0)]) continue;
+        const GroupParams p = g > 0 ? res.params[r * gpr + j / g] : GroupParams{};
+        uint8_t c = 0;
+        const float v = grid.quantize(q[j] - e[j] / ajj, p, &c);
+        const float delta = v - q[j];
+        if (delta == 0.0f || !(2.0f * delta * e[j] + delta * delta * ajj < 0.0f)) continue;
+        q[j] = v;
+        if (refit) {  // the group's forms, for its code's new value
+          const double dc = static_cast<double>(code_value[c]) - code_value[code[j]];
+          const int64_t k = j / g, c0 = k * g, c1 = std::min(cols, c0 + g);
+          form_cAc[r * gpr + k] += 2 * dc * u[r * cols + j] + dc * dc * ajj;
+          form_cA1[r * gpr + k] += dc * group_row_sum[j];
+          for (int64_t l = c0; l < c1; ++l) u[r * cols + l] += static_cast<float>(dc * A[j * cols + l]);
         }
-      for (int64_t k = 0; k < std::max<int64_t>(gpr, 1); ++k)
-        gap[k] = smallest_gap(g > 0 ? res.params[r * gpr + k] : GroupParams{});
-      int pass = 0;
-      while (pass < passes) {
-        ++pass;
-        int64_t changed = 0;
-        for (int64_t j = 0; j < cols; ++j) {
-          if (dead[j]) continue;
-          const float ajj = A[j * cols + j];
-          // Every other value is at least gap away from q_j, so it can be nearer
-          // to t = q_j − e_j / A_jj only when |t − q_j| ≥ gap / 2.
-          if (std::abs(e[j]) < 0.49f * ajj * gap[g > 0 ? j / g : 0]) continue;
-          const GroupParams p = g > 0 ? res.params[r * gpr + j / g] : GroupParams{};
-          uint8_t c = 0;
-          const float v = grid.quantize(q[j] - e[j] / ajj, p, &c);
-          const float delta = v - q[j];
-          if (delta == 0.0f || !(2.0f * delta * e[j] + delta * delta * ajj < 0.0f)) continue;
-          q[j] = v;
-          if (refit) {  // the group's forms, for its code's new value
-            const double dc = static_cast<double>(code_value[c]) - code_value[code[j]];
-            const int64_t k = j / g, c0 = k * g, c1 = std::min(cols, c0 + g);
-            form_cAc[k] += 2 * dc * u[j] + dc * dc * ajj;
-            form_cA1[k] += dc * group_row_sum[j];
-            for (int64_t l = c0; l < c1; ++l) u[l] += dc * A[j * cols + l];
-          }
-          if (code) code[j] = c;
-          move(j, delta);
-          ++changed;
-        }
-        code_changes += changed;
-        if (refit) {
-          for (int64_t k = 0; k < gpr; ++k) {
-            const int64_t c0 = k * g, c1 = std::min(cols, c0 + g);
-            double ce = 0, oe = 0;
-            for (int64_t j = c0; j < c1; ++j) {
-              if (dead[j]) continue;
-              ce += code_value[code[j]] * e[j];
-              oe += e[j];
-            }
-            const double cAc = form_cAc[k], cA1 = form_cA1[k], c11 = ones_A_ones[k];
-            GroupParams& p = res.params[r * gpr + k];
-            double ds = 0, dm = 0;
-            if (with_min) {
-              const double det = cAc * c11 - cA1 * cA1;
-              if (!(det > 0)) continue;  // one distinct code: the pair is not determined
-              ds = (-ce * c11 + oe * cA1) / det;
-              dm = (-oe * cAc + ce * cA1) / det;
-            } else {
-              if (!(cAc > 0)) continue;  // every code's value is 0
-              ds = -ce / cAc;
-            }
-            const double s0 = affine->scale(p), m0 = with_min ? p.min : 0.0;
-            const GroupParams np = affine->store(p, s0 + ds, m0 + dm);
-            const double s1 = affine->scale(np), m1 = with_min ? np.min : 0.0;
-            if (!(s1 > 0) || !std::isfinite(s1) || !std::isfinite(m1) || (s1 == s0 && m1 == m0)) continue;
-            // The change of f for the stored parameters, from the quadratic form
-            // (exact up to the rounding of decode): a cheap screen...
-            const double s_ = s1 - s0, m_ = m1 - m0;
-            if (!(2 * (s_ * ce + m_ * oe) + s_ * s_ * cAc + 2 * s_ * m_ * cA1 + m_ * m_ * c11 < 0)) continue;
-            // ...then exactly, on the values decode gives.
-            double df = 0;
-            for (int64_t j = c0; j < c1; ++j) {
-              dq[j - c0] = dead[j] ? 0.0f : f->decode(code[j], np) - q[j];
-              df += 2.0 * dq[j - c0] * e[j];
-            }
-            for (int64_t j = c0; j < c1; ++j) {
-              if (dq[j - c0] == 0.0f) continue;
-              double s = 0;
-              for (int64_t l = c0; l < c1; ++l) s += static_cast<double>(A[j * cols + l]) * dq[l - c0];
-              df += dq[j - c0] * s;
-            }
-            if (!(df < 0)) continue;
-            p = np;
-            gap[k] = smallest_gap(np);
-            ++group_refits;
-            ++changed;
-            // Every value of the group (dead ones too: not in f, but stored, so
-            // they keep the value the file will decode to), and e += A[:, G] dq.
-            for (int64_t j = c0; j < c1; ++j) q[j] = f->decode(code[j], np);
-            cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(c1 - c0), static_cast<int>(cols), 1.0f,
-                        &A[c0 * cols], static_cast<int>(cols), dq.data(), 1, 1.0f, e, 1);
-          }
-        }
-        if (changed == 0) break;
+        if (code) code[j] = c;
+        cblas_saxpy(static_cast<int>(cols), delta, &A[j * cols], 1, e, 1);  // e += δ A[:, j]
+        ++moved;
       }
-      max_passes = std::max(max_passes, pass);
-      for (int64_t j = 0; j < cols; ++j)
-        if (!dead[j]) after += static_cast<double>(e[j]) * (q[j] - wr[j]);
+      code_changes += moved;
+      changed[r] = moved > 0;
     }
+    // The refit, group by group; in each row in the order of its groups, each
+    // one seeing the gradient after the one before.
+    for (int64_t k = 0; refit && k < gpr; ++k) {
+      const int64_t c0 = k * g, c1 = std::min(cols, c0 + g), n = c1 - c0;
+      std::vector<uint8_t> took(static_cast<size_t>(rows), 0);
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads) reduction(+ : group_refits)
+      for (int64_t r = 0; r < rows; ++r) {
+        if (!active[r]) continue;
+        const float* e = &E[r * cols];
+        float* q = &res.dequant[r * cols];
+        const uint8_t* code = &res.codes[r * cols];
+        float* dq = &dQ[r * g];
+        double ce = 0, oe = 0;
+        for (int64_t j = c0; j < c1; ++j) {
+          if (dead[j]) continue;
+          ce += code_value[code[j]] * e[j];
+          oe += e[j];
+        }
+        const double cAc = form_cAc[r * gpr + k], cA1 = form_cA1[r * gpr + k], c11 = ones_A_ones[k];
+        GroupParams& p = res.params[r * gpr + k];
+        double ds = 0, dm = 0;
+        if (with_min) {
+          const double det = cAc * c11 - cA1 * cA1;
+          if (!(det > 0)) continue;  // one distinct code: the pair is not determined
+          ds = (-ce * c11 + oe * cA1) / det;
+          dm = (-oe * cAc + ce * cA1) / det;
+        } else {
+          if (!(cAc > 0)) continue;  // every code's value is 0
+          ds = -ce / cAc;
+        }
+        const double s0 = affine->scale(p), m0 = with_min ? p.min : 0.0;
+        const GroupParams np = affine->store(p, s0 + ds, m0 + dm);
+        const double s1 = affine->scale(np), m1 = with_min ? np.min : 0.0;
+        if (!(s1 > 0) || !std::isfinite(s1) || !std::isfinite(m1) || (s1 == s0 && m1 == m0)) continue;
+        // The change of f for the stored parameters, from the quadratic form
+        // (exact up to the rounding of decode): a cheap screen...
+        const double s_ = s1 - s0, m_ = m1 - m0;
+        if (!(2 * (s_ * ce + m_ * oe) + s_ * s_ * cAc + 2 * s_ * m_ * cA1 + m_ * m_ * c11 < 0)) continue;
+        // ...then exactly, on the values decode gives.
+        double df = 0;
+        for (int64_t j = c0; j < c1; ++j) {
+          dq[j - c0] = dead[j] ? 0.0f : f->decode(code[j], np) - q[j];
+          df += 2.0 * dq[j - c0] * e[j];
+        }
+        for (int64_t j = c0; j < c1; ++j) {
+          if (dq[j - c0] == 0.0f) continue;
+          double sum = 0;
+          for (int64_t l = c0; l < c1; ++l) sum += static_cast<double>(A[j * cols + l]) * dq[l - c0];
+          df += dq[j - c0] * sum;
+        }
+        if (!(df < 0)) continue;
+        p = np;
+        gap[r * gaps + k] = smallest_gap(np);
+        ++group_refits;
+        took[r] = 1;
+        // Every value of the group (dead ones too: not in f, but stored, so
+        // they keep the value the file will decode to).
+        for (int64_t j = c0; j < c1; ++j) q[j] = f->decode(code[j], np);
+      }
+      // e += A[:, G] dq for every row that took its refit: one GEMM.
+      refit_rows.clear();
+      for (int64_t r = 0; r < rows; ++r)
+        if (took[r]) {
+          changed[r] = 1;
+          std::copy_n(&dQ[r * g], n, &dQ[refit_rows.size() * n]);
+          refit_rows.push_back(r);
+        }
+      const int64_t m = static_cast<int64_t>(refit_rows.size());
+      if (m == 0) continue;
+      T.resize(static_cast<size_t>(m * cols));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(cols),
+                  static_cast<int>(n), 1.0f, dQ.data(), static_cast<int>(n), &A[c0 * cols], static_cast<int>(cols),
+                  0.0f, T.data(), static_cast<int>(cols));
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (int64_t i = 0; i < m; ++i) {
+        float* e = &E[refit_rows[i] * cols];
+        const float* t = &T[i * cols];
+        for (int64_t j = 0; j < cols; ++j) e[j] += t[j];
+      }
+    }
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (active[r]) passes_run[r] = pass;
+      active[r] = changed[r];
+      any |= changed[r] != 0;
+    }
+    if (!any) break;
   }
+#pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : after)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      if (!dead[j]) after += static_cast<double>(E[r * cols + j]) * (res.dequant[r * cols + j] - w[r * cols + j]);
+  const int max_passes = rows > 0 ? *std::max_element(passes_run.begin(), passes_run.end()) : 0;
   rep.code_changes = code_changes;
   rep.group_refits = group_refits;
   rep.passes = max_passes;
