@@ -239,6 +239,37 @@ TEST(Refine, ReachesACoordinateMinimumOfGptqsObjective) {
   }
 }
 
+// A ragged last group (200 inputs: groups of 128 and 72; NVFP4's blocks of 16
+// end with 8) and a dead input: the stored values stay the decoded codes, the
+// report matches the reference, and the objective falls.
+TEST(Refine, RaggedLastGroup) {
+  const Problem p = make_problem(7, 200, 500, 31, 2.0f);
+  GptqOptions o;
+  const PreparedHessian prep = prepare_hessian(p.stats, o);
+  const Objective obj{p, prep};
+  for (const char* name : {"int4_g128_asym", "nvfp4"}) {
+    SCOPED_TRACE(name);
+    const FormatChoice fc = find_format(name);
+    const auto grid = make_format_grid(fc, false);
+    const int64_t g = grid->group_len(p.cols), gpr = (p.cols + g - 1) / g;
+    const GptqResult before = gptq(p.w.data(), p.rows, p.cols, prep, *grid, o);
+    GptqResult after = before;
+    const RefineReport rep = refine(after, p.w.data(), p.stats, prep, *grid, 50);
+    EXPECT_GT(rep.group_refits, 0);
+    EXPECT_NEAR(rep.cost_before, obj.total(before.dequant), 1e-4 * rep.cost_before);
+    EXPECT_NEAR(rep.cost_after, obj.total(after.dequant), 1e-4 * rep.cost_before);
+    EXPECT_LT(rep.cost_after, rep.cost_before);
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t j = 0; j < p.cols; ++j)
+        ASSERT_EQ(after.dequant[r * p.cols + j],
+                  fc.spec->decode(after.codes[r * p.cols + j], after.params[r * gpr + j / g]));
+    // The packed matrix decodes to the same values.
+    std::vector<float> back(static_cast<size_t>(p.rows * p.cols));
+    dequantize(after.to_quantized(*fc.spec, fc.group_size), back.data());
+    EXPECT_EQ(back, after.dequant);
+  }
+}
+
 TEST(Refine, FormatsWithoutARefitMoveOnlyCodes) {
   const Problem p = make_problem(6, 128, 400, 9);
   GptqOptions o;
