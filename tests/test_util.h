@@ -1,15 +1,27 @@
 // Helpers shared by the tests: where the fixtures are, temp dirs, running the CLI.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "nibble/error.h"
 
 namespace nibble::test {
+
+// n draws of N(0, sd²) from a 64-bit Mersenne twister seeded with `seed`.
+inline std::vector<float> randn(int64_t n, uint64_t seed, float sd = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
 
 // $NIBBLE_SHARED, or ../shared beside the repo.
 inline std::filesystem::path shared_dir() {

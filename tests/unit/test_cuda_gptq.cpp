@@ -47,13 +47,7 @@ std::vector<float> correlated_inputs(int64_t tokens, int64_t cols, uint64_t seed
   return x;
 }
 
-std::vector<float> randn(int64_t n, uint64_t seed, float sd) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::randn;
 
 MatrixStats stats_of(const std::vector<float>& x, int64_t tokens, int64_t cols) {
   MatrixStats s(cols);

@@ -19,13 +19,7 @@
 namespace nibble::quant {
 namespace {
 
-std::vector<float> randn(int64_t n, uint64_t seed, float sd = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::randn;
 
 // X [tokens, cols] = a few shared factors plus a little noise, with per-column
 // scales spread over two orders of magnitude (so act-order has work to do).

@@ -14,17 +14,12 @@
 
 #include "nibble/error.h"
 #include "nibble/hadamard.h"
+#include "test_util.h"
 
 namespace nibble::quant {
 namespace {
 
-std::vector<float> randn(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::randn;
 
 int sylvester(int64_t i, int64_t j) { return std::popcount(static_cast<uint64_t>(i & j)) % 2 ? -1 : 1; }
 

@@ -18,13 +18,7 @@
 namespace nibble::quant {
 namespace {
 
-std::vector<float> randn(int64_t n, uint64_t seed, float sd = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::randn;
 
 // Inputs with shared factors (so H is far from diagonal), one dead input.
 struct Problem {
