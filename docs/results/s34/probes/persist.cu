@@ -5,13 +5,13 @@
 // one 16-row tile × one group of 128 inputs of the w4a16_mma layout: 1 KB of codes, then the stage's 64-byte
 // scale/min entries) into an S-stage ring, across segments, stalling only when the ring is full. Consumer warp w
 // takes unit w of each stage and runs the single-token GEMV's arithmetic on it (group_sums / group_combine of
-// w4a16_gemv.cu, against a prepared input of K = 4096 read through L1), ILP stages at a time.
+// w4a16_gemv_math.cuh, against a prepared input of K = 4096 read through L1), ILP stages at a time.
 // The data: L layers of the Llama-3-8B shapes as segments (q|k|v 12288 units, o 8192, gate|up 57344, down 28672:
 // 115.9 MB a layer). Modes: no dependency; a grid barrier between segments (a counter per segment, one release per
 // block, one polling thread); the same plus a gap before each o segment (attention's time).
 // The second probe (persist_deps, below main's helpers) gives the work a GEMV's shape: items dealt to blocks in
 // order, per-item meets, and the real dependencies (grid barriers or per-unit counters).
-// Build: nvcc -O3 -std=c++17 -arch=sm_90a -I src -o persist docs/results/s34/probes/persist.cu
+// Build: nvcc -O3 -std=c++17 -arch=sm_90a -I src -I include -o persist docs/results/s34/probes/persist.cu
 // Run: persist LAYERS (read bandwidth, both probes' tables); persist LAYERS deps (the second probe only);
 // persist LAYERS 0|1|2 (one launch for Nsight Compute: no arithmetic, arithmetic, the lean loop).
 #include <cuda_runtime.h>
@@ -23,7 +23,10 @@
 #include <vector>
 
 #include "backend/cuda/w4a16_common.cuh"
+#include "backend/cuda/w4a16_gemv_math.cuh"
 using namespace nibble::cuda::w4a16;
+using nibble::cuda::group_combine;
+using nibble::cuda::group_sums;
 
 #define CK(x)                                                            \
   do {                                                                   \
@@ -41,35 +44,6 @@ __device__ __forceinline__ uint64_t gtime() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-__device__ inline void mma_u8s8(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void group_sums(const uint4 (&q)[2], const uint4 (&xf)[2], int32_t (&sum)[4]) {
-  int32_t acc[2][4] = {};
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-    mma_u8s8(acc[u], q[u].x & 0x0F0F0F0Fu, q[u].x & 0xF0F0F0F0u, q[u].y & 0x0F0F0F0Fu, q[u].y & 0xF0F0F0F0u, xf[u].x,
-             xf[u].y);
-#pragma unroll
-  for (int u = 0; u < 2; ++u)
-    mma_u8s8(acc[u], q[u].z & 0x0F0F0F0Fu, q[u].z & 0xF0F0F0F0u, q[u].w & 0x0F0F0F0Fu, q[u].w & 0xF0F0F0F0u, xf[u].z,
-             xf[u].w);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) sum[r] = acc[0][r] + acc[1][r];
-}
-__device__ __forceinline__ void group_combine(const int32_t (&acc)[4], uint2 sm, float d, float sx, float c_even,
-                                              float c_odd, float c_min, float& out_lo, float& out_hi) {
-  const float v_lo = fmaf(c_odd, static_cast<float>(acc[1]), c_even * static_cast<float>(acc[0]));
-  const float v_hi = fmaf(c_odd, static_cast<float>(acc[3] >> 4), c_even * static_cast<float>(acc[2] >> 4));
-  const float s_lo = bf16_bits_to_float(sm.x & 0xFFFFu), m_lo = bf16_bits_to_float(sm.x >> 16);
-  const float s_hi = bf16_bits_to_float(sm.y & 0xFFFFu), m_hi = bf16_bits_to_float(sm.y >> 16);
-  out_lo = fmaf(s_lo * d, v_lo, fmaf(c_min * m_lo, sx, out_lo));
-  out_hi = fmaf(s_hi * d, v_hi, fmaf(c_min * m_hi, sx, out_hi));
 }
 __device__ inline unsigned ld_acquire(const unsigned* p) {
   unsigned v;
