@@ -9,6 +9,7 @@
 
 #include "nibble/calibration.h"
 #include "nibble/dtype.h"
+#include "nibble/quantizer.h"
 
 namespace nibble {
 
@@ -55,9 +56,7 @@ struct TensorResult {
   double damp_used = 0;
   int damp_retries = 0;
   int64_t dead_columns = 0;
-  // GPTQ --refine: the sweep's objective before and after, what moved.
-  double refine_before = 0, refine_after = 0;
-  int64_t refine_codes = 0, refine_groups = 0;
+  quant::RefineReport refine;  // GPTQ --refine
 };
 
 struct QuantizeResult {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nibble/format.h"
+#include "nibble/quantizer.h"
 #include "nibble/tensor.h"
 
 namespace nibble::quant {
@@ -151,12 +152,6 @@ GptqResult gptq(const float* w, int64_t rows, int64_t cols, const PreparedHessia
 // once one changes nothing. Every accepted step lowers f, so f never rises
 // (Nair and Suggala 2024, "CDQuant: Greedy Coordinate Descent for Accurate LLM
 // Quantization", for the coordinate descent after GPTQ).
-struct RefineReport {
-  int64_t code_changes = 0;   // weights moved to another code
-  int64_t group_refits = 0;   // groups whose scale (and min) were replaced
-  int passes = 0;             // the most passes any row ran
-  double cost_before = 0, cost_after = 0;  // f before and after
-};
 RefineReport refine(GptqResult& result, const float* w, const MatrixStats& stats, const PreparedHessian& hessian,
                     const Grid& grid, int passes);
 

@@ -29,6 +29,23 @@ struct QuantizerConfig {
   int refine = 0;
 };
 
+// What GPTQ's --refine did to one matrix (or, summed, to several): its
+// objective before and after (quant::refine in gptq.h).
+struct RefineReport {
+  int64_t code_changes = 0;   // weights moved to another code
+  int64_t group_refits = 0;   // groups whose scale (and min) were replaced
+  int passes = 0;             // the most passes any row ran
+  double cost_before = 0, cost_after = 0;  // f before and after
+  RefineReport& operator+=(const RefineReport& o) {
+    code_changes += o.code_changes;
+    group_refits += o.group_refits;
+    passes = passes > o.passes ? passes : o.passes;
+    cost_before += o.cost_before;
+    cost_after += o.cost_after;
+    return *this;
+  }
+};
+
 // What a method reports about one matrix besides its codes.
 struct QuantizeInfo {
   double damp_used = 0;      // GPTQ: damping factor that succeeded
@@ -37,10 +54,7 @@ struct QuantizeInfo {
   // Filled by the calibrated flow: the stored weight against the matrix the
   // quantizer was given (after any transform), ‖W' − W‖_F / ‖W‖_F and max |W' − W|.
   double rel_error = 0, max_abs_error = 0;
-  // GPTQ --refine (quant::refine): the sweep's objective before and after,
-  // weights moved to another code, groups whose parameters were refitted.
-  double refine_before = 0, refine_after = 0;
-  int64_t refine_codes = 0, refine_groups = 0;
+  RefineReport refine;  // GPTQ --refine (all zero without it)
 };
 
 class Quantizer {

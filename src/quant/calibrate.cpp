@@ -36,16 +36,16 @@ constexpr const char* kStateFile = "state.json";
 ojson info_json(const QuantizeInfo& i) {
   return {{"damp_used", i.damp_used},         {"damp_retries", i.damp_retries}, {"dead_columns", i.dead_columns},
           {"rel_error", i.rel_error},         {"max_abs_error", i.max_abs_error},
-          {"refine_before", i.refine_before}, {"refine_after", i.refine_after}, {"refine_codes", i.refine_codes},
-          {"refine_groups", i.refine_groups}};
+          {"refine_before", i.refine.cost_before}, {"refine_after", i.refine.cost_after},
+          {"refine_codes", i.refine.code_changes}, {"refine_groups", i.refine.group_refits}};
 }
 QuantizeInfo info_from(const ojson& j) {
   QuantizeInfo i{j.at("damp_used").get<double>(), j.at("damp_retries").get<int>(), j.at("dead_columns").get<int64_t>(),
-                 j.at("rel_error").get<double>(), j.at("max_abs_error").get<double>()};
-  i.refine_before = j.value("refine_before", 0.0);
-  i.refine_after = j.value("refine_after", 0.0);
-  i.refine_codes = j.value("refine_codes", int64_t{0});
-  i.refine_groups = j.value("refine_groups", int64_t{0});
+                 j.at("rel_error").get<double>(), j.at("max_abs_error").get<double>(), {}};
+  i.refine.cost_before = j.value("refine_before", 0.0);
+  i.refine.cost_after = j.value("refine_after", 0.0);
+  i.refine.code_changes = j.value("refine_codes", int64_t{0});
+  i.refine.group_refits = j.value("refine_groups", int64_t{0});
   return i;
 }
 

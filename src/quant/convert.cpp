@@ -344,10 +344,7 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
         tr.damp_used = info.damp_used;
         tr.damp_retries = info.damp_retries;
         tr.dead_columns = info.dead_columns;
-        tr.refine_before = info.refine_before;
-        tr.refine_after = info.refine_after;
-        tr.refine_codes = info.refine_codes;
-        tr.refine_groups = info.refine_groups;
+        tr.refine = info.refine;
         // Against the matrix the quantizer was given (a layer transform's
         // rescaled one): computed when it was quantized.
         tr.rel_error = info.rel_error;
@@ -447,8 +444,8 @@ QuantizeResult quantize_model(const fs::path& model_dir, const fs::path& out_dir
         e["damp_retries"] = t.damp_retries;
         e["dead_columns"] = t.dead_columns;
         if (opt.refine > 0)
-          e["refine"] = {{"objective_before", t.refine_before}, {"objective_after", t.refine_after},
-                         {"codes_changed", t.refine_codes}, {"groups_refit", t.refine_groups}};
+          e["refine"] = {{"objective_before", t.refine.cost_before}, {"objective_after", t.refine.cost_after},
+                         {"codes_changed", t.refine.code_changes}, {"groups_refit", t.refine.group_refits}};
       }
     } else {
       e["kept"] = t.note;

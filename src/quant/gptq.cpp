@@ -455,15 +455,10 @@ class GptqQuantizer final : public Quantizer {
       prepared_id_ = stats->id;
     }
     GptqResult r = gptq(w.data<float>(), w.size(0), w.size(1), prepared_, *grid_, o);
-    if (info) *info = QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns};
+    if (info) *info = QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns, 0, 0, {}};
     if (config_.refine > 0) {
       const RefineReport rr = refine(r, w.data<float>(), *stats, prepared_, *grid_, config_.refine);
-      if (info) {
-        info->refine_before = rr.cost_before;
-        info->refine_after = rr.cost_after;
-        info->refine_codes = rr.code_changes;
-        info->refine_groups = rr.group_refits;
-      }
+      if (info) info->refine = rr;
     }
     return r.to_quantized(*config_.format.spec, config_.format.group_size);
   }

@@ -128,17 +128,14 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
     if (!global.quiet)
       for (const auto& n : r.notes) std::fprintf(stderr, "nibble: %s\n", n.c_str());
     size_t nq = 0;
-    double worst = 0, refine_before = 0, refine_after = 0;
-    int64_t refine_codes = 0, refine_groups = 0;
+    double worst = 0;
+    quant::RefineReport refined;  // summed over the matrices
     std::string worst_name;
     for (const auto& t : r.tensors) {
       if (!t.quantized) continue;
       ++nq;
       if (t.rel_error > worst) worst = t.rel_error, worst_name = t.name;
-      refine_before += t.refine_before;
-      refine_after += t.refine_after;
-      refine_codes += t.refine_codes;
-      refine_groups += t.refine_groups;
+      refined += t.refine;
     }
     std::printf("wrote %s\n", r.out_dir.c_str());
     std::printf("  %zu of %zu tensors quantized to %s (%s): %.2f M params at %.3f bits/weight\n", nq,
@@ -156,10 +153,10 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       std::printf("  time %.1f s\n", r.seconds_total);
     if (nq) std::printf("  worst relative weight error %.4f (%s); per-tensor errors in nibble.json\n", worst,
                         worst_name.c_str());
-    if (opt->refine > 0 && refine_before > 0)
+    if (opt->refine > 0 && refined.cost_before > 0)
       std::printf("  refine: GPTQ's objective %.2f %% lower over all matrices (%lld weights moved, %lld groups refit)\n",
-                  100.0 * (refine_before - refine_after) / refine_before, static_cast<long long>(refine_codes),
-                  static_cast<long long>(refine_groups));
+                  100.0 * (refined.cost_before - refined.cost_after) / refined.cost_before,
+                  static_cast<long long>(refined.code_changes), static_cast<long long>(refined.group_refits));
   });
 }
 

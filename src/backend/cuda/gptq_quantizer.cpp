@@ -30,7 +30,7 @@ class GpuGptqQuantizer final : public quant::Quantizer {
       prepared_id_ = stats->id;
     }
     const quant::GptqResult r = cuda::gptq(w.data<float>(), w.size(0), w.size(1), prepared_, config_.format, config_.mse, o);
-    if (info) *info = quant::QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns};
+    if (info) *info = quant::QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns, 0, 0, {}};
     return r.to_quantized(*config_.format.spec, config_.format.group_size);
   }
 
