@@ -148,9 +148,8 @@ GptqResult gptq(const float* w, int64_t rows, int64_t cols, const PreparedHessia
 // q_j − [(H + λI)(q − w)]_j / (H_jj + λ)), then, for grouped formats with an
 // affine decode (FormatSpec::affine), a least-squares refit of each group's
 // scale (and min) to its codes, kept when the stored (rounded) parameters
-// lower f. Passes stop early
-// once one changes nothing. Every accepted step lowers f, so f never rises
-// (Nair and Suggala 2024, "CDQuant: Greedy Coordinate Descent for Accurate LLM
+// lower f. Passes stop early once one changes nothing. Every accepted step
+// lowers f, so f never rises (Nair and Suggala 2024, "CDQuant: Greedy Coordinate Descent for Accurate LLM
 // Quantization", for the coordinate descent after GPTQ).
 RefineReport refine(GptqResult& result, const float* w, const MatrixStats& stats, const PreparedHessian& hessian,
                     const Grid& grid, int passes);

@@ -1,5 +1,5 @@
 // GPTQ's --refine: coordinate descent over the codes and a least-squares refit
-// of each group's (scale, min), both against the objective of the sweep,
+// of each group's scale (and min), both against the objective of the sweep,
 // f(Q) = Σ_rows (q − w)ᵀ A (q − w) with A = H + λI on the live inputs.
 //
 // Per row, e = A (q − w) is kept up to date: moving q_j by δ changes f by
@@ -8,7 +8,9 @@
 // one for that weight. For a group G with codes c and decode c · s + m, a
 // change (Δs, Δm) moves q_G by c Δs + Δm, and f by
 //   2 (Δs cᵀe_G + Δm 1ᵀe_G) + [Δs Δm] [[cᵀA_GG c, cᵀA_GG 1], [1ᵀA_GG c, 1ᵀA_GG 1]] [Δs Δm]ᵀ,
-// minimized by one 2×2 solve; the rounded parameters are kept when they lower f.
+// minimized by one 2×2 solve (c the codes' values, FormatSpec::affine; without
+// a min, Δm = 0 and Δs = −cᵀe_G / cᵀA_GG c); the parameters, rounded as the
+// format stores them, are kept when they lower f.
 #include <cblas.h>
 #include <omp.h>
 
