@@ -85,7 +85,7 @@ for what in "${@:-gpu}"; do
       python3 bench/torch_int4_stack.py 2>&1 | tee "$OUT/torch_int4_stack.txt"
       ;;
     gptq)
-      devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Cuda.Hessian*:Cuda.Calibration*:Gptq*' 2>&1 |
+      devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Cuda.Hessian*:Cuda.Calibration*:Cuda.Refine*:Gptq*:Refine*' 2>&1 |
         tee "$OUT/cuda_gptq_tests.txt" | tail -40
       devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
       ;;

@@ -20,11 +20,20 @@
 
 namespace nibble::cuda {
 
+// GPTQ's --refine after a GPU sweep: the passes, the objective A (refine_objective
+// for the same Hessian) and where the report goes. No passes: no refinement.
+struct GpuRefine {
+  int passes = 0;
+  const DeviceBuffer* objective = nullptr;
+  quant::RefineReport* report = nullptr;
+};
+
 // GPTQ (int4_asym) of one matrix given on the host in any float dtype
 // (uploaded as stored, converted on the device), with the same error report
 // as GpuLayerStream::quantize_linear. For the head.
 quant::GptqResult gptq_matrix(const Tensor& w, const GpuPreparedHessian& hessian, const FormatChoice& format, bool mse,
-                              const quant::GptqOptions& options, double* rel_error, double* max_abs_error);
+                              const quant::GptqOptions& options, double* rel_error, double* max_abs_error,
+                              const GpuRefine& refine = {});
 
 class GpuLayerStream {
  public:
@@ -80,7 +89,7 @@ class GpuLayerStream {
   // matrix that was quantized (QuantizeInfo::rel_error, max_abs_error).
   quant::GptqResult quantize_linear(size_t slot, const GpuPreparedHessian& hessian, const FormatChoice& format,
                                     bool mse, const quant::GptqOptions& options, double* rel_error,
-                                    double* max_abs_error);
+                                    double* max_abs_error, const GpuRefine& refine = {});
 
   // Adds the final RMSNorm of every hidden state (the head's input, f32) into h.
   void add_final_normed(const Tensor& final_norm, GpuHessian& h) const;

@@ -113,6 +113,19 @@ quant::GptqResult gptq_device(const float* w, int64_t rows, int64_t cols, const 
                               const FormatChoice& format, bool mse, const quant::GptqOptions& options,
                               DeviceBuffer* dequant);
 
+// GPTQ's --refine on the GPU (quant::refine's passes, for int4_asym). Its
+// objective A = H + λI on the live inputs (0 on a dead input's row and
+// column), f32 [cols, cols] in device memory, from H in device memory (fp64,
+// symmetric) or from the CPU statistics:
+DeviceBuffer refine_objective(const double* H, const GpuPreparedHessian& hessian);
+DeviceBuffer refine_objective(const quant::MatrixStats& stats, const GpuPreparedHessian& hessian);
+// Refines a GPTQ result of w[rows, cols] (f32, device): result's codes and
+// params (host) are uploaded, refined and written back, `dequant` (f32 [rows,
+// cols], device: the result's values) is updated in place, and result.dequant
+// too when it is not empty. A from refine_objective for the same Hessian.
+quant::RefineReport refine_device(quant::GptqResult& result, const float* w, float* dequant, const float* A,
+                                  const GpuPreparedHessian& hessian, const FormatChoice& format, int passes);
+
 // The `gptq` method's GPU backend (QuantizerConfig::device == "cuda"); throws
 // a clear Error for an unsupported format or when no device is visible.
 std::unique_ptr<quant::Quantizer> make_gptq_quantizer(const quant::QuantizerConfig& config);

@@ -346,6 +346,7 @@ CalibratedParts::CalibratedParts(const fs::path& source, const std::vector<fs::p
         gpu->load_layer(*L);
       }
       std::map<LinearInput, cuda::GpuPreparedHessian> prepared;
+      std::map<LinearInput, cuda::DeviceBuffer> objective;  // --refine's A per input
       const auto& slots = decoder_linears();
       for (size_t k = 0; k < slots.size(); ++k) {
         const LinearSlot& s = slots[k];
@@ -355,10 +356,15 @@ CalibratedParts::CalibratedParts(const fs::path& source, const std::vector<fs::p
         if (!prepared.count(s.input))
           prepared.emplace(s.input, transform ? cuda::prepare_hessian(stats.at(s.input), gpu_opt)
                                               : cuda::prepare_hessian(hess.at(s.input), gpu_opt));
+        if (opt.refine > 0 && !objective.count(s.input))
+          objective.emplace(s.input, transform ? cuda::refine_objective(stats.at(s.input), prepared.at(s.input))
+                                               : cuda::refine_objective(hess.at(s.input).device_h(),
+                                                                        prepared.at(s.input)));
         lap("prepare");
         QuantizeInfo info;
+        const cuda::GpuRefine refine{opt.refine, opt.refine > 0 ? &objective.at(s.input) : nullptr, &info.refine};
         GptqResult r = gpu->quantize_linear(k, prepared.at(s.input), format, opt.mse, gpu_opt, &info.rel_error,
-                                            &info.max_abs_error);
+                                            &info.max_abs_error, refine);
         record_gptq(name, r, info, *infos);
         results->emplace_back(name, std::move(r));
         lap("sweep");
@@ -421,10 +427,13 @@ CalibratedParts::CalibratedParts(const fs::path& source, const std::vector<fs::p
       cuda::GpuHessian h(c.hidden_size);
       gpu->add_final_normed(src.load("model.norm.weight"), h);
       const cuda::GpuPreparedHessian prepared = cuda::prepare_hessian(h, gpu_opt);
+      const cuda::DeviceBuffer objective =
+          opt.refine > 0 ? cuda::refine_objective(h.device_h(), prepared) : cuda::DeviceBuffer();
       lap("head: Hessian");
       QuantizeInfo info;
       const GptqResult r = cuda::gptq_matrix(src.load("lm_head.weight"), prepared, format, opt.mse, gpu_opt,
-                                             &info.rel_error, &info.max_abs_error);
+                                             &info.rel_error, &info.max_abs_error,
+                                             cuda::GpuRefine{opt.refine, &objective, &info.refine});
       store_parts("lm_head.weight", r.to_quantized(*format.spec, format.group_size), out);
       record_gptq("lm_head.weight", r, info, infos);
     }

@@ -476,7 +476,6 @@ class GptqQuantizer final : public Quantizer {
 std::unique_ptr<Quantizer> make_gptq(const QuantizerConfig& c) {
   NIBBLE_CHECK(c.device == "cpu" || c.device == "cuda", "gptq: --device must be cpu or cuda, found '{}'", c.device);
   NIBBLE_CHECK(c.refine >= 0, "--refine: the number of passes must be >= 0, found {}", c.refine);
-  NIBBLE_CHECK(c.refine == 0 || c.device == "cpu", "--refine runs on the CPU only; use --device cpu or drop --refine");
   if (c.device == "cpu") return std::make_unique<GptqQuantizer>(c);
 #ifdef NIBBLE_HAVE_CUDA
   return cuda::make_gptq_quantizer(c);

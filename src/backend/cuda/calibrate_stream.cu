@@ -111,12 +111,20 @@ __global__ void weight_error_kernel(const float* __restrict__ w, const float* __
   }
 }
 
-// GPTQ of w (f32, device) into codes/params; *dq gets the dequantized
-// values, and the error of dq against w is reported (err: 3 doubles of scratch).
+// GPTQ of w (f32, device) into codes/params, then --refine's passes when
+// asked; *dq gets the dequantized values, and the error of dq against w is
+// reported (err: 3 doubles of scratch).
 quant::GptqResult gptq_with_error(const float* w, int64_t rows, int64_t cols, const GpuPreparedHessian& hessian,
                                   const FormatChoice& format, bool mse, const quant::GptqOptions& options,
-                                  DeviceBuffer* dq, double* rel_error, double* max_abs_error) {
+                                  DeviceBuffer* dq, double* rel_error, double* max_abs_error, const GpuRefine& refine) {
   quant::GptqResult r = gptq_device(w, rows, cols, hessian, format, mse, options, dq);
+  if (refine.passes > 0) {
+    NIBBLE_CHECK(refine.objective != nullptr, "refine (cuda): no objective was given");
+    const quant::RefineReport rep = refine_device(r, w, static_cast<float*>(dq->get()),
+                                                  static_cast<const float*>(refine.objective->get()), hessian, format,
+                                                  refine.passes);
+    if (refine.report) *refine.report = rep;
+  }
   const int64_t nn = rows * cols;
   DeviceBuffer err(3 * sizeof(double));
   NIBBLE_CUDA_CHECK(cudaMemset(err.get(), 0, err.bytes()));
@@ -511,13 +519,13 @@ void GpuLayerStream::apply(const std::array<GpuHessian*, 4>& taps, bool advance)
 quant::GptqResult GpuLayerStream::quantize_linear(size_t slot, const GpuPreparedHessian& hessian,
                                                   const FormatChoice& format, bool mse,
                                                   const quant::GptqOptions& options, double* rel_error,
-                                                  double* max_abs_error) {
+                                                  double* max_abs_error, const GpuRefine& refine) {
   State& s = *s_;
   NIBBLE_CHECK(s.loaded && slot < s.lin.size(), "GpuLayerStream::quantize_linear: no such linear");
   Linear& l = s.lin[slot];
   DeviceBuffer dq;
   quant::GptqResult r = gptq_with_error(static_cast<const float*>(l.w32.get()), l.out, l.in, hessian, format, mse,
-                                        options, &dq, rel_error, max_abs_error);
+                                        options, &dq, rel_error, max_abs_error, refine);
   // The layer now holds the quantized weights (nothing reads the original again).
   l.w32 = std::move(dq);
   l.round_to_bf16();
@@ -525,12 +533,13 @@ quant::GptqResult GpuLayerStream::quantize_linear(size_t slot, const GpuPrepared
 }
 
 quant::GptqResult gptq_matrix(const Tensor& w, const GpuPreparedHessian& hessian, const FormatChoice& format, bool mse,
-                              const quant::GptqOptions& options, double* rel_error, double* max_abs_error) {
+                              const quant::GptqOptions& options, double* rel_error, double* max_abs_error,
+                              const GpuRefine& refine) {
   NIBBLE_CHECK(w.dim() == 2, "gptq (cuda): expected a matrix, found {}", shape_str(w.shape()));
   const DeviceBuffer w32 = upload_f32(w.is_contiguous() ? w : w.contiguous());
   DeviceBuffer dq;
   return gptq_with_error(static_cast<const float*>(w32.get()), w.size(0), w.size(1), hessian, format, mse, options,
-                         &dq, rel_error, max_abs_error);
+                         &dq, rel_error, max_abs_error, refine);
 }
 
 void GpuLayerStream::add_final_normed(const Tensor& final_norm, GpuHessian& hess) const {

@@ -26,29 +26,21 @@
 #include <string>
 
 #include "backend/cuda/gptq_common.h"
+#include "backend/cuda/gptq_int4.cuh"
 #include "nibble/cuda_gptq.h"
 
 namespace nibble::cuda {
 namespace {
 
+using namespace gptq_int4;
+
 constexpr int kBlock = 128;            // columns per lazy block (GptqOptions::block_size)
 constexpr int kPerLane = kBlock / 32;  // block columns per lane
 constexpr int kRowsPerCta = 8;         // one warp per row
 constexpr int kMseSteps = 33;          // fit_group_mse's shrink factors
-constexpr int kLevels = 15;            // int4 codes 0..15
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 __constant__ float c_shrink[kMseSteps];
-
-struct Int4Params {
-  float scale, min;
-};
-
-// dtype.cpp's fp32 -> bf16 -> fp32 (round to nearest even), for finite values.
-__device__ __forceinline__ float round_bf16(float x) {
-  const uint32_t u = __float_as_uint(x);
-  return __uint_as_float(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
-}
 
 // int4_asym's fit_group given the group's (min, max), with the shrink factor.
 // A non-finite range sets *bad (the CPU throws there).
@@ -62,16 +54,6 @@ __device__ __forceinline__ Int4Params params_from_range(float lo, float hi, floa
     return {0.0f, 0.0f};
   }
   return {round_bf16(__fdiv_rn(range, static_cast<float>(kLevels))), round_bf16(lo)};
-}
-
-__device__ __forceinline__ int encode(float w, Int4Params p) {
-  if (p.scale == 0.0f) return 0;
-  const float q = rintf(__fdiv_rn(__fsub_rn(w, p.min), p.scale));  // ties to even, like nearbyint
-  return static_cast<int>(fminf(fmaxf(q, 0.0f), static_cast<float>(kLevels)));
-}
-
-__device__ __forceinline__ float decode(int code, Int4Params p) {
-  return __fadd_rn(__fmul_rn(static_cast<float>(code), p.scale), p.min);
 }
 
 // The parameters of one group held by a warp: element i of the group is

@@ -27,10 +27,22 @@ class GpuGptqQuantizer final : public quant::Quantizer {
     std::lock_guard<std::mutex> lock(mu_);
     if (prepared_id_ != stats->id) {
       prepared_ = cuda::prepare_hessian(*stats, o);
+      objective_ = config_.refine > 0 ? refine_objective(*stats, prepared_) : DeviceBuffer();
       prepared_id_ = stats->id;
     }
-    const quant::GptqResult r = cuda::gptq(w.data<float>(), w.size(0), w.size(1), prepared_, config_.format, config_.mse, o);
-    if (info) *info = quant::QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns, 0, 0, {}};
+    quant::GptqResult r;
+    quant::RefineReport refined;
+    if (config_.refine == 0) {
+      r = cuda::gptq(w.data<float>(), w.size(0), w.size(1), prepared_, config_.format, config_.mse, o);
+    } else {  // the sweep's values stay on the device for the refinement
+      const DeviceBuffer w_dev = upload(w.data<float>(), static_cast<size_t>(w.numel()) * sizeof(float));
+      DeviceBuffer dequant;
+      r = gptq_device(static_cast<const float*>(w_dev.get()), w.size(0), w.size(1), prepared_, config_.format,
+                      config_.mse, o, &dequant);
+      refined = refine_device(r, static_cast<const float*>(w_dev.get()), static_cast<float*>(dequant.get()),
+                              static_cast<const float*>(objective_.get()), prepared_, config_.format, config_.refine);
+    }
+    if (info) *info = quant::QuantizeInfo{r.damp_used, r.damp_retries, r.dead_columns, 0, 0, refined};
     return r.to_quantized(*config_.format.spec, config_.format.group_size);
   }
 
@@ -39,6 +51,7 @@ class GpuGptqQuantizer final : public quant::Quantizer {
   mutable std::mutex mu_;
   mutable uint64_t prepared_id_ = 0;
   mutable GpuPreparedHessian prepared_;
+  mutable DeviceBuffer objective_;  // --refine's A = H + λI for prepared_
 };
 
 }  // namespace
