@@ -3,7 +3,7 @@
 // (DESIGN.md: performance claims are ratios against a reference in the same run).
 //
 //   build-cuda/bin/bench_gptq_cuda [--shapes full|small|OUTxIN,...] [--tokens N]
-//       [--cpu-ref small|all|none] [--threads N]
+//       [--cpu-ref small|all|none] [--threads N] [--refine N]
 //
 // Same synthetic problem as bench_gptq (bench/gptq_inputs.h: 32 shared factors
 // + 30 % noise, per-channel scales 0.1 .. 10, weights N(0, 0.02), fixed seeds),
@@ -22,6 +22,10 @@
 //     the trailing GEMM's summation order and pow() differ.
 //     small (default): shapes whose input width is at most 4096 (the CPU's
 //     14336-wide Cholesky and sweep take minutes); all; none.
+//   - with --refine N: GPTQ's --refine (N passes at most) on the plain sweep's
+//     result on the GPU (A = H + λI built on the device, uploads included), and
+//     with --cpu-ref on the CPU's result on the CPU (quant::refine alone), with
+//     the output error after each.
 // Output error: ‖X(Ŵ−W)ᵀ‖/‖XWᵀ‖ on the calibration inputs (f32 GEMM, fp64 sums).
 #include <cuda_runtime.h>
 #include <omp.h>
@@ -58,6 +62,8 @@ struct Row {
   Shape shape;
   double upload = NAN, h[3] = {NAN, NAN, NAN}, h_diff[3] = {NAN, NAN, NAN};  // by HessianPrecision
   double prepare = NAN, sweep = NAN, sweep_mse = NAN, act = NAN, transfers = NAN;
+  double refine_gpu = NAN, refine_cpu = NAN, e_gpu_refine = NAN, e_cpu_refine = NAN;
+  int passes_gpu = -1, passes_cpu = -1;
   double e_gpu = NAN, e_gpu_mse = NAN, e_gpu_act = NAN;
   // CPU reference (NAN: not run).
   double cpu_h = NAN, cpu_gptq = NAN, cpu_gptq_mse = NAN, e_cpu = NAN, e_cpu_mse = NAN;
@@ -74,7 +80,8 @@ std::string cell(double v, const char* fmt) {
 
 [[noreturn]] void usage(const char* argv0, const char* why) {
   std::fprintf(stderr,
-               "%s\nusage: %s [--shapes full|small|OUTxIN,...] [--tokens N] [--cpu-ref small|all|none] [--threads N]\n",
+               "%s\nusage: %s [--shapes full|small|OUTxIN,...] [--tokens N] [--cpu-ref small|all|none] [--threads N] "
+               "[--refine N]\n",
                why, argv0);
   std::exit(2);
 }
@@ -96,7 +103,7 @@ double h_distance(const std::vector<double>& a, const std::vector<double>& b, in
 int main(int argc, char** argv) {
   std::string shapes_opt = "full", cpu_ref = "small";
   int64_t tokens = 2048;
-  int threads = 0;
+  int threads = 0, refine = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -107,6 +114,7 @@ int main(int argc, char** argv) {
     else if (a == "--tokens") tokens = std::atoll(value().c_str());
     else if (a == "--cpu-ref") cpu_ref = value();
     else if (a == "--threads") threads = std::atoi(value().c_str());
+    else if (a == "--refine") refine = std::atoi(value().c_str());
     else if (a == "-h" || a == "--help") usage(argv[0], "GPU GPTQ benchmark (see the comment atop bench/bench_gptq_cuda.cpp)");
     else usage(argv[0], ("unknown option " + a).c_str());
   }
@@ -114,6 +122,7 @@ int main(int argc, char** argv) {
   if (shapes.empty()) usage(argv[0], "--shapes must be full, small or OUTxIN[,OUTxIN...]");
   if (cpu_ref != "small" && cpu_ref != "all" && cpu_ref != "none") usage(argv[0], "--cpu-ref must be small|all|none");
   if (tokens <= 0) usage(argv[0], "--tokens must be positive");
+  if (refine < 0 || refine > 1000) usage(argv[0], "--refine must be 0 to 1000");
   if (threads > 0) {
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
@@ -209,6 +218,21 @@ int main(int argc, char** argv) {
         row.e_gpu_act = rel(ga);
       }
       row.e_gpu = rel(g);
+      if (refine > 0) {  // --refine on the plain sweep's result
+        t0 = Clock::now();
+        const cu::DeviceBuffer A = cu::refine_objective(hkeep->device_h(), prep);
+        const cu::DeviceBuffer dW = cu::upload(W.data(), W.size() * sizeof(float));
+        cu::DeviceBuffer dq = cu::upload(g.dequant.data(), g.dequant.size() * sizeof(float));
+        q::GptqResult gr = g;
+        row.passes_gpu = cu::refine_device(gr, static_cast<const float*>(dW.get()), static_cast<float*>(dq.get()),
+                                           static_cast<const float*>(A.get()), prep, format, refine)
+                             .passes;
+        device_sync();
+        row.refine_gpu = seconds_since(t0);
+        row.e_gpu_refine = rel(gr);
+        std::fprintf(stderr, "[%s] gpu --refine %d: %.3f s, %d passes, out err %.5f -> %.5f\n", s.name().c_str(),
+                     refine, row.refine_gpu, row.passes_gpu, row.e_gpu, row.e_gpu_refine);
+      }
       row.e_gpu_mse = rel(gm);
       {  // the sweep's host transfers alone: W up, dequantized values (f32) and codes (u8) down
         t0 = Clock::now();
@@ -236,6 +260,16 @@ int main(int argc, char** argv) {
         row.cpu_gptq_mse = seconds_since(t0);
         row.e_cpu = rel(c);
         row.e_cpu_mse = rel(cm);
+        if (refine > 0) {
+          const q::PreparedHessian cp = q::prepare_hessian(stats, plain);
+          q::GptqResult cr = c;
+          t0 = Clock::now();
+          row.passes_cpu = q::refine(cr, W.data(), stats, cp, *grid, refine).passes;
+          row.refine_cpu = seconds_since(t0);
+          row.e_cpu_refine = rel(cr);
+          std::fprintf(stderr, "[%s] cpu --refine %d: %.2f s, %d passes, out err %.5f -> %.5f\n", s.name().c_str(),
+                       refine, row.refine_cpu, row.passes_cpu, row.e_cpu, row.e_cpu_refine);
+        }
         // The GPU solve on the CPU's H, as `nibble quantize --device cuda` runs it.
         const cu::GpuPreparedHessian sp = cu::prepare_hessian(stats, plain);
         const q::GptqResult sg = cu::gptq(W.data(), s.out, s.in, sp, format, false, plain);
@@ -294,6 +328,19 @@ int main(int argc, char** argv) {
                 cell(r.e_gpu_act, "%.5f").c_str(), cell(r.codes_equal, "%.3f").c_str(),
                 cell(r.codes_equal_mse, "%.3f").c_str(),
                 r.max_code_diff >= 0 ? std::to_string(r.max_code_diff).c_str() : "-", cell(r.cost_diff, "%.1e").c_str());
+  if (refine > 0) {
+    std::printf("\n== --refine %d on the plain sweep's result: seconds (GPU: A, uploads and passes; CPU: the passes), "
+                "passes run, output error before -> after ==\n",
+                refine);
+    std::printf("%-11s %9s %7s %19s %9s %7s %19s %8s\n", "shape", "gpu s", "passes", "gpu err", "cpu s", "passes",
+                "cpu err", "speedup");
+    for (const Row& r : rows)
+      std::printf("%-11s %9s %7d %9s->%-9s %9s %7d %9s->%-9s %8s\n", r.shape.name().c_str(),
+                  cell(r.refine_gpu, "%.3f").c_str(), r.passes_gpu, cell(r.e_gpu, "%.5f").c_str(),
+                  cell(r.e_gpu_refine, "%.5f").c_str(), cell(r.refine_cpu, "%.2f").c_str(), r.passes_cpu,
+                  cell(r.e_cpu, "%.5f").c_str(), cell(r.e_cpu_refine, "%.5f").c_str(),
+                  cell(r.refine_cpu / r.refine_gpu, "%.1f").c_str());
+  }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("\npeak RSS: %.2f GiB (getrusage ru_maxrss)\n", static_cast<double>(ru.ru_maxrss) / (1 << 20));
