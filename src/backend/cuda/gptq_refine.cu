@@ -40,7 +40,8 @@ namespace {
 using namespace gptq_int4;
 
 constexpr int kChunk = 128;  // columns a warp holds (4 per lane)
-constexpr int kWarps = 8;    // rows per block
+constexpr int kWarps = 8;    // rows per block of the coordinate descent
+constexpr int kRefitWarps = 16;  // rows per block of the refit (they share A_GG in shared memory)
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 // int4_asym's AffineParams::store: both rounded to bf16, a zero min stored as +0.
@@ -221,20 +222,24 @@ __global__ void __launch_bounds__(kWarps * 32) descent_kernel(Rows s, const floa
 
 // The refit of group k in every active row. A kept refit sets took[row] and
 // leaves the change of the group's values in dq[row, :n] (0 on dead inputs).
-__global__ void __launch_bounds__(kWarps * 32) refit_kernel(Rows s, int64_t k, const float* __restrict__ A,
+// The block's rows share A_GG (n × n f32, dynamic shared memory).
+__global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t k, const float* __restrict__ A,
                                                             const uint8_t* __restrict__ dead,
                                                             const double* __restrict__ ones_form,
                                                             const uint8_t* __restrict__ active,
                                                             uint8_t* __restrict__ changed, uint8_t* __restrict__ took,
                                                             float* __restrict__ dq_out,
                                                             unsigned long long* __restrict__ refits) {
+  extern __shared__ float s_A[];
+  const int64_t cols = s.cols, c0 = k * s.g;
+  const int n = static_cast<int>(cols - c0 < s.g ? cols - c0 : s.g);
+  for (int i = threadIdx.x; i < n * n; i += blockDim.x) s_A[i] = A[(c0 + i / n) * cols + c0 + i % n];
+  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(kWarps) + warp;
+  const int64_t row = blockIdx.x * int64_t(kRefitWarps) + warp;
   if (row >= s.rows) return;
   if (lane == 0) took[row] = 0;
   if (!active[row]) return;
-  const int64_t cols = s.cols, c0 = k * s.g;
-  const int n = static_cast<int>(cols - c0 < s.g ? cols - c0 : s.g);
   const float* e = s.E + row * cols + c0;
   float* q = s.Q + row * cols + c0;
   const uint8_t* code = s.codes + row * cols + c0;
@@ -262,7 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32) refit_kernel(Rows s, int64_t k, c
       const int l = 32 * ml + ll;
       if (l >= n) break;
       const double cl = __shfl_sync(kFull, cval[ml], ll);
-      const float* arow = A + (c0 + l) * cols + c0;  // A[l, G] = A[G, l]
+      const float* arow = s_A + l * n;  // A[l, G] = A[G, l]
 #pragma unroll
       for (int m = 0; m < 4; ++m)
         if (32 * m + lane < n) {
@@ -307,7 +312,7 @@ __global__ void __launch_bounds__(kWarps * 32) refit_kernel(Rows s, int64_t k, c
       const int l = 32 * ml + ll;
       if (l >= n) break;
       const double dl = __shfl_sync(kFull, dq[ml], ll);
-      const float* arow = A + (c0 + l) * cols + c0;
+      const float* arow = s_A + l * n;
 #pragma unroll
       for (int m = 0; m < 4; ++m)
         if (32 * m + lane < n) adq[m] += static_cast<double>(arow[32 * m + lane]) * dl;
@@ -450,6 +455,10 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
                                                static_cast<int*>(n_idx.get()), static_cast<int>(rows)));
   DeviceBuffer temp(std::max<size_t>(temp_bytes, 1));
   const unsigned row_blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  const unsigned refit_blocks = static_cast<unsigned>((rows + kRefitWarps - 1) / kRefitWarps);
+  const size_t refit_smem = static_cast<size_t>(g) * g * sizeof(float);
+  NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(refit_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(refit_smem)));
   std::vector<uint8_t> host_changed(static_cast<size_t>(rows));
   int pass = 0;
   while (pass < passes) {
@@ -461,9 +470,9 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
     NIBBLE_CUDA_CHECK(cudaGetLastError());
     for (int64_t k = 0; k < gpr; ++k) {
       const int n = static_cast<int>(std::min<int64_t>(g, cols - k * g));
-      refit_kernel<<<row_blocks, kWarps * 32>>>(s, k, A, dead_p, static_cast<const double*>(ones.get()), act, chg,
-                                                static_cast<uint8_t*>(took.get()), static_cast<float*>(dq.get()),
-                                                ctr + 1);
+      refit_kernel<<<refit_blocks, kRefitWarps * 32, static_cast<size_t>(n) * n * sizeof(float)>>>(
+          s, k, A, dead_p, static_cast<const double*>(ones.get()), act, chg, static_cast<uint8_t*>(took.get()),
+          static_cast<float*>(dq.get()), ctr + 1);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
       NIBBLE_CUDA_CHECK(cub::DeviceSelect::Flagged(temp.get(), temp_bytes, static_cast<const int*>(iota.get()),
                                                    static_cast<const uint8_t*>(took.get()),
