@@ -9,6 +9,8 @@
 #                  --device cpu and --device cuda (same numbers, both times), and the 8B-shaped model on the GPU;
 #   transformers:  nibble's packed checkpoints, dequantized, load in transformers and generate; so does
 #                  llama.cpp's F32 GGUF of stories260K, dequantized (its tokenizer.json too);
+#   gptq8b:        issue 6's GPTQ target: GPTQ+MSE of the 8B-shaped model on the GPU, 128 × 2048 tokens, with and
+#                  without --refine 30 (whole command timed; nibble.json's seconds and refine totals);
 #   decode:        issue 6's decode target: the 8B-shaped model (nibble synth, RTN int4 g128), nibble run
 #                  --device cuda, 256 tokens, three runs (tok/s against the roofline from the bandwidth measured
 #                  in the same process).
@@ -16,7 +18,8 @@
 #          (builds build-cuda/ for sm_90a and assembles devrun/: binaries, the shared
 #           libraries a bare CUDA image may lack, and with --models the two fixtures;
 #           then packs it as devrun.tar.xz, the path to carry)
-#        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers] [decode]
+#        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers]
+#                            [gptq8b] [decode]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${NIBBLE_SHARED:-../shared}
@@ -70,7 +73,7 @@ if [ "${1:-}" = "--bundle" ]; then
   exit 0
 fi
 
-[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers] [decode]" >&2; exit 2; }
+[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers] [gptq8b] [decode]" >&2; exit 2; }
 OUT=$2
 shift 2
 [ -d devrun ] || tar -xJf devrun.tar.xz
@@ -139,6 +142,30 @@ for what in "${@:-gpu}"; do
           >/dev/null | grep -E "decode|prefill" >>"$OUT/decode.txt"
       done
       cat "$OUT/decode.txt"
+      ;;
+    gptq8b)
+      # Issue 6's GPTQ target: GPTQ+MSE of the 8B-shaped model (nibble synth) with 128 × 2048 calibration tokens
+      # (2^20 random token ids) on the GPU, and the same with --refine 30; the whole command timed, and nibble.json's
+      # per-step seconds and refine totals.
+      devrun/bin/nibble -q synth --out /tmp/nibble-l8b-g --force
+      python3 -c "import numpy as np; np.save('/tmp/nibble-ids.npy', np.random.default_rng(0).integers(0, 128256, 1 << 20).astype(np.int32))"
+      for extra in "" "--refine 30"; do
+        tag=gptq${extra:+-refine}
+        { time devrun/bin/nibble -q quantize --method gptq --mse --device cuda --model /tmp/nibble-l8b-g \
+            --calib /tmp/nibble-ids.npy --calib-samples 128 --calib-len 2048 $extra --out /tmp/nibble-l8b-$tag \
+            --force; } 2>&1 | tee "$OUT/$tag-8b.txt" | tail -4
+        python3 - "/tmp/nibble-l8b-$tag/nibble.json" <<'PY' | tee -a "$OUT/$tag-8b.txt"
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("seconds:", json.dumps(j.get("calibration", {}).get("seconds", {})))
+t = [v["refine"] for v in j["tensors"].values() if "refine" in v]
+if t:
+    b, a = sum(x["objective_before"] for x in t), sum(x["objective_after"] for x in t)
+    print(f"refine: {len(t)} matrices, objective {b:.6g} -> {a:.6g} ({100 * (1 - a / b):.2f} % lower), "
+          f"{sum(x['codes_changed'] for x in t)} weights moved, {sum(x['groups_refit'] for x in t)} groups refit")
+PY
+        rm -rf "/tmp/nibble-l8b-$tag"
+      done
       ;;
     *) echo "unknown check: $what" >&2; exit 2 ;;
   esac
