@@ -11,6 +11,13 @@
 #include <vector>
 
 #include "nibble/error.h"
+#ifdef NIBBLE_HAVE_CUDA
+#include "nibble/cuda.h"
+
+// Skips a GPU test where no CUDA device is visible (CI compiles them, a GPU machine runs them).
+#define SKIP_WITHOUT_DEVICE() \
+  if (!::nibble::cuda::device_available()) GTEST_SKIP() << "no CUDA device"
+#endif
 
 namespace nibble::test {
 

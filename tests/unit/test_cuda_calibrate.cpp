@@ -32,9 +32,6 @@ namespace {
 namespace fs = std::filesystem;
 using test::TempDir;
 
-#define SKIP_WITHOUT_DEVICE() \
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"
-
 // The layer the GPU stream computes, for the CPU: every weight rounded to
 // bf16 and every linear input rounded to bf16 (DecoderLayer::bf16_activations).
 DecoderLayer bf16_twin(const DecoderLayer& L) {

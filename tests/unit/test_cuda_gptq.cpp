@@ -23,9 +23,6 @@ using quant::GptqOptions;
 using quant::GptqResult;
 using quant::MatrixStats;
 
-#define SKIP_WITHOUT_DEVICE() \
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"
-
 // X [tokens, cols] as bench/bench_gptq.cpp makes it: each token a mix of a few
 // shared random factors plus 30 % independent noise, each input channel with
 // its own scale, log-uniform over 0.1 .. 10 (so act-order has work to do).

@@ -30,9 +30,6 @@ using quant::MatrixStats;
 using test::randn;
 using test::TempDir;
 
-#define SKIP_WITHOUT_DEVICE() \
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device"
-
 // Inputs with a few shared factors (H far from diagonal), each channel with
 // its own scale, input 5 never active (a dead input).
 MatrixStats correlated_stats(int64_t tokens, int64_t cols, uint64_t seed) {
