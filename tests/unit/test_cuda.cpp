@@ -25,7 +25,7 @@ namespace nibble {
 namespace {
 
 TEST(Cuda, DequantInt4AsymBitExactWithCpuReference) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.05f);
   for (int g : {32, 64, 128}) {
@@ -365,7 +365,7 @@ TEST(Cuda, W4A16ThreeTilesExactWorkedExamples) {
 
 // f32 activations are a single-token feature: any other M is refused.
 TEST(Cuda, W4A16F32ActivationsOnlyForOneToken) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(19);
   for (int g : {32, 128}) {
     const auto parts = random_int4_parts(rng, 16, 256, g);
@@ -381,7 +381,7 @@ TEST(Cuda, W4A16F32ActivationsOnlyForOneToken) {
 }
 
 TEST(Cuda, W4A16LayoutOnDeviceMatchesHostReference) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(11);
   for (const GemmCase& tc : {GemmCase{24, 172, 32}, GemmCase{40, 4160, 128}, GemmCase{136, 4096, 64}}) {
     const auto parts = random_int4_parts(rng, tc.N, tc.K, tc.g);
@@ -400,7 +400,7 @@ TEST(Cuda, W4A16LayoutOnDeviceMatchesHostReference) {
 // The sweep the issue asks for: M = 1..64, K = 4096 / 14336 / a ragged last
 // group, N odd multiples of 8, both activation types.
 TEST(Cuda, W4A16SweepBf16) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({40, 4096, 128}, cuda::Act::BF16, all_m(64), false, 1);
   check_w4a16({24, 14336, 128}, cuda::Act::BF16, all_m(64), false, 2);
   check_w4a16({56, 4160, 128}, cuda::Act::BF16, all_m(64), false, 3);  // last group of 64
@@ -408,14 +408,14 @@ TEST(Cuda, W4A16SweepBf16) {
 }
 
 TEST(Cuda, W4A16SweepF16) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({40, 4096, 128}, cuda::Act::F16, all_m(64), false, 5);
   check_w4a16({24, 14336, 128}, cuda::Act::F16, all_m(64), false, 6);
   check_w4a16({56, 4160, 128}, cuda::Act::F16, all_m(64), false, 7);
 }
 
 TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   for (int g : {32, 64})
     for (auto act : {cuda::Act::BF16, cuda::Act::F16}) check_w4a16({72, 4160, g}, act, {1, 7, 16, 33, 64}, false, 8);
   check_w4a16({24, 172, 32}, cuda::Act::BF16, {1, 5, 64}, false, 9);  // K < one chunk beyond 128
@@ -437,7 +437,7 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
 // 4232 rows end in half a tile). At 17..24 tokens 4232 rows take the same
 // two-tile warps on three exact token tiles (wgmma splits them only 2 ways).
 TEST(Cuda, W4A16SmallMTwoTilesPerWarp) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({8456, 4160, 128}, cuda::Act::BF16, {2, 9, 16}, false, 14);
   check_w4a16({8456, 4096, 64}, cuda::Act::F16, {5, 16}, true, 15);
   check_w4a16({4232, 4096, 128}, cuda::Act::BF16, {9, 16, 17, 24}, true, 25);
@@ -448,7 +448,7 @@ TEST(Cuda, W4A16SmallMTwoTilesPerWarp) {
 // (here 2113 tiles, 1057 blocks), which launches without the dependent launch
 // even when asked for one; the last block's second tile past the matrix.
 TEST(Cuda, W4A16StagedManyBlocksGroupsOf64) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({33800, 576, 64}, cuda::Act::BF16, {3, 8}, true, 27);
   check_w4a16({33800, 4160, 64}, cuda::Act::F16, {2}, false, 28);
 }
@@ -460,7 +460,7 @@ TEST(Cuda, W4A16StagedManyBlocksGroupsOf64) {
 // has three (its fourth lies past the matrix); K = 1092 ends in a ragged group
 // (a chunk of 4 inputs).
 TEST(Cuda, W4A16SmallMFourTilesGroupsOf64) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({140008, 576, 64}, cuda::Act::BF16, {2, 5, 8}, true, 29);
   check_w4a16({140008, 1092, 64}, cuda::Act::F16, {3, 8}, false, 30);
 }
@@ -470,7 +470,7 @@ TEST(Cuda, W4A16SmallMFourTilesGroupsOf64) {
 // last chunk of 4 inputs (a partial, zero-filled copy) and of 64 (a ragged last
 // group of 128), both activation types, with and without the dependent launch.
 TEST(Cuda, W4A16SmallMStagedActivations) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({4104, 4100, 128}, cuda::Act::BF16, {3, 8}, false, 21);
   check_w4a16({4104, 4100, 64}, cuda::Act::F16, {2, 7}, true, 22);
   check_w4a16({4104, 4160, 128}, cuda::Act::F16, {6}, false, 23);
@@ -485,7 +485,7 @@ TEST(Cuda, W4A16SmallMStagedActivations) {
 // kernel. At 17..24 tokens the same, on three exact token tiles (two-tile
 // warps in the split).
 TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   for (const char* split : {"1", "0"}) {
     SCOPED_TRACE(std::string("NIBBLE_W4A16_SPLIT=") + split);
     ASSERT_EQ(setenv("NIBBLE_W4A16_SPLIT", split, 1), 0);
@@ -509,7 +509,7 @@ TEST(Cuda, W4A16SmallMStagedActivationsSixteenTokens) {
 // (its own Σx; K whole per block and split over clusters of two) at 9..16
 // mixed with a call at 4.
 TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   struct Case {
     GemmCase tc;
     cuda::Act act;
@@ -576,7 +576,7 @@ TEST(Cuda, W4A16SmallMSumsFollowEachCall) {
 // wide for groups of 128 (fp16 here with a ragged last chunk of 4 inputs),
 // 32 wide for groups of 64 and at 25..32 tokens.
 TEST(Cuda, W4A16WgmmaGrids) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({33800, 576, 128}, cuda::Act::BF16, {17, 24, 25, 64}, false, 24);
   check_w4a16({33800, 1092, 128}, cuda::Act::F16, {20}, true, 33);
   check_w4a16({33800, 1092, 64}, cuda::Act::F16, {20}, false, 34);
@@ -588,7 +588,7 @@ TEST(Cuda, W4A16WgmmaGrids) {
 // model's o and down at 33..64 tokens (32 clusters of 8 blocks, 30 resident)
 // split K 7 ways instead of 8, 5 or 4 groups of o's 32 per block.
 TEST(Cuda, W4A16WgmmaClustersThatFit) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({4096, 4096, 128}, cuda::Act::BF16, {40, 64}, true, 31);
   check_w4a16({4096, 14336, 128}, cuda::Act::F16, {48}, false, 32);
 }
@@ -600,7 +600,7 @@ TEST(Cuda, W4A16WgmmaClustersThatFit) {
 // one warpgroup, and the tall one (422 warpgroup row blocks, 2 groups) takes
 // 4 warpgroups per block at 128 tokens, 2 at 256, no K split.
 TEST(Cuda, W4A16WgmmaBeyond64Tokens) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({264, 4160, 128}, cuda::Act::F16, {65, 128, 129, 256, 300, 545}, false, 28);
   check_w4a16({264, 4160, 64}, cuda::Act::BF16, {100, 256}, true, 29);
   check_w4a16({27008, 192, 128}, cuda::Act::BF16, {200, 97}, false, 30);
@@ -609,7 +609,7 @@ TEST(Cuda, W4A16WgmmaBeyond64Tokens) {
 // Other GPUs run 17..64 tokens on the small-M kernel's rounded path (blocks of
 // 32 tokens); NIBBLE_W4A16_WGMMA=0 sends Hopper there too.
 TEST(Cuda, W4A16PortablePathBeyond16Tokens) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   ASSERT_EQ(setenv("NIBBLE_W4A16_WGMMA", "0", 1), 0);
   check_w4a16({40, 4100, 128}, cuda::Act::BF16, {17, 32, 33, 64}, false, 26);
   check_w4a16({72, 4160, 64}, cuda::Act::F16, {24, 64, 65}, false, 27);
@@ -617,7 +617,7 @@ TEST(Cuda, W4A16PortablePathBeyond16Tokens) {
 }
 
 TEST(Cuda, W4A16WithProgrammaticDependentLaunch) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_w4a16({4104, 4096, 128}, cuda::Act::BF16, {1, 16, 20}, true, 13);
 }
 
@@ -669,7 +669,7 @@ std::pair<double, double> extreme_reference(const float* xf, const std::vector<f
 // output NaN, as a float dot product would. f32 activations (single-token
 // calls only) take the same path without a 16-bit rounding first.
 TEST(Cuda, W4A16SingleTokenExtremeActivations) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   for (int g : {64, 128})
     for (auto act : {cuda::Act::BF16, cuda::Act::F16, cuda::Act::F32}) {
       const int64_t N = 40, K = 4160;
@@ -768,7 +768,7 @@ void check_extreme_few_tokens(int g, cuda::Act act, int64_t N, int64_t K, const 
 }
 
 TEST(Cuda, W4A16FewTokensExtremeActivations) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   for (int g : {64, 128})
     for (auto act : {cuda::Act::BF16, cuda::Act::F16})
       for (int64_t N : {40, 2052})  // 20 and 24 tokens: three exact token tiles (groups of 128)
@@ -847,7 +847,7 @@ TEST(Cuda, W4A16ResidentShapeWorkedExamples) {
 // three token tiles at 17..24; then extreme activations with a NaN in one
 // token (f32 outputs).
 TEST(Cuda, W4A16ResidentActivations) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const int sms = cuda::device_sm_count();
   const int64_t rows1 = int64_t{16} * sms * 32 + 8, rows2 = int64_t{7} * sms * 32 + 8;
   if (cuda::w4a16_wgmma_device()) {
@@ -880,7 +880,7 @@ TEST(Cuda, W4A16ResidentActivations) {
 
 // The reference path (dequantize to bf16 once, cuBLAS) computes the same thing.
 TEST(Cuda, CublasReferencePathAgrees) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(14);
   const int64_t N = 200, K = 4096, M = 16;
   const auto parts = random_int4_parts(rng, N, K, 128);
@@ -937,7 +937,7 @@ std::vector<uint8_t> download_bytes(const cuda::DeviceBuffer& b) {
 // Ragged everywhere: K = 4160 (a half group of 128), 200 outputs (a half
 // 16-row tile; the second unit of 128 outputs has 5 tiles), F = 208.
 TEST(Cuda, GemvFusionMatchesSeparateSteps) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const auto down = download_f32;
   const auto up = upload_f32;
   const auto bytes_of = download_bytes;
@@ -1113,7 +1113,7 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
 // unit of 2 tiles). Each way twice: the tickets and the counters must be back
 // at zero.
 TEST(Cuda, GemvChainMatchesSingleCalls) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const auto up = upload_f32;
   const auto bytes_of = download_bytes;
   for (int g : {64, 128}) {
@@ -1331,7 +1331,7 @@ std::vector<int32_t> prompt_ids(int n, int32_t vocab, uint32_t seed) {
 }
 
 TEST(Cuda, GpuForwardMatchesCpuOnStories) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const auto dir = test::model_dir("stories260K");
   check_gpu_forward(dir, prompt_ids(40, 512, 1), 24);
   check_gpu_forward(dir, {1, 403, 407, 261, 378}, 100);  // BOS "Once upon a time": nibble run's story
@@ -1345,7 +1345,7 @@ TEST(Cuda, GpuForwardMatchesCpuOnStories) {
 }
 
 TEST(Cuda, GpuForwardMatchesCpuOnQwen3) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const auto dir = test::model_dir("qwen3-26M-linux");
   check_gpu_forward(dir, prompt_ids(48, 2000, 3), 16);
   test::TempDir tmp("nibble-gpu-fwd");

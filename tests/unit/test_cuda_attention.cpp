@@ -229,7 +229,7 @@ void check_every_kernel(const AttnCase& c, const AttnData& d, bool kv_bf16) {
 // and GQA ratios 2, 3, 4, 8; head dims 64, 128, 256; a sliding window; peaked
 // softmax (gain 4). Both kernels against the same reference and bound.
 TEST(Cuda, FlashAttentionMatchesReference) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const std::vector<AttnCase> cases = {
       {1, 0, 4, 2, 64, 0, 1.0f, 1},        {1, 130, 8, 2, 128, 0, 1.0f, 1},    {64, 0, 4, 4, 64, 0, 1.0f, 1},
       {100, 0, 8, 2, 64, 0, 4.0f, 1},      {129, 37, 6, 3, 128, 0, 1.0f, 1},   {77, 300, 32, 8, 128, 0, 4.0f, 1},
@@ -247,7 +247,7 @@ TEST(Cuda, FlashAttentionMatchesReference) {
 // ranges, the kv-shared kernel's prefetch of 64-element lines) and a sliding
 // window.
 TEST(Cuda, AttentionOnABf16CacheMatchesReference) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const std::vector<AttnCase> cases = {
       {1, 0, 4, 2, 64, 0, 1.0f, 1},      {1, 130, 8, 2, 128, 0, 4.0f, 1},   {129, 37, 6, 3, 128, 0, 1.0f, 1},
       {77, 300, 32, 8, 128, 0, 4.0f, 1}, {200, 5, 4, 1, 256, 0, 1.0f, 1},   {130, 100, 4, 2, 64, 64, 4.0f, 1},
@@ -261,7 +261,7 @@ TEST(Cuda, AttentionOnABf16CacheMatchesReference) {
 // A long prefill from position 0: 3000 queries (47 tiles, the last ragged),
 // both plain and peaked scores. Every 7th row is checked, and the last 64.
 TEST(Cuda, FlashAttentionLongSequence) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   for (const AttnCase& c : {AttnCase{3000, 0, 4, 2, 128, 0, 1.0f, 7}, AttnCase{3000, 0, 4, 1, 64, 0, 4.0f, 7}}) {
     const AttnData d = random_attention(c, 7);
     const int64_t ldo = c.heads * c.head_dim;
@@ -273,7 +273,7 @@ TEST(Cuda, FlashAttentionLongSequence) {
 // query's 60000 scores): the flash kernel's shared memory does not depend on
 // the length. 100 queries after 59900 cached positions.
 TEST(Cuda, FlashAttentionBeyondRowwiseLimit) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const AttnCase c{100, 59900, 2, 1, 64, 0, 4.0f, 1};
   ASSERT_GT(cuda::rowwise_attention_smem(c.head_dim, c.p0 + c.n), cuda::rowwise_attention_smem_limit());
   const AttnData d = random_attention(c, 9);
@@ -285,7 +285,7 @@ TEST(Cuda, FlashAttentionBeyondRowwiseLimit) {
 // sliding window, a cache shorter than the number of ranges (empty ranges),
 // and a cache far beyond the row-wise kernel's limit (70000 positions).
 TEST(Cuda, SplitDecodeAttentionMatchesReference) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const std::vector<AttnCase> cases = {
       {1, 0, 4, 2, 64, 0, 1.0f, 1},      {1, 3, 8, 2, 128, 0, 4.0f, 1},    {1, 130, 8, 2, 128, 0, 1.0f, 1},
       {1, 2999, 32, 8, 128, 0, 4.0f, 1}, {1, 4000, 6, 3, 128, 100, 1.0f, 1}, {1, 777, 4, 1, 256, 0, 4.0f, 1},
@@ -319,7 +319,7 @@ TEST(Cuda, SplitDecodeAttentionMatchesReference) {
 // (a kernel attending with the unrounded key would be ~1e-3 off at short
 // lengths), the value rows are equal and the key rows within a bf16 step.
 TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   if (!cuda::decode_attention_supported(128)) GTEST_SKIP() << "decode_attention needs sm_90";
   struct Case {
     int64_t p0, heads, kv_heads, hd, window;
@@ -440,7 +440,7 @@ TEST(Cuda, DecodeAttentionRopeMatchesRowwise) {
 // (2^-8 + 1.01·E)·mag, mag = Σ p_t·|v_td| / Σ p_t, E without the rounding of
 // q·scale (the test rounds q·scale·log2 e to bf16 itself).
 TEST(Cuda, FlashAttentionBf16MatchesReference) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const std::vector<AttnCase> cases = {
       {1, 0, 4, 2, 64, 0, 1.0f, 1},    {64, 0, 4, 4, 64, 0, 1.0f, 1},     {100, 0, 8, 2, 64, 0, 4.0f, 1},
       {129, 0, 6, 3, 128, 0, 1.0f, 1}, {191, 0, 8, 8, 128, 0, 4.0f, 1},   {150, 0, 6, 3, 128, 50, 1.0f, 1},
@@ -541,7 +541,7 @@ void compare_logits(const Tensor& ref, const Tensor& got, double bound, LogitDif
 // another order, then rounded to bf16 for o_proj; 1 % (as fused vs separate
 // linears in Cuda.DecodeGraph*) is far above that and far below a wrong key.
 TEST(Cuda, FlashAttentionGpuModelLongPromptMatchesCpu) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const auto dir = test::model_dir("qwen3-26M-linux");
   auto src = CheckpointDir::open(dir);
   auto cpu = Model::load(*src);

@@ -127,7 +127,7 @@ std::pair<double, double> kv_cost_on_cpu(const fs::path& dir, int64_t n, int dec
 }
 
 TEST(CudaEval, F32LinearsMatchTheCpuForward) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-cuda-eval");
   const fs::path stories = test::model_dir("stories260K"), qwen = test::model_dir("qwen3-26M-linux");
   QuantizeOptions q;
@@ -148,7 +148,7 @@ TEST(CudaEval, F32LinearsMatchTheCpuForward) {
 // head_dim 8, flash at 128) and decode (row-wise; the cluster kernel at 128).
 // A bf16 cache is half the bytes of an f32 one; no other element type loads.
 TEST(CudaEval, Bf16KvCacheMatchesTheCpuSimulation) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const KvQuantSpec* bf16 = find_kv_quant("bf16");
   ASSERT_EQ(kv_device_dtype(bf16, "test"), DType::BF16);
   for (const auto& [name, n] : {std::pair{"stories260K", 200}, std::pair{"qwen3-26M-linux", 300}}) {
@@ -179,7 +179,7 @@ TEST(CudaEval, Bf16KvCacheMatchesTheCpuSimulation) {
 // loaded with GpuOptions::bf16_inputs, bit for bit, and back again; the
 // rounding changes them (the noise floor is not zero).
 TEST(CudaEval, Bf16InputsSwitchOnALoadedModel) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-cuda-eval");
   QuantizeOptions q;
   q.progress = false;
@@ -220,7 +220,7 @@ TEST(CudaEval, Bf16InputsSwitchOnALoadedModel) {
 // RTN int4, whose linears the GPU widens bit-exactly, and as a W8A8
 // checkpoint declaring llm_int8 activations) up to fp32 order.
 TEST(CudaEval, PerplexityOnTheGpuMatchesTheCpu) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-cuda-ppl");
   QuantizeOptions q;
   q.progress = false;
@@ -253,7 +253,7 @@ TEST(CudaEval, PerplexityOnTheGpuMatchesTheCpu) {
 // qwen3 fixture: the reference's log-probabilities, its noise floor (bf16
 // inputs of every linear on both devices) and an RTN candidate's summary.
 TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-cuda-eval");
   const fs::path model = test::model_dir("qwen3-26M-linux");
   QuantizeOptions q;
@@ -372,7 +372,7 @@ class ExemptSource final : public ModelSource {
 // the declared llm_int8 changes no logit; with down_proj alone quantized, it
 // changes them.
 TEST(CudaEval, ExactInputsSkipTheActivationQuantizer) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const auto base = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
   const int64_t n = 64, V = base->config().vocab_size;
   const std::vector<int32_t> prompt = some_ids(n, V, 11);
@@ -409,7 +409,7 @@ TEST(CudaEval, ExactInputsSkipTheActivationQuantizer) {
 // GPTQ directory exactly as the plain checkpoint of the weights its codes
 // define.
 TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-cuda-rivals");
   test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/false);
   const fs::path gguf = test::model_dir("stories260K") / "gguf";

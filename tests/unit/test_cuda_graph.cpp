@@ -162,7 +162,7 @@ void check_decode_graph(const std::filesystem::path& dir, int32_t vocab, bool fu
 }
 
 TEST(Cuda, DecodeGraphMatchesEagerOnStories) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const auto dir = test::model_dir("stories260K");
   check_decode_graph(dir, 512, false);  // f32: every linear through cuBLAS (also inside the graph)
   test::TempDir tmp("nibble-gpu-graph");
@@ -174,7 +174,7 @@ TEST(Cuda, DecodeGraphMatchesEagerOnStories) {
 }
 
 TEST(Cuda, DecodeGraphMatchesEagerOnQwen3) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const auto dir = test::model_dir("qwen3-26M-linux");
   check_decode_graph(dir, 2000, false, true);  // bf16, q/k norms
   test::TempDir tmp("nibble-gpu-graph");
@@ -230,7 +230,7 @@ void synth_hd128(const std::filesystem::path& dir, bool tied) {
 // forward. The groups-of-64 copy has its head tied to the bf16 embedding,
 // which the GPU then multiplies by in place (no second copy).
 TEST(Cuda, DecodeMatchesCpuAtHeadDim128) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-gpu-o");
   synth_hd128(tmp.path() / "bf16", false);
   synth_hd128(tmp.path() / "bf16-tied", true);
@@ -259,7 +259,7 @@ TEST(Cuda, DecodeMatchesCpuAtHeadDim128) {
 // rounding boundary: measured 1.0 % where the f32 cache gives 0.7 %). The bf16
 // cache does change the logits (not bit-identical to the f32 cache).
 TEST(Cuda, DecodeOnABf16KvCache) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-gpu-kv");
   synth_hd128(tmp.path() / "bf16", false);
   QuantizeOptions q;
@@ -318,7 +318,7 @@ void check_greedy(const std::filesystem::path& dir, int32_t vocab, int64_t small
 }
 
 TEST(Cuda, DecodeGreedyMatchesArgmaxOfLogits) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   check_greedy(test::model_dir("stories260K"), 512, 100);  // f32, cuBLAS head
   const auto dir = test::model_dir("qwen3-26M-linux");
   test::TempDir tmp("nibble-gpu-greedy");
@@ -365,7 +365,7 @@ void check_greedy_run(const std::filesystem::path& dir, int32_t vocab, bool grap
 }
 
 TEST(Cuda, DecodeGreedyRunMatchesStepByStep) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   for (bool graph : {true, false}) check_greedy_run(test::model_dir("stories260K"), 512, graph);
   const auto dir = test::model_dir("qwen3-26M-linux");
   test::TempDir tmp("nibble-gpu-greedy-run");
@@ -380,7 +380,7 @@ TEST(Cuda, DecodeGreedyRunMatchesStepByStep) {
 // greedy loop give the CPU's answers on both fixtures (whose greedy
 // continuations agree, GpuForwardMatchesCpu*), one load serving every problem.
 TEST(Cuda, Gsm8kOnTheGpuGivesTheCpuAnswers) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-gpu-gsm8k");
   quantize_model(test::model_dir("qwen3-26M-linux"), tmp.path() / "rtn", QuantizeOptions{});
   for (const std::filesystem::path& dir : {test::model_dir("stories260K"), tmp.path() / "rtn"}) {
@@ -404,7 +404,7 @@ TEST(Cuda, Gsm8kOnTheGpuGivesTheCpuAnswers) {
 }
 
 TEST(Cuda, OutOfMemoryIsAClearError) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   try {
     cuda::DeviceBuffer huge(size_t{1} << 50);
     ADD_FAILURE() << "a 1 PiB allocation succeeded";
@@ -429,7 +429,7 @@ TEST(Cuda, OutOfMemoryIsAClearError) {
 // stories260K), except as the f32 yardstick's tied head (stories260K), which
 // multiplies by it in place in f32. Values: the GPU-vs-CPU tests.
 TEST(Cuda, EmbeddingHeldAsStored) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   cuda::GpuOptions f32;
   f32.f32_linears = true;
   for (const char* name : {"qwen3-26M-linux", "stories260K"}) {
@@ -448,7 +448,7 @@ TEST(Cuda, EmbeddingHeldAsStored) {
 // exact across allocation, moves and frees; a loaded model holds at least its
 // embedding, its decode weights and its KV cache, and gives them all back.
 TEST(Cuda, DeviceBytesAreCounted) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const size_t base = cuda::device_bytes_live();
   cuda::reset_device_bytes_peak();
   EXPECT_EQ(cuda::device_bytes_peak(), base);
@@ -485,7 +485,7 @@ TEST(Cuda, DeviceBytesAreCounted) {
 
 // The read-bandwidth measurement behind nibble run's roofline line.
 TEST(Cuda, ReadBandwidthIsPlausible) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   const double gbs = cuda::read_bandwidth_gbs(size_t{256} << 20, 3);
   EXPECT_GT(gbs, 50.0);
   EXPECT_LT(gbs, 20000.0);
@@ -504,7 +504,7 @@ int32_t scalar_argmax(const std::vector<float>& v) {
 }
 
 TEST(Cuda, DeviceArgmaxMatchesScalarScan) {
-  if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_DEVICE();
   std::mt19937 rng(33);
   std::normal_distribution<float> nd(0.0f, 3.0f);
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
