@@ -102,20 +102,23 @@ __global__ void gap_kernel(const float2* __restrict__ params, int64_t n, float* 
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) gap[i] = smallest_gap({params[i].x, params[i].y});
 }
-__global__ void ones_form_kernel(const float* __restrict__ A, int64_t cols, int g, double* __restrict__ out) {
-  const int64_t c0 = blockIdx.x * int64_t(g), c1 = min(cols, c0 + g);
+// (A_GG 1)_j for every input j of group G, summed over the group's inputs in order (as the CPU's group_row_sum).
+__global__ void group_row_sum_kernel(const float* __restrict__ A, int64_t cols, int g, double* __restrict__ out) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= cols) return;
+  const int64_t c0 = j / g * g, c1 = min(cols, c0 + g);
   double s = 0;
-  for (int64_t j = c0 + threadIdx.x; j < c1; j += blockDim.x)
-    for (int64_t l = c0; l < c1; ++l) s += A[j * cols + l];
-  __shared__ double part[32];
-  s = warp_sum(s);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double t = 0;
-    for (int w = 0; w < blockDim.x / 32; ++w) t += part[w];
-    out[blockIdx.x] = t;
-  }
+  for (int64_t l = c0; l < c1; ++l) s += A[j * cols + l];
+  out[j] = s;
+}
+// 1ᵀ A_GG 1 per group: its row sums added in input order (as the CPU's ones_A_ones).
+__global__ void ones_form_kernel(const double* __restrict__ row_sum, int64_t cols, int64_t gpr, int g,
+                                 double* __restrict__ out) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= gpr) return;
+  double s = 0;
+  for (int64_t j = k * g; j < min(cols, (k + 1) * g); ++j) s += row_sum[j];
+  out[k] = s;
 }
 
 struct Rows {
@@ -220,11 +223,28 @@ __global__ void __launch_bounds__(kWarps * 32) descent_kernel(Rows s, const floa
   }
 }
 
+// out += A_GG x for the group's n inputs, x spread over the warp as the rows are (x[m] is input 32 m + lane);
+// A_GG is n × n in shared memory (symmetric). Each lane's out[m] is input 32 m + lane's entry, in double.
+__device__ inline void group_product(const float* s_A, int n, int lane, const float (&x)[4], double (&out)[4]) {
+#pragma unroll
+  for (int ml = 0; ml < 4; ++ml)
+    for (int ll = 0; ll < 32; ++ll) {
+      const int l = 32 * ml + ll;
+      if (l >= n) break;
+      const double xl = __shfl_sync(kFull, x[ml], ll);
+      const float* arow = s_A + l * n;  // A[l, G] = A[G, l]
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+        if (32 * m + lane < n) out[m] += static_cast<double>(arow[32 * m + lane]) * xl;
+    }
+}
+
 // The refit of group k in every active row. A kept refit sets took[row] and
 // leaves the change of the group's values in dq[row, :n] (0 on dead inputs).
 // The block's rows share A_GG (n × n f32, dynamic shared memory).
 __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t k, const float* __restrict__ A,
                                                             const uint8_t* __restrict__ dead,
+                                                            const double* __restrict__ row_sum,
                                                             const double* __restrict__ ones_form,
                                                             const uint8_t* __restrict__ active,
                                                             uint8_t* __restrict__ changed, uint8_t* __restrict__ took,
@@ -253,34 +273,21 @@ __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t
     qv[m] = i < n ? q[i] : 0.0f;
     cval[m] = i < n ? static_cast<float>(code[i]) : 0.0f;
   }
-  // cᵀe and 1ᵀe over the live inputs; u = A_GG c and r = A_GG 1 (a dead input's A entries are 0).
-  double ce = 0, oe = 0, u[4] = {0, 0, 0, 0}, r1[4] = {0, 0, 0, 0};
+  // cᵀe and 1ᵀe over the live inputs; u = A_GG c, and r = A_GG 1 from the row sums (a dead input's A entries are 0).
+  double ce = 0, oe = 0, u[4] = {0, 0, 0, 0};
 #pragma unroll
   for (int m = 0; m < 4; ++m)
     if (live[m]) {
       ce += static_cast<double>(cval[m]) * ev[m];
       oe += ev[m];
     }
-#pragma unroll
-  for (int ml = 0; ml < 4; ++ml)
-    for (int ll = 0; ll < 32; ++ll) {
-      const int l = 32 * ml + ll;
-      if (l >= n) break;
-      const double cl = __shfl_sync(kFull, cval[ml], ll);
-      const float* arow = s_A + l * n;  // A[l, G] = A[G, l]
-#pragma unroll
-      for (int m = 0; m < 4; ++m)
-        if (32 * m + lane < n) {
-          const double a = arow[32 * m + lane];
-          u[m] += a * cl;
-          r1[m] += a;
-        }
-    }
+  group_product(s_A, n, lane, cval, u);
   double cAc = 0, cA1 = 0;
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
+    const int i = 32 * m + lane;
     cAc += static_cast<double>(cval[m]) * u[m];
-    cA1 += static_cast<double>(cval[m]) * r1[m];
+    cA1 += static_cast<double>(cval[m]) * (i < n ? row_sum[c0 + i] : 0.0);
   }
   ce = warp_sum(ce);
   oe = warp_sum(oe);
@@ -306,17 +313,7 @@ __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t
     df += 2.0 * dq[m] * ev[m];
   }
   double adq[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int ml = 0; ml < 4; ++ml)
-    for (int ll = 0; ll < 32; ++ll) {
-      const int l = 32 * ml + ll;
-      if (l >= n) break;
-      const double dl = __shfl_sync(kFull, dq[ml], ll);
-      const float* arow = s_A + l * n;
-#pragma unroll
-      for (int m = 0; m < 4; ++m)
-        if (32 * m + lane < n) adq[m] += static_cast<double>(arow[32 * m + lane]) * dl;
-    }
+  group_product(s_A, n, lane, dq, adq);
 #pragma unroll
   for (int m = 0; m < 4; ++m) df += static_cast<double>(dq[m]) * adq[m];
   df = warp_sum(df);
@@ -410,7 +407,8 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
   const DeviceBuffer dead = upload(hessian.dead.data(), hessian.dead.size());
   const auto* dead_p = static_cast<const uint8_t*>(dead.get());
   DeviceBuffer E(static_cast<size_t>(nn) * sizeof(float)), gap(static_cast<size_t>(rows * gpr) * sizeof(float));
-  DeviceBuffer ones(static_cast<size_t>(gpr) * sizeof(double)), sums(2 * sizeof(double));
+  DeviceBuffer ones(static_cast<size_t>(gpr) * sizeof(double)), row_sums(static_cast<size_t>(cols) * sizeof(double));
+  DeviceBuffer sums(2 * sizeof(double));
   {
     DeviceBuffer D(static_cast<size_t>(nn) * sizeof(float));
     difference_kernel<<<blocks_for(nn, 256), 256>>>(dequant, w, dead_p, rows, cols, static_cast<float*>(D.get()));
@@ -432,7 +430,10 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
   gap_kernel<<<blocks_for(rows * gpr, 256), 256>>>(static_cast<const float2*>(params.get()), rows * gpr,
                                                    static_cast<float*>(gap.get()));
   NIBBLE_CUDA_CHECK(cudaGetLastError());
-  ones_form_kernel<<<static_cast<unsigned>(gpr), 128>>>(A, cols, g, static_cast<double*>(ones.get()));
+  group_row_sum_kernel<<<blocks_for(cols, 256), 256>>>(A, cols, g, static_cast<double*>(row_sums.get()));
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  ones_form_kernel<<<blocks_for(gpr, 128), 128>>>(static_cast<const double*>(row_sums.get()), cols, gpr, g,
+                                                  static_cast<double*>(ones.get()));
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 
   const Rows s{static_cast<float*>(E.get()), dequant, static_cast<uint8_t*>(codes.get()),
@@ -471,7 +472,7 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
     for (int64_t k = 0; k < gpr; ++k) {
       const int n = static_cast<int>(std::min<int64_t>(g, cols - k * g));
       refit_kernel<<<refit_blocks, kRefitWarps * 32, static_cast<size_t>(n) * n * sizeof(float)>>>(
-          s, k, A, dead_p, static_cast<const double*>(ones.get()), act, chg, static_cast<uint8_t*>(took.get()),
+          s, k, A, dead_p, static_cast<const double*>(row_sums.get()), static_cast<const double*>(ones.get()), act, chg, static_cast<uint8_t*>(took.get()),
           static_cast<float*>(dq.get()), ctr + 1);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
       NIBBLE_CUDA_CHECK(cub::DeviceSelect::Flagged(temp.get(), temp_bytes, static_cast<const int*>(iota.get()),
