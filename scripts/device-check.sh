@@ -49,9 +49,9 @@ if [ "${1:-}" = "--bundle" ]; then
     done
     # The calibration text of the GPU GPTQ end-to-end tests (Cuda.GptqOnGpu*).
     mkdir -p devrun/data/corpora
-    # (Cuda.GptqOnGpuQuantizesTheHeadAndResumes draws 8 windows of 128 tokens: 400 KB of linux-calib.txt is enough.)
+    # (Cuda.GptqOnGpuQuantizesTheHeadAndResumes draws 8 windows of 128 tokens: 100 KB of linux-calib.txt is enough.)
     cp "$SHARED/data/corpora/tinystories-valid-sample.txt" devrun/data/corpora/
-    head -c 400000 "$SHARED/data/corpora/linux-calib.txt" >devrun/data/corpora/linux-calib.txt
+    head -c 100000 "$SHARED/data/corpora/linux-calib.txt" >devrun/data/corpora/linux-calib.txt
     # The GPU gsm8k test's problems, and two of llama.cpp's files of stories260K (GGUF tokenizer, dequantize).
     head -n 50 "$SHARED/data/corpora/gsm8k-test.jsonl" >devrun/data/corpora/gsm8k-test.jsonl
     mkdir -p devrun/models/stories260K/gguf
@@ -99,7 +99,7 @@ for what in "${@:-gpu}"; do
       else echo "bench_attention is not in a --models bundle: bundle without --models to run it"; fi
       ;;
     eval)
-      devrun/bin/nibble_tests --gtest_filter='CudaEval.*:KlEval.*:Cuda.GpuForward*:Cuda.DecodeGraph*' 2>&1 | tee "$OUT/cuda_eval_tests.txt" | tail -12
+      devrun/bin/nibble_tests --gtest_filter='CudaEval.*:KlEval.*:Cuda.GpuForward*:Cuda.DecodeGraph*:Cuda.ActQuant*' 2>&1 | tee "$OUT/cuda_eval_tests.txt" | tail -12
       m=devrun/models/qwen3-26M-linux c=linux=devrun/data/corpora/linux-eval.txt
       devrun/bin/nibble -q quantize --method rtn --model $m --out /tmp/nibble-q-eval --force
       for d in cpu cuda; do

@@ -34,6 +34,7 @@
 #include <limits>
 #include <mutex>
 
+#include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant_int4.h"
 #include "backend/cuda/forward_kernels.cuh"
@@ -318,19 +319,24 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
 // linear writes its own columns.
 // round_in: f32 linears round their inputs to bf16 first (GpuOptions::bf16_inputs).
 // aq: f32 inputs are first fake-quantized by it, once for all the linears
-// (GpuOptions::act_quant): a round trip through the host, in place.
+// (GpuOptions::act_quant), in place: on the device (act_quant.h), or through
+// the host for a quantizer with no device row.
 void linears_forward(const GpuLinear* ls, size_t count, const void* x, Act act, int64_t M, int64_t ldx, float* y,
                      int64_t ldy, cudaStream_t s, bool round_in, const ActQuantSpec* aq = nullptr) {
   if (aq != nullptr && count > 0) {
     NIBBLE_CHECK(act == Act::F32, "GpuModel: simulated activation quantization needs f32 inputs");
     const int64_t in = ls[0].in;
-    std::vector<float> host(static_cast<size_t>(M * in));
     auto* xf = static_cast<float*>(const_cast<void*>(x));
-    NIBBLE_CUDA_CHECK(cudaMemcpy2DAsync(host.data(), in * 4, xf, ldx * 4, in * 4, M, cudaMemcpyDeviceToHost, s));
-    NIBBLE_CUDA_CHECK(cudaStreamSynchronize(s));
-    aq->apply(host.data(), M, in);
-    NIBBLE_CUDA_CHECK(cudaMemcpy2DAsync(xf, ldx * 4, host.data(), in * 4, in * 4, M, cudaMemcpyHostToDevice, s));
-    NIBBLE_CUDA_CHECK(cudaStreamSynchronize(s));  // the host copy goes out of scope
+    if (const ActQuantDevice dev = find_act_quant_device(*aq)) {
+      dev(xf, M, in, ldx, s);
+    } else {  // a quantizer with no device row: a round trip through the host
+      std::vector<float> host(static_cast<size_t>(M * in));
+      NIBBLE_CUDA_CHECK(cudaMemcpy2DAsync(host.data(), in * 4, xf, ldx * 4, in * 4, M, cudaMemcpyDeviceToHost, s));
+      NIBBLE_CUDA_CHECK(cudaStreamSynchronize(s));
+      aq->apply(host.data(), M, in);
+      NIBBLE_CUDA_CHECK(cudaMemcpy2DAsync(xf, ldx * 4, host.data(), in * 4, in * 4, M, cudaMemcpyHostToDevice, s));
+      NIBBLE_CUDA_CHECK(cudaStreamSynchronize(s));  // the host copy goes out of scope
+    }
   }
   for (size_t i = 0; i < count; ++i) {
     const GpuLinear& l = ls[i];
