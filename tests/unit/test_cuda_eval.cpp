@@ -310,7 +310,8 @@ TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
   std::printf("[gpu eval] the reference with a bf16 KV cache: KL cpu (simulated) %.4g, gpu (held) %.4g\n",
               bc[0].kl.mean, bg[0].kl.mean);
   // Simulated activation quantization on the GPU (each input through the
-  // host's quantizer). Its rounding turns the fp32-order differences of the
+  // device's copy of the host's quantizer: Cuda.ActQuantOnTheDeviceMatchesTheHost
+  // holds it to the same bits). Its rounding turns the fp32-order differences of the
   // two forwards into whole int8 steps of the few activations that sit near a
   // tie, and those grow through the layers: the two runs are equally valid
   // realizations of the quantizer, not the same numbers. Their KL differs by
