@@ -15,6 +15,7 @@
 
 #include <string_view>
 
+#include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/check.h"
 
 namespace nibble::cuda {
@@ -23,16 +24,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr float kLlmInt8Threshold = 6.0f;  // bitsandbytes' Linear8bitLt default, as the host's
 
-// The block's maximum of v (every thread's), in thread 0.
-__device__ float block_max(float v) {
-  __shared__ float part[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;
-  __syncthreads();
-  if (threadIdx.x == 0)
-    for (int w = 1; w < kThreads / 32; ++w) v = fmaxf(v, part[w]);
-  return v;
-}
 // out (≥ 0, no NaN) = max(out, v): non-negative floats order as their bits do.
 __device__ void atomic_max_nonneg(float* out, float v) { atomicMax(reinterpret_cast<int*>(out), __float_as_int(v)); }
 
@@ -42,7 +33,8 @@ __global__ void absmax_kernel(const float* __restrict__ x, int64_t dim, int64_t 
   const float* row = x + blockIdx.x * ld;
   float m = 0.0f;
   for (int64_t j = threadIdx.x; j < dim; j += kThreads) m = fmaxf(m, fabsf(row[j]));
-  m = block_max(m);
+  __shared__ float scratch[32];
+  m = block_max(m, scratch);
   if (threadIdx.x == 0) atomic_max_nonneg(out + (per_row ? blockIdx.x : 0), m);
 }
 
@@ -89,7 +81,8 @@ __global__ void llm_int8_scan_kernel(const float* __restrict__ x, int64_t dim, i
     if (h >= kLlmInt8Threshold) outlier[j] = 1;
     else m = fmaxf(m, h);  // a NaN is neither: skipped, as the host's std::max skips it
   }
-  m = block_max(m);
+  __shared__ float scratch[32];
+  m = block_max(m, scratch);
   if (threadIdx.x == 0) amax[blockIdx.x] = m;
 }
 // Second half: every entry outside the outlier columns becomes rne(h · 127/absmax) · absmax/127 (0 for a row

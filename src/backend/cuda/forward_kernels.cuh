@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_prep.cuh"
@@ -26,27 +27,6 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 __device__ inline int64_t position_of(int64_t p0, const int32_t* p0_dev) { return p0_dev ? *p0_dev : p0; }
-
-__device__ float block_sum(float v, float* scratch) {  // blockDim.x a multiple of 32, at most 1024
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) s += scratch[w];
-  return s;
-}
-__device__ float block_max(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float m = -INFINITY;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) m = fmaxf(m, scratch[w]);
-  return m;
-}
 
 // Every kernel here starts with this: launched with programmatic dependent
 // launch (GpuModel launches them all so), it lets the next kernel launch at
