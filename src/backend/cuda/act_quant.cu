@@ -7,7 +7,7 @@
 // fmaxf for the absolute maxima (like the host's std::max it skips NaNs; a
 // maximum is the same in any order), CUDA's round-to-nearest-even fp16 and
 // saturating E4M3 conversions for the host's f32_to_f16 / f32_to_f8_e4m3.
-// Scratch (the maxima, llm_int8's outlier columns) is stream-ordered.
+// Scratch (the maxima, llm_int8's outlier columns) is stream-ordered, from w4a16_scratch_pool.
 #include "backend/cuda/act_quant.h"
 
 #include <cuda_fp16.h>
@@ -17,6 +17,7 @@
 
 #include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/check.h"
+#include "backend/cuda/w4a16_gemv.h"
 
 namespace nibble::cuda {
 namespace {
@@ -104,12 +105,12 @@ unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(b < 4096 ? (b > 0 ? b : 1) : 4096);
 }
 
-// Stream-ordered scratch of `bytes`, zeroed.
+// Stream-ordered scratch of `bytes`, zeroed, from the backend's pool of per-call scratch.
 struct Scratch {
   void* p = nullptr;
   cudaStream_t s;
   Scratch(size_t bytes, cudaStream_t stream) : s(stream) {
-    NIBBLE_CUDA_CHECK(cudaMallocAsync(&p, bytes, s));
+    NIBBLE_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, w4a16_scratch_pool(), s));
     NIBBLE_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s));
   }
   ~Scratch() { cudaFreeAsync(p, s); }
