@@ -9,10 +9,10 @@
 // their Hessian H = XᵀX (the statistics GPTQ uses): ‖X ΔWᵀ‖² = tr(ΔW H ΔWᵀ).
 // The reference implementation measures it on a subsample of the tokens; with
 // H the cost no longer depends on how many tokens were seen.
-#include <cblas.h>
 
 #include <cmath>
 
+#include "backend/cpu/kernels.h"
 #include "nibble/error.h"
 #include "nibble/gptq.h"
 #include "nibble/transform.h"
@@ -46,13 +46,13 @@ double scaled_error(const std::vector<const Tensor*>& weights, const std::vector
       for (int64_t j = 0; j < dim; ++j)
         delta[r * dim + j] = static_cast<float>(q.dequant[r * dim + j] / s[j] - p[r * dim + j]);
     // E = Δ H, then tr(Δ H Δᵀ) = Σ Δ ∘ E
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(dim),
-                static_cast<int>(dim), 1.0f, delta.data(), static_cast<int>(dim), H.data(), static_cast<int>(dim), 0.0f,
-                e.data(), static_cast<int>(dim));
-    double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (int64_t k = 0; k < rows * dim; ++k) sum += static_cast<double>(delta[k]) * e[k];
-    total += sum;
+    cpu::sgemm(false, false, rows, dim, dim, 1.0f, delta.data(), dim, H.data(), dim, 0.0f, e.data(), dim);
+    // Per row, then the rows in order: the same sum on any number of threads.
+    std::vector<double> row_sum(static_cast<size_t>(rows), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < dim; ++j) row_sum[r] += static_cast<double>(delta[r * dim + j]) * e[r * dim + j];
+    for (double v : row_sum) total += v;
   }
   return total;
 }

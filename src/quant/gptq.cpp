@@ -21,6 +21,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/cpu/kernels.h"
 #include "nibble/error.h"
 #include "nibble/quantizer.h"
 #include "nibble/util.h"
@@ -372,7 +373,7 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const PreparedHes
   res.codes.assign(static_cast<size_t>(rows * cols), 0);
   const int nthreads = rows * cols >= (1 << 16) ? 0 : 1;  // 0: OpenMP's default
   std::vector<float> Wb(static_cast<size_t>(B * rows)), Eb(static_cast<size_t>(B * rows));
-  double cost = 0;
+  std::vector<double> row_cost(static_cast<size_t>(rows), 0.0);  // added in row order at the end
 
   for (int64_t i1 = 0; i1 < cols; i1 += B) {
     const int64_t i2 = std::min(cols, i1 + B), nb = i2 - i1;
@@ -381,7 +382,7 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const PreparedHes
       for (int64_t j = 0; j < nb; ++j) Wb[j * rows + r] = Wp[r * cols + i1 + j];
 
     // Rows are independent inside a block: each thread sweeps its own rows.
-#pragma omp parallel num_threads(nthreads > 0 ? nthreads : omp_get_max_threads()) reduction(+ : cost)
+#pragma omp parallel num_threads(nthreads > 0 ? nthreads : omp_get_max_threads())
     {
       const int nt = omp_get_num_threads(), t = omp_get_thread_num();
       const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
@@ -407,7 +408,7 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const PreparedHes
           res.dequant[r * cols + orig] = q;
           res.codes[r * cols + orig] = code;
           const float diff = wcol[r] - q;
-          cost += static_cast<double>(diff) * diff / (static_cast<double>(d) * d);
+          row_cost[r] += static_cast<double>(diff) * diff / (static_cast<double>(d) * d);
           ecol[r] = diff / d;
         }
         // Push this column's error onto the block's later columns.
@@ -421,12 +422,12 @@ GptqResult gptq(const float* w_in, int64_t rows, int64_t cols, const PreparedHes
     // ...and the whole block's error onto every column after it, at once:
     // W[:, i2:] -= Ebᵀ · U[i1:i2, i2:]
     if (i2 < cols) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols - i2),
-                  static_cast<int>(nb), -1.0f, Eb.data(), static_cast<int>(rows), &U[i1 * cols + i2],
-                  static_cast<int>(cols), 1.0f, &Wp[i2], static_cast<int>(cols));
+      cpu::sgemm(true, false, rows, cols - i2, nb, -1.0f, Eb.data(), rows, &U[i1 * cols + i2], cols, 1.0f, &Wp[i2],
+                 cols);
     }
   }
-  res.sweep_cost = cost;
+  res.sweep_cost = 0;
+  for (double v : row_cost) res.sweep_cost += v;
   if (g == 0) res.params.clear();
   if (!grid.format()) res.codes.clear();
   return res;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/kernels.h"
 #include "nibble/error.h"
 #include "nibble/gptq.h"
 
@@ -54,9 +55,7 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < cols; ++j)
       D[r * cols + j] = dead[j] ? 0.0f : res.dequant[r * cols + j] - w[r * cols + j];
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols),
-              static_cast<int>(cols), 1.0f, D.data(), static_cast<int>(cols), A.data(), static_cast<int>(cols), 0.0f,
-              E.data(), static_cast<int>(cols));
+  cpu::sgemm(false, false, rows, cols, cols, 1.0f, D.data(), cols, A.data(), cols, 0.0f, E.data(), cols);
   // (A_GG 1)_j for j in G, and 1ᵀ A_GG 1 per group: the same for every row.
   std::vector<double> group_row_sum(static_cast<size_t>(cols), 0.0), ones_A_ones(static_cast<size_t>(gpr), 0.0);
   for (int64_t k = 0; k < gpr; ++k)
@@ -93,12 +92,19 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
   std::vector<uint8_t> active(static_cast<size_t>(rows), 1);  // changed something in the pass before
   std::vector<int> passes_run(static_cast<size_t>(rows), 0);
   const int threads = rows * cols >= (1 << 16) ? omp_get_max_threads() : 1;
-  double before = 0, after = 0;
+  // The objective per row, then the rows added in order: the same total on any
+  // number of threads.
+  std::vector<double> row_cost(static_cast<size_t>(rows), 0.0);
+  auto total = [&] {
+    double s = 0;
+    for (double v : row_cost) s += v;
+    return s;
+  };
   int64_t code_changes = 0, group_refits = 0;
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : before)
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* code = has_codes ? &res.codes[r * cols] : nullptr;
-    for (int64_t j = 0; j < cols; ++j) before += static_cast<double>(E[r * cols + j]) * D[r * cols + j];
+    for (int64_t j = 0; j < cols; ++j) row_cost[r] += static_cast<double>(E[r * cols + j]) * D[r * cols + j];
     for (int64_t k = 0; k < gaps; ++k) gap[r * gaps + k] = smallest_gap(g > 0 ? res.params[r * gpr + k] : GroupParams{});
     if (!refit) continue;
     for (int64_t k = 0; k < gpr; ++k) {
@@ -116,6 +122,7 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
     }
   }
   D = {};
+  const double before = total();
   // The refits of one group in every row, applied to E at once: dQ [rows that
   // refit, g] times A's rows of the group.
   std::vector<float> dQ(static_cast<size_t>(refit ? rows * g : 0)), T;
@@ -227,9 +234,7 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
       const int64_t m = static_cast<int64_t>(refit_rows.size());
       if (m == 0) continue;
       T.resize(static_cast<size_t>(m * cols));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(cols),
-                  static_cast<int>(n), 1.0f, dQ.data(), static_cast<int>(n), &A[c0 * cols], static_cast<int>(cols),
-                  0.0f, T.data(), static_cast<int>(cols));
+      cpu::sgemm(false, false, m, cols, n, 1.0f, dQ.data(), n, &A[c0 * cols], cols, 0.0f, T.data(), cols);
 #pragma omp parallel for schedule(static) num_threads(threads)
       for (int64_t i = 0; i < m; ++i) {
         float* e = &E[refit_rows[i] * cols];
@@ -245,10 +250,13 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
     }
     if (!any) break;
   }
-#pragma omp parallel for schedule(static) num_threads(threads) reduction(+ : after)
-  for (int64_t r = 0; r < rows; ++r)
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    row_cost[r] = 0;
     for (int64_t j = 0; j < cols; ++j)
-      if (!dead[j]) after += static_cast<double>(E[r * cols + j]) * (res.dequant[r * cols + j] - w[r * cols + j]);
+      if (!dead[j]) row_cost[r] += static_cast<double>(E[r * cols + j]) * (res.dequant[r * cols + j] - w[r * cols + j]);
+  }
+  const double after = total();
   const int max_passes = rows > 0 ? *std::max_element(passes_run.begin(), passes_run.end()) : 0;
   rep.code_changes = code_changes;
   rep.group_refits = group_refits;

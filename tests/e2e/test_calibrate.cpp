@@ -2,6 +2,7 @@
 // layer stream against the whole-model forward, GPTQ checkpoints of both real
 // fixtures measured on held-out text, determinism, and resuming a killed run.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <fstream>
 
@@ -214,6 +215,26 @@ TEST(Gptq, QwenHeadIsQuantizedLastOnTheQuantizedBody) {
   KVCache cache(dir->config(), 8);
   const Tensor logits = Model::load(*dir)->forward({1, 2, 3}, cache);
   for (int64_t k = 0; k < logits.numel(); ++k) ASSERT_TRUE(std::isfinite(logits.data<float>()[k]));
+}
+
+// The same command writes the same bytes on any number of threads: the
+// forward's products (so the Hessians), GPTQ's block updates and --refine's
+// products go through cpu::sgemm, whose tiles do not depend on the thread
+// count (OpenBLAS's own threading did). AWQ's objective: Awq.ObjectiveDoesNot...
+TEST(Gptq, QwenWritesTheSameBytesOnAnyThreadCount) {
+  TempDir tmp;
+  QuantizeOptions g = test::gptq_options(test::shared_dir() / "data/corpora/linux-calib.txt", 4, 64, 128);
+  g.refine = 2;
+  const int saved = omp_get_max_threads();
+  std::string bytes[2];
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    const fs::path out = tmp / std::to_string(threads);
+    quantize_model(test::model_dir("qwen3-26M-linux"), out, g);
+    bytes[threads - 1] = test::read_file(out / "model.safetensors");
+  }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(bytes[0] == bytes[1]) << "one thread and two wrote different checkpoints";
 }
 
 TEST(Gptq, KilledRunResumesAtTheNextLayerWithIdenticalResult) {

@@ -2,6 +2,7 @@
 // worked examples, and the property that makes them transforms — the
 // transformed layer or model computes what the original did.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <random>
@@ -71,6 +72,34 @@ TEST(Awq, WorkedExampleOfTheOutputErrorProxy) {
   // s = a^α / sqrt(max · min): channel 2 gets the largest scale.
   EXPECT_NEAR(r.scales[1], std::pow(8.0, r.alpha / 2), 1e-12);
   EXPECT_NEAR(r.scales[0], std::pow(8.0, -r.alpha / 2), 1e-12);
+}
+
+// AWQ's objective decides between scale candidates by small differences, so
+// it must be the same number on any number of threads (its product and its
+// sum used to follow OpenBLAS's and OpenMP's splits of the work).
+TEST(Awq, ObjectiveDoesNotDependOnTheThreadCount) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  const int64_t rows = 300, dim = 512, tokens = 96;
+  std::vector<float> wv(static_cast<size_t>(rows * dim)), x(static_cast<size_t>(tokens * dim));
+  for (float& v : wv) v = nd(rng);
+  for (float& v : x) v = nd(rng);
+  const Tensor w = matrix(rows, dim, wv);
+  MatrixStats st(dim);
+  st.add(x.data(), tokens);
+  st.finalize();
+  std::vector<double> s(static_cast<size_t>(dim));
+  for (int64_t j = 0; j < dim; ++j) s[j] = 0.5 + static_cast<double>(j % 7) / 7;
+  const SymInt4Grid grid;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const double one = awq_scaled_error({&w}, st, s, grid);
+  for (int threads : {2, 3, 4}) {
+    omp_set_num_threads(threads);
+    EXPECT_EQ(awq_scaled_error({&w}, st, s, grid), one) << threads << " threads";
+  }
+  omp_set_num_threads(saved);
+  EXPECT_GT(one, 0.0);
 }
 
 TEST(SmoothQuant, WorkedExample) {

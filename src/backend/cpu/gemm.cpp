@@ -8,14 +8,36 @@
 
 namespace nibble::cpu {
 
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  // Tiles of C of a fixed size: each is one OpenBLAS call of its own shape, run
+  // on one thread (OpenBLAS's OpenMP build runs a call made inside a parallel
+  // region single-threaded, as it does with one OpenMP thread), so every
+  // element's rounding depends on M, N and K only. 256 × 256 keeps OpenBLAS's
+  // packing (each tile packs its slices of A and B) below 1 % of the products.
+  constexpr int64_t kTile = 256;
+  const int64_t tm = (M + kTile - 1) / kTile, tn = (N + kTile - 1) / kTile;
+  // Always a parallel region, even for one tile: outside one, OpenBLAS would
+  // thread the call over as many threads as OpenMP has.
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tm * tn; ++t) {
+    const int64_t m0 = t / tn * kTile, n0 = t % tn * kTile;
+    const int64_t m = std::min(kTile, M - m0), n = std::min(kTile, N - n0);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(K), alpha, trans_a ? A + m0 : A + m0 * lda,
+                static_cast<int>(lda), trans_b ? B + n0 * ldb : B + n0, static_cast<int>(ldb), beta,
+                C + m0 * ldc + n0, static_cast<int>(ldc));
+  }
+}
+
 void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y) {
-  if (M == 1) {
+  if (M == 1) {  // OpenBLAS's sgemv gives the same bits on any number of threads
     cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(N), static_cast<int>(K), 1.0f, w,
                 static_cast<int>(K), x, 1, 0.0f, y, 1);
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-              1.0f, x, static_cast<int>(K), w, static_cast<int>(K), 0.0f, y, static_cast<int>(N));
+  sgemm(false, true, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
 }
 
 void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,

@@ -8,7 +8,18 @@
 
 namespace nibble::cpu {
 
-// y[M, N] = x[M, K] · W[N, K]ᵀ with W dense f32 (OpenBLAS sgemm/sgemv).
+// C[M, N] = α·op(A)·op(B) + β·C, row-major (op(A) = Aᵀ when trans_a: A is then
+// [K, M]), like cblas_sgemm, but with bits that do not depend on the number of
+// threads: OpenBLAS's own threading splits a product in ways that change its
+// rounding, so GPTQ, AWQ and --refine (whose inputs come through the forward's
+// products) wrote other checkpoints on other core counts. Fixed tiles of C,
+// each one single-threaded call, spread over OpenMP's threads instead. Needs
+// OpenBLAS's OpenMP build (scripts/install-deps.sh installs it; CMakeLists.txt
+// links it): the pthreads build would still thread each tile.
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// y[M, N] = x[M, K] · W[N, K]ᵀ with W dense f32 (sgemm above; OpenBLAS's sgemv for M = 1).
 void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y);
 
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ with Ŵ an int4_asym matrix read straight from its
