@@ -11,7 +11,6 @@
 #include "nibble/gptq.h"
 
 #include <cblas.h>
-#include <lapacke.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -223,12 +222,10 @@ namespace {
 // J A J = L Lᵀ. Then U = J L⁻¹ J is upper with Uᵀ U = A⁻¹: the upper Cholesky
 // factor of the inverse for 2/3 n³ flops (potrf + trtri) instead of 4/3 n³
 // (potrf + potri + potrf). Row-major data passed as column-major with 'U' is
-// the transposed problem, which is the same one here, and needs no copy.
+// the transposed problem, which is the same one here, and needs no copy. Both
+// steps give the same bits on any number of threads (cpu::potrf_upper).
 bool factor_reversed(std::vector<double>& a, int64_t n) {
-  const int N = static_cast<int>(n);
-  if (LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', N, a.data(), N) != 0) return false;
-  if (LAPACKE_dtrtri_work(LAPACK_COL_MAJOR, 'U', 'N', N, a.data(), N) != 0) return false;
-  return true;
+  return cpu::potrf_upper(a.data(), n) && cpu::trtri_upper(a.data(), n);
 }
 
 }  // namespace

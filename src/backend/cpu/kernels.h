@@ -19,6 +19,15 @@ namespace nibble::cpu {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// GPTQ's fp64 factorizations, column-major with leading dimension n, with bits
+// that do not depend on the number of threads either (src/backend/cpu/cholesky.cpp):
+// potrf_upper leaves U with A = UᵀU in the upper triangle (LAPACK's dpotrf 'U'),
+// false when A is not positive definite; trtri_upper replaces an upper
+// triangular U by U⁻¹ (dtrtri 'U' 'N'), false when U is singular. The strictly
+// lower triangle is neither read nor written.
+bool potrf_upper(double* a, int64_t n);
+bool trtri_upper(double* a, int64_t n);
+
 // y[M, N] = x[M, K] · W[N, K]ᵀ with W dense f32 (sgemm above; OpenBLAS's sgemv for M = 1).
 void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y);
 

@@ -1,0 +1,170 @@
+// The CPU's dense linear algebra over OpenBLAS: the f32 GEMM behind the forward
+// (cpu::sgemm, cpu::gemm_f32) and GPTQ's fp64 factorizations (cpu::potrf_upper,
+// cpu::trtri_upper), against scalar fp64 references, and with bits independent
+// of the number of threads, so that calibrated quantization writes the same
+// checkpoint on any core count.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+
+namespace nibble {
+namespace {
+
+struct Problem {
+  int64_t M, N, K;
+  std::vector<float> x, w;
+};
+
+Problem make(int64_t M, int64_t N, int64_t K, uint32_t seed) {
+  Problem p{M, N, K, std::vector<float>(static_cast<size_t>(M * K)), std::vector<float>(static_cast<size_t>(N * K))};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  for (float& v : p.x) v = nd(rng);
+  for (float& v : p.w) v = nd(rng);
+  return p;
+}
+
+std::vector<float> run(const Problem& p, int threads) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  std::vector<float> y(static_cast<size_t>(p.M * p.N), std::nanf(""));
+  cpu::gemm_f32(p.x.data(), p.M, p.w.data(), p.N, p.K, y.data());
+  omp_set_num_threads(saved);
+  return y;
+}
+
+TEST(CpuGemm, MatchesAnFp64Reference) {
+  for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{
+           {1, 1, 1}, {1, 1000, 300}, {2, 7, 5}, {37, 255, 300}, {37, 257, 64}, {64, 1000, 300}, {300, 513, 17}}) {
+    const Problem p = make(M, N, K, static_cast<uint32_t>(M * 7 + N));
+    const std::vector<float> y = run(p, 2);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t n = 0; n < N; ++n) {
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double t = static_cast<double>(p.x[i * K + k]) * p.w[n * K + k];
+          ref += t;
+          mag += std::abs(t);
+        }
+        // fp32 sums of K products: |error| ≤ K·2^-24·Σ|x_k w_k| (and far less in practice).
+        ASSERT_NEAR(y[i * N + n], ref, static_cast<double>(K) * 0x1p-24 * mag + 1e-30)
+            << "M=" << M << " N=" << N << " K=" << K << " at (" << i << ", " << n << ")";
+      }
+  }
+}
+
+TEST(CpuGemm, BitsDoNotDependOnTheThreadCount) {
+  // Shapes of the calibration forward (tokens × a layer's outputs × its inputs),
+  // with ragged ends, and products of one 256 × 256 tile of C with a long K:
+  // OpenBLAS's own threading splits such products in ways that change the
+  // rounding.
+  for (const auto& [M, N, K] :
+       std::vector<std::array<int64_t, 3>>{
+           {256, 1536, 512}, {300, 1000, 384}, {97, 3072, 1024}, {2, 4096, 256}, {200, 250, 4096}, {256, 64, 2048}}) {
+    const Problem p = make(M, N, K, static_cast<uint32_t>(N + K));
+    const std::vector<float> one = run(p, 1);
+    for (int threads : {2, 3, 4}) {
+      const std::vector<float> many = run(p, threads);
+      EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * sizeof(float)), 0)
+          << "M=" << M << " N=" << N << " K=" << K << ": " << threads << " threads give other bits than one";
+    }
+  }
+}
+
+// A random symmetric positive definite matrix, column-major, condition number
+// about 10^3 (BᵀB over more rows than columns, plus a ridge).
+std::vector<double> spd(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> nd;
+  const int64_t m = n + 16;
+  std::vector<double> b(static_cast<size_t>(m * n)), a(static_cast<size_t>(n * n), 0.0);
+  for (double& v : b) v = nd(rng);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i <= j; ++i) {
+      double s = 0;
+      for (int64_t k = 0; k < m; ++k) s += b[k * n + i] * b[k * n + j];
+      a[i + j * n] = a[j + i * n] = s + (i == j ? 0.05 * static_cast<double>(m) : 0.0);
+    }
+  return a;
+}
+
+// Runs f with `threads` OpenMP threads.
+template <class F>
+auto with_threads(int threads, F&& f) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  auto r = f();
+  omp_set_num_threads(saved);
+  return r;
+}
+
+TEST(CpuCholesky, FactorsAndInvertsAgainstAScalarReference) {
+  // Sizes below, at and across the 256-wide blocks (ragged last blocks).
+  for (int64_t n : {1, 5, 256, 300, 600}) {
+    const std::vector<double> a = spd(n, static_cast<uint32_t>(n));
+    std::vector<double> u = a;
+    // The strictly lower triangle is neither read nor written.
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = j + 1; i < n; ++i) u[i + j * n] = std::nan("");
+    ASSERT_TRUE(with_threads(2, [&] { return cpu::potrf_upper(u.data(), n); })) << n;
+    double worst = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_GT(u[j + j * n], 0.0);
+      for (int64_t i = 0; i <= j; ++i) {
+        double s = 0;  // (UᵀU)_ij = Σ_k≤i U_ki U_kj
+        for (int64_t k = 0; k <= i; ++k) s += u[k + i * n] * u[k + j * n];
+        worst = std::max(worst, std::abs(s - a[i + j * n]) / std::sqrt(a[i + i * n] * a[j + j * n]));
+      }
+      for (int64_t i = j + 1; i < n; ++i) ASSERT_TRUE(std::isnan(u[i + j * n])) << n << ": wrote below the diagonal";
+    }
+    EXPECT_LT(worst, 1e-13) << "n=" << n << ": UᵀU differs from A";
+    std::vector<double> x = u;
+    ASSERT_TRUE(with_threads(2, [&] { return cpu::trtri_upper(x.data(), n); })) << n;
+    worst = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i <= j; ++i) {
+        double s = 0;  // (U X)_ij = Σ_{i≤k≤j} U_ik X_kj
+        for (int64_t k = i; k <= j; ++k) s += u[i + k * n] * x[k + j * n];
+        worst = std::max(worst, std::abs(s - (i == j ? 1.0 : 0.0)));
+      }
+      for (int64_t i = j + 1; i < n; ++i) ASSERT_TRUE(std::isnan(x[i + j * n])) << n << ": wrote below the diagonal";
+    }
+    EXPECT_LT(worst, 1e-12) << "n=" << n << ": U·U⁻¹ differs from I";
+  }
+}
+
+TEST(CpuCholesky, FailuresAreReported) {
+  // A negative pivot in the second block: not positive definite.
+  const int64_t n = 600;
+  std::vector<double> a = spd(n, 3);
+  a[400 + 400 * n] = -1.0;
+  EXPECT_FALSE(with_threads(2, [&] { return cpu::potrf_upper(a.data(), n); }));
+  // A zero on the diagonal: singular.
+  std::vector<double> u = spd(n, 4);
+  ASSERT_TRUE(cpu::potrf_upper(u.data(), n));
+  u[300 + 300 * n] = 0.0;
+  EXPECT_FALSE(cpu::trtri_upper(u.data(), n));
+}
+
+TEST(CpuCholesky, BitsDoNotDependOnTheThreadCount) {
+  const int64_t n = 700;
+  const std::vector<double> a = spd(n, 9);
+  auto factor = [&](int threads) {
+    std::vector<double> u = a;
+    with_threads(threads, [&] { return cpu::potrf_upper(u.data(), n) && cpu::trtri_upper(u.data(), n); });
+    return u;
+  };
+  const std::vector<double> one = factor(1);
+  for (int threads : {2, 3, 4})
+    EXPECT_EQ(std::memcmp(one.data(), factor(threads).data(), one.size() * sizeof(double)), 0)
+        << threads << " threads give other bits than one";
+}
+
+}  // namespace
+}  // namespace nibble
