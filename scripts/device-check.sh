@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Checks that need a GPU machine with torch + transformers (the lent H200):
 #   gpu:           the CUDA kernel tests (CI compiles them but has no GPU) and the
-#                  W4A16 stack benchmark next to torch's int4 kernel and cuBLAS bf16;
+#                  W4A16 stack benchmark (from a bundle without --models) next to torch's int4 kernel and cuBLAS bf16;
 #   gptq:          GPTQ on the GPU: the Cuda.Gptq* / Cuda.Calibration* tests (solve, calibration forward,
-#                  end-to-end runs) and bench_gptq_cuda (GPU vs CPU solve);
+#                  end-to-end runs) and bench_gptq_cuda (GPU vs CPU solve; from a bundle without --models);
 #   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
 #   eval:          the KL yardstick on the GPU: the CudaEval.* tests (and the GPU forward's), nibble eval on qwen3-26M-linux with
 #                  --device cpu and --device cuda (same numbers, both times), and the 8B-shaped model on the GPU;
@@ -39,9 +39,9 @@ if [ "${1:-}" = "--bundle" ]; then
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libcusolver|libcusparse|libnvJitLink|libcupti' |
     while read -r l; do cp -L "$l" devrun/lib/; done
   if [ "${2:-}" = "--models" ]; then
-    # The fixtures leave no room for the two benchmarks that need none (the attention check and the decode trace):
-    # run those from a bundle built without --models.
-    rm devrun/bin/bench_attention devrun/bin/bench_decode_trace
+    # The fixtures leave no room for the benchmarks, which need none (the W4A16 stack's, the attention check's,
+    # the decode trace and the GPU GPTQ solve's): run those from a bundle built without --models.
+    rm devrun/bin/bench_w4a16 devrun/bin/bench_attention devrun/bin/bench_decode_trace devrun/bin/bench_gptq_cuda
     for m in stories260K qwen3-26M-linux; do
       mkdir -p "devrun/models/$m"
       find "$SHARED/models/$m" -maxdepth 1 -type f \( -name '*.json' -o -name '*.safetensors' \) \
@@ -85,13 +85,15 @@ for what in "${@:-gpu}"; do
   case $what in
     gpu)
       devrun/bin/nibble_tests --gtest_filter='Cuda*' 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
-      devrun/bin/bench_w4a16 2>&1 | tee "$OUT/bench_w4a16.txt"
+      if [ -x devrun/bin/bench_w4a16 ]; then devrun/bin/bench_w4a16 2>&1 | tee "$OUT/bench_w4a16.txt"
+      else echo "bench_w4a16 is not in a --models bundle: bundle without --models to run it"; fi
       python3 bench/torch_int4_stack.py 2>&1 | tee "$OUT/torch_int4_stack.txt"
       ;;
     gptq)
       devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Cuda.Hessian*:Cuda.Calibration*:Cuda.Refine*:Gptq*:Refine*' 2>&1 |
         tee "$OUT/cuda_gptq_tests.txt" | tail -40
-      devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
+      if [ -x devrun/bin/bench_gptq_cuda ]; then devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
+      else echo "bench_gptq_cuda is not in a --models bundle: bundle without --models to run it"; fi
       ;;
     attention)
       devrun/bin/nibble_tests --gtest_filter='Cuda.FlashAttention*' 2>&1 | tee "$OUT/cuda_attention_tests.txt" | tail -25
