@@ -77,9 +77,10 @@ FactorRow time_factorization(const nibble::quant::MatrixStats& stats) {
   for (int64_t j = 0; j < n; ++j) a[j * n + j] += 0.01 * mean / static_cast<double>(n);  // --damp 0.01
   std::vector<double> b = a;
   FactorRow f{n};
+  const int N = static_cast<int>(n);
   auto t0 = Clock::now();
-  NIBBLE_CHECK(LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', static_cast<int>(n), a.data(), static_cast<int>(n)) == 0 &&
-                   LAPACKE_dtrtri_work(LAPACK_COL_MAJOR, 'U', 'N', static_cast<int>(n), a.data(), static_cast<int>(n)) == 0,
+  NIBBLE_CHECK(LAPACKE_dpotrf_work(LAPACK_COL_MAJOR, 'U', N, a.data(), N) == 0 &&
+                   LAPACKE_dtrtri_work(LAPACK_COL_MAJOR, 'U', 'N', N, a.data(), N) == 0,
                "LAPACK's factorization failed");
   f.t_lapack = seconds_since(t0);
   t0 = Clock::now();

@@ -1,6 +1,8 @@
 // Helpers shared by the tests: where the fixtures are, temp dirs, running the CLI.
 #pragma once
 
+#include <omp.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -79,6 +81,18 @@ std::string error_of(Fn&& fn) {
     return e.what();
   }
   return "(no error)";
+}
+
+// fn()'s result computed with `threads` OpenMP threads (and so OpenBLAS's
+// OpenMP build's), the thread count restored after: for tests that results do
+// not depend on it.
+template <typename Fn>
+auto with_threads(int threads, Fn&& fn) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  auto r = fn();
+  omp_set_num_threads(saved);
+  return r;
 }
 
 }  // namespace nibble::test

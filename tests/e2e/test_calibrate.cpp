@@ -2,7 +2,6 @@
 // layer stream against the whole-model forward, GPTQ checkpoints of both real
 // fixtures measured on held-out text, determinism, and resuming a killed run.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <fstream>
 
@@ -225,16 +224,14 @@ TEST(Gptq, QwenWritesTheSameBytesOnAnyThreadCount) {
   TempDir tmp;
   QuantizeOptions g = test::gptq_options(test::shared_dir() / "data/corpora/linux-calib.txt", 4, 64, 128);
   g.refine = 2;
-  const int saved = omp_get_max_threads();
-  std::string bytes[2];
-  for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
-    const fs::path out = tmp / std::to_string(threads);
-    quantize_model(test::model_dir("qwen3-26M-linux"), out, g);
-    bytes[threads - 1] = test::read_file(out / "model.safetensors");
-  }
-  omp_set_num_threads(saved);
-  EXPECT_TRUE(bytes[0] == bytes[1]) << "one thread and two wrote different checkpoints";
+  auto checkpoint = [&](int threads) {
+    return test::with_threads(threads, [&] {
+      const fs::path out = tmp / std::to_string(threads);
+      quantize_model(test::model_dir("qwen3-26M-linux"), out, g);
+      return test::read_file(out / "model.safetensors");
+    });
+  };
+  EXPECT_TRUE(checkpoint(1) == checkpoint(2)) << "one thread and two wrote different checkpoints";
 }
 
 TEST(Gptq, KilledRunResumesAtTheNextLayerWithIdenticalResult) {

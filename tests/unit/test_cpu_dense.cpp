@@ -4,7 +4,6 @@
 // of the number of threads, so that calibrated quantization writes the same
 // checkpoint on any core count.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "test_util.h"
 
 namespace nibble {
 namespace {
@@ -31,12 +31,11 @@ Problem make(int64_t M, int64_t N, int64_t K, uint32_t seed) {
 }
 
 std::vector<float> run(const Problem& p, int threads) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  std::vector<float> y(static_cast<size_t>(p.M * p.N), std::nanf(""));
-  cpu::gemm_f32(p.x.data(), p.M, p.w.data(), p.N, p.K, y.data());
-  omp_set_num_threads(saved);
-  return y;
+  return test::with_threads(threads, [&] {
+    std::vector<float> y(static_cast<size_t>(p.M * p.N), std::nanf(""));
+    cpu::gemm_f32(p.x.data(), p.M, p.w.data(), p.N, p.K, y.data());
+    return y;
+  });
 }
 
 TEST(CpuGemm, MatchesAnFp64Reference) {
@@ -94,16 +93,6 @@ std::vector<double> spd(int64_t n, uint32_t seed) {
   return a;
 }
 
-// Runs f with `threads` OpenMP threads.
-template <class F>
-auto with_threads(int threads, F&& f) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  auto r = f();
-  omp_set_num_threads(saved);
-  return r;
-}
-
 TEST(CpuCholesky, FactorsAndInvertsAgainstAScalarReference) {
   // Sizes below, at and across the 256-wide blocks (ragged last blocks).
   for (int64_t n : {1, 5, 256, 300, 600}) {
@@ -112,7 +101,7 @@ TEST(CpuCholesky, FactorsAndInvertsAgainstAScalarReference) {
     // The strictly lower triangle is neither read nor written.
     for (int64_t j = 0; j < n; ++j)
       for (int64_t i = j + 1; i < n; ++i) u[i + j * n] = std::nan("");
-    ASSERT_TRUE(with_threads(2, [&] { return cpu::potrf_upper(u.data(), n); })) << n;
+    ASSERT_TRUE(test::with_threads(2, [&] { return cpu::potrf_upper(u.data(), n); })) << n;
     double worst = 0;
     for (int64_t j = 0; j < n; ++j) {
       ASSERT_GT(u[j + j * n], 0.0);
@@ -125,7 +114,7 @@ TEST(CpuCholesky, FactorsAndInvertsAgainstAScalarReference) {
     }
     EXPECT_LT(worst, 1e-13) << "n=" << n << ": UᵀU differs from A";
     std::vector<double> x = u;
-    ASSERT_TRUE(with_threads(2, [&] { return cpu::trtri_upper(x.data(), n); })) << n;
+    ASSERT_TRUE(test::with_threads(2, [&] { return cpu::trtri_upper(x.data(), n); })) << n;
     worst = 0;
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t i = 0; i <= j; ++i) {
@@ -144,7 +133,7 @@ TEST(CpuCholesky, FailuresAreReported) {
   const int64_t n = 600;
   std::vector<double> a = spd(n, 3);
   a[400 + 400 * n] = -1.0;
-  EXPECT_FALSE(with_threads(2, [&] { return cpu::potrf_upper(a.data(), n); }));
+  EXPECT_FALSE(test::with_threads(2, [&] { return cpu::potrf_upper(a.data(), n); }));
   // A zero on the diagonal: singular.
   std::vector<double> u = spd(n, 4);
   ASSERT_TRUE(cpu::potrf_upper(u.data(), n));
@@ -157,7 +146,8 @@ TEST(CpuCholesky, BitsDoNotDependOnTheThreadCount) {
   const std::vector<double> a = spd(n, 9);
   auto factor = [&](int threads) {
     std::vector<double> u = a;
-    with_threads(threads, [&] { return cpu::potrf_upper(u.data(), n) && cpu::trtri_upper(u.data(), n); });
+    EXPECT_TRUE(
+        test::with_threads(threads, [&] { return cpu::potrf_upper(u.data(), n) && cpu::trtri_upper(u.data(), n); }));
     return u;
   };
   const std::vector<double> one = factor(1);

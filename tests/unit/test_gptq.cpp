@@ -3,7 +3,6 @@
 // cost identity (per-step costs add up to the damped output error), and the
 // behaviour the paper predicts on correlated inputs.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <random>
@@ -82,16 +81,12 @@ TEST(Gptq, StatsMatchNaiveAccumulation) {
 TEST(Gptq, StatsDoNotDependOnTheThreadCount) {
   const int64_t T = 300, C = 1500;
   const auto x = randn(T * C, 11);
-  const int saved = omp_get_max_threads();
-  std::vector<double> h[2];
-  for (int threads : {1, 2}) {
-    omp_set_num_threads(threads);
+  auto hessian = [&] {
     MatrixStats s(C);
     s.add(x.data(), T);
-    h[threads - 1] = s.H;
-  }
-  omp_set_num_threads(saved);
-  EXPECT_TRUE(h[0] == h[1]);
+    return s.H;
+  };
+  EXPECT_TRUE(test::with_threads(1, hessian) == test::with_threads(2, hessian));
 }
 
 TEST(Gptq, IdentityHessianGivesRtnCodes) {

@@ -2,7 +2,6 @@
 // worked examples, and the property that makes them transforms — the
 // transformed layer or model computes what the original did.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <random>
@@ -91,14 +90,9 @@ TEST(Awq, ObjectiveDoesNotDependOnTheThreadCount) {
   std::vector<double> s(static_cast<size_t>(dim));
   for (int64_t j = 0; j < dim; ++j) s[j] = 0.5 + static_cast<double>(j % 7) / 7;
   const SymInt4Grid grid;
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const double one = awq_scaled_error({&w}, st, s, grid);
-  for (int threads : {2, 3, 4}) {
-    omp_set_num_threads(threads);
-    EXPECT_EQ(awq_scaled_error({&w}, st, s, grid), one) << threads << " threads";
-  }
-  omp_set_num_threads(saved);
+  auto error = [&] { return awq_scaled_error({&w}, st, s, grid); };
+  const double one = test::with_threads(1, error);
+  for (int threads : {2, 3, 4}) EXPECT_EQ(test::with_threads(threads, error), one) << threads << " threads";
   EXPECT_GT(one, 0.0);
 }
 
