@@ -54,10 +54,22 @@ struct Gsm8kOptions {
   std::function<void(const Gsm8kItem&)> on_answer;  // called after each new answer is journaled
 };
 
-// Greedy generation for each problem, in order (ids 0..n-1). The prompt uses the ChatML chat format
-// when the tokenizer has <|im_start|>/<|im_end|> tokens (Qwen-style chat
-// models), else "Question: ...\nAnswer:" (base models); generation stops at
-// EOS, at <|im_end|>, at a new "Question:", or after max_new_tokens.
+// A gsm8k problem's prompt in the chat format the tokenizer's special tokens
+// name: "chatml" (<|im_start|> / <|im_end|>: Qwen), "llama3"
+// (<|start_header_id|> / <|end_header_id|> / <|eot_id|>: Llama 3 Instruct),
+// else "plain" ("Question: ...\nAnswer:", for base models). A chat prompt asks
+// for the answer in \boxed{} and ends where the assistant's turn begins; `stop`
+// is the token that ends that turn. The ids start with the tokenizer's BOS.
+struct Gsm8kPrompt {
+  std::string style;
+  std::vector<int32_t> ids;
+  std::optional<int32_t> stop;
+};
+Gsm8kPrompt gsm8k_prompt(const Tokenizer& tokenizer, const std::string& question);
+
+// Greedy generation for each problem, in order (ids 0..n-1), from gsm8k_prompt;
+// generation stops at EOS, at the chat format's end of turn, at a new
+// "Question:" (plain prompts), or after max_new_tokens.
 std::vector<Gsm8kItem> run_gsm8k(const ModelSource& model, const Tokenizer& tokenizer,
                                  const Gsm8kOptions& o, std::string* prompt_style = nullptr);
 

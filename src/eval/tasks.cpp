@@ -192,7 +192,37 @@ class GpuGreedy : public Greedy {
 };
 #endif
 
+// The chat formats gsm8k_prompt knows, in the order it tries them: the special
+// tokens a tokenizer must have (the last one ends a turn), and the text around
+// the question.
+struct ChatFormat {
+  const char* style;
+  std::vector<const char*> tokens;
+  const char* before;
+  const char* after;
+};
+const std::vector<ChatFormat>& chat_formats() {
+  static const std::vector<ChatFormat> formats = {
+      {"chatml", {"<|im_start|>", "<|im_end|>"}, "<|im_start|>user\n",
+       "\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"},
+      {"llama3", {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"},
+       "<|start_header_id|>user<|end_header_id|>\n\n",
+       "\nPut the final answer in \\boxed{}.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+  };
+  return formats;
+}
+
 }  // namespace
+
+Gsm8kPrompt gsm8k_prompt(const Tokenizer& tok, const std::string& question) {
+  for (const ChatFormat& f : chat_formats()) {
+    std::optional<int32_t> last;
+    bool all = true;
+    for (const char* t : f.tokens) all = all && (last = tok.token_to_id(t)).has_value();
+    if (all) return {f.style, tok.encode(f.before + question + f.after, true), last};
+  }
+  return {"plain", tok.encode("Question: " + question + "\nAnswer:", true), std::nullopt};
+}
 
 std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const Tokenizer& tok, const Gsm8kOptions& o,
                                  std::string* style_out) {
@@ -242,19 +272,16 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const Tokenizer& tok, c
     }
   }
   const ModelConfig& c = src.config();
-  const auto im_start = tok.token_to_id("<|im_start|>"), im_end = tok.token_to_id("<|im_end|>");
-  const bool chatml = im_start && im_end;
-  if (style_out) *style_out = chatml ? "chatml" : "plain";
+  const Gsm8kPrompt format = gsm8k_prompt(tok, "");
+  const bool plain = !format.stop;
+  if (style_out) *style_out = format.style;
   const auto eos = tok.eos_id();
   // Every prompt first: the GPU's cache is sized once, for the longest.
   std::vector<std::vector<int32_t>> prompts(items.size());
   int64_t max_tokens = 1;
   for (size_t i = 0; i < items.size(); ++i) {
     if (items[i].resumed) continue;
-    prompts[i] = tok.encode(chatml ? "<|im_start|>user\n" + items[i].question +
-                                         "\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
-                                   : "Question: " + items[i].question + "\nAnswer:",
-                            true);
+    prompts[i] = gsm8k_prompt(tok, items[i].question).ids;
     max_tokens = std::max<int64_t>(
         max_tokens, std::min<int64_t>(static_cast<int64_t>(prompts[i].size()) + o.max_new_tokens,
                                       c.max_position_embeddings));
@@ -280,9 +307,9 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const Tokenizer& tok, c
     if (budget > 0) {
       StreamDecoder dec(tok, true);
       greedy->run(prompts[i], budget, [&](int32_t next) {
-        if ((eos && next == *eos) || (im_end && next == *im_end)) return false;
+        if ((eos && next == *eos) || (format.stop && next == *format.stop)) return false;
         it.output += dec.step(next);
-        if (!chatml && it.output.find("Question:") != std::string::npos) {
+        if (plain && it.output.find("Question:") != std::string::npos) {
           it.output.resize(it.output.find("Question:"));
           return false;
         }

@@ -13,6 +13,7 @@
 #include "nibble/error.h"
 #include "nibble/source.h"
 #include "nibble/tasks.h"
+#include "nibble/tokenizer.h"
 #include "test_util.h"
 
 namespace nibble::eval {
@@ -35,6 +36,51 @@ TEST(Tasks, ExtractsTheLastBoxedOrNumber) {
   EXPECT_TRUE(answers_match("18.0", "18"));
   EXPECT_FALSE(answers_match("17", "18"));
   EXPECT_THROW(gsm8k_gold("no marker"), Error);
+}
+
+// gsm8k's prompt follows the chat format the tokenizer's special tokens name:
+// qwen3's ChatML tokens, Llama 3's header and end-of-turn tokens (here put on
+// qwen3's special ids), and no chat tokens at all (stories260K).
+TEST(Tasks, Gsm8kPromptFollowsTheTokenizersChatFormat) {
+  const std::string q = "What is 2 + 3?";
+  auto count = [](const std::vector<int32_t>& ids, std::optional<int32_t> id) {
+    return std::count(ids.begin(), ids.end(), id.value_or(-1));
+  };
+  const Tokenizer qwen = Tokenizer::from_file(test::model_dir("qwen3-26M-linux") / "tokenizer.json");
+  const Gsm8kPrompt chatml = gsm8k_prompt(qwen, q);
+  EXPECT_EQ(chatml.style, "chatml");
+  EXPECT_EQ(chatml.stop, qwen.token_to_id("<|im_end|>"));
+  EXPECT_EQ(chatml.ids, qwen.encode("<|im_start|>user\nWhat is 2 + 3?\nPut the final answer in \\boxed{}.<|im_end|>\n"
+                                    "<|im_start|>assistant\n",
+                                    true));
+  EXPECT_EQ(count(chatml.ids, qwen.token_to_id("<|im_start|>")), 2);
+  EXPECT_EQ(count(chatml.ids, qwen.token_to_id("<|im_end|>")), 1);
+
+  nlohmann::json j = nlohmann::json::parse(test::read_file(test::model_dir("qwen3-26M-linux") / "tokenizer.json"));
+  const char* llama3[] = {"<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"};  // on ids 0, 1, 2
+  const char* qwen3[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  for (auto& a : j["added_tokens"])
+    if (a["id"].get<int>() < 3) a["content"] = llama3[a["id"].get<int>()];
+  for (int id = 0; id < 3; ++id) {  // the vocabulary holds them too
+    j["model"]["vocab"].erase(qwen3[id]);
+    j["model"]["vocab"][llama3[id]] = id;
+  }
+  const Tokenizer l3 = Tokenizer::from_json(j.dump(), "qwen3 with Llama 3's chat tokens");
+  const Gsm8kPrompt chat = gsm8k_prompt(l3, q);
+  EXPECT_EQ(chat.style, "llama3");
+  EXPECT_EQ(chat.stop, std::optional<int32_t>(0));
+  EXPECT_EQ(chat.ids, l3.encode("<|start_header_id|>user<|end_header_id|>\n\nWhat is 2 + 3?\nPut the final answer in "
+                                "\\boxed{}.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+                                true));
+  EXPECT_EQ(count(chat.ids, 1), 2);  // each header opened...
+  EXPECT_EQ(count(chat.ids, 2), 2);  // ...and closed
+  EXPECT_EQ(count(chat.ids, 0), 1);  // the user's turn ended; the assistant's is open
+
+  const Tokenizer stories = Tokenizer::from_file(test::model_dir("stories260K") / "tokenizer.json");
+  const Gsm8kPrompt plain = gsm8k_prompt(stories, q);
+  EXPECT_EQ(plain.style, "plain");
+  EXPECT_FALSE(plain.stop.has_value());
+  EXPECT_EQ(plain.ids, stories.encode("Question: What is 2 + 3?\nAnswer:", true));
 }
 
 TEST(Tasks, McNemarExactMatchesBinomialTails) {
