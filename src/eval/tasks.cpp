@@ -70,7 +70,7 @@ nlohmann::json answer_json(const Gsm8kItem& it) {
 namespace {
 
 // What a resumed run must agree on with the one that wrote the journal.
-nlohmann::json journal_fingerprint(const ModelSource& src, const Gsm8kOptions& o) {
+nlohmann::json journal_fingerprint(const ModelSource& src, const Gsm8kOptions& o, const std::string& style) {
   std::string tensors;
   for (const auto& n : src.names()) tensors += n + " " + shape_str(src.meta(n).shape) + "\n";
   nlohmann::json fp = {{"model", src.describe()},
@@ -80,6 +80,9 @@ nlohmann::json journal_fingerprint(const ModelSource& src, const Gsm8kOptions& o
                        {"version", 1}};
   // The GPU's bf16 activations can change a greedy choice; CPU journals keep their fingerprint.
   if (o.device != "cpu") fp["device"] = o.device;
+  // Llama 3's chat format came after the first journals, whose prompts for such a tokenizer were plain: its
+  // journals name it (ChatML and plain journals keep their fingerprint).
+  if (style == "llama3") fp["prompt"] = style;
   return fp;
 }
 
@@ -255,13 +258,16 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const Tokenizer& tok, c
   }
   NIBBLE_CHECK(!items.empty(), "gsm8k: {} has no problems", o.data.string());
 
+  const Gsm8kPrompt format = gsm8k_prompt(tok, "");
+  const bool plain = !format.stop;
+  if (style_out) *style_out = format.style;
   // The journal is opened (and, when new, started with the run's line) at the first answer, so a run
   // that fails before any leaves none behind.
   std::ofstream journal;
   size_t resumed = 0;
   nlohmann::json fp;
   if (!o.journal.empty()) {
-    fp = journal_fingerprint(src, o);
+    fp = journal_fingerprint(src, o, format.style);
     if (fs::exists(o.journal) && o.force) fs::remove(o.journal);
     if (fs::exists(o.journal)) {
       NIBBLE_CHECK(o.resume,
@@ -272,9 +278,6 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const Tokenizer& tok, c
     }
   }
   const ModelConfig& c = src.config();
-  const Gsm8kPrompt format = gsm8k_prompt(tok, "");
-  const bool plain = !format.stop;
-  if (style_out) *style_out = format.style;
   const auto eos = tok.eos_id();
   // Every prompt first: the GPU's cache is sized once, for the longest.
   std::vector<std::vector<int32_t>> prompts(items.size());
