@@ -38,6 +38,21 @@ TEST(Tasks, ExtractsTheLastBoxedOrNumber) {
   EXPECT_THROW(gsm8k_gold("no marker"), Error);
 }
 
+// qwen3-26M-linux's tokenizer with its three special tokens renamed to Llama
+// 3's: <|eot_id|> on id 0, <|start_header_id|> on 1, <|end_header_id|> on 2.
+Tokenizer qwen3_with_llama3_chat_tokens() {
+  nlohmann::json j = nlohmann::json::parse(test::read_file(test::model_dir("qwen3-26M-linux") / "tokenizer.json"));
+  const char* llama3[] = {"<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"};
+  const char* qwen3[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  for (auto& a : j["added_tokens"])
+    if (a["id"].get<int>() < 3) a["content"] = llama3[a["id"].get<int>()];
+  for (int id = 0; id < 3; ++id) {  // the vocabulary holds them too
+    j["model"]["vocab"].erase(qwen3[id]);
+    j["model"]["vocab"][llama3[id]] = id;
+  }
+  return Tokenizer::from_json(j.dump(), "qwen3 with Llama 3's chat tokens");
+}
+
 // gsm8k's prompt follows the chat format the tokenizer's special tokens name:
 // qwen3's ChatML tokens, Llama 3's header and end-of-turn tokens (here put on
 // qwen3's special ids), and no chat tokens at all (stories260K).
@@ -56,16 +71,7 @@ TEST(Tasks, Gsm8kPromptFollowsTheTokenizersChatFormat) {
   EXPECT_EQ(count(chatml.ids, qwen.token_to_id("<|im_start|>")), 2);
   EXPECT_EQ(count(chatml.ids, qwen.token_to_id("<|im_end|>")), 1);
 
-  nlohmann::json j = nlohmann::json::parse(test::read_file(test::model_dir("qwen3-26M-linux") / "tokenizer.json"));
-  const char* llama3[] = {"<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"};  // on ids 0, 1, 2
-  const char* qwen3[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
-  for (auto& a : j["added_tokens"])
-    if (a["id"].get<int>() < 3) a["content"] = llama3[a["id"].get<int>()];
-  for (int id = 0; id < 3; ++id) {  // the vocabulary holds them too
-    j["model"]["vocab"].erase(qwen3[id]);
-    j["model"]["vocab"][llama3[id]] = id;
-  }
-  const Tokenizer l3 = Tokenizer::from_json(j.dump(), "qwen3 with Llama 3's chat tokens");
+  const Tokenizer l3 = qwen3_with_llama3_chat_tokens();
   const Gsm8kPrompt chat = gsm8k_prompt(l3, q);
   EXPECT_EQ(chat.style, "llama3");
   EXPECT_EQ(chat.stop, std::optional<int32_t>(0));
@@ -81,6 +87,38 @@ TEST(Tasks, Gsm8kPromptFollowsTheTokenizersChatFormat) {
   EXPECT_EQ(plain.style, "plain");
   EXPECT_FALSE(plain.stop.has_value());
   EXPECT_EQ(plain.ids, stories.encode("Question: What is 2 + 3?\nAnswer:", true));
+}
+
+// A journal written with Llama 3's chat format says so in its fingerprint (an
+// earlier build wrote plain prompts for that tokenizer), and a run with
+// another format does not resume it; ChatML journals keep their fingerprint.
+TEST(Tasks, Gsm8kJournalNamesTheLlama3ChatFormat) {
+  TempDir tmp;
+  const auto src = open_model_source(test::model_dir("qwen3-26M-linux").string());
+  Gsm8kOptions o;
+  o.data = test::shared_dir() / "data/corpora/gsm8k-test.jsonl";
+  o.n = 1;
+  o.max_new_tokens = 2;
+  o.progress = false;
+  auto fingerprint = [&](const Tokenizer& tok, const std::string& name) {
+    o.journal = tmp / name;
+    std::string style;
+    run_gsm8k(*src, tok, o, &style);
+    const std::string text = test::read_file(o.journal);
+    return std::make_pair(style, nlohmann::json::parse(text.substr(0, text.find('\n')))["fingerprint"]);
+  };
+  const Tokenizer l3 = qwen3_with_llama3_chat_tokens();
+  const auto [l3_style, l3_fp] = fingerprint(l3, "l3.partial");
+  EXPECT_EQ(l3_style, "llama3");
+  EXPECT_EQ(l3_fp.value("prompt", ""), "llama3");
+  const auto [q_style, q_fp] = fingerprint(*src->tokenizer(), "qwen.partial");
+  EXPECT_EQ(q_style, "chatml");
+  EXPECT_FALSE(q_fp.contains("prompt"));
+  // The Llama 3 journal, resumed by a run whose prompts are ChatML: refused.
+  o.journal = tmp / "l3.partial";
+  o.resume = true;
+  const std::string e = test::error_of([&] { run_gsm8k(*src, *src->tokenizer(), o); });
+  EXPECT_NE(e.find("differs from this one in prompt"), std::string::npos) << e;
 }
 
 TEST(Tasks, McNemarExactMatchesBinomialTails) {
