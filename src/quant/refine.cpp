@@ -20,6 +20,7 @@
 #include "backend/cpu/kernels.h"
 #include "nibble/error.h"
 #include "nibble/gptq.h"
+#include "quant/refine_forms.h"
 
 namespace nibble::quant {
 
@@ -56,13 +57,6 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
     for (int64_t j = 0; j < cols; ++j)
       D[r * cols + j] = dead[j] ? 0.0f : res.dequant[r * cols + j] - w[r * cols + j];
   cpu::sgemm(false, false, rows, cols, cols, 1.0f, D.data(), cols, A.data(), cols, 0.0f, E.data(), cols);
-  // (A_GG 1)_j for j in G, and 1ᵀ A_GG 1 per group: the same for every row.
-  std::vector<double> group_row_sum(static_cast<size_t>(cols), 0.0), ones_A_ones(static_cast<size_t>(gpr), 0.0);
-  for (int64_t k = 0; k < gpr; ++k)
-    for (int64_t j = k * g; j < std::min(cols, (k + 1) * g); ++j) {
-      for (int64_t l = k * g; l < std::min(cols, (k + 1) * g); ++l) group_row_sum[j] += A[j * cols + l];
-      ones_A_ones[k] += group_row_sum[j];
-    }
   // The value of each code at scale 1, min 0 (decode is code_value · scale + min).
   float code_value[256] = {};
   if (refit) {
@@ -83,10 +77,9 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
       if (v[i] > v[i - 1]) best = std::min(best, v[i] - v[i - 1]);
     return std::isfinite(best) ? best : 0.0f;
   };
-  // Per row, kept up to date as codes move: u = A_GG c per group G (u_j for j
-  // in G), and per group cᵀA_GG c, cᵀA_GG 1 and the smallest gap.
-  std::vector<float> u(static_cast<size_t>(refit ? rows * cols : 0));
-  std::vector<double> form_cAc(static_cast<size_t>(rows * gpr)), form_cA1(static_cast<size_t>(rows * gpr));
+  // Per row and group, kept up to date as codes move: the refit's forms
+  // (refine_forms.h) and the smallest gap.
+  GroupForms forms(A.data(), refit ? rows : 0, refit ? cols : 0, refit ? g : 1);
   const int64_t gaps = std::max<int64_t>(gpr, 1);
   std::vector<float> gap(static_cast<size_t>(rows * gaps));
   std::vector<uint8_t> active(static_cast<size_t>(rows), 1);  // changed something in the pass before
@@ -106,20 +99,7 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
     const uint8_t* code = has_codes ? &res.codes[r * cols] : nullptr;
     for (int64_t j = 0; j < cols; ++j) row_cost[r] += static_cast<double>(E[r * cols + j]) * D[r * cols + j];
     for (int64_t k = 0; k < gaps; ++k) gap[r * gaps + k] = smallest_gap(g > 0 ? res.params[r * gpr + k] : GroupParams{});
-    if (!refit) continue;
-    for (int64_t k = 0; k < gpr; ++k) {
-      const int64_t c0 = k * g, c1 = std::min(cols, c0 + g);
-      double cAc = 0, cA1 = 0;
-      for (int64_t j = c0; j < c1; ++j) {
-        double uj = 0;
-        for (int64_t l = c0; l < c1; ++l) uj += static_cast<double>(A[j * cols + l]) * code_value[code[l]];
-        u[r * cols + j] = static_cast<float>(uj);
-        cAc += code_value[code[j]] * uj;
-        cA1 += code_value[code[j]] * group_row_sum[j];
-      }
-      form_cAc[r * gpr + k] = cAc;
-      form_cA1[r * gpr + k] = cA1;
-    }
+    if (refit) forms.build(r, code, code_value);
   }
   D = {};
   const double before = total();
@@ -150,13 +130,7 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
         const float delta = v - q[j];
         if (delta == 0.0f || !(2.0f * delta * e[j] + delta * delta * ajj < 0.0f)) continue;
         q[j] = v;
-        if (refit) {  // the group's forms, for its code's new value
-          const double dc = static_cast<double>(code_value[c]) - code_value[code[j]];
-          const int64_t k = j / g, c0 = k * g, c1 = std::min(cols, c0 + g);
-          form_cAc[r * gpr + k] += 2 * dc * u[r * cols + j] + dc * dc * ajj;
-          form_cA1[r * gpr + k] += dc * group_row_sum[j];
-          for (int64_t l = c0; l < c1; ++l) u[r * cols + l] += static_cast<float>(dc * A[j * cols + l]);
-        }
+        if (refit) forms.move(r, j, static_cast<double>(code_value[c]) - code_value[code[j]]);
         if (code) code[j] = c;
         cblas_saxpy(static_cast<int>(cols), delta, &A[j * cols], 1, e, 1);  // e += δ A[:, j]
         ++moved;
@@ -182,7 +156,7 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
           ce += code_value[code[j]] * e[j];
           oe += e[j];
         }
-        const double cAc = form_cAc[r * gpr + k], cA1 = form_cA1[r * gpr + k], c11 = ones_A_ones[k];
+        const double cAc = forms.cAc(r, k), cA1 = forms.cA1(r, k), c11 = forms.ones(k);
         GroupParams& p = res.params[r * gpr + k];
         double ds = 0, dm = 0;
         if (with_min) {

@@ -13,6 +13,7 @@
 #include "nibble/error.h"
 #include "nibble/gptq.h"
 #include "nibble/quantizer.h"
+#include "quant/refine_forms.h"
 #include "test_util.h"
 
 namespace nibble::quant {
@@ -296,6 +297,58 @@ TEST(Refine, FormatsWithoutARefitMoveOnlyCodes) {
   EXPECT_EQ(none.passes, 0);
   EXPECT_EQ(same.codes, before.codes);
   EXPECT_EQ(same.dequant, before.dequant);
+}
+
+// The refit's forms, kept up to date over many moves of single codes (several
+// in each group, the ragged last one included), equal the fp64 sums of their
+// definition over the codes as they end up.
+TEST(Refine, GroupFormsFollowTheMovedCodes) {
+  const int64_t rows = 3, cols = 200, g = 64, gpr = 4;  // groups of 64, 64, 64 and 8
+  // A = BᵀB/n + I: symmetric, positive definite, far from diagonal.
+  const auto B = randn(50 * cols, 41);
+  std::vector<float> A(static_cast<size_t>(cols * cols));
+  for (int64_t i = 0; i < cols; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double s = i == j ? 1.0 : 0.0;
+      for (int64_t t = 0; t < 50; ++t) s += static_cast<double>(B[t * cols + i]) * B[t * cols + j] / 50;
+      A[i * cols + j] = static_cast<float>(s);
+    }
+  float value[256] = {};
+  for (int c = 0; c < 16; ++c) value[c] = static_cast<float>(c) - 7.5f;
+  std::mt19937 rng(7);
+  std::vector<uint8_t> code(static_cast<size_t>(rows * cols));
+  for (auto& c : code) c = static_cast<uint8_t>(rng() % 16);
+  GroupForms forms(A.data(), rows, cols, g);
+  for (int64_t r = 0; r < rows; ++r) forms.build(r, &code[r * cols], value);
+  for (int i = 0; i < 600; ++i) {
+    const int64_t r = static_cast<int64_t>(rng() % rows), j = static_cast<int64_t>(rng() % cols);
+    const auto c = static_cast<uint8_t>(rng() % 16);
+    if (c == code[r * cols + j]) continue;
+    forms.move(r, j, static_cast<double>(value[c]) - value[code[r * cols + j]]);
+    code[r * cols + j] = c;
+  }
+  for (int64_t k = 0; k < gpr; ++k) {
+    const int64_t c0 = k * g, c1 = std::min(cols, c0 + g);
+    double ones = 0, ones_scale = 0;
+    for (int64_t j = c0; j < c1; ++j)
+      for (int64_t l = c0; l < c1; ++l) {
+        ones += A[j * cols + l];
+        ones_scale += std::abs(A[j * cols + l]);
+      }
+    EXPECT_NEAR(forms.ones(k), ones, 1e-9 * ones_scale) << "group " << k;
+    for (int64_t r = 0; r < rows; ++r) {
+      double cAc = 0, cA1 = 0, scale = 0;
+      for (int64_t j = c0; j < c1; ++j)
+        for (int64_t l = c0; l < c1; ++l) {
+          const double vj = value[code[r * cols + j]], vl = value[code[r * cols + l]], a = A[j * cols + l];
+          cAc += vj * a * vl;
+          cA1 += vj * a;
+          scale += std::abs(vj * a * vl) + std::abs(vj * a);
+        }
+      EXPECT_NEAR(forms.cAc(r, k), cAc, 1e-6 * scale) << "row " << r << " group " << k;
+      EXPECT_NEAR(forms.cA1(r, k), cA1, 1e-6 * scale) << "row " << r << " group " << k;
+    }
+  }
 }
 
 TEST(Refine, IsAGptqOption) {
