@@ -24,17 +24,9 @@
 #include "nibble/cuda.h"
 #include "nibble/cuda_attention.h"
 #include "nibble/dtype.h"
+#include "cuda_check.h"
 
 namespace {
-
-#define CK(call)                                                                                        \
-  do {                                                                                                  \
-    cudaError_t e_ = (call);                                                                            \
-    if (e_ != cudaSuccess) {                                                                            \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
-      std::exit(1);                                                                                     \
-    }                                                                                                   \
-  } while (0)
 
 using nibble::cuda::AttentionArgs;
 using nibble::cuda::DeviceBuffer;
