@@ -18,6 +18,16 @@
 //                                                          x = (d·sc)·q − (dmin·mn)
 //   Q5_K  176 B / 256: d, dmin, scales[12], u8 qh[32], qs[128]   as Q4_K with a 5th bit from qh
 //   Q6_K  210 B / 256: u8 ql[128], u8 qh[64], int8 scales[16], d  16 sub-blocks of 16: x = (d·sc)·(q − 32)
+//   Q2_K   84 B / 256: u8 scales[16], u8 qs[64], d, dmin    16 sub-blocks of 16, 4-bit scale sc and min mn
+//                                                          per sub-block: x = (d·sc)·q − dmin·mn, q in 0..3
+//   Q3_K  110 B / 256: u8 hmask[32], u8 qs[64], scales[12], d   16 sub-blocks of 16 with 6-bit scales:
+//                                                          x = (d·(sc − 32))·q, q = 2 low bits − 4 unless the hmask bit
+//   IQ4_XS 136 B / 256: d, u16 scales_h, u8 scales_l[4], qs[128]   8 sub-blocks of 32 with 6-bit scales:
+//                                                          x = (d·(sc − 32))·kvalues[q] (IQ4_NL's grid)
+//   TQ2_0  66 B / 256: u8 qs[64], d                        x = (q − 1)·d, q in 0..2 (2 bits each)
+//   TQ1_0  54 B / 256: u8 qs[48], u8 qh[4], d              the same ternary digits, five (qs) or four (qh) per
+//                                                          byte in base 3, scaled to a byte as ⌈v·256 / 243⌉
+//   MXFP4  17 B / 32: u8 e (E8M0), u8 qs[16]               x = 2^(e−127) · e2m1[q] (OCP microscaling)
 #include <algorithm>
 #include <cstring>
 
@@ -200,6 +210,121 @@ void deq_q6_k(const uint8_t* b, int64_t nb, float* y) {
   }
 }
 
+// Q2_K: two halves of 128; in half h, the four 2-bit fields (shift 0, 2, 4, 6)
+// of qs[32h + l] are elements 128h + 32s + l. Element e is in sub-block e / 16,
+// whose scales byte holds the scale (low nibble) and the min (high nibble).
+void deq_q2_k(const uint8_t* b, int64_t nb, float* y) {
+  for (int64_t i = 0; i < nb; ++i, b += 84, y += kQKK) {
+    const uint8_t* scales = b;
+    const uint8_t* qs = b + 16;
+    const float d = f16(b + 80), dmin = f16(b + 82);
+    for (int e = 0; e < kQKK; ++e) {
+      const int h = e / 128, s = (e / 32) % 4, l = e % 32;
+      const uint8_t sc = scales[e / 16];
+      const float dl = d * static_cast<float>(sc & 0x0F), ml = dmin * static_cast<float>(sc >> 4);
+      y[e] = dl * static_cast<float>((qs[32 * h + l] >> (2 * s)) & 3) - ml;
+    }
+  }
+}
+
+// Q3_K: the low 2 bits as Q2_K's; the third from bit (e / 32) of hmask[e % 32],
+// which when clear subtracts 4. Scale j (0..15, per sub-block of 16): low 4
+// bits from the nibble (j / 8) of byte j % 8, high 2 bits from bits
+// 2·(j / 4) of byte 8 + j % 4, minus 32.
+void deq_q3_k(const uint8_t* b, int64_t nb, float* y) {
+  for (int64_t i = 0; i < nb; ++i, b += 110, y += kQKK) {
+    const uint8_t* hmask = b;
+    const uint8_t* qs = b + 32;
+    const uint8_t* sb = b + 96;
+    const float d = f16(b + 108);
+    float dl[16];
+    for (int j = 0; j < 16; ++j) {
+      const int sc = ((sb[j % 8] >> (4 * (j / 8))) & 0x0F) | (((sb[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+      dl[j] = d * static_cast<float>(sc - 32);
+    }
+    for (int e = 0; e < kQKK; ++e) {
+      const int h = e / 128, s = (e / 32) % 4, l = e % 32;
+      const int q = ((qs[32 * h + l] >> (2 * s)) & 3) - (((hmask[l] >> (e / 32)) & 1) ? 0 : 4);
+      y[e] = dl[e / 16] * static_cast<float>(q);
+    }
+  }
+}
+
+// IQ4_XS: sub-block k (32 elements) has scale ((scales_l[k / 2] >> 4(k % 2))
+// & 15) | ((scales_h >> 2k) & 3) << 4, minus 32; its elements are the low
+// nibbles of qs[16k .. 16k + 15], then the high ones, through IQ4_NL's grid.
+void deq_iq4_xs(const uint8_t* b, int64_t nb, float* y) {
+  for (int64_t i = 0; i < nb; ++i, b += 136, y += kQKK) {
+    const float d = f16(b);
+    const unsigned scales_h = b[2] | (b[3] << 8);
+    const uint8_t* scales_l = b + 4;
+    const uint8_t* qs = b + 8;
+    for (int k = 0; k < kQKK / 32; ++k) {
+      const int ls = ((scales_l[k / 2] >> (4 * (k % 2))) & 0x0F) | (((scales_h >> (2 * k)) & 3) << 4);
+      const float dl = d * static_cast<float>(ls - 32);
+      for (int j = 0; j < 16; ++j) {
+        y[32 * k + j] = dl * static_cast<float>(kIq4nlValues[qs[16 * k + j] & 0x0F]);
+        y[32 * k + 16 + j] = dl * static_cast<float>(kIq4nlValues[qs[16 * k + j] >> 4]);
+      }
+    }
+  }
+}
+
+// TQ2_0: element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l], minus 1.
+void deq_tq2_0(const uint8_t* b, int64_t nb, float* y) {
+  for (int64_t i = 0; i < nb; ++i, b += 66, y += kQKK) {
+    const float d = f16(b + 64);
+    for (int e = 0; e < kQKK; ++e) {
+      const int q = (b[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+      y[e] = static_cast<float>(q - 1) * d;
+    }
+  }
+}
+
+// TQ1_0: a byte v holding the base-3 digits t0 t1 t2 t3 t4 (t0 most
+// significant) as v = ⌈(81 t0 + 27 t1 + 9 t2 + 3 t3 + t4)·256 / 243⌉ gives its
+// n-th digit as ((v·3^n mod 256)·3) >> 8. Elements: digit n of qs[l] for the
+// first 32 bytes is element 32n + l; of qs[32 + l] (16 bytes) element
+// 160 + 16n + l; digit n (0..3) of qh[l] element 240 + 4n + l.
+void deq_tq1_0(const uint8_t* b, int64_t nb, float* y) {
+  static constexpr uint8_t kPow3[5] = {1, 3, 9, 27, 81};
+  auto trit = [](uint8_t v, int n) {
+    const auto q = static_cast<uint8_t>(v * kPow3[n]);  // mod 256
+    return ((static_cast<uint16_t>(q) * 3) >> 8) - 1;
+  };
+  for (int64_t i = 0; i < nb; ++i, b += 54, y += kQKK) {
+    const uint8_t* qs = b;
+    const uint8_t* qh = b + 48;
+    const float d = f16(b + 52);
+    float* o = y;
+    for (int n = 0; n < 5; ++n)
+      for (int l = 0; l < 32; ++l) *o++ = static_cast<float>(trit(qs[l], n)) * d;
+    for (int n = 0; n < 5; ++n)
+      for (int l = 0; l < 16; ++l) *o++ = static_cast<float>(trit(qs[32 + l], n)) * d;
+    for (int n = 0; n < 4; ++n)
+      for (int l = 0; l < 4; ++l) *o++ = static_cast<float>(trit(qh[l], n)) * d;
+  }
+}
+
+// MXFP4: E2M1 values doubled (integers), times half the E8M0 scale 2^(e−127),
+// which is 2^(e−128): the float with exponent field e − 1, or for e < 2 the
+// subnormal 2^(e−128) (bit 21 + e of the fraction).
+constexpr int8_t kE2m1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+void deq_mxfp4(const uint8_t* b, int64_t nb, float* y) {
+  for (int64_t i = 0; i < nb; ++i, b += 17, y += kQK) {
+    const uint32_t e = b[0];
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+    float d;
+    std::memcpy(&d, &bits, 4);
+    const uint8_t* qs = b + 1;
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[j] = d * static_cast<float>(kE2m1Doubled[qs[j] & 0x0F]);
+      y[j + kQK / 2] = d * static_cast<float>(kE2m1Doubled[qs[j] >> 4]);
+    }
+  }
+}
+
 }  // namespace
 
 const std::vector<GgmlTypeTraits>& ggml_type_table() {
@@ -220,8 +345,8 @@ const std::vector<GgmlTypeTraits>& ggml_type_table() {
       {T::Q5_K, "Q5_K", kQKK, 176, deq_q5_k},
       {T::Q6_K, "Q6_K", kQKK, 210, deq_q6_k},
       {T::Q8_1, "Q8_1", kQK, 40, nullptr},
-      {T::Q2_K, "Q2_K", kQKK, 84, nullptr},
-      {T::Q3_K, "Q3_K", kQKK, 110, nullptr},
+      {T::Q2_K, "Q2_K", kQKK, 84, deq_q2_k},
+      {T::Q3_K, "Q3_K", kQKK, 110, deq_q3_k},
       {T::Q8_K, "Q8_K", kQKK, 292, nullptr},
       {T::IQ2_XXS, "IQ2_XXS", kQKK, 66, nullptr},
       {T::IQ2_XS, "IQ2_XS", kQKK, 74, nullptr},
@@ -229,16 +354,16 @@ const std::vector<GgmlTypeTraits>& ggml_type_table() {
       {T::IQ1_S, "IQ1_S", kQKK, 50, nullptr},
       {T::IQ3_S, "IQ3_S", kQKK, 110, nullptr},
       {T::IQ2_S, "IQ2_S", kQKK, 82, nullptr},
-      {T::IQ4_XS, "IQ4_XS", kQKK, 136, nullptr},
+      {T::IQ4_XS, "IQ4_XS", kQKK, 136, deq_iq4_xs},
       {T::I8, "I8", 1, 1, nullptr},
       {T::I16, "I16", 1, 2, nullptr},
       {T::I32, "I32", 1, 4, nullptr},
       {T::I64, "I64", 1, 8, nullptr},
       {T::F64, "F64", 1, 8, nullptr},
       {T::IQ1_M, "IQ1_M", kQKK, 56, nullptr},
-      {T::TQ1_0, "TQ1_0", kQKK, 54, nullptr},
-      {T::TQ2_0, "TQ2_0", kQKK, 66, nullptr},
-      {T::MXFP4, "MXFP4", kQK, 17, nullptr},
+      {T::TQ1_0, "TQ1_0", kQKK, 54, deq_tq1_0},
+      {T::TQ2_0, "TQ2_0", kQKK, 66, deq_tq2_0},
+      {T::MXFP4, "MXFP4", kQK, 17, deq_mxfp4},
       {T::NVFP4, "NVFP4", 64, 36, nullptr},
       {T::Q1_0, "Q1_0", 128, 18, nullptr},
   };

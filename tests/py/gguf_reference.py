@@ -62,7 +62,8 @@ def dump(path, outdir):
 # (ggml-common.h's block structs).
 F16_FIELDS = {
     Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.IQ4_NL: [0],
-    Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
+    Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208], Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_XS: [0],
+    Q.TQ1_0: [52], Q.TQ2_0: [64], Q.MXFP4: [],  # MXFP4: an E8M0 byte, every value valid
 }
 
 
@@ -95,7 +96,8 @@ def synth(path, seed):
     w.add_array("t.arr_f", [0.5, -1.25])
     w.add_array("t.nested", [[1, 2], [3]])
     rows, cols = 3, 512
-    for qt in [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q4_K, Q.Q5_K, Q.Q6_K]:
+    for qt in [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+               Q.Q2_K, Q.Q3_K, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.MXFP4]:
         block, size = gguf.GGML_QUANT_SIZES[qt]
         nb = rows * cols // block
         if qt == Q.F32:  # random finite f32 bit patterns, subnormals included

@@ -197,6 +197,128 @@ TEST(GgufDequant, HandMadeQ6K) {
   expect_same_bits(dequant(GgmlType::Q6_K, ql + qh + scales + f16_bytes(d), 256), want);
 }
 
+// Q2_K: element i = 128·h + 32·s + l is bits 2s..2s+1 of qs[32h + l]; the
+// scales byte of its sub-block i / 16 holds a 4-bit scale (low nibble) and min
+// (high nibble); f16 d and dmin come last; x = (d·scale)·q − dmin·min.
+TEST(GgufDequant, HandMadeQ2K) {
+  int q[256], sc[16], mn[16];
+  for (int i = 0; i < 256; ++i) q[i] = (i * 7 + 1) % 4;
+  for (int k = 0; k < 16; ++k) sc[k] = (5 * k + 3) % 16, mn[k] = (3 * k + 1) % 16;
+  std::string scales(16, '\0'), qs(64, '\0');
+  for (int k = 0; k < 16; ++k) scales[k] = static_cast<char>(sc[k] | (mn[k] << 4));
+  for (int i = 0; i < 256; ++i) {
+    auto& byte = qs[32 * (i / 128) + i % 32];
+    byte = static_cast<char>(byte | (q[i] << (2 * ((i / 32) % 4))));
+  }
+  const float d = 0.5f, dmin = 0.25f;
+  std::vector<float> want;
+  for (int i = 0; i < 256; ++i)
+    want.push_back(d * static_cast<float>(sc[i / 16]) * static_cast<float>(q[i]) - dmin * static_cast<float>(mn[i / 16]));
+  expect_same_bits(dequant(GgmlType::Q2_K, scales + qs + f16_bytes(d) + f16_bytes(dmin), 256), want);
+}
+
+// Q3_K: q in −4..3, stored as its low 2 bits (laid out as Q2_K's) and a high
+// bit in hmask (bit i / 32 of hmask[i % 32]) that is set when q ≥ 0 (a clear
+// bit subtracts 4). 16 six-bit scales in 12 bytes: the low nibble of byte
+// k % 8 (k < 8) or its high nibble (k ≥ 8), and bits 2(k / 4)..+1 of byte
+// 8 + k % 4 on top; x = (d·(scale − 32))·q.
+TEST(GgufDequant, HandMadeQ3K) {
+  int q[256], sc[16];
+  for (int i = 0; i < 256; ++i) q[i] = (i * 5 + 2) % 8 - 4;
+  for (int k = 0; k < 16; ++k) sc[k] = (k * 23 + 9) % 64;
+  std::string hmask(32, '\0'), qs(64, '\0'), scales(12, '\0');
+  for (int i = 0; i < 256; ++i) {
+    auto& byte = qs[32 * (i / 128) + i % 32];
+    byte = static_cast<char>(byte | ((q[i] & 3) << (2 * ((i / 32) % 4))));
+    if (q[i] >= 0) hmask[i % 32] = static_cast<char>(hmask[i % 32] | (1 << (i / 32)));
+  }
+  for (int k = 0; k < 16; ++k) {
+    scales[k % 8] = static_cast<char>(scales[k % 8] | ((sc[k] & 15) << (k < 8 ? 0 : 4)));
+    scales[8 + k % 4] = static_cast<char>(scales[8 + k % 4] | ((sc[k] >> 4) << (2 * (k / 4))));
+  }
+  const float d = 0.25f;
+  std::vector<float> want;
+  for (int i = 0; i < 256; ++i) want.push_back(d * static_cast<float>(sc[i / 16] - 32) * static_cast<float>(q[i]));
+  expect_same_bits(dequant(GgmlType::Q3_K, hmask + qs + scales + f16_bytes(d), 256), want);
+}
+
+// IQ4_XS: f16 d, u16 scales_h, scales_l[4], qs[128]; sub-block k of 32 has the
+// six-bit scale (nibble k % 2 of scales_l[k / 2]) | (bits 2k..2k+1 of
+// scales_h) << 4, and IQ4_NL's packing of its codes in qs[16k..16k + 15];
+// x = (d·(scale − 32))·kvalues[q].
+TEST(GgufDequant, HandMadeIq4Xs) {
+  const int grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  int c[256], ls[8];
+  for (int i = 0; i < 256; ++i) c[i] = (i * 9 + 4) % 16;
+  for (int k = 0; k < 8; ++k) ls[k] = (k * 29 + 5) % 64;
+  std::string scales_l(4, '\0'), qs(128, '\0');
+  unsigned scales_h = 0;
+  for (int k = 0; k < 8; ++k) {
+    scales_l[k / 2] = static_cast<char>(scales_l[k / 2] | ((ls[k] & 15) << (4 * (k % 2))));
+    scales_h |= static_cast<unsigned>(ls[k] >> 4) << (2 * k);
+  }
+  for (int k = 0; k < 8; ++k)
+    for (int j = 0; j < 16; ++j) qs[16 * k + j] = static_cast<char>(c[32 * k + j] | (c[32 * k + 16 + j] << 4));
+  const float d = 0.0625f;
+  std::vector<float> want;
+  for (int i = 0; i < 256; ++i) want.push_back(d * static_cast<float>(ls[i / 32] - 32) * static_cast<float>(grid[c[i]]));
+  const std::string block = f16_bytes(d) + std::string{static_cast<char>(scales_h & 0xff), static_cast<char>(scales_h >> 8)} +
+                            scales_l + qs;
+  expect_same_bits(dequant(GgmlType::IQ4_XS, block, 256), want);
+}
+
+// The ternary types: t in {−1, 0, 1}, x = t·d. TQ2_0 stores t + 1 in 2 bits
+// as Q2_K lays out its codes. TQ1_0 packs base-3 digits t + 1 into bytes as
+// v = ⌈n·256 / 243⌉ for n = 81 t0 + 27 t1 + 9 t2 + 3 t3 + t4 (qh: four digits,
+// t4 = 0); digit j of qs[l] (l < 32) is element 32j + l, of qs[32 + l]
+// element 160 + 16j + l, of qh[l] element 240 + 4j + l.
+TEST(GgufDequant, HandMadeTernary) {
+  int t[256];
+  for (int i = 0; i < 256; ++i) t[i] = (i * 7 + i / 11) % 3 - 1;
+  const float d = 1.5f;
+  std::vector<float> want;
+  for (int i = 0; i < 256; ++i) want.push_back(static_cast<float>(t[i]) * d);
+  {
+    std::string qs(64, '\0');
+    for (int i = 0; i < 256; ++i) {
+      auto& byte = qs[32 * (i / 128) + i % 32];
+      byte = static_cast<char>(byte | ((t[i] + 1) << (2 * ((i / 32) % 4))));
+    }
+    SCOPED_TRACE("TQ2_0");
+    expect_same_bits(dequant(GgmlType::TQ2_0, qs + f16_bytes(d), 256), want);
+  }
+  auto pack = [&](std::initializer_list<int> elements) {
+    int n = 0, digits = 0;
+    for (int e : elements) n = 3 * n + t[e] + 1, ++digits;
+    for (; digits < 5; ++digits) n *= 3;
+    return static_cast<char>((n * 256 + 242) / 243);
+  };
+  std::string qs, qh;
+  for (int l = 0; l < 32; ++l) qs += pack({l, 32 + l, 64 + l, 96 + l, 128 + l});
+  for (int l = 0; l < 16; ++l) qs += pack({160 + l, 176 + l, 192 + l, 208 + l, 224 + l});
+  for (int l = 0; l < 4; ++l) qh += pack({240 + l, 244 + l, 248 + l, 252 + l});
+  SCOPED_TRACE("TQ1_0");
+  expect_same_bits(dequant(GgmlType::TQ1_0, qs + qh + f16_bytes(d), 256), want);
+}
+
+// MXFP4: one E8M0 byte e (scale 2^(e − 127)) and 16 bytes of E2M1 codes, x[j]
+// the low nibble of byte j, x[j + 16] its high nibble. ggml decodes through
+// integers (the E2M1 values doubled, times 2^(e − 128)), so code 8 (−0) gives
+// +0. e = 0 and 1 make the scale subnormal.
+TEST(GgufDequant, HandMadeMxfp4) {
+  const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, 0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  int codes[32];
+  for (int j = 0; j < 32; ++j) codes[j] = (j * 5 + 1) % 16;
+  std::string nibbles;
+  for (int j = 0; j < 16; ++j) nibbles += static_cast<char>(codes[j] | (codes[j + 16] << 4));
+  for (int e : {0, 1, 120, 127, 130, 254}) {
+    SCOPED_TRACE(e);
+    std::vector<float> want;
+    for (int c : codes) want.push_back(std::ldexp(e2m1[c], e - 127));
+    expect_same_bits(dequant(GgmlType::MXFP4, std::string(1, static_cast<char>(e)) + nibbles, 32), want);
+  }
+}
+
 TEST(GgufDequant, RefusesWhatItCannotDo) {
   const std::string b(66, '\0');
   EXPECT_NE(test::error_of([&] { dequant(GgmlType::IQ2_XXS, b, 256); }).find("IQ2_XXS is not supported"),
@@ -317,7 +439,8 @@ TEST(GgufDequant, MatchesGgufPyOnRandomBlocksOfEveryType) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const json manifest = dump_reference(file, dir);
     const GgufFile f = GgufFile::open(file);
-    ASSERT_EQ(f.tensors().size(), 12u);  // F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K Q5_K Q6_K
+    ASSERT_EQ(f.tensors().size(), 18u);  // F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K Q5_K Q6_K
+                                         // Q2_K Q3_K IQ4_XS TQ1_0 TQ2_0 MXFP4
     const Agreement a = compare_tensors(f, manifest, dir);
     EXPECT_EQ(a.differing, 0) << "of " << a.elements << " values differ from gguf-py, by up to " << a.max_ulp
                               << " ulp";
