@@ -64,7 +64,7 @@ if [ "${1:-}" = "--bundle" ]; then
   strip devrun/bin/*  # their symbol tables: about 1 MB of the archive
   # The device tool takes at most 64 MiB with the working tree: ship one compressed archive (carry devrun.tar.xz).
   # The checks run no golden test and no CPU benchmark, so neither travels (with them it was over the limit).
-  tar -cf - devrun | xz -T2 -9 >devrun.tar.xz
+  tar -cf - devrun | xz -T2 --x86 --lzma2=preset=9e >devrun.tar.xz  # x86 filter: the binaries and libraries 0.4 MB smaller
   du -sh devrun devrun.tar.xz
   # The device tool counts the working tree by disk blocks (du), not by file sizes: 14.4 MB against 11.4 MB here.
   tree=$(git ls-files -z | xargs -0 du -k | awk '{s += $1} END {print s * 1024}')
