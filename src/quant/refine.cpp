@@ -78,7 +78,7 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
     return std::isfinite(best) ? best : 0.0f;
   };
   // Per row and group, kept up to date as codes move: the refit's forms
-  // (refine_forms.h) and the smallest gap.
+  // (refine_forms.h; empty without a refit) and the smallest gap.
   GroupForms forms(A.data(), refit ? rows : 0, refit ? cols : 0, refit ? g : 1);
   const int64_t gaps = std::max<int64_t>(gpr, 1);
   std::vector<float> gap(static_cast<size_t>(rows * gaps));
