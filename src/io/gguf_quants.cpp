@@ -28,7 +28,10 @@
 //   TQ1_0  54 B / 256: u8 qs[48], u8 qh[4], d              the same ternary digits, five (qs) or four (qh) per
 //                                                          byte in base 3, scaled to a byte as ⌈v·256 / 243⌉
 //   MXFP4  17 B / 32: u8 e (E8M0), u8 qs[16]               x = 2^(e−127) · e2m1[q] (OCP microscaling)
+//   NVFP4  36 B / 64: u8 s[4] (UE4M3), u8 qs[32]           4 sub-blocks of 16: x = ue4m3(s)·e2m1[q] (no
+//                                                          per-tensor scale in the block)
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "nibble/dtype.h"
@@ -325,6 +328,30 @@ void deq_mxfp4(const uint8_t* b, int64_t nb, float* y) {
   }
 }
 
+// NVFP4: sub-block k (16 elements) takes the UE4M3 scale byte s[k] (4-bit
+// exponent, bias 7, 3-bit mantissa; 0x7F, its NaN, reads as 0) and the low
+// nibbles of qs[8k .. 8k + 7], then their high nibbles. As MXFP4, the E2M1
+// values are doubled integers and the scale is halved.
+float ue4m3_half(uint8_t x) {
+  if (x == 0 || x == 0x7F) return 0.0f;
+  const int e = (x >> 3) & 0x0F, m = x & 7;
+  const float v = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+  return v * 0.5f;
+}
+
+void deq_nvfp4(const uint8_t* b, int64_t nb, float* y) {
+  for (int64_t i = 0; i < nb; ++i, b += 36, y += 64) {
+    const uint8_t* qs = b + 4;
+    for (int k = 0; k < 4; ++k) {
+      const float d = ue4m3_half(b[k]);
+      for (int j = 0; j < 8; ++j) {
+        y[16 * k + j] = d * static_cast<float>(kE2m1Doubled[qs[8 * k + j] & 0x0F]);
+        y[16 * k + 8 + j] = d * static_cast<float>(kE2m1Doubled[qs[8 * k + j] >> 4]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const std::vector<GgmlTypeTraits>& ggml_type_table() {
@@ -364,7 +391,7 @@ const std::vector<GgmlTypeTraits>& ggml_type_table() {
       {T::TQ1_0, "TQ1_0", kQKK, 54, deq_tq1_0},
       {T::TQ2_0, "TQ2_0", kQKK, 66, deq_tq2_0},
       {T::MXFP4, "MXFP4", kQK, 17, deq_mxfp4},
-      {T::NVFP4, "NVFP4", 64, 36, nullptr},
+      {T::NVFP4, "NVFP4", 64, 36, deq_nvfp4},
       {T::Q1_0, "Q1_0", 128, 18, nullptr},
   };
   return rows;

@@ -63,8 +63,10 @@ def dump(path, outdir):
 F16_FIELDS = {
     Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.IQ4_NL: [0],
     Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208], Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_XS: [0],
-    Q.TQ1_0: [52], Q.TQ2_0: [64], Q.MXFP4: [],  # MXFP4: an E8M0 byte, every value valid
+    Q.TQ1_0: [52], Q.TQ2_0: [64], Q.MXFP4: [], Q.NVFP4: [],  # MXFP4: an E8M0 byte, every value valid
 }
+# Byte ranges of unsigned 7-bit scale fields (NVFP4's UE4M3): the top bit cleared.
+UE4M3_FIELDS = {Q.NVFP4: (0, 4)}
 
 
 def random_finite_f16_bits(rng, n):
@@ -97,7 +99,7 @@ def synth(path, seed):
     w.add_array("t.nested", [[1, 2], [3]])
     rows, cols = 3, 512
     for qt in [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-               Q.Q2_K, Q.Q3_K, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.MXFP4]:
+               Q.Q2_K, Q.Q3_K, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.MXFP4, Q.NVFP4]:
         block, size = gguf.GGML_QUANT_SIZES[qt]
         nb = rows * cols // block
         if qt == Q.F32:  # random finite f32 bit patterns, subnormals included
@@ -114,6 +116,9 @@ def synth(path, seed):
             blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint16).astype(np.uint8)
             for off in F16_FIELDS[qt]:
                 blocks[:, off:off + 2] = random_finite_f16_bits(rng, nb).view(np.uint8).reshape(nb, 2)
+            if qt in UE4M3_FIELDS:
+                a, b = UE4M3_FIELDS[qt]
+                blocks[:, a:b] &= np.uint8(0x7F)
             data = blocks.reshape(-1)
         data = np.ascontiguousarray(data.reshape(rows, -1))
         w.add_tensor(f"synth.{qt.name}", data, raw_dtype=qt)

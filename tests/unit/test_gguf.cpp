@@ -319,6 +319,26 @@ TEST(GgufDequant, HandMadeMxfp4) {
   }
 }
 
+// NVFP4: 64 elements in 4 sub-blocks of 16, each with an unsigned E4M3 scale
+// (bias 7; exponent 0 is subnormal: m·2^-9; 0x7F, the NaN, reads as 0) and the
+// packing of MXFP4 over 8 bytes (x[j] low nibble of byte j, x[j + 8] its high
+// nibble); x = scale·e2m1[q].
+TEST(GgufDequant, HandMadeNvfp4) {
+  const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, 0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  // Scale bytes: 1 (e 7, m 0), the subnormal 3·2^-9 (e 0, m 3), the largest 448 (e 15, m 6; m 7 is the NaN),
+  // and the NaN (0 · a negative value is −0).
+  const uint8_t sb[4] = {0x38, 0x03, 0x7E, 0x7F};
+  const float scale[4] = {1.0f, 3.0f / 512.0f, 448.0f, 0.0f};
+  int codes[64];
+  for (int j = 0; j < 64; ++j) codes[j] = (j * 7 + 3) % 16;
+  std::string block(reinterpret_cast<const char*>(sb), 4);
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 8; ++j) block += static_cast<char>(codes[16 * k + j] | (codes[16 * k + 8 + j] << 4));
+  std::vector<float> want;
+  for (int j = 0; j < 64; ++j) want.push_back(scale[j / 16] * e2m1[codes[j]]);  // code 8 (−0) gives +0
+  expect_same_bits(dequant(GgmlType::NVFP4, block, 64), want);
+}
+
 TEST(GgufDequant, RefusesWhatItCannotDo) {
   const std::string b(66, '\0');
   EXPECT_NE(test::error_of([&] { dequant(GgmlType::IQ2_XXS, b, 256); }).find("IQ2_XXS is not supported"),
@@ -439,8 +459,8 @@ TEST(GgufDequant, MatchesGgufPyOnRandomBlocksOfEveryType) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const json manifest = dump_reference(file, dir);
     const GgufFile f = GgufFile::open(file);
-    ASSERT_EQ(f.tensors().size(), 18u);  // F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K Q5_K Q6_K
-                                         // Q2_K Q3_K IQ4_XS TQ1_0 TQ2_0 MXFP4
+    ASSERT_EQ(f.tensors().size(), 19u);  // F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K Q5_K Q6_K
+                                         // Q2_K Q3_K IQ4_XS TQ1_0 TQ2_0 MXFP4 NVFP4
     const Agreement a = compare_tensors(f, manifest, dir);
     EXPECT_EQ(a.differing, 0) << "of " << a.elements << " values differ from gguf-py, by up to " << a.max_ulp
                               << " ulp";
