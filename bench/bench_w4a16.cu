@@ -3,8 +3,13 @@
 // against the read bandwidth measured in the same run (issue 6, item 2).
 //
 //   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas] [--profile]
-//               [--shapes NxK,...] [--no-pdl] [--interleave] [--act bf16|fp16]
+//               [--shapes NxK,...] [--no-pdl] [--interleave] [--act bf16|fp16] [--torch SCRIPT | --no-torch]
 //
+// After the stacks (groups of 128 only), the same run starts SCRIPT
+// (default bench/torch_int4_stack.py, relative to the working directory) with
+// python3 for torch's int4 kernel (tinygemm) on the unfused stack at the same
+// M, and prints it beside nibble's stacks (issue 6: "one run prints all of
+// it"). Without python3 or torch it says so and ends normally.
 // --act: the activations' type for nibble's kernels (bf16 by default; cuBLAS
 // stays bf16 and reads the same buffer, for its time only).
 // --shapes: only these shapes, each as `--layers` copies in one graph per M
@@ -37,6 +42,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -236,9 +242,54 @@ std::vector<Shape> stack_shapes(int layers, bool fused) {
 
 }  // namespace
 
+// torch's int4 kernel on the same unfused stack, by bench/torch_int4_stack.py
+// in a child process (this one's GPU buffers are freed by then), beside
+// nibble's unfused and fused stacks of this run.
+void torch_rows(const std::string& script, int layers, const std::vector<int>& ms, const std::map<int, float>& unfused,
+                const std::map<int, float>& fused) {
+  std::string list;
+  for (int M : ms) list += (list.empty() ? "" : ",") + std::to_string(M);
+  const std::string cmd =
+      "python3 '" + script + "' --tinygemm-only --layers " + std::to_string(layers) + " --ms " + list + " 2>&1";
+  std::fflush(stdout);
+  FILE* p = popen(cmd.c_str(), "r");
+  std::map<int, float> tiny;
+  std::string last, head;
+  if (p != nullptr) {
+    char line[512];
+    while (std::fgets(line, sizeof line, p) != nullptr) {
+      last = line;
+      int M = 0;
+      float t = 0, gb = 0;
+      if (std::sscanf(line, "%d %f %f", &M, &t, &gb) == 3)
+        tiny[M] = t;
+      else if (head.empty() && std::string(line).rfind("torch ", 0) == 0)
+        head = line;
+    }
+  }
+  const int rc = p != nullptr ? pclose(p) : -1;
+  for (std::string* l : {&last, &head})
+    while (!l->empty() && (l->back() == '\n' || l->back() == '\r')) l->pop_back();
+  if (rc != 0 || tiny.empty()) {
+    std::printf("\ntorch tinygemm: not measured (%s: %s)\n", cmd.c_str(), last.empty() ? "no output" : last.c_str());
+    return;
+  }
+  std::printf("\ntorch's int4 kernel (aten._weight_int4pack_mm, tinygemm, groups of 128) on the unfused stack, run by "
+              "%s from this run (%s):\n",
+              script.c_str(), head.empty() ? "torch" : head.c_str());
+  std::printf("%3s %12s %14s %12s %18s\n", "M", "tinygemm ms", "nibble unfused", "nibble fused",
+              "tinygemm / fused");
+  for (int M : ms) {
+    if (!tiny.count(M) || !unfused.count(M) || !fused.count(M)) continue;
+    const float t = tiny.at(M), f = fused.at(M);
+    std::printf("%3d %12.3f %14.3f %12.3f %17.2fx\n", M, t, unfused.at(M), f, t / f);
+  }
+}
+
 int main(int argc, char** argv) {
   int layers = 32, reps = 20;
   bool skip_cublas = false, profile = false, no_pdl = false, interleave = false;
+  std::string torch_script = "bench/torch_int4_stack.py";  // --torch; empty: --no-torch
   std::vector<int> ms = {1, 4, 16, 64};
   std::vector<Shape> only;  // --shapes
   for (int i = 1; i < argc; ++i) {
@@ -250,6 +301,8 @@ int main(int argc, char** argv) {
     else if (a == "--profile") profile = true;
     else if (a == "--no-pdl") no_pdl = true;
     else if (a == "--interleave") interleave = true;
+    else if (a == "--no-torch") torch_script.clear();
+    else if (a == "--torch" && i + 1 < argc) torch_script = argv[++i];
     else if (a == "--act" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v != "bf16" && v != "fp16") {
@@ -275,7 +328,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--group 128|64|32] [--skip-cublas] "
-                   "[--profile] [--shapes NxK,...] [--no-pdl] [--interleave] [--act bf16|fp16]\n");
+                   "[--profile] [--shapes NxK,...] [--no-pdl] [--interleave] [--act bf16|fp16] [--torch SCRIPT | --no-torch]\n");
       return 2;
     }
   }
@@ -375,6 +428,7 @@ int main(int argc, char** argv) {
   std::printf("\n%-8s %3s %12s %10s %10s %10s %12s %10s %8s\n", "stack", "M", "int4 GB", "nibble ms", "no-PDL ms",
               "cuBLAS ms", "bf16 GB", "of read BW", "x M=1");
   const std::vector<Shape> unfused_shapes = stack_shapes(layers, false);
+  std::map<int, float> stack_ms[2];  // [fused][M]: nibble's stack times, for the torch rows
   for (bool fused : {false, true}) {
     const std::vector<Shape> shapes = stack_shapes(layers, fused);
     // One host random matrix per distinct shape; each linear gets its own device copy.
@@ -524,6 +578,7 @@ int main(int argc, char** argv) {
                                            shapes[i].n, s);
         });
       if (M == 1) t_m1 = t_pdl;
+      stack_ms[fused][M] = t_pdl;
       std::printf("%-8s %3d %12.3f %10.3f %10.3f %10.3f %12.3f %9.1f%%", fused ? "fused" : "unfused", M,
                   int4_bytes / 1e9, t_pdl, t_plain, t_cublas, bf16_bytes / 1e9,
                   100.0 * int4_bytes / (t_pdl * 1e-3) / (read_gbs * 1e9));
@@ -539,5 +594,6 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
   }
   std::printf("\nfloor at the measured read bandwidth: int4 bytes / %.0f GB/s\n", read_gbs);
+  if (!torch_script.empty() && g_group == 128) torch_rows(torch_script, layers, ms, stack_ms[0], stack_ms[1]);
   return 0;
 }

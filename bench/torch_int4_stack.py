@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch's references for bench_w4a16 on the same Llama-3-8B-shaped stack (run on the GPU machine).
 
-    python3 bench/torch_int4_stack.py [--layers 32] [--ms 1,4,16,64]
+    python3 bench/torch_int4_stack.py [--layers 32] [--ms 1,4,16,64] [--tinygemm-only]
 
 Times, as CUDA graph replays (median of --reps): torch's own int4 kernel
 (aten._weight_int4pack_mm, "tinygemm", group 128) and bf16 F.linear (cuBLAS), for
 the unfused stack (q, k, v, o, gate, up, down per layer, then the head).
-Random weights and activations (never zeros).
+Random weights and activations (never zeros). --tinygemm-only: the int4 rows
+alone (bench_w4a16 runs it so, and times cuBLAS itself).
 """
 import argparse
 
@@ -50,6 +51,7 @@ def main():
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--ms", default="1,4,16,64")
+    ap.add_argument("--tinygemm-only", action="store_true")
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     dev = torch.device("cuda")
@@ -76,6 +78,8 @@ def main():
         print(f"{m:>3} {time_graph(run, args.reps):>12.3f} {int4_bytes / 1e9:>8.3f}", flush=True)
     del int4
     torch.cuda.empty_cache()
+    if args.tinygemm_only:
+        return
     bf16 = [torch.empty(n, k, dtype=torch.bfloat16, device=dev).uniform_(-0.05, 0.05) for n, k in sh]
     print(f"{'M':>3} {'cuBLAS bf16 ms':>15} {'bf16 GB':>8}")
     for m in ms:

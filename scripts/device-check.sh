@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks that need a GPU machine with torch + transformers (the lent H200):
 #   gpu:           the CUDA kernel tests (CI compiles them but has no GPU) and the
-#                  W4A16 stack benchmark (from a bundle without --models) next to torch's int4 kernel and cuBLAS bf16;
+#                  W4A16 stack benchmark (from a bundle without --models), which prints torch's int4 kernel and
+#                  cuBLAS bf16 on the same stack;
 #   gptq:          GPTQ on the GPU: the Cuda.Gptq* / Cuda.Calibration* tests (solve, calibration forward,
 #                  end-to-end runs) and bench_gptq_cuda (GPU vs CPU solve; from a bundle without --models);
 #   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
@@ -85,9 +86,9 @@ for what in "${@:-gpu}"; do
   case $what in
     gpu)
       devrun/bin/nibble_tests --gtest_filter='Cuda*' 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
+      # bench_w4a16 runs bench/torch_int4_stack.py itself (torch's tinygemm beside nibble's stacks).
       if [ -x devrun/bin/bench_w4a16 ]; then devrun/bin/bench_w4a16 2>&1 | tee "$OUT/bench_w4a16.txt"
       else echo "bench_w4a16 is not in a --models bundle: bundle without --models to run it"; fi
-      python3 bench/torch_int4_stack.py 2>&1 | tee "$OUT/torch_int4_stack.txt"
       ;;
     gptq)
       devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Cuda.Hessian*:Cuda.Calibration*:Cuda.Refine*:Gptq*:Refine*' 2>&1 |
