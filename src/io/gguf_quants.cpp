@@ -213,24 +213,27 @@ void deq_q6_k(const uint8_t* b, int64_t nb, float* y) {
   }
 }
 
-// Q2_K: two halves of 128; in half h, the four 2-bit fields (shift 0, 2, 4, 6)
-// of qs[32h + l] are elements 128h + 32s + l. Element e is in sub-block e / 16,
-// whose scales byte holds the scale (low nibble) and the min (high nibble).
+// The 2-bit codes of Q2_K, Q3_K and TQ2_0 (64 bytes per 256 elements): two
+// halves of 128; in half h, the four 2-bit fields (shift 0, 2, 4, 6) of
+// qs[32h + l] are elements 128h + 32s + l.
+inline int two_bit_code(const uint8_t* qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3; }
+
+// Q2_K: element e is in sub-block e / 16, whose scales byte holds the scale
+// (low nibble) and the min (high nibble).
 void deq_q2_k(const uint8_t* b, int64_t nb, float* y) {
   for (int64_t i = 0; i < nb; ++i, b += 84, y += kQKK) {
     const uint8_t* scales = b;
     const uint8_t* qs = b + 16;
     const float d = f16(b + 80), dmin = f16(b + 82);
     for (int e = 0; e < kQKK; ++e) {
-      const int h = e / 128, s = (e / 32) % 4, l = e % 32;
       const uint8_t sc = scales[e / 16];
       const float dl = d * static_cast<float>(sc & 0x0F), ml = dmin * static_cast<float>(sc >> 4);
-      y[e] = dl * static_cast<float>((qs[32 * h + l] >> (2 * s)) & 3) - ml;
+      y[e] = dl * static_cast<float>(two_bit_code(qs, e)) - ml;
     }
   }
 }
 
-// Q3_K: the low 2 bits as Q2_K's; the third from bit (e / 32) of hmask[e % 32],
+// Q3_K: the low 2 bits as Q2_K's; the third from bit e / 32 of hmask[e % 32],
 // which when clear subtracts 4. Scale j (0..15, per sub-block of 16): low 4
 // bits from the nibble (j / 8) of byte j % 8, high 2 bits from bits
 // 2·(j / 4) of byte 8 + j % 4, minus 32.
@@ -246,8 +249,7 @@ void deq_q3_k(const uint8_t* b, int64_t nb, float* y) {
       dl[j] = d * static_cast<float>(sc - 32);
     }
     for (int e = 0; e < kQKK; ++e) {
-      const int h = e / 128, s = (e / 32) % 4, l = e % 32;
-      const int q = ((qs[32 * h + l] >> (2 * s)) & 3) - (((hmask[l] >> (e / 32)) & 1) ? 0 : 4);
+      const int q = two_bit_code(qs, e) - (((hmask[e % 32] >> (e / 32)) & 1) ? 0 : 4);
       y[e] = dl[e / 16] * static_cast<float>(q);
     }
   }
@@ -273,14 +275,11 @@ void deq_iq4_xs(const uint8_t* b, int64_t nb, float* y) {
   }
 }
 
-// TQ2_0: element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l], minus 1.
+// TQ2_0: the 2-bit code minus 1.
 void deq_tq2_0(const uint8_t* b, int64_t nb, float* y) {
   for (int64_t i = 0; i < nb; ++i, b += 66, y += kQKK) {
     const float d = f16(b + 64);
-    for (int e = 0; e < kQKK; ++e) {
-      const int q = (b[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
-      y[e] = static_cast<float>(q - 1) * d;
-    }
+    for (int e = 0; e < kQKK; ++e) y[e] = static_cast<float>(two_bit_code(b, e) - 1) * d;
   }
 }
 
@@ -331,7 +330,9 @@ void deq_mxfp4(const uint8_t* b, int64_t nb, float* y) {
 // NVFP4: sub-block k (16 elements) takes the UE4M3 scale byte s[k] (4-bit
 // exponent, bias 7, 3-bit mantissa; 0x7F, its NaN, reads as 0) and the low
 // nibbles of qs[8k .. 8k + 7], then their high nibbles. As MXFP4, the E2M1
-// values are doubled integers and the scale is halved.
+// values are doubled integers and the scale is halved. (dtype.h's OCP decoders
+// differ at the edges ggml defines its own way: e2m1_to_f32 gives −0 for code 8
+// and f8_e4m3_to_f32 NaN for 0x7F, where ggml gives +0 and 0.)
 float ue4m3_half(uint8_t x) {
   if (x == 0 || x == 0x7F) return 0.0f;
   const int e = (x >> 3) & 0x0F, m = x & 7;
