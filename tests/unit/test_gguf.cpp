@@ -197,19 +197,22 @@ TEST(GgufDequant, HandMadeQ6K) {
   expect_same_bits(dequant(GgmlType::Q6_K, ql + qh + scales + f16_bytes(d), 256), want);
 }
 
-// Q2_K: element i = 128·h + 32·s + l is bits 2s..2s+1 of qs[32h + l]; the
-// scales byte of its sub-block i / 16 holds a 4-bit scale (low nibble) and min
-// (high nibble); f16 d and dmin come last; x = (d·scale)·q − dmin·min.
+// The 2-bit fields of Q2_K, Q3_K and TQ2_0 (64 bytes per 256 elements): element
+// i = 128·h + 32·s + l is bits 2s..2s+1 of qs[32h + l].
+void put_two_bit(std::string& qs, int i, int q) {
+  auto& byte = qs[32 * (i / 128) + i % 32];
+  byte = static_cast<char>(byte | ((q & 3) << (2 * ((i / 32) % 4))));
+}
+
+// Q2_K: the scales byte of sub-block i / 16 holds a 4-bit scale (low nibble)
+// and min (high nibble); f16 d and dmin come last; x = (d·scale)·q − dmin·min.
 TEST(GgufDequant, HandMadeQ2K) {
   int q[256], sc[16], mn[16];
   for (int i = 0; i < 256; ++i) q[i] = (i * 7 + 1) % 4;
   for (int k = 0; k < 16; ++k) sc[k] = (5 * k + 3) % 16, mn[k] = (3 * k + 1) % 16;
   std::string scales(16, '\0'), qs(64, '\0');
   for (int k = 0; k < 16; ++k) scales[k] = static_cast<char>(sc[k] | (mn[k] << 4));
-  for (int i = 0; i < 256; ++i) {
-    auto& byte = qs[32 * (i / 128) + i % 32];
-    byte = static_cast<char>(byte | (q[i] << (2 * ((i / 32) % 4))));
-  }
+  for (int i = 0; i < 256; ++i) put_two_bit(qs, i, q[i]);
   const float d = 0.5f, dmin = 0.25f;
   std::vector<float> want;
   for (int i = 0; i < 256; ++i)
@@ -217,7 +220,7 @@ TEST(GgufDequant, HandMadeQ2K) {
   expect_same_bits(dequant(GgmlType::Q2_K, scales + qs + f16_bytes(d) + f16_bytes(dmin), 256), want);
 }
 
-// Q3_K: q in −4..3, stored as its low 2 bits (laid out as Q2_K's) and a high
+// Q3_K: q in −4..3, stored as its low 2 bits (the 2-bit fields) and a high
 // bit in hmask (bit i / 32 of hmask[i % 32]) that is set when q ≥ 0 (a clear
 // bit subtracts 4). 16 six-bit scales in 12 bytes: the low nibble of byte
 // k % 8 (k < 8) or its high nibble (k ≥ 8), and bits 2(k / 4)..+1 of byte
@@ -228,8 +231,7 @@ TEST(GgufDequant, HandMadeQ3K) {
   for (int k = 0; k < 16; ++k) sc[k] = (k * 23 + 9) % 64;
   std::string hmask(32, '\0'), qs(64, '\0'), scales(12, '\0');
   for (int i = 0; i < 256; ++i) {
-    auto& byte = qs[32 * (i / 128) + i % 32];
-    byte = static_cast<char>(byte | ((q[i] & 3) << (2 * ((i / 32) % 4))));
+    put_two_bit(qs, i, q[i]);  // the low 2 bits (two's complement)
     if (q[i] >= 0) hmask[i % 32] = static_cast<char>(hmask[i % 32] | (1 << (i / 32)));
   }
   for (int k = 0; k < 16; ++k) {
@@ -268,7 +270,7 @@ TEST(GgufDequant, HandMadeIq4Xs) {
 }
 
 // The ternary types: t in {−1, 0, 1}, x = t·d. TQ2_0 stores t + 1 in 2 bits
-// as Q2_K lays out its codes. TQ1_0 packs base-3 digits t + 1 into bytes as
+// in the 2-bit fields. TQ1_0 packs base-3 digits t + 1 into bytes as
 // v = ⌈n·256 / 243⌉ for n = 81 t0 + 27 t1 + 9 t2 + 3 t3 + t4 (qh: four digits,
 // t4 = 0); digit j of qs[l] (l < 32) is element 32j + l, of qs[32 + l]
 // element 160 + 16j + l, of qh[l] element 240 + 4j + l.
@@ -280,10 +282,7 @@ TEST(GgufDequant, HandMadeTernary) {
   for (int i = 0; i < 256; ++i) want.push_back(static_cast<float>(t[i]) * d);
   {
     std::string qs(64, '\0');
-    for (int i = 0; i < 256; ++i) {
-      auto& byte = qs[32 * (i / 128) + i % 32];
-      byte = static_cast<char>(byte | ((t[i] + 1) << (2 * ((i / 32) % 4))));
-    }
+    for (int i = 0; i < 256; ++i) put_two_bit(qs, i, t[i] + 1);
     SCOPED_TRACE("TQ2_0");
     expect_same_bits(dequant(GgmlType::TQ2_0, qs + f16_bytes(d), 256), want);
   }
