@@ -269,8 +269,8 @@ TEST(GgufDequant, HandMadeIq4Xs) {
   expect_same_bits(dequant(GgmlType::IQ4_XS, block, 256), want);
 }
 
-// The ternary types: t in {−1, 0, 1}, x = t·d. TQ2_0 stores t + 1 in 2 bits
-// in the 2-bit fields. TQ1_0 packs base-3 digits t + 1 into bytes as
+// The ternary types: t in {−1, 0, 1}, x = t·d. TQ2_0 stores t + 1 in the
+// 2-bit fields. TQ1_0 packs base-3 digits t + 1 into bytes as
 // v = ⌈n·256 / 243⌉ for n = 81 t0 + 27 t1 + 9 t2 + 3 t3 + t4 (qh: four digits,
 // t4 = 0); digit j of qs[l] (l < 32) is element 32j + l, of qs[32 + l]
 // element 160 + 16j + l, of qh[l] element 240 + 4j + l.
