@@ -191,6 +191,8 @@ class GgufFile {
   Tensor view(const std::string& name) const;
   // Any supported type dequantized to a new F32 tensor of shape info().shape().
   Tensor dequantize(const std::string& name) const;
+  // Throws unless dequantize(name) supports the tensor's type.
+  void require_dequantizable(const std::string& name) const;
 
  private:
   std::filesystem::path path_;
@@ -254,6 +256,7 @@ class GgufSource final : public ModelSource {
   bool contains(const std::string& name) const override { return entries_.count(name) != 0; }
   TensorMeta meta(const std::string& name) const override;
   Tensor load(const std::string& name) const override;
+  void check_loadable() const override;
 
  private:
   struct Entry {

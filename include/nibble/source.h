@@ -61,6 +61,11 @@ class ModelSource : public TensorSource {
   // Checks that every tensor the config implies is present with its shape
   // (errors name describe() and the tensor).
   virtual void validate_against_config() const;
+  // Throws, naming the tensor, when a weight could not be loaded for a reason
+  // known without reading it (a GGUF tensor of a ggml type nibble cannot
+  // dequantize). Reads no weight: verbs that run long before their first load
+  // of a source (eval's candidates wait for the reference pass) call it first.
+  virtual void check_loadable() const {}
   // The tokenizer.json that goes with the weights, or an empty path.
   virtual std::filesystem::path tokenizer_json() const { return {}; }
   // The tokenizer that goes with the weights, or nullopt: by default read from

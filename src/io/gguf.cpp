@@ -489,11 +489,16 @@ Tensor GgufFile::view(const std::string& name) const {
   return Tensor::view(*dt, t.shape(), p, mapping_);
 }
 
-Tensor GgufFile::dequantize(const std::string& name) const {
+void GgufFile::require_dequantizable(const std::string& name) const {
   const GgufTensorInfo& t = info(name);
   const GgmlTypeTraits* tt = ggml_type_traits(t.type);
   NIBBLE_CHECK(tt && tt->dequantize, "{}: tensor {} has ggml type {}, which nibble cannot dequantize (supported: {})",
                path_.string(), qstr(name), ggml_type_name(t.type), ggml_dequantizable_types());
+}
+
+Tensor GgufFile::dequantize(const std::string& name) const {
+  require_dequantizable(name);
+  const GgufTensorInfo& t = info(name);
   Tensor out = Tensor::empty(DType::F32, t.shape());
   ggml_dequantize(t.type, data(t), t.nbytes, out.data_mut<float>(), t.numel());
   return out;

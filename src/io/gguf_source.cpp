@@ -326,6 +326,13 @@ Tensor GgufSource::load(const std::string& name) const {
   return out;
 }
 
+void GgufSource::check_loadable() const {
+  for (const std::string& name : order_) {
+    const Entry& e = entry(name);
+    if (!plain_dtype(file_.info(e.gguf_name).type)) file_.require_dequantizable(e.gguf_name);
+  }
+}
+
 bool is_gguf_file(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;

@@ -27,6 +27,10 @@ class OverlaySource final : public ModelSource {
   std::filesystem::path tokenizer_json() const override { return base_->tokenizer_json(); }
   std::optional<Tokenizer> tokenizer() const override { return base_->tokenizer(); }
   std::string activation_quant() const override { return base_->activation_quant(); }
+  void check_loadable() const override {
+    base_->check_loadable();
+    if (owned_) owned_->check_loadable();  // (a reference other_ is the caller's to check)
+  }
 
  private:
   const ModelSource& from(const std::string& n) const {

@@ -191,6 +191,13 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
     EXPECT_NE(f.err.find(error), std::string::npos) << args << ": " << f.err;
   };
   refused("--device tpu", "--device");
+  // A candidate that cannot be opened is reported before the reference pass (whose line and table never print).
+  const auto missing = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                                         " --candidate " + (tmp / "no-such-model").string() + " --corpus ts=" +
+                                         (tmp / "t.txt").string() + " --ctx 64 --chunks 3");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("no-such-model"), std::string::npos) << missing.err;
+  EXPECT_EQ(missing.out, "") << missing.out;
   // Simulations the GPU forward does not do are refused at once, on any build and any machine.
   refused("--device cuda --kv none,int4", "--kv int4 is simulated on the CPU only");
 #ifndef NIBBLE_HAVE_CUDA

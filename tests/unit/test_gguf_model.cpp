@@ -138,6 +138,7 @@ struct Defect {
   bool bad_rope_freqs = false;
   std::vector<std::string> vocab = {};  // tokenizer.ggml.tokens of a SentencePiece ("llama") vocabulary, when not empty
   int64_t bos_id = -1;                  // tokenizer.ggml.bos_token_id, when >= 0
+  std::string unloadable = "";          // GGUF tensor stored as Q8_1 (random bytes), a type nibble cannot dequantize
 };
 
 ModelConfig synth_config(const Synth& s) {
@@ -266,6 +267,13 @@ ModelConfig write_synth(const Synth& s, const fs::path& hf_dir, const fs::path& 
     Tensor stored = t;
     if (s.arch == "llama" && g.find(".attn_q.") != std::string::npos) stored = llama_cpp_permute(t, c.num_heads);
     if (s.arch == "llama" && g.find(".attn_k.") != std::string::npos) stored = llama_cpp_permute(t, c.num_kv_heads);
+    if (g == defect.unloadable) {  // Q8_1: 40 bytes per 32 values
+      std::string bytes(static_cast<size_t>(t.numel() / 32 * 40), '\0');
+      for (char& ch : bytes) ch = static_cast<char>(rng() & 0x3F);
+      b.tensor(g, {static_cast<uint64_t>(t.size(1)), static_cast<uint64_t>(t.size(0))},
+               static_cast<uint32_t>(io::GgmlType::Q8_1), bytes);
+      continue;
+    }
     b.tensor_f32(g, stored);
   }
   if (s.llama3_rope) {
@@ -353,6 +361,25 @@ TEST(GgufSource, ModelLevelErrors) {
                 .find("tensor 'model.layers.0.self_attn.k_proj.weight' has shape [32, 64], but the config implies [64, "
                       "64]"),
             std::string::npos);
+}
+
+// A tensor of a ggml type nibble cannot dequantize: the file opens (inspect
+// lists it), check_loadable() names the tensor and its type without loading
+// anything, and so does loading it; the other tensors load.
+TEST(GgufSource, UnloadableTypeIsReportedBeforeAnyLoad) {
+  TempDir tmp("nibble-gguf");
+  write_synth({}, tmp / "hf", tmp / "m.gguf", {.unloadable = "blk.1.ffn_down.weight"});
+  const auto gguf = GgufSource::open(tmp / "m.gguf");
+  const std::string e = test::error_of([&] { gguf->check_loadable(); });
+  EXPECT_EQ(e.rfind((tmp / "m.gguf").string() + ": tensor 'blk.1.ffn_down.weight' has ggml type Q8_1, which nibble "
+                                                 "cannot dequantize (supported: F32, ",
+                    0),
+            0u)
+      << e;
+  EXPECT_EQ(test::error_of([&] { gguf->load("model.layers.1.mlp.down_proj.weight"); }), e);
+  EXPECT_EQ(gguf->load("model.layers.1.mlp.up_proj.weight").shape(), (std::vector<int64_t>{96, 64}));
+  write_synth({}, tmp / "hf", tmp / "ok.gguf");
+  EXPECT_EQ(test::error_of([&] { GgufSource::open(tmp / "ok.gguf")->check_loadable(); }), "(no error)");
 }
 
 // ---------------------------------------------------------------- perplexity

@@ -175,6 +175,14 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     if (o->opt.device == "cuda")  // refused before any work, not after the reference has run
       for (const RunVariant& v : variants) kv_device_dtype(find_kv_quant(v.kv), "eval --device cuda");  // none, bf16
     auto ref = open_model_source(o->reference);
+    ref->check_loadable();
+    // Every candidate opened and checked before the reference pass, which can
+    // take hours: a wrong path or a tensor nibble cannot load is reported now.
+    std::vector<std::unique_ptr<ModelSource>> cands;
+    for (const auto& spec : o->candidates) {
+      cands.push_back(open_model_source(spec, ref.get()));
+      cands.back()->check_loadable();
+    }
     const std::optional<Tokenizer> tok = ref->tokenizer();
     if (tok) o->opt.bos = leading_bos(*tok);
     std::vector<eval::Corpus> corpora;
@@ -218,8 +226,9 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       std::printf("\n");
       std::fflush(stdout);
     }
-    for (const auto& spec : o->candidates) {
-      auto cand = open_model_source(spec, ref.get());
+    for (size_t ci = 0; ci < o->candidates.size(); ++ci) {
+      const std::string& spec = o->candidates[ci];
+      std::unique_ptr<ModelSource> cand = std::move(cands[ci]);  // released once scored
       nlohmann::ordered_json cj = {{"name", spec},
                                    {"source", cand->describe()},
                                    {"bits_per_weight", linear_bits_per_weight(*cand)},

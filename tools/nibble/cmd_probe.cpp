@@ -45,6 +45,8 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
   cmd->callback([o, &global] {
     auto ref = open_model_source(o->reference);
     auto cand = open_model_source(o->candidate, ref.get());
+    ref->check_loadable();
+    cand->check_loadable();
     const Tokenizer tok = require_tokenizer(*ref, o->reference);
     std::ifstream f(o->corpus, std::ios::binary);
     std::stringstream ss;

@@ -33,6 +33,7 @@ class Runner {
   // quantizer replacing the checkpoint's ("" keeps the checkpoint's).
   Runner(const std::string& path, const std::string& device, const std::string& kv, const std::string& act_quant)
       : src_(open_model_source(path)), kv_(find_kv_quant(kv)) {
+    src_->check_loadable();
     const ActQuantSpec* act = act_quant.empty() ? nullptr : find_act_quant(act_quant);
     tok_ = std::make_unique<Tokenizer>(require_tokenizer(*src_, path));
     NIBBLE_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, found '{}'", device);
@@ -282,6 +283,7 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
               "  nibble ppl --model out/qwen3-rtn --text ../shared/data/corpora/linux-eval.txt --device cuda");
   cmd->callback([=, &global] {
     auto dir = open_model_source(*model);
+    dir->check_loadable();  // before the first window, not at the layer that holds the tensor
     const Tokenizer tok = require_tokenizer(*dir, *model);
     std::ifstream f(*text, std::ios::binary);
     std::stringstream ss;

@@ -42,6 +42,7 @@ void register_gsm8k(CLI::App& app, const GlobalOptions& global) {
     o->g.progress = !global.quiet;
     o->g.journal = o->out + ".partial";
     auto src = open_model_source(o->model);
+    src->check_loadable();
     const Tokenizer tok = require_tokenizer(*src, o->model);
     std::string style;
     const auto items = eval::run_gsm8k(*src, tok, o->g, &style);
