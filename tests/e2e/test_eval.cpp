@@ -198,6 +198,18 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.err.find("no-such-model"), std::string::npos) << missing.err;
   EXPECT_EQ(missing.out, "") << missing.out;
+  // So is a --json or --html path whose directory does not exist (both are written at the end).
+  for (const char* flag : {"--json", "--html"}) {
+    const auto nodir = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
+                                         " --corpus ts=" + (tmp / "t.txt").string() + " --ctx 64 --chunks 3 " + flag +
+                                         " " + (tmp / "no-dir" / "r").string());
+    EXPECT_NE(nodir.exit_code, 0) << flag;
+    EXPECT_NE(nodir.err.find(std::string(flag) + " " + (tmp / "no-dir" / "r").string() + ": directory " +
+                             (tmp / "no-dir").string() + " does not exist"),
+              std::string::npos)
+        << nodir.err;
+    EXPECT_EQ(nodir.out, "") << flag << ": " << nodir.out;
+  }
   // Simulations the GPU forward does not do are refused at once, on any build and any machine.
   refused("--device cuda --kv none,int4", "--kv int4 is simulated on the CPU only");
 #ifndef NIBBLE_HAVE_CUDA

@@ -174,6 +174,8 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
     }
     if (o->opt.device == "cuda")  // refused before any work, not after the reference has run
       for (const RunVariant& v : variants) kv_device_dtype(find_kv_quant(v.kv), "eval --device cuda");  // none, bf16
+    require_output_dir("--json", o->json);  // written at the end: checked before the work
+    require_output_dir("--html", o->html);
     auto ref = open_model_source(o->reference);
     ref->check_loadable();
     // Every candidate opened and checked before the reference pass, which can

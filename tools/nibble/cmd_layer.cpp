@@ -128,11 +128,8 @@ void run_layer(const LayerOptions& o, const GlobalOptions& global) {
   NIBBLE_CHECK(is_gptq || !o.act_order, "--act-order applies to GPTQ (--method gptq or TRANSFORM+gptq) only");
   NIBBLE_CHECK(is_gptq || o.refine == 0, "--refine applies to GPTQ (--method gptq or TRANSFORM+gptq) only");
   // Fail before the work, not after it, when an output cannot be placed.
-  for (const auto& [flag, path] : {std::pair{"--out", &o.out}, std::pair{"--report", &o.report}}) {
-    const std::filesystem::path dir = std::filesystem::path(*path).parent_path();
-    NIBBLE_CHECK(dir.empty() || std::filesystem::is_directory(dir), "{} {}: directory {} does not exist", flag, *path,
-                 dir.string());
-  }
+  require_output_dir("--out", o.out);
+  require_output_dir("--report", o.report);
 
   const Tensor w = load_matrix(o.weight, "--weight");  // [out, in]
   const int64_t rows = w.size(0), cols = w.size(1);

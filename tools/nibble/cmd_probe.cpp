@@ -43,6 +43,7 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
       "Example:\n  nibble probe --reference ../shared/models/qwen3-26M-linux --candidate out/qwen3-gptq \\\n"
       "      --corpus ../shared/data/corpora/linux-eval.txt --ctx 512 --chunks 8");
   cmd->callback([o, &global] {
+    require_output_dir("--json", o->json);
     auto ref = open_model_source(o->reference);
     auto cand = open_model_source(o->candidate, ref.get());
     ref->check_loadable();

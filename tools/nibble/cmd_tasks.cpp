@@ -41,6 +41,7 @@ void register_gsm8k(CLI::App& app, const GlobalOptions& global) {
   cmd->callback([o, &global] {
     o->g.progress = !global.quiet;
     o->g.journal = o->out + ".partial";
+    require_output_dir("--out", o->out);
     auto src = open_model_source(o->model);
     src->check_loadable();
     const Tokenizer tok = require_tokenizer(*src, o->model);

@@ -30,6 +30,10 @@ void register_eval(CLI::App& app, const GlobalOptions& global);
 void register_gsm8k(CLI::App& app, const GlobalOptions& global);
 void register_flips(CLI::App& app, const GlobalOptions& global);
 
+// Fails now, before a verb's work, when the output file `path` (given with
+// `flag`; empty: none) has no directory to go in.
+void require_output_dir(const char* flag, const std::string& path);
+
 // The format registry as text for --help footers and `nibble inspect --formats`:
 // one line per canonical name with its bits per weight (on a 4096×4096 matrix)
 // and the row's description.

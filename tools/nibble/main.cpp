@@ -1,9 +1,21 @@
 // nibble: quantize LLM checkpoints, measure what was lost, run the result.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "commands.h"
 #include "nibble/error.h"
+
+namespace nibble::cli {
+
+void require_output_dir(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  NIBBLE_CHECK(dir.empty() || std::filesystem::is_directory(dir), "{} {}: directory {} does not exist", flag, path,
+               dir.string());
+}
+
+}  // namespace nibble::cli
 
 int main(int argc, char** argv) {
   using namespace nibble::cli;
