@@ -327,10 +327,8 @@ Tensor GgufSource::load(const std::string& name) const {
 }
 
 void GgufSource::check_loadable() const {
-  for (const std::string& name : order_) {
-    const Entry& e = entry(name);
-    if (!plain_dtype(file_.info(e.gguf_name).type)) file_.require_dequantizable(e.gguf_name);
-  }
+  for (const std::string& name : order_)
+    if (!is_plain(name)) file_.require_dequantizable(gguf_name(name));
 }
 
 bool is_gguf_file(const std::filesystem::path& path) {
