@@ -3,7 +3,8 @@
 // against the read bandwidth measured in the same run (issue 6, item 2).
 //
 //   bench_w4a16 [--layers 32] [--reps 20] [--ms 1,4,16,64] [--group 128] [--skip-cublas] [--profile]
-//               [--shapes NxK,...] [--no-pdl] [--interleave] [--act bf16|fp16] [--torch SCRIPT | --no-torch]
+//               [--shapes NxK,...] [--no-pdl] [--interleave] [--same-weights] [--act bf16|fp16]
+//               [--torch SCRIPT | --no-torch]
 //
 // After the stacks (groups of 128 only), the same run starts SCRIPT
 // (default bench/torch_int4_stack.py, relative to the working directory) with
@@ -16,6 +17,9 @@
 // (as the per-shape rows below), then exit; for sweeps of one kernel's grid.
 // --no-pdl: with --shapes, launch without programmatic dependent launch (the
 // stacks' rows always print both).
+// --same-weights: with --shapes, every copy reads the first one's bytes (from
+// the L2 where they fit: what the kernels stream when the bytes are near), and
+// at M = 1 the prepared GEMV and the read-only kernel as well.
 // --interleave: with --shapes, also the given shapes in turn, --layers rounds
 // in one graph per M (their transitions, against the per-shape rows' sum; the
 // same uploaded weights as those rows).
@@ -288,7 +292,7 @@ void torch_rows(const std::string& script, int layers, const std::vector<int>& m
 
 int main(int argc, char** argv) {
   int layers = 32, reps = 20;
-  bool skip_cublas = false, profile = false, no_pdl = false, interleave = false;
+  bool skip_cublas = false, profile = false, no_pdl = false, interleave = false, same_weights = false;
   std::string torch_script = "bench/torch_int4_stack.py";  // --torch; empty: --no-torch
   std::vector<int> ms = {1, 4, 16, 64};
   std::vector<Shape> only;  // --shapes
@@ -301,6 +305,7 @@ int main(int argc, char** argv) {
     else if (a == "--profile") profile = true;
     else if (a == "--no-pdl") no_pdl = true;
     else if (a == "--interleave") interleave = true;
+    else if (a == "--same-weights") same_weights = true;
     else if (a == "--no-torch") torch_script.clear();
     else if (a == "--torch" && i + 1 < argc) torch_script = argv[++i];
     else if (a == "--act" && i + 1 < argc) {
@@ -328,7 +333,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--group 128|64|32] [--skip-cublas] "
-                   "[--profile] [--shapes NxK,...] [--no-pdl] [--interleave] [--act bf16|fp16] [--torch SCRIPT | --no-torch]\n");
+                   "[--profile] [--shapes NxK,...] [--no-pdl] [--interleave] [--same-weights] [--act bf16|fp16] [--torch SCRIPT | "
+                   "--no-torch]\n");
       return 2;
     }
   }
@@ -397,13 +403,37 @@ int main(int argc, char** argv) {
       const std::vector<nibble::Tensor> parts = random_parts(sh.n, sh.k, 1);
       std::vector<DeviceLinear> w;
       for (int i = 0; i < layers; ++i) w.push_back(k->upload(parts, sh.n, sh.k, g_group));
-      DeviceBuffer xs(static_cast<size_t>(max_m * sh.k * 2)), ys(static_cast<size_t>(max_m * sh.n * 2));
+      DeviceBuffer xs(static_cast<size_t>(max_m * sh.k * 2)),
+          ys(static_cast<size_t>(std::max<int64_t>(max_m * 2, 4) * sh.n));  // bf16 [M, N], or f32 [N]
       fill_act(xs.get(), max_m * sh.k, 7);
+      // --same-weights: every copy is the first upload (its bytes stay in the L2 when they fit)
+      std::vector<const DeviceLinear*> wp;
+      for (const DeviceLinear& wi : w) wp.push_back(same_weights ? &w[0] : &wi);
+      const double bytes = static_cast<double>(w[0].weight_bytes()) * layers;
       for (int M : ms) {
         const float t = time_captured(s, reps, [&] {
-          for (const DeviceLinear& wi : w) k->gemm(wi, xs.get(), M, sh.k, ys.get(), sh.n, g_act, false, s, !no_pdl);
+          for (const DeviceLinear* wi : wp) k->gemm(*wi, xs.get(), M, sh.k, ys.get(), sh.n, g_act, false, s, !no_pdl);
         });
-        print_shape_row(sh, M, w.size(), t, static_cast<double>(w[0].weight_bytes()) * layers, read_gbs);
+        print_shape_row(sh, M, w.size(), t, bytes, read_gbs);
+        if (!same_weights || M != 1 || k->prepare == nullptr || k->gemv_prepared == nullptr ||
+            !k->single_token_f32(w[0]))
+          continue;
+        // With --same-weights at M = 1, also the prepared GEMV (f32 y) and
+        // the read-only kernel: what each streams out of the L2.
+        k->prepare(w[0], xs.get(), g_act, w[0].scratch.get(), w[0].scratch.bytes(), s, false);
+        const float tp = time_captured(s, reps, [&] {
+          for (const DeviceLinear* wi : wp)
+            k->gemv_prepared(*wi, wi->scratch.get(), wi->scratch.bytes(), ys.get(), s, !no_pdl, false, nullptr);
+        });
+        std::printf("    prepared:      ");
+        print_shape_row(sh, M, w.size(), tp, bytes, read_gbs);
+        DeviceBuffer sink(64);
+        const float tr = time_captured(s, reps, [&] {
+          for (const DeviceLinear* wi : wp)
+            read_weight(*wi, 4, prop.multiProcessorCount, static_cast<unsigned*>(sink.get()), s);
+        });
+        std::printf("    read-only 4/SM:");
+        print_shape_row(sh, M, w.size(), tr, bytes, read_gbs);
       }
       if (interleave) kept.push_back(std::move(w));
     }
