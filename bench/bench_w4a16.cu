@@ -402,19 +402,19 @@ int main(int argc, char** argv) {
     for (const Shape& sh : only) {
       const std::vector<nibble::Tensor> parts = random_parts(sh.n, sh.k, 1);
       std::vector<DeviceLinear> w;
-      for (int i = 0; i < layers; ++i) w.push_back(k->upload(parts, sh.n, sh.k, g_group));
+      // --same-weights: one upload, read by every copy (its bytes stay in the L2 when they fit)
+      for (int i = 0; i < (same_weights ? 1 : layers); ++i) w.push_back(k->upload(parts, sh.n, sh.k, g_group));
       DeviceBuffer xs(static_cast<size_t>(max_m * sh.k * 2)),
           ys(static_cast<size_t>(std::max<int64_t>(max_m * 2, 4) * sh.n));  // bf16 [M, N], or f32 [N]
       fill_act(xs.get(), max_m * sh.k, 7);
-      // --same-weights: every copy is the first upload (its bytes stay in the L2 when they fit)
       std::vector<const DeviceLinear*> wp;
-      for (const DeviceLinear& wi : w) wp.push_back(same_weights ? &w[0] : &wi);
+      for (int i = 0; i < layers; ++i) wp.push_back(&w[same_weights ? 0 : i]);
       const double bytes = static_cast<double>(w[0].weight_bytes()) * layers;
       for (int M : ms) {
         const float t = time_captured(s, reps, [&] {
           for (const DeviceLinear* wi : wp) k->gemm(*wi, xs.get(), M, sh.k, ys.get(), sh.n, g_act, false, s, !no_pdl);
         });
-        print_shape_row(sh, M, w.size(), t, bytes, read_gbs);
+        print_shape_row(sh, M, wp.size(), t, bytes, read_gbs);
         if (!same_weights || M != 1 || k->prepare == nullptr || k->gemv_prepared == nullptr ||
             !k->single_token_f32(w[0]))
           continue;
@@ -426,14 +426,14 @@ int main(int argc, char** argv) {
             k->gemv_prepared(*wi, wi->scratch.get(), wi->scratch.bytes(), ys.get(), s, !no_pdl, false, nullptr);
         });
         std::printf("    prepared:      ");
-        print_shape_row(sh, M, w.size(), tp, bytes, read_gbs);
+        print_shape_row(sh, M, wp.size(), tp, bytes, read_gbs);
         DeviceBuffer sink(64);
         const float tr = time_captured(s, reps, [&] {
           for (const DeviceLinear* wi : wp)
             read_weight(*wi, 4, prop.multiProcessorCount, static_cast<unsigned*>(sink.get()), s);
         });
         std::printf("    read-only 4/SM:");
-        print_shape_row(sh, M, w.size(), tr, bytes, read_gbs);
+        print_shape_row(sh, M, wp.size(), tr, bytes, read_gbs);
       }
       if (interleave) kept.push_back(std::move(w));
     }
@@ -445,7 +445,7 @@ int main(int argc, char** argv) {
         const float t = time_captured(s, reps, [&] {
           for (int i = 0; i < layers; ++i)
             for (size_t j = 0; j < only.size(); ++j)
-              k->gemm(w[j][i], x.get(), M, only[j].k, y.get(), only[j].n, g_act, false, s, !no_pdl);
+              k->gemm(w[j][same_weights ? 0 : i], x.get(), M, only[j].k, y.get(), only[j].n, g_act, false, s, !no_pdl);
         });
         std::printf("  interleaved %zu shapes  M=%2d  x%-3d %8.2f us a round  %6.0f GB/s  %5.1f%% of read BW\n",
                     only.size(), M, layers, 1e3 * t / layers, bytes / (t * 1e-3) / 1e9,
