@@ -333,8 +333,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_w4a16 [--layers N] [--reps N] [--ms 1,4,16,64] [--group 128|64|32] [--skip-cublas] "
-                   "[--profile] [--shapes NxK,...] [--no-pdl] [--interleave] [--same-weights] [--act bf16|fp16] [--torch SCRIPT | "
-                   "--no-torch]\n");
+                   "[--profile] [--shapes NxK,...] [--no-pdl] [--interleave] [--same-weights] [--act bf16|fp16] "
+                   "[--torch SCRIPT | --no-torch]\n");
       return 2;
     }
   }
@@ -398,7 +398,8 @@ int main(int argc, char** argv) {
 
   if (!only.empty()) {  // --shapes: each shape's copies in one graph per M
     const auto* k = nibble::cuda::find_linear_kernel("int4_asym", g_group);
-    std::vector<std::vector<DeviceLinear>> kept;  // --interleave times the same uploads again
+    std::vector<std::vector<DeviceLinear>> kept;  // --interleave times the same uploads again,
+    std::vector<std::vector<const DeviceLinear*>> kept_copies;  // through the same copies
     for (const Shape& sh : only) {
       const std::vector<nibble::Tensor> parts = random_parts(sh.n, sh.k, 1);
       std::vector<DeviceLinear> w;
@@ -435,17 +436,20 @@ int main(int argc, char** argv) {
         std::printf("    read-only 4/SM:");
         print_shape_row(sh, M, wp.size(), tr, bytes, read_gbs);
       }
-      if (interleave) kept.push_back(std::move(w));
+      if (interleave) {  // (moving the vector keeps its elements where the copies point)
+        kept.push_back(std::move(w));
+        kept_copies.push_back(std::move(wp));
+      }
     }
     if (interleave) {  // --interleave: the given shapes in turn, `layers` rounds in one graph per M
-      const std::vector<std::vector<DeviceLinear>>& w = kept;
+      const std::vector<std::vector<const DeviceLinear*>>& w = kept_copies;
       double bytes = 0;
-      for (const std::vector<DeviceLinear>& wj : w) bytes += static_cast<double>(wj[0].weight_bytes()) * layers;
+      for (const std::vector<const DeviceLinear*>& wj : w) bytes += static_cast<double>(wj[0]->weight_bytes()) * layers;
       for (int M : ms) {
         const float t = time_captured(s, reps, [&] {
           for (int i = 0; i < layers; ++i)
             for (size_t j = 0; j < only.size(); ++j)
-              k->gemm(w[j][same_weights ? 0 : i], x.get(), M, only[j].k, y.get(), only[j].n, g_act, false, s, !no_pdl);
+              k->gemm(*w[j][i], x.get(), M, only[j].k, y.get(), only[j].n, g_act, false, s, !no_pdl);
         });
         std::printf("  interleaved %zu shapes  M=%2d  x%-3d %8.2f us a round  %6.0f GB/s  %5.1f%% of read BW\n",
                     only.size(), M, layers, 1e3 * t / layers, bytes / (t * 1e-3) / 1e9,
