@@ -215,15 +215,24 @@ const std::vector<ChatFormat>& chat_formats() {
   return formats;
 }
 
+// The first chat format whose special tokens the tokenizer has (null: none,
+// the plain prompt), and its end-of-turn token's id.
+const ChatFormat* chat_format(const Tokenizer& tok, std::optional<int32_t>& last) {
+  for (const ChatFormat& f : chat_formats()) {
+    bool all = true;
+    for (const char* t : f.tokens) all = all && (last = tok.token_to_id(t)).has_value();
+    if (all) return &f;
+  }
+  last.reset();
+  return nullptr;
+}
+
 }  // namespace
 
 Gsm8kPrompt gsm8k_prompt(const Tokenizer& tok, const std::string& question) {
-  for (const ChatFormat& f : chat_formats()) {
-    std::optional<int32_t> last;
-    bool all = true;
-    for (const char* t : f.tokens) all = all && (last = tok.token_to_id(t)).has_value();
-    if (all) return {f.style, tok.encode(f.before + question + f.after, true), last};
-  }
+  std::optional<int32_t> last;
+  if (const ChatFormat* f = chat_format(tok, last))
+    return {f->style, tok.encode(f->before + question + f->after, true), last};
   return {"plain", tok.encode("Question: " + question + "\nAnswer:", true), std::nullopt};
 }
 
@@ -258,16 +267,18 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const Tokenizer& tok, c
   }
   NIBBLE_CHECK(!items.empty(), "gsm8k: {} has no problems", o.data.string());
 
-  const Gsm8kPrompt format = gsm8k_prompt(tok, "");
-  const bool plain = !format.stop;
-  if (style_out) *style_out = format.style;
+  std::optional<int32_t> stop;
+  const ChatFormat* chat = chat_format(tok, stop);
+  const std::string style = chat != nullptr ? chat->style : "plain";
+  const bool plain = chat == nullptr;
+  if (style_out) *style_out = style;
   // The journal is opened (and, when new, started with the run's line) at the first answer, so a run
   // that fails before any leaves none behind.
   std::ofstream journal;
   size_t resumed = 0;
   nlohmann::json fp;
   if (!o.journal.empty()) {
-    fp = journal_fingerprint(src, o, format.style);
+    fp = journal_fingerprint(src, o, style);
     if (fs::exists(o.journal) && o.force) fs::remove(o.journal);
     if (fs::exists(o.journal)) {
       NIBBLE_CHECK(o.resume,
@@ -310,7 +321,7 @@ std::vector<Gsm8kItem> run_gsm8k(const ModelSource& src, const Tokenizer& tok, c
     if (budget > 0) {
       StreamDecoder dec(tok, true);
       greedy->run(prompts[i], budget, [&](int32_t next) {
-        if ((eos && next == *eos) || (format.stop && next == *format.stop)) return false;
+        if ((eos && next == *eos) || (stop && next == *stop)) return false;
         it.output += dec.step(next);
         if (plain && it.output.find("Question:") != std::string::npos) {
           it.output.resize(it.output.find("Question:"));
