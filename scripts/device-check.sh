@@ -26,9 +26,23 @@ cd "$(dirname "$0")/.."
 SHARED=${NIBBLE_SHARED:-../shared}
 
 if [ "${1:-}" = "--bundle" ]; then
+  # A machine restored from a snapshot gives every file a new mtime, so ninja cannot see that an object was built
+  # from a source that was changed afterwards (a probe applied, bundled, then reverted). Each bundle records the
+  # commit it was built at and the files that differed from it; the next one touches those and every file changed
+  # since, so ninja rebuilds them (all sources where the recorded commit is unknown).
+  stamp=build-cuda/.bundle-sources
+  if [ -f "$stamp" ]; then
+    base=$(head -n 1 "$stamp")
+    if changed=$(git diff --name-only "$base" 2>/dev/null); then
+      { tail -n +2 "$stamp"; echo "$changed"; } | sort -u | while read -r f; do [ -f "$f" ] && touch "$f"; done
+    else
+      git ls-files src include bench tools tests | xargs touch
+    fi
+  fi
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DNIBBLE_CUDA=on >/dev/null
   cmake --build build-cuda --target nibble_cli nibble_tests bench_w4a16 bench_gptq_cuda bench_attention \
     bench_decode_trace >/dev/null
+  { git rev-parse HEAD; git diff --name-only HEAD; } >"$stamp"
   rm -rf devrun && mkdir -p devrun/bin devrun/lib devrun/models
   cp build-cuda/bin/nibble build-cuda/bin/nibble_tests build-cuda/bin/bench_w4a16 build-cuda/bin/bench_gptq_cuda \
      build-cuda/bin/bench_attention build-cuda/bin/bench_decode_trace devrun/bin/

@@ -5,9 +5,14 @@
 # NIBBLE_X_DEEP: 0 main's kernels (bit for bit), 1 the 4-stage ring at 64 registers, 2 the input in the ring with
 # 4 stages, 3 the input in the ring with 2 stages. Every variant computes the same sums in the same order, so
 # every output must be bit-identical to variant 0's.
+# The device tool brings back at most 8 files: each part writes into a scratch folder, packed into
+# $OUT/probe-PARTS.tgz at the end, and prints its summary.
 set -uo pipefail
-OUT=$1
+DEST=$1
 shift
+OUT=/tmp/p62out
+mkdir -p "$OUT"
+trap 'tar -czf "$DEST/probe-$(IFS=-; echo "$*").tgz" -C "$OUT" .' EXIT
 export LD_LIBRARY_PATH=$PWD/devrun/lib:${LD_LIBRARY_PATH:-}
 B=devrun/bin/bench_w4a16
 SHAPES=4096x4096,6144x4096,28672x4096,4096x14336,14336x4096
