@@ -34,7 +34,7 @@ if [ "${1:-}" = "--bundle" ]; then
   if [ -f "$stamp" ]; then
     base=$(head -n 1 "$stamp")
     if changed=$(git diff --name-only "$base" 2>/dev/null); then
-      { tail -n +2 "$stamp"; echo "$changed"; } | sort -u | while read -r f; do [ -f "$f" ] && touch "$f"; done
+      { tail -n +2 "$stamp"; echo "$changed"; } | sort -u | while read -r f; do if [ -f "$f" ]; then touch "$f"; fi; done
     else
       git ls-files src include bench tools tests | xargs touch
     fi
