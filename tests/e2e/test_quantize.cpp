@@ -303,6 +303,15 @@ TEST(QuantizeBadInput, MiscUsageErrors) {
   const Cli g = quantize_cli(test::model_dir("stories260K"), tmp / "out", "--group 48");
   EXPECT_NE(g.code, 0);
   EXPECT_FALSE(fs::exists(tmp / "out"));
+  // Counts and sizes say what they want (CLI11's own range validators printed their bound as 309 digits).
+  const Cli d = quantize_cli(test::model_dir("stories260K"), tmp / "out", "--damp -0.5");
+  EXPECT_NE(d.code, 0);
+  EXPECT_NE(d.err.find("--damp: must be >= 0, found -0.5"), std::string::npos) << d.err;
+  const Cli c = quantize_cli(test::model_dir("stories260K"), tmp / "out", "--calib-samples 0");
+  EXPECT_NE(c.code, 0);
+  EXPECT_NE(c.err.find("--calib-samples: must be > 0, found 0"), std::string::npos) << c.err;
+  EXPECT_EQ(c.err.find("00000000"), std::string::npos) << c.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
 // --device cuda fails at once (one line, nothing written) where it cannot run:

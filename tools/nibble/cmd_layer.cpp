@@ -315,7 +315,7 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
       ->capture_default_str();
   cmd->add_option("--group", o->group, "Group size for a format family name that offers a choice")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_flag("--mse", o->mse, "Search each group's range (33 shrink factors, |err|^2.4) instead of min/max");
   cmd->add_flag("--act-order", o->act_order, "GPTQ: sweep inputs in decreasing Hessian diagonal");
   cmd->add_option("--refine", o->refine,
@@ -325,7 +325,7 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
       ->check(CLI::Range(0, 1000));
   auto* damp = cmd->add_option("--damp", o->damp, "GPTQ: damping, as a fraction of mean(diag H)")
                    ->capture_default_str()
-                   ->check(CLI::NonNegativeNumber);
+                   ->check(nonnegative());
   cmd->add_option("--out", o->out, "Output .npy: the dequantized weights [out, in], float32")->required();
   cmd->add_option("--report", o->report, "Output JSON report (errors, options, GPTQ's damping and sweep cost)")
       ->required();

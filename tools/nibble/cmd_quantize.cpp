@@ -52,7 +52,7 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
                   "Group size (inputs per scale) for formats that offer a choice; 0 = the format's default "
                   "(int4_asym: 128)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative());
   cmd->add_option("--keep", opt->keep_regex,
                   "Tensors whose name this regex (PCRE2 syntax) matches anywhere stay unquantized, e.g. "
                   "'mlp\\.down_proj|lm_head'");
@@ -62,7 +62,7 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   cmd->add_flag("--mse", opt->mse, "Range search per group: 33 shrink factors of (min, max), minimizing sum |err|^2.4");
   cmd->add_flag("--act-order", opt->act_order, "GPTQ: sweep columns in decreasing diag(H) order (static groups)");
   cmd->add_option("--damp", opt->damp, "GPTQ: damping, lambda = damp * mean(diag H)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(nonnegative());
   cmd->add_option("--refine", opt->refine,
                   "GPTQ: after the sweep, up to N passes of coordinate descent over the codes, each followed by a "
                   "least-squares refit of every group's scale (and min), against GPTQ's own objective (0: off; 30 is a "
@@ -87,7 +87,7 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
                                           ".npy token ids; several files are concatenated")
       ->group(g_cal)->check(CLI::ExistingFile);
   cmd->add_option("--calib-samples", opt->calib.samples, "Calibration sequences")->capture_default_str()
-      ->check(CLI::PositiveNumber)->group(g_cal);
+      ->check(positive())->group(g_cal);
   cmd->add_option("--calib-len", opt->calib.length, "Tokens per sequence (clipped to the model's context)")
       ->capture_default_str()->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->group(g_cal);
   cmd->add_option("--seed", opt->calib.seed, "Seed for sampling the calibration windows")->capture_default_str()

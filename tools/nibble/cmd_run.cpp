@@ -157,7 +157,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "Model: " + model_help())->required();
   cmd->add_option("--prompt", o->prompt, "Prompt text")->required();
-  cmd->add_option("-n,--n-tokens", o->n, "New tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--n-tokens", o->n, "New tokens to generate")->capture_default_str()->check(nonnegative());
   cmd->add_option("--temp", o->sampler.temperature, "Temperature (0 = greedy)")->capture_default_str();
   cmd->add_option("--top-k", o->sampler.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
   cmd->add_option("--top-p", o->sampler.top_p, "Nucleus sampling mass")->capture_default_str();

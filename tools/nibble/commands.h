@@ -34,6 +34,13 @@ void register_flips(CLI::App& app, const GlobalOptions& global);
 // `flag`; empty: none) has no directory to go in.
 void require_output_dir(const char* flag, const std::string& path);
 
+// Validators for counts and sizes: CLI11's NonNegativeNumber / PositiveNumber
+// print their bounds as "0.000000 to 1797693…" (309 digits) on a bad value;
+// these say "must be >= 0 (> 0), found X" (help still shows :NONNEGATIVE /
+// :POSITIVE).
+CLI::Validator nonnegative();
+CLI::Validator positive();
+
 // The format registry as text for --help footers and `nibble inspect --formats`:
 // one line per canonical name with its bits per weight (on a 4096×4096 matrix)
 // and the row's description.

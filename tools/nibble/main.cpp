@@ -15,6 +15,22 @@ void require_output_dir(const char* flag, const std::string& path) {
                dir.string());
 }
 
+namespace {
+CLI::Validator number_above(bool strict, const char* name) {
+  return CLI::Validator(
+      [strict](std::string& s) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v)) return "must be a number, found " + s;
+        if (strict ? v > 0 : v >= 0) return {};
+        return std::string(strict ? "must be > 0" : "must be >= 0") + ", found " + s;
+      },
+      name);
+}
+}  // namespace
+
+CLI::Validator nonnegative() { return number_above(false, "NONNEGATIVE"); }
+CLI::Validator positive() { return number_above(true, "POSITIVE"); }
+
 }  // namespace nibble::cli
 
 int main(int argc, char** argv) {
