@@ -191,6 +191,7 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
     EXPECT_NE(f.err.find(error), std::string::npos) << args << ": " << f.err;
   };
   refused("--device tpu", "--device");
+  refused("--chunks -1", "--chunks: must be >= 0, found -1");  // (was taken as 0: every window)
   // A candidate that cannot be opened is reported before the reference pass (whose line and table never print).
   const auto missing = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m +
                                          " --candidate " + (tmp / "no-such-model").string() + " --corpus ts=" +

@@ -121,7 +121,9 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--corpus", o->corpora, "NAME=FILE (repeatable): UTF-8 text (reference tokenizer) or .npy ids")
       ->required();
   cmd->add_option("--ctx", o->opt.ctx, "Window length in tokens")->capture_default_str();
-  cmd->add_option("--chunks", o->opt.chunks, "Windows per corpus (0 = all)")->capture_default_str();
+  cmd->add_option("--chunks", o->opt.chunks, "Windows per corpus (0 = all)")
+      ->capture_default_str()
+      ->check(nonnegative());
   cmd->add_option("--reference-cache", o->cache,
                   "Directory caching the reference's fp32 log-probabilities (reused when inputs match)");
   cmd->add_option("--bootstrap", o->opt.bootstrap, "Bootstrap resamples of windows for the 95 % intervals")

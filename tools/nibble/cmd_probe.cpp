@@ -35,7 +35,7 @@ void register_probe(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--candidate", o->candidate, "Candidate: " + candidate_help())->required();
   cmd->add_option("--corpus", o->corpus, "Held-out UTF-8 text")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", o->opt.ctx, "Window length in tokens")->capture_default_str();
-  cmd->add_option("--chunks", o->opt.chunks, "Windows used (0 = all)")->capture_default_str();
+  cmd->add_option("--chunks", o->opt.chunks, "Windows used (0 = all)")->capture_default_str()->check(nonnegative());
   cmd->add_option("--layers", o->layers, "Only these decoder layers (comma-separated)")->delimiter(',');
   cmd->add_flag("--no-head", o->no_head, "Skip the head");
   cmd->add_option("--json", o->json, "Also write the rows as JSON to this file");

@@ -266,7 +266,9 @@ void register_ppl(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--model", *model, "Model: " + model_help())->required();
   cmd->add_option("--text", *text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--ctx", *ctx, "Window length in tokens")->capture_default_str();
-  cmd->add_option("--chunks", *max_chunks, "Score at most this many windows (0 = all)")->capture_default_str();
+  cmd->add_option("--chunks", *max_chunks, "Score at most this many windows (0 = all)")
+      ->capture_default_str()
+      ->check(nonnegative());
   auto stream = std::make_shared<bool>(false);
   cmd->add_flag("--stream", *stream,
                 "Run one decoder layer at a time over all windows (only one layer's weights in memory; "
