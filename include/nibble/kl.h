@@ -87,6 +87,7 @@ struct KlSummary {
   std::string corpus;  // "all" for the pooled row
   int64_t positions = 0, chunks = 0;
   Dist kl;
+  bool has_ci = false;                // the intervals below were bootstrapped (EvalOptions::bootstrap > 0)
   double kl_ci_lo = 0, kl_ci_hi = 0;  // bootstrap 95 % of the mean
   double top1 = 0, top1_ci_lo = 0, top1_ci_hi = 0;
   double ppl_ref = 0, ppl_cand = 0;

@@ -384,6 +384,7 @@ std::vector<KlSummary> score_candidate(const ModelSource& cand, const Reference&
       tops.push_back(a / static_cast<double>(n));
     }
     if (o.bootstrap > 0) {
+      s.has_ci = true;
       s.kl_ci_lo = quantile(kls, 0.025);
       s.kl_ci_hi = quantile(kls, 0.975);
       s.top1_ci_lo = quantile(tops, 0.025);

@@ -23,6 +23,15 @@ bool ReportCandidate::near_noise_floor() const { return overall().kl.mean <= 3 *
 
 namespace {
 std::string kl5(double v) { return fmt::format("{:.5f}", v); }
+// " [lo, hi]" of an interval with the value's own format, or " [–]" where none was bootstrapped (--bootstrap 0).
+std::string interval(bool has, const std::string& lo, const std::string& hi) {
+  return has ? " [" + lo + ", " + hi + "]" : " [–]";
+}
+// The KL mean with its interval, marked where it is within 3× the noise floor.
+std::string kl_with_ci(const KlSummary& s, bool near) {
+  return fmt::format("{}{}{}", kl5(s.kl.mean), interval(s.has_ci, kl5(s.kl_ci_lo), kl5(s.kl_ci_hi)),
+                     near ? kNearNoiseFloorMark : "");
+}
 }  // namespace
 
 std::vector<std::string> comparison_header(const EvalReport& r) {
@@ -36,7 +45,7 @@ std::vector<std::string> comparison_cells(const EvalReport& r, const ReportCandi
   std::vector<std::string> cells = {
       c.name,
       fmt::format("{:.3f}", c.bits_per_weight),
-      fmt::format("{} [{}, {}]{}", kl5(o.kl.mean), kl5(o.kl_ci_lo), kl5(o.kl_ci_hi), c.near_noise_floor() ? kNearNoiseFloorMark : ""),
+      kl_with_ci(o, c.near_noise_floor()),
       fmt::format("{:.4f}", o.kl.p99),
       fmt::format("{:.4f}", o.kl.max),
       fmt::format("{:.2f} %", 100 * o.top1),
@@ -58,13 +67,14 @@ std::vector<std::string> detail_header() {
 std::vector<std::string> detail_cells(const KlSummary& s) {
   const bool near = s.kl.mean <= 3 * s.noise_floor;
   return {s.corpus,
-          fmt::format("{} [{}, {}]{}", kl5(s.kl.mean), kl5(s.kl_ci_lo), kl5(s.kl_ci_hi), near ? kNearNoiseFloorMark : ""),
+          kl_with_ci(s, near),
           kl5(s.kl.median),
           kl5(s.kl.p90),
           kl5(s.kl.p99),
           kl5(s.kl.p999),
           fmt::format("{:.4f}", s.kl.max),
-          fmt::format("{:.2f} % [{:.2f}, {:.2f}]", 100 * s.top1, 100 * s.top1_ci_lo, 100 * s.top1_ci_hi),
+          fmt::format("{:.2f} %", 100 * s.top1) +
+              interval(s.has_ci, fmt::format("{:.2f}", 100 * s.top1_ci_lo), fmt::format("{:.2f}", 100 * s.top1_ci_hi)),
           fmt::format("{:.4f}", s.ppl_ref),
           fmt::format("{:.4f}", s.ppl_cand),
           fmt::format("{:+.4f}", s.ppl_cand - s.ppl_ref)};

@@ -99,6 +99,7 @@ TEST(KlEval, MatchesADirectComputationFromBothModelsLogits) {
   EXPECT_DOUBLE_EQ(s.top1, agree / n);
   EXPECT_NEAR(s.ppl_ref, std::exp(nll_r / n), 1e-6 * s.ppl_ref);
   EXPECT_NEAR(s.ppl_cand, std::exp(nll_c / n), 1e-6 * s.ppl_cand);
+  EXPECT_TRUE(s.has_ci);
   EXPECT_LE(s.kl_ci_lo, s.kl.mean);
   EXPECT_GE(s.kl_ci_hi, s.kl.mean);
   EXPECT_LE(s.kl.median, s.kl.p90);
@@ -176,6 +177,17 @@ TEST(KlEval, CliReportsAndRejectsBadInput) {
     EXPECT_TRUE(c0["overall"].contains(k) && c0["corpora"]["ts"].contains(k)) << k;
   EXPECT_EQ(c0["overall"]["kl_max"].get<double>(), 0.0);
   EXPECT_NE(r.out.find("| candidate | bits/weight |"), std::string::npos) << r.out;
+  EXPECT_TRUE(c0["overall"]["kl_mean_ci95"].is_array());
+  // --bootstrap 0: no interval, and none is printed as if it were one (it was "[0.00000, 0.00000]").
+  r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m + " --corpus ts=" +
+                        (tmp / "t.txt").string() + " --ctx 64 --chunks 3 --bootstrap 0 --json " +
+                        (tmp / "r0.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("0.00000 [–]"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[0.00000, 0.00000]"), std::string::npos) << r.out;
+  const auto j0 = nlohmann::json::parse(test::read_file(tmp / "r0.json"));
+  EXPECT_TRUE(j0["candidates"][0]["overall"]["kl_mean_ci95"].is_null());
+  EXPECT_TRUE(j0["candidates"][0]["corpora"]["ts"]["top1_ci95"].is_null());
   r = test::run_command(test::nibble_bin() + " eval -q --reference " + m + " --candidate " + m + " --corpus " +
                         (tmp / "t.txt").string());
   EXPECT_NE(r.exit_code, 0);

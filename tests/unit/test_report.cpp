@@ -124,7 +124,7 @@ EvalReport synthetic_report() {
   s.positions = 20;
   s.kl.mean = 0.0948;
   s.kl.p99 = 0.7, s.kl.max = 0.7;
-  s.kl_ci_lo = 0.05, s.kl_ci_hi = 0.14;
+  s.has_ci = true, s.kl_ci_lo = 0.05, s.kl_ci_hi = 0.14;
   s.top1 = 0.8;
   s.ppl_ref = 5.5, s.ppl_cand = 6.25;
   s.noise_floor = 1e-4;

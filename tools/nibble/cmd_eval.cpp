@@ -74,14 +74,14 @@ nlohmann::ordered_json summary_json(const eval::KlSummary& r) {
   return {{"positions", r.positions},
           {"windows", r.chunks},
           {"kl_mean", r.kl.mean},
-          {"kl_mean_ci95", {r.kl_ci_lo, r.kl_ci_hi}},
+          {"kl_mean_ci95", r.has_ci ? nlohmann::ordered_json{r.kl_ci_lo, r.kl_ci_hi} : nullptr},
           {"kl_median", r.kl.median},
           {"kl_p90", r.kl.p90},
           {"kl_p99", r.kl.p99},
           {"kl_p999", r.kl.p999},
           {"kl_max", r.kl.max},
           {"top1", r.top1},
-          {"top1_ci95", {r.top1_ci_lo, r.top1_ci_hi}},
+          {"top1_ci95", r.has_ci ? nlohmann::ordered_json{r.top1_ci_lo, r.top1_ci_hi} : nullptr},
           {"ppl_ref", r.ppl_ref},
           {"ppl", r.ppl_cand},
           {"noise_floor", r.noise_floor},
@@ -126,8 +126,10 @@ void register_eval(CLI::App& app, const GlobalOptions& global) {
       ->check(nonnegative());
   cmd->add_option("--reference-cache", o->cache,
                   "Directory caching the reference's fp32 log-probabilities (reused when inputs match)");
-  cmd->add_option("--bootstrap", o->opt.bootstrap, "Bootstrap resamples of windows for the 95 % intervals")
-      ->capture_default_str();
+  cmd->add_option("--bootstrap", o->opt.bootstrap,
+                  "Bootstrap resamples of windows for the 95 % intervals (0 = none: the tables print [–])")
+      ->capture_default_str()
+      ->check(nonnegative());
   cmd->add_option("--seed", o->opt.seed, "Bootstrap seed")->capture_default_str();
   cmd->add_flag("--noise-floor", o->noise_floor_only, "Only measure the noise floor (no candidates needed)");
   cmd->add_option("--json", o->json, "Also write the summaries as JSON");
