@@ -182,8 +182,8 @@ void register_inspect(CLI::App& app, const GlobalOptions& global) {
   cmd->add_flag("--metadata", *metadata,
                 "Print the file's metadata instead: every GGUF key and value, or the safetensors __metadata__");
   cmd->add_option("--tensor", *tensor, "Print a few (dequantized) values of this tensor");
-  cmd->add_option("--rows", *rows, "Rows shown with --tensor")->capture_default_str();
-  cmd->add_option("--cols", *cols, "Values per row shown with --tensor")->capture_default_str();
+  cmd->add_option("--rows", *rows, "Rows shown with --tensor")->capture_default_str()->check(nonnegative());
+  cmd->add_option("--cols", *cols, "Values per row shown with --tensor")->capture_default_str()->check(nonnegative());
   cmd->footer(
       "Examples:\n  nibble inspect out/stories-rtn\n"
       "  nibble inspect out/stories-rtn --tensor model.layers.0.mlp.down_proj.weight\n"

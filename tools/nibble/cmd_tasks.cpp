@@ -23,7 +23,9 @@ void register_gsm8k(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--model", o->model, "Model (DIR, hf:DIR, packed:DIR, overlay:...)")->required();
   cmd->add_option("--data", o->g.data, "GSM8K jsonl ({\"question\", \"answer\"} per line)")->required();
   cmd->add_option("--n", o->g.n, "First N problems")->capture_default_str()->check(positive());
-  cmd->add_option("--max-new", o->g.max_new_tokens, "Tokens generated at most per problem")->capture_default_str();
+  cmd->add_option("--max-new", o->g.max_new_tokens, "Tokens generated at most per problem")
+      ->capture_default_str()
+      ->check(nonnegative());
   cmd->add_option("--out", o->out, "Answers jsonl")->required();
   cmd->add_option("--device", o->g.device,
                   "cpu, or cuda (CUDA builds: the GPU forward and greedy loop of nibble run --device cuda; its bf16 "
