@@ -52,6 +52,10 @@ std::vector<std::string> detail_header();
 std::vector<std::string> detail_cells(const KlSummary& s);
 // Cells as one Markdown table row: "| a | b |".
 std::string markdown_row(const std::vector<std::string>& cells);
+// A KL mean with its 95 % interval, "0.09480 [0.05000, 0.14000]", or
+// "0.09480 [–]" where none was bootstrapped; the cells above and the HTML
+// page's summary lines all write it this way.
+std::string kl_mean_with_ci(const KlSummary& s);
 std::string comparison_markdown(const EvalReport& r);
 
 // A histogram over log-spaced bins: `per_decade` bins per decade from

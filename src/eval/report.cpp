@@ -29,10 +29,13 @@ std::string interval(bool has, const std::string& lo, const std::string& hi) {
 }
 // The KL mean with its interval, marked where it is within 3× the noise floor.
 std::string kl_with_ci(const KlSummary& s, bool near) {
-  return fmt::format("{}{}{}", kl5(s.kl.mean), interval(s.has_ci, kl5(s.kl_ci_lo), kl5(s.kl_ci_hi)),
-                     near ? kNearNoiseFloorMark : "");
+  return fmt::format("{}{}", kl_mean_with_ci(s), near ? kNearNoiseFloorMark : "");
 }
 }  // namespace
+
+std::string kl_mean_with_ci(const KlSummary& s) {
+  return kl5(s.kl.mean) + interval(s.has_ci, kl5(s.kl_ci_lo), kl5(s.kl_ci_hi));
+}
 
 std::vector<std::string> comparison_header(const EvalReport& r) {
   std::vector<std::string> h = {"candidate", "bits/weight", "KL mean [95% CI]", "KL p99", "KL max", "top-1", "PPL"};

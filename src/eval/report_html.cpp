@@ -394,10 +394,8 @@ std::string html_report(const EvalReport& r) {
     const ReportCandidate& c = r.candidates[i];
     const KlSummary& o = c.overall();
     s += fmt::format("<section class=\"candidate\">\n<h3>{}</h3>\n", html_escape(c.name));
-    s += fmt::format("<p class=\"note\">{} · {:.3f} bits/weight · {} positions · KL mean {}{} · p99 {} · max {}{}</p>\n",
-                     html_escape(c.source), c.bits_per_weight, c.kl.size(), fmt::format("{:.5f}", o.kl.mean),
-                     o.has_ci ? fmt::format(" [{:.5f}, {:.5f}]", o.kl_ci_lo, o.kl_ci_hi) : std::string(),
-                     fmt::format("{:.4f}", o.kl.p99),
+    s += fmt::format("<p class=\"note\">{} · {:.3f} bits/weight · {} positions · KL mean {} · p99 {} · max {}{}</p>\n",
+                     html_escape(c.source), c.bits_per_weight, c.kl.size(), kl_mean_with_ci(o), fmt::format("{:.4f}", o.kl.p99),
                      fmt::format("{:.4f}", o.kl.max),
                      c.near_noise_floor() ? " <span class=\"badge\">≤3× noise floor</span>" : "");
     s += "<div class=\"plots\">\n" + histogram_svg(c, d, color(i)) +
