@@ -36,7 +36,11 @@
 // decode path: LinearKernel::gemv_prepared, one launch per linear), as GEMV
 // chains, and per shape; and, as their reference, the same weights read by
 // plain kernels launched the same way (read-only: no arithmetic at all),
-// timed right after the fused M = 1 row and printed after the table.
+// timed right after the fused M = 1 row and printed after the table; and the
+// read-only kernels again, each waiting for the one before as a GEMV waits for
+// its input ("wait first": before any read; "32K/SM, wait": after its first
+// 32 KB per SM, about what a GEMV's ring issues before its wait).
+// The per-shape rows "ro wait 1st" and "ro 32K, wait" are the same two.
 // "x M=1": each stack's time over its own M = 1 time in this run (issue 6's
 // "M = 16 within 1.3× of M = 1"; needs 1 first in --ms).
 // Weights are random (codes, scales, mins), never zeros.
@@ -45,6 +49,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <cstdlib>
@@ -79,30 +84,48 @@ __global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* ou
 // GEMV (programmatic dependent launch: the next kernel may start at once, and
 // this one waits for the one before only after its reads). What one kernel
 // per weight could stream if its arithmetic cost nothing.
+// `pre` < the weight's 16-byte words: the kernel waits for the one before
+// once its threads have read the first `pre` words (in memory order, spread
+// over every thread), and reads the rest after: what one kernel per weight
+// could stream if its arithmetic cost nothing but it had to wait for its input
+// as a GEMV does (pre = 0: nothing read before the wait; a GEMV's two-stage
+// ring issues about 32 KB per SM before it).
 __global__ void __launch_bounds__(512) read_weight_kernel(const uint4* __restrict__ a, int64_t na,
-                                                          const uint4* __restrict__ b, int64_t nb, unsigned* out) {
+                                                          const uint4* __restrict__ b, int64_t nb, unsigned* out,
+                                                          int64_t pre) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   unsigned acc = 0;
+  bool waited = false;
+  auto wait_once = [&](int64_t word) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (!waited && word >= pre) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+    waited = waited || word >= pre;
+  };
   const int64_t stride = int64_t(gridDim.x) * blockDim.x, t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   for (int pass = 0; pass < 2; ++pass) {
     const uint4* p = pass == 0 ? a : b;
-    const int64_t n = pass == 0 ? na : nb;
+    const int64_t n = pass == 0 ? na : nb, base = pass == 0 ? 0 : na;
     int64_t i = t;
     for (; i + 3 * stride < n; i += 4 * stride) {
+      wait_once(base + i);
       const uint4 v0 = __ldcs(p + i), v1 = __ldcs(p + i + stride), v2 = __ldcs(p + i + 2 * stride),
                   v3 = __ldcs(p + i + 3 * stride);
       acc ^= v0.x ^ v1.y ^ v2.z ^ v3.w;
     }
-    for (; i < n; i += stride) acc ^= __ldcs(p + i).x;
+    for (; i < n; i += stride) {
+      wait_once(base + i);
+      acc ^= __ldcs(p + i).x;
+    }
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  wait_once(INT64_MAX);
   if (acc == 0x12345678u) out[0] = acc;
 }
-void read_weight(const DeviceLinear& l, int blocks_per_sm, int sms, unsigned* sink, cudaStream_t s) {
+// pre: as read_weight_kernel's (INT64_MAX: every read before the wait).
+void read_weight(const DeviceLinear& l, int blocks_per_sm, int sms, unsigned* sink, cudaStream_t s,
+                 int64_t pre = INT64_MAX) {
   cudaLaunchAttribute attr[1] = {};
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -114,7 +137,7 @@ void read_weight(const DeviceLinear& l, int blocks_per_sm, int sms, unsigned* si
   cfg.numAttrs = 1;
   CK(cudaLaunchKernelEx(&cfg, read_weight_kernel, static_cast<const uint4*>(l.a.get()),
                         static_cast<int64_t>(l.a.bytes() / 16), static_cast<const uint4*>(l.b.get()),
-                        static_cast<int64_t>(l.b.bytes() / 16), sink));
+                        static_cast<int64_t>(l.b.bytes() / 16), sink, pre));
 }
 
 template <typename T>
@@ -566,6 +589,15 @@ int main(int argc, char** argv) {
                  for (const DeviceLinear& l : w) read_weight(l, bps, sms, sk, s);
                }));
       }
+      // The same, each kernel waiting for the one before as a GEMV waits for
+      // its input: after reading nothing, or its first 32 KB per SM.
+      const int64_t pre32k = int64_t(32) * 1024 / 16 * sms;
+      for (int64_t pre : {int64_t(0), pre32k}) {
+        const char* what = pre == 0 ? "M=1 read-only, wait first" : "M=1 read-only, 32K/SM, wait";
+        report(what, time_captured(s, reps, [&] {
+                 for (const DeviceLinear& l : w) read_weight(l, 4, sms, sk, s, pre);
+               }));
+      }
       // Per distinct shape: all its copies in the stack.
       std::vector<std::pair<int64_t, int64_t>> seen;
       for (const DeviceLinear& l0 : w) {
@@ -594,6 +626,10 @@ int main(int argc, char** argv) {
                for (const DeviceLinear* l : same) read_weight(*l, bps, sms, sk, s);
              }));
         }
+        for (int64_t pre : {int64_t(0), pre32k})
+          pr(pre == 0 ? "ro wait 1st" : "ro 32K, wait", time_captured(s, reps, [&] {
+               for (const DeviceLinear* l : same) read_weight(*l, 4, sms, sk, s, pre);
+             }));
       }
     };
     float t_m1 = 0;  // this stack's time at M = 1, when --ms has it first (the issue's "M = 16 within 1.3× of M = 1")
