@@ -39,7 +39,7 @@
 // timed right after the fused M = 1 row and printed after the table; and the
 // read-only kernels again, each waiting for the one before as a GEMV waits for
 // its input ("wait first": before any read; "32K/SM, wait": after its first
-// 32 KB per SM, about what a GEMV's ring issues before its wait).
+// 32 KB per SM, about what a GEMV's ring issues before its wait; 96K, 192K).
 // The per-shape rows "ro wait 1st" and "ro 32K, wait" are the same two.
 // "x M=1": each stack's time over its own M = 1 time in this run (issue 6's
 // "M = 16 within 1.3× of M = 1"; needs 1 first in --ms).
@@ -590,12 +590,14 @@ int main(int argc, char** argv) {
                }));
       }
       // The same, each kernel waiting for the one before as a GEMV waits for
-      // its input: after reading nothing, or its first 32 KB per SM.
+      // its input: after reading nothing, or its first 32 (about what a GEMV
+      // issues before its wait), 96 or 192 KB per SM.
       const int64_t pre32k = int64_t(32) * 1024 / 16 * sms;
-      for (int64_t pre : {int64_t(0), pre32k}) {
-        const char* what = pre == 0 ? "M=1 read-only, wait first" : "M=1 read-only, 32K/SM, wait";
-        report(what, time_captured(s, reps, [&] {
-                 for (const DeviceLinear& l : w) read_weight(l, 4, sms, sk, s, pre);
+      for (int kb : {0, 32, 96, 192}) {
+        const std::string what =
+            kb == 0 ? "M=1 read-only, wait first" : "M=1 read-only, " + std::to_string(kb) + "K/SM, wait";
+        report(what.c_str(), time_captured(s, reps, [&] {
+                 for (const DeviceLinear& l : w) read_weight(l, 4, sms, sk, s, pre32k / 32 * kb);
                }));
       }
       // Per distinct shape: all its copies in the stack.
