@@ -311,6 +311,10 @@ TEST(QuantizeBadInput, MiscUsageErrors) {
   EXPECT_NE(c.code, 0);
   EXPECT_NE(c.err.find("--calib-samples: must be > 0, found 0"), std::string::npos) << c.err;
   EXPECT_EQ(c.err.find("00000000"), std::string::npos) << c.err;
+  // The rotation's seed is unsigned: -1 is refused, not wrapped to 2^64 - 1.
+  const Cli r = quantize_cli(test::model_dir("stories260K"), tmp / "out", "--rotate-seed -1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--rotate-seed: must be >= 0, found -1"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 

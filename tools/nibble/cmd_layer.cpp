@@ -307,7 +307,8 @@ void register_layer(CLI::App& app, const GlobalOptions& global) {
       ->required()
       ->check(CLI::IsMember(quant::method_names()));
   cmd->add_option("--rotate-seed", o->rotate_seed, "rotate: seed of the Hadamard rotation's random signs")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(nonnegative());  // the seed is unsigned: CLI11 would wrap -1 to 2^64 - 1
   cmd->add_option("--grid,--format", o->grid,
                   "A format from the registry (a family name such as int4_asym with --group, or a canonical name "
                   "such as int4_g64_asym, fp8_e4m3_channel, nvfp4; list below), or uniform:step=S (symmetric, no "

@@ -78,7 +78,8 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--rotate-seed", opt->rotate_seed, "rotate: seed of the Hadamard rotations' random signs")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(nonnegative());  // the seed is unsigned: CLI11 would wrap -1 to 2^64 - 1
   cmd->add_option("--activations", opt->activations,
                   "Activation quantizer the checkpoint's linears run with (simulated W8A8: " + act_quant_names() +
                       "); recorded in nibble.json and applied by run/eval/ppl");
