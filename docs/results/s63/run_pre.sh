@@ -26,7 +26,7 @@ grep -E "^==|^fused|M=1 prepared|prepared  " "$DEST/stack.txt"
 devrun/bin/nibble -q synth --out /tmp/p63 --tokenizer-from devrun/models/qwen3-26M-linux --force
 devrun/bin/nibble -q quantize --method rtn --model /tmp/p63 --out /tmp/p63-rtn --force
 rm -rf /tmp/p63
-for r in 1 2 3; do
+for r in 1 2; do
   for d in 0 1; do
     echo "== NIBBLE_X_PRE=$d round $r"
     NIBBLE_X_PRE=$d devrun/bin/nibble run --model /tmp/p63-rtn --prompt hello -n 256 --ignore-eos --device cuda \
