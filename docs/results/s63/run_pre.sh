@@ -8,7 +8,7 @@
 #   on the device:      tar -xJf devrun.tar.xz && bash docs/results/s63/run_pre.sh "$OUT"
 set -uo pipefail
 DEST=$1
-export LD_LIBRARY_PATH=$PWD/devrun/lib:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$PWD/devrun/lib:/usr/local/cuda/extras/CUPTI/lib64:${LD_LIBRARY_PATH:-}
 B=devrun/bin/bench_w4a16
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader | tee "$DEST/gpu.txt"
 for d in 0 1; do
@@ -35,3 +35,9 @@ for r in 1 2; do
   done
 done | tee "$DEST/decode.txt"
 cmp -s /tmp/text-0.txt /tmp/text-1.txt && echo "text: same" || echo "text: DIFFERS"
+# Per kernel of a decode step: how much each extends the step (one layer's kernels in launch order).
+for d in 0 1; do
+  echo "== NIBBLE_X_PRE=$d"
+  NIBBLE_X_PRE=$d devrun/bin/bench_decode_trace --model /tmp/p63-rtn 2>&1
+done >"$DEST/trace.txt"
+grep -E "^==|span|w4a16_gemv" "$DEST/trace.txt" | head -40
