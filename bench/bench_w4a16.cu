@@ -84,48 +84,56 @@ __global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* ou
 // GEMV (programmatic dependent launch: the next kernel may start at once, and
 // this one waits for the one before only after its reads). What one kernel
 // per weight could stream if its arithmetic cost nothing.
-// `pre` < the weight's 16-byte words: the kernel waits for the one before
-// once its threads have read the first `pre` words (in memory order, spread
-// over every thread), and reads the rest after: what one kernel per weight
-// could stream if its arithmetic cost nothing but it had to wait for its input
-// as a GEMV does (pre = 0: nothing read before the wait; a GEMV's two-stage
-// ring issues about 32 KB per SM before it).
+// `pre_rounds` >= 0: the kernel waits for the one before after its threads
+// have read that many rounds of the codes (a round: one 16-byte word per
+// thread, in memory order; 32 KB per SM at 4 blocks of 512 threads), and reads
+// the rest after: what one kernel per weight could stream if its arithmetic
+// cost nothing but it had to wait for its input as a GEMV does (0: nothing
+// read before the wait; a GEMV's two-stage ring issues about one round, 32 KB
+// per SM, before it). -1: every read before the wait.
 __global__ void __launch_bounds__(512) read_weight_kernel(const uint4* __restrict__ a, int64_t na,
                                                           const uint4* __restrict__ b, int64_t nb, unsigned* out,
-                                                          int64_t pre) {
+                                                          int pre_rounds) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   unsigned acc = 0;
-  bool waited = false;
-  auto wait_once = [&](int64_t word) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (!waited && word >= pre) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-    waited = waited || word >= pre;
-  };
   const int64_t stride = int64_t(gridDim.x) * blockDim.x, t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  int64_t start = t;  // the codes' first word read by the main loops
+  if (pre_rounds >= 0) {
+    for (int r = 0; r < pre_rounds; r += 4) {  // four rounds at a time (the last ones predicated off)
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t w = t + (r + u) * stride;
+        v[u] = r + u < pre_rounds && w < na ? __ldcs(a + w) : make_uint4(0, 0, 0, 0);
+      }
+      acc ^= v[0].x ^ v[1].y ^ v[2].z ^ v[3].w;
+    }
+    start = t + pre_rounds * stride;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  }
   for (int pass = 0; pass < 2; ++pass) {
     const uint4* p = pass == 0 ? a : b;
-    const int64_t n = pass == 0 ? na : nb, base = pass == 0 ? 0 : na;
-    int64_t i = t;
+    const int64_t n = pass == 0 ? na : nb;
+    int64_t i = pass == 0 ? start : t;
     for (; i + 3 * stride < n; i += 4 * stride) {
-      wait_once(base + i);
       const uint4 v0 = __ldcs(p + i), v1 = __ldcs(p + i + stride), v2 = __ldcs(p + i + 2 * stride),
                   v3 = __ldcs(p + i + 3 * stride);
       acc ^= v0.x ^ v1.y ^ v2.z ^ v3.w;
     }
-    for (; i < n; i += stride) {
-      wait_once(base + i);
-      acc ^= __ldcs(p + i).x;
-    }
+    for (; i < n; i += stride) acc ^= __ldcs(p + i).x;
   }
-  wait_once(INT64_MAX);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (pre_rounds < 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   if (acc == 0x12345678u) out[0] = acc;
 }
-// pre: as read_weight_kernel's (INT64_MAX: every read before the wait).
+// pre_rounds: as read_weight_kernel's (-1: every read before the wait).
 void read_weight(const DeviceLinear& l, int blocks_per_sm, int sms, unsigned* sink, cudaStream_t s,
-                 int64_t pre = INT64_MAX) {
+                 int pre_rounds = -1) {
   cudaLaunchAttribute attr[1] = {};
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -137,7 +145,7 @@ void read_weight(const DeviceLinear& l, int blocks_per_sm, int sms, unsigned* si
   cfg.numAttrs = 1;
   CK(cudaLaunchKernelEx(&cfg, read_weight_kernel, static_cast<const uint4*>(l.a.get()),
                         static_cast<int64_t>(l.a.bytes() / 16), static_cast<const uint4*>(l.b.get()),
-                        static_cast<int64_t>(l.b.bytes() / 16), sink, pre));
+                        static_cast<int64_t>(l.b.bytes() / 16), sink, pre_rounds));
 }
 
 template <typename T>
@@ -590,14 +598,13 @@ int main(int argc, char** argv) {
                }));
       }
       // The same, each kernel waiting for the one before as a GEMV waits for
-      // its input: after reading nothing, or its first 32 (about what a GEMV
-      // issues before its wait), 96 or 192 KB per SM.
-      const int64_t pre32k = int64_t(32) * 1024 / 16 * sms;
-      for (int kb : {0, 32, 96, 192}) {
-        const std::string what =
-            kb == 0 ? "M=1 read-only, wait first" : "M=1 read-only, " + std::to_string(kb) + "K/SM, wait";
+      // its input: after reading nothing, or its first 1 (about what a GEMV
+      // issues before its wait), 3 or 6 rounds of 32 KB per SM.
+      for (int rounds : {0, 1, 3, 6}) {
+        const std::string what = rounds == 0 ? "M=1 read-only, wait first"
+                                             : "M=1 read-only, " + std::to_string(32 * rounds) + "K/SM, wait";
         report(what.c_str(), time_captured(s, reps, [&] {
-                 for (const DeviceLinear& l : w) read_weight(l, 4, sms, sk, s, pre32k / 32 * kb);
+                 for (const DeviceLinear& l : w) read_weight(l, 4, sms, sk, s, rounds);
                }));
       }
       // Per distinct shape: all its copies in the stack.
@@ -628,9 +635,9 @@ int main(int argc, char** argv) {
                for (const DeviceLinear* l : same) read_weight(*l, bps, sms, sk, s);
              }));
         }
-        for (int64_t pre : {int64_t(0), pre32k})
-          pr(pre == 0 ? "ro wait 1st" : "ro 32K, wait", time_captured(s, reps, [&] {
-               for (const DeviceLinear* l : same) read_weight(*l, 4, sms, sk, s, pre);
+        for (int rounds : {0, 1})
+          pr(rounds == 0 ? "ro wait 1st" : "ro 32K, wait", time_captured(s, reps, [&] {
+               for (const DeviceLinear* l : same) read_weight(*l, 4, sms, sk, s, rounds);
              }));
       }
     };
