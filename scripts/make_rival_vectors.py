@@ -308,6 +308,13 @@ awq_case("awq_g64", 64)
 awq_case("awq_g128", 128)
 awq_gemv_case("awq_gemv_g64", 64)
 awq_gemv_case("awq_gemv_g128", 128)
+# A second shape: 384 inputs (6 or 3 groups, so the GEMV layout pads its zeros and scales to
+# calculate_zeros_width); 64 outputs for the GEMM layout (eight packed words per input row; its packer needs a
+# multiple of 32), 40 for the GEMV layout (rows not a multiple of 32).
+awq_case("awq_g64_64x384", 64, out_f=64, in_f=384, seed=5)
+awq_case("awq_g128_64x384", 128, out_f=64, in_f=384, seed=6)
+awq_gemv_case("awq_gemv_g64_40x384", 64, out_f=40, in_f=384, seed=8)
+awq_gemv_case("awq_gemv_g128_40x384", 128, out_f=40, in_f=384, seed=9)
 ct_case("ct_w4a16_group_sym", "pack-quantized",
         {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128})
 ct_case("ct_w4a16_group_asym", "pack-quantized",
