@@ -132,6 +132,27 @@ def awq_gemv_case(name, group_size, out_f=32, in_f=256, seed=4):
     save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
 
 
+def awq_gemv_fast_case(name, group_size, out_f=32, in_f=256, seed=10):
+    """AutoAWQ's GEMV-fast layout (WQLinear_GEMVFast.from_linear): I16 codes of four interleaved rows, scales and
+    zeros as [padded groups, out] fp16, the zeros stored as -scale * zero. AutoAWQ dequantizes it only inside its
+    CUDA kernel, as code * scale + zero in fp16 (one rounding), so that is the reference."""
+    from awq.modules.linear.gemv_fast import WQLinear_GEMVFast
+
+    lin, g = linear(out_f, in_f, seed)
+    groups = in_f // group_size
+    scales = (torch.rand(out_f, groups, generator=g) * 0.02 + 0.01).half()
+    zeros = torch.randint(0, 16, (out_f, groups), generator=g)
+    zeros[0, 0], zeros[1, 0] = 0, 15
+    codes = torch.randint(0, 16, (out_f, in_f), generator=g)
+    gi = torch.arange(in_f) // group_size
+    lin.weight.data = ((codes - zeros[:, gi]) * scales.float()[:, gi]).float()
+    ql = WQLinear_GEMVFast.from_linear(lin, 4, group_size, scales=scales, zeros=zeros)
+    qz = ql.qzeros[:groups].T.float()  # [out, groups]: fp16(-scale * zero)
+    ref = (codes.float() * scales.float()[:, gi] + qz[:, gi]).half().float()
+    q = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemv_fast"}
+    save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
+
+
 # ---------------------------------------------------- compressed-tensors
 def ct_case(name, fmt, weights, out_f=16, in_f=256, seed=3, scale_dtype=torch.float32):
     from compressed_tensors.compressors import BaseCompressor
@@ -315,6 +336,8 @@ awq_case("awq_g64_64x384", 64, out_f=64, in_f=384, seed=5)
 awq_case("awq_g128_64x384", 128, out_f=64, in_f=384, seed=6)
 awq_gemv_case("awq_gemv_g64_40x384", 64, out_f=40, in_f=384, seed=8)
 awq_gemv_case("awq_gemv_g128_40x384", 128, out_f=40, in_f=384, seed=9)
+awq_gemv_fast_case("awq_gemv_fast_g64", 64)
+awq_gemv_fast_case("awq_gemv_fast_g128_40x384", 128, out_f=40, in_f=384, seed=11)
 ct_case("ct_w4a16_group_sym", "pack-quantized",
         {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128})
 ct_case("ct_w4a16_group_asym", "pack-quantized",

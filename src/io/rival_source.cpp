@@ -259,6 +259,10 @@ class GptqScheme final : public RivalScheme {
 // row n in nibble k % 8 of word k / 8; qzeros I32 [out, ≥ groups/8] the same
 // way over the groups; scales [out, ≥ groups] (both padded to AutoAWQ's
 // calculate_zeros_width); w[n, k] = scale[n, g] · (q − z).
+// Its GEMV-fast layout ("version": "gemv_fast"): qweight I16 [out/4, in], the
+// codes of rows 4m..4m+3 over inputs in blocks of 64; scales and qzeros fp16
+// [≥ groups, out], the zeros stored as −scale · zero; w[n, k] = code · scale +
+// zero (dequantize_gemv_fast gives the code order).
 class AwqScheme final : public RivalScheme {
  public:
   AwqScheme(const json& q, const std::string& where) {
@@ -272,15 +276,15 @@ class AwqScheme final : public RivalScheme {
     NIBBLE_CHECK(f.optional<bool>("zero_point", true), "{}: AWQ without zero points is not supported", where);
     std::string version = f.optional<std::string>("version", "gemm");
     for (char& c : version) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    NIBBLE_CHECK(version == "gemm" || version == "gemv",
-                 "{}: AWQ version '{}' is not supported (gemm and gemv are; gemv_fast, marlin and exllama lay the "
+    NIBBLE_CHECK(version == "gemm" || version == "gemv" || version == "gemv_fast",
+                 "{}: AWQ version '{}' is not supported (gemm, gemv and gemv_fast are; marlin and exllama lay the "
                  "codes out differently)",
                  where, version);
-    gemv_ = version == "gemv";
+    layout_ = version == "gemv" ? Layout::Gemv : version == "gemv_fast" ? Layout::GemvFast : Layout::Gemm;
   }
   std::string describe() const override {
     return fmt::format("AWQ 4-bit {} ({} layout)", group_size_ > 0 ? fmt::format("g{}", group_size_) : "per-channel",
-                       gemv_ ? "GEMV" : "GEMM");
+                       layout_ == Layout::Gemv ? "GEMV" : layout_ == Layout::GemvFast ? "GEMV-fast" : "GEMM");
   }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource&) const override {
     return strip_suffix(stored, ".qweight");
@@ -289,11 +293,12 @@ class AwqScheme final : public RivalScheme {
     return required_parts(raw, prefix, {".qweight", ".qzeros", ".scales"}, "AWQ");
   }
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
+    if (layout_ == Layout::GemvFast) return dequantize_gemv_fast(prefix, raw);
     const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
     const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
     NIBBLE_CHECK(qw.numel() > 0, "{}: '{}.qweight' {} holds no weights", raw.describe(), prefix,
                  shape_str(qw.shape()));
-    return gemv_ ? dequantize_gemv(prefix, raw, qw, qz) : dequantize_gemm(prefix, raw, qw, qz);
+    return layout_ == Layout::Gemv ? dequantize_gemv(prefix, raw, qw, qz) : dequantize_gemm(prefix, raw, qw, qz);
   }
 
  private:
@@ -354,8 +359,52 @@ class AwqScheme final : public RivalScheme {
     return w;
   }
 
+  // AutoAWQ's pack_intweight for the GEMV-fast kernel, undone. Within each
+  // block of 32 inputs the codes are permuted: input 8u + 2h + v (u, h < 4,
+  // v < 2) goes to position 8h + 4v + u. Then rows 4m..4m+3 are interleaved
+  // per block of 64 positions: position t of row 4m + r becomes nibble f % 4
+  // of I16 word f / 4 of the block in row m of qweight, f = 64r + t.
+  Tensor dequantize_gemv_fast(const std::string& prefix, const TensorSource& raw) const {
+    const std::string qname = prefix + ".qweight";
+    NIBBLE_CHECK(raw.contains(qname), "{}: AWQ codes '{}' is missing", raw.describe(), qname);
+    Tensor qw = raw.load(qname);
+    NIBBLE_CHECK(qw.dtype() == DType::I16 && qw.dim() == 2,
+                 "{}: '{}' should be a 2-D I16 tensor of packed AWQ codes (GEMV-fast layout), found {} {}",
+                 raw.describe(), qname, dtype_name(qw.dtype()), shape_str(qw.shape()));
+    NIBBLE_CHECK(qw.numel() > 0, "{}: '{}' {} holds no weights", raw.describe(), qname, shape_str(qw.shape()));
+    if (!qw.is_contiguous()) qw = qw.contiguous();
+    const int64_t out = qw.size(0) * 4, in = qw.size(1);
+    const int64_t gs = group_size_ > 0 ? group_size_ : in;
+    NIBBLE_CHECK(in % 64 == 0 && in % gs == 0,
+                 "{}: '{}' holds {} inputs, not a whole number of blocks of 64 and of groups of {} (GEMV-fast layout)",
+                 raw.describe(), qname, in, gs);
+    const int64_t n_groups = in / gs;
+    const Tensor s = floats_of(raw, prefix + ".scales", {}), z = floats_of(raw, prefix + ".qzeros", {});
+    for (const auto& [t, part] : {std::pair<const Tensor&, const char*>{s, "scales"}, {z, "qzeros"}})
+      NIBBLE_CHECK(t.dim() == 2 && t.size(0) >= n_groups && t.size(1) == out,
+                   "{}: '{}.{}' should be [at least {}, {}] (GEMV-fast layout), found {}", raw.describe(), prefix, part,
+                   n_groups, out, shape_str(t.shape()));
+    const uint16_t* q = static_cast<const uint16_t*>(qw.raw());
+    const float* sc = s.data<float>();
+    const float* zr = z.data<float>();
+    Tensor w = Tensor::empty(DType::F32, {out, in});
+    float* dst = w.data_mut<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n)
+      for (int64_t k = 0; k < in; ++k) {
+        const int64_t i = k % 32, u = i / 8, h = i % 8 / 2, v = i % 2;
+        const int64_t pos = k - i + 8 * h + 4 * v + u;  // the code's position in row n after the permutation
+        const int64_t f = n % 4 * 64 + pos % 64;
+        const uint32_t code = (q[n / 4 * in + pos - pos % 64 + f / 4] >> (4 * (f % 4))) & 15u;
+        const int64_t g = k / gs;
+        dst[n * in + k] = static_cast<float>(code) * sc[g * out + n] + zr[g * out + n];
+      }
+    return w;
+  }
+
+  enum class Layout { Gemm, Gemv, GemvFast };
   int64_t group_size_ = 128;
-  bool gemv_ = false;
+  Layout layout_ = Layout::Gemm;
 };
 
 // ---------------------------------------------------- compressed-tensors

@@ -87,7 +87,8 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
                                            "gptq_p_b5_g32_asym", "gptq_p_b6_g64_sym_actorder", "gptq_p_b7_g128_asym",
                                            "gptq_p_b3_g64_asym",
                                            "awq_g64", "awq_g128", "awq_gemv_g64", "awq_gemv_g128", "awq_g64_64x384", "awq_g128_64x384",
-                                           "awq_gemv_g64_40x384", "awq_gemv_g128_40x384", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
+                                           "awq_gemv_g64_40x384", "awq_gemv_g128_40x384", "awq_gemv_fast_g64",
+                                           "awq_gemv_fast_g128_40x384", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
                                            "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
                                            "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
                                            "ct_nvfp4", "ct_mxfp4", "ct_mxfp6", "ct_mxfp8", "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
@@ -220,7 +221,7 @@ TEST(Rival, UnsupportedSettingsAreNamed) {
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"})").find("marlin"),
             std::string::npos);
-  EXPECT_NE(err(R"({"quant_method": "awq", "bits": 4, "version": "gemv_fast"})").find("gemv_fast"),
+  EXPECT_NE(err(R"({"quant_method": "awq", "bits": 4, "version": "marlin"})").find("marlin"),
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "hqq"})").find("gptq, awq, compressed-tensors, bitsandbytes, auto-round"),
             std::string::npos);
@@ -300,6 +301,23 @@ TEST(Rival, DamagedLinearsAreRefusedByName) {
     const std::string e = test::error_of([&] { (void)scheme->dequantize("layer", *file); });
     EXPECT_NE(e.find("'layer.qweight' [0, 4] holds no weights"), std::string::npos) << version << ": " << e;
   }
+  // AWQ's GEMV-fast layout: codes stored as I32, scales with fewer groups than the codes have, no weights.
+  const std::string wide = damaged("awq_gemv_fast_g64", "", [](const std::string& n, Tensor& t) {
+    if (n == "layer.qweight") t = Tensor::zeros(DType::I32, {8, 256});
+  });
+  EXPECT_NE(wide.find("'layer.qweight' should be a 2-D I16 tensor of packed AWQ codes (GEMV-fast layout), found I32"),
+            std::string::npos)
+      << wide;
+  const std::string narrow = damaged("awq_gemv_fast_g64", "", [](const std::string& n, Tensor& t) {
+    if (n == "layer.scales") t = Tensor::zeros(DType::F16, {3, 32});
+  });
+  EXPECT_NE(narrow.find("'layer.scales' should be [at least 4, 32] (GEMV-fast layout), found [3, 32]"),
+            std::string::npos)
+      << narrow;
+  const std::string none = damaged("awq_gemv_fast_g64", "", [](const std::string& n, Tensor& t) {
+    if (n == "layer.qweight") t = Tensor::zeros(DType::I16, {0, 256});
+  });
+  EXPECT_NE(none.find("'layer.qweight' [0, 256] holds no weights"), std::string::npos) << none;
   // A config field of the wrong type names the field.
   auto cfg_err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
   EXPECT_EQ(cfg_err(R"({"quant_method": "gptq", "bits": 4, "sym": 1})")
