@@ -112,12 +112,9 @@ def awq_case(name, group_size, out_f=32, in_f=256, seed=2):
     save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
 
 
-def awq_gemv_case(name, group_size, out_f=32, in_f=256, seed=4):
-    """AutoAWQ's GEMV layout (WQLinear_GEMV.from_linear). AutoAWQ dequantizes it only inside its CUDA kernel, so the
-    reference is the weight it was given, (code - zero) * scale exactly, which from_linear's rounding packs back to
-    those codes (the zeros and scales padded to its calculate_zeros_width)."""
-    from awq.modules.linear.gemv import WQLinear_GEMV
-
+def awq_per_row_case(out_f, in_f, group_size, seed):
+    """A linear of exact weights (code - zero) * scale with per-row [out, groups] fp16 scales and integer zeros, as
+    the GEMV layouts take them; returns the linear and codes, zeros, scales and each input's group."""
     lin, g = linear(out_f, in_f, seed)
     groups = in_f // group_size
     scales = (torch.rand(out_f, groups, generator=g) * 0.02 + 0.01).half()
@@ -125,8 +122,18 @@ def awq_gemv_case(name, group_size, out_f=32, in_f=256, seed=4):
     zeros[0, 0], zeros[1, 0] = 0, 15
     codes = torch.randint(0, 16, (out_f, in_f), generator=g)
     gi = torch.arange(in_f) // group_size
-    ref = ((codes - zeros[:, gi]) * scales.float()[:, gi]).float()
-    lin.weight.data = ref.clone()
+    lin.weight.data = ((codes - zeros[:, gi]) * scales.float()[:, gi]).float()
+    return lin, codes, zeros, scales, gi
+
+
+def awq_gemv_case(name, group_size, out_f=32, in_f=256, seed=4):
+    """AutoAWQ's GEMV layout (WQLinear_GEMV.from_linear). AutoAWQ dequantizes it only inside its CUDA kernel, so the
+    reference is the weight it was given, (code - zero) * scale exactly, which from_linear's rounding packs back to
+    those codes (the zeros and scales padded to its calculate_zeros_width)."""
+    from awq.modules.linear.gemv import WQLinear_GEMV
+
+    lin, _, zeros, scales, _ = awq_per_row_case(out_f, in_f, group_size, seed)
+    ref = lin.weight.data.clone()
     ql = WQLinear_GEMV.from_linear(lin, 4, group_size, scales=scales, zeros=zeros)
     q = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemv"}
     save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
@@ -138,16 +145,9 @@ def awq_gemv_fast_case(name, group_size, out_f=32, in_f=256, seed=10):
     CUDA kernel, as code * scale + zero in fp16 (one rounding), so that is the reference."""
     from awq.modules.linear.gemv_fast import WQLinear_GEMVFast
 
-    lin, g = linear(out_f, in_f, seed)
-    groups = in_f // group_size
-    scales = (torch.rand(out_f, groups, generator=g) * 0.02 + 0.01).half()
-    zeros = torch.randint(0, 16, (out_f, groups), generator=g)
-    zeros[0, 0], zeros[1, 0] = 0, 15
-    codes = torch.randint(0, 16, (out_f, in_f), generator=g)
-    gi = torch.arange(in_f) // group_size
-    lin.weight.data = ((codes - zeros[:, gi]) * scales.float()[:, gi]).float()
+    lin, codes, zeros, scales, gi = awq_per_row_case(out_f, in_f, group_size, seed)
     ql = WQLinear_GEMVFast.from_linear(lin, 4, group_size, scales=scales, zeros=zeros)
-    qz = ql.qzeros[:groups].T.float()  # [out, groups]: fp16(-scale * zero)
+    qz = ql.qzeros[: zeros.shape[1]].T.float()  # [out, groups]: fp16(-scale * zero)
     ref = (codes.float() * scales.float()[:, gi] + qz[:, gi]).half().float()
     q = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemv_fast"}
     save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)

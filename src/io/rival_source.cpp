@@ -45,12 +45,14 @@ uint32_t stream_field(const Word& word, int64_t index, int bits) {
   return static_cast<uint32_t>(v) & ((1u << bits) - 1);
 }
 
-// A stored tensor as contiguous int32 words (I32 as stored; U32 does not exist in safetensors).
-Tensor words_of(const TensorSource& raw, const std::string& name, const std::string& what) {
+// A stored tensor as contiguous packed words: int32 (I32 as stored; U32 does not exist in safetensors), or `word`
+// (I16 for AWQ's GEMV-fast codes).
+Tensor words_of(const TensorSource& raw, const std::string& name, const std::string& what,
+                DType word = DType::I32) {
   NIBBLE_CHECK(raw.contains(name), "{}: {} '{}' is missing", raw.describe(), what, name);
   Tensor t = raw.load(name);
-  NIBBLE_CHECK(t.dtype() == DType::I32 && t.dim() == 2, "{}: '{}' should be a 2-D I32 tensor of packed {}, found {} {}",
-               raw.describe(), name, what, dtype_name(t.dtype()), shape_str(t.shape()));
+  NIBBLE_CHECK(t.dtype() == word && t.dim() == 2, "{}: '{}' should be a 2-D {} tensor of packed {}, found {} {}",
+               raw.describe(), name, dtype_name(word), what, dtype_name(t.dtype()), shape_str(t.shape()));
   return t.is_contiguous() ? t : t.contiguous();
 }
 
@@ -293,11 +295,13 @@ class AwqScheme final : public RivalScheme {
     return required_parts(raw, prefix, {".qweight", ".qzeros", ".scales"}, "AWQ");
   }
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
-    if (layout_ == Layout::GemvFast) return dequantize_gemv_fast(prefix, raw);
-    const Tensor qw = words_of(raw, prefix + ".qweight", "AWQ codes");
-    const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
+    const Tensor qw = layout_ == Layout::GemvFast
+                          ? words_of(raw, prefix + ".qweight", "AWQ codes (GEMV-fast layout)", DType::I16)
+                          : words_of(raw, prefix + ".qweight", "AWQ codes");
     NIBBLE_CHECK(qw.numel() > 0, "{}: '{}.qweight' {} holds no weights", raw.describe(), prefix,
                  shape_str(qw.shape()));
+    if (layout_ == Layout::GemvFast) return dequantize_gemv_fast(prefix, raw, qw);
+    const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
     return layout_ == Layout::Gemv ? dequantize_gemv(prefix, raw, qw, qz) : dequantize_gemm(prefix, raw, qw, qz);
   }
 
@@ -364,20 +368,13 @@ class AwqScheme final : public RivalScheme {
   // v < 2) goes to position 8h + 4v + u. Then rows 4m..4m+3 are interleaved
   // per block of 64 positions: position t of row 4m + r becomes nibble f % 4
   // of I16 word f / 4 of the block in row m of qweight, f = 64r + t.
-  Tensor dequantize_gemv_fast(const std::string& prefix, const TensorSource& raw) const {
-    const std::string qname = prefix + ".qweight";
-    NIBBLE_CHECK(raw.contains(qname), "{}: AWQ codes '{}' is missing", raw.describe(), qname);
-    Tensor qw = raw.load(qname);
-    NIBBLE_CHECK(qw.dtype() == DType::I16 && qw.dim() == 2,
-                 "{}: '{}' should be a 2-D I16 tensor of packed AWQ codes (GEMV-fast layout), found {} {}",
-                 raw.describe(), qname, dtype_name(qw.dtype()), shape_str(qw.shape()));
-    NIBBLE_CHECK(qw.numel() > 0, "{}: '{}' {} holds no weights", raw.describe(), qname, shape_str(qw.shape()));
-    if (!qw.is_contiguous()) qw = qw.contiguous();
+  Tensor dequantize_gemv_fast(const std::string& prefix, const TensorSource& raw, const Tensor& qw) const {
     const int64_t out = qw.size(0) * 4, in = qw.size(1);
     const int64_t gs = group_size_ > 0 ? group_size_ : in;
     NIBBLE_CHECK(in % 64 == 0 && in % gs == 0,
-                 "{}: '{}' holds {} inputs, not a whole number of blocks of 64 and of groups of {} (GEMV-fast layout)",
-                 raw.describe(), qname, in, gs);
+                 "{}: '{}.qweight' holds {} inputs, not a whole number of blocks of 64 and of groups of {} (GEMV-fast "
+                 "layout)",
+                 raw.describe(), prefix, in, gs);
     const int64_t n_groups = in / gs;
     const Tensor s = floats_of(raw, prefix + ".scales", {}), z = floats_of(raw, prefix + ".qzeros", {});
     for (const auto& [t, part] : {std::pair<const Tensor&, const char*>{s, "scales"}, {z, "qzeros"}})
