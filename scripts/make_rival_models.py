@@ -11,6 +11,13 @@ reader, not the rivals' calibrated algorithms) and packed by the library:
 KL at the level of the libraries' fp16/bf16 rounding.
 
     /tmp/rv/bin/python scripts/make_rival_models.py ../shared/models/qwen3-26M-linux OUT
+
+The pruned checkpoints (ct-sparse*: compressed-tensors' sparse formats, which it
+dropped after 0.14.0.1) are made with that version, by name:
+
+    /tmp/rv/bin/pip install --no-deps --target /tmp/ct14 compressed-tensors==0.14.0.1
+    PYTHONPATH=/tmp/ct14 /tmp/rv/bin/python scripts/make_rival_models.py ../shared/models/qwen3-26M-linux OUT \
+        ct-sparse24 ct-sparse24-fp8-channel
 """
 import json
 import math
@@ -132,11 +139,52 @@ def ct(fmt, weights):
     return pack, qcfg
 
 
-def bnb4(quant_type, double_quant, dtype=torch.bfloat16, blocksize=64):
-    import bitsandbytes as bnb
-    import bitsandbytes.functional as F
+def ct_sparse24(weights=None):
+    """Each linear pruned 2:4 by the library's own mask (in each 4 inputs the 2 of largest magnitude kept), then stored
+    in its sparse-24-bitmask format as bf16 or, with `weights`, as float-quantized codes (RTN on the library's
+    calculate_qparams; the compressor then keeps the codes the mask kept, and a kept weight that rounds to code 0 is
+    stored as a 0). The reference: the library's sparse decompression, then its quantization compressor's."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.compressors.sparse_compressors.sparse_24_bitmask import (Sparse24BitMaskTensor,
+                                                                                    get_24_bytemasks)
+    from compressed_tensors.config import SparsityCompressionConfig
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    sc = SparsityCompressionConfig.load_from_registry("sparse-24-bitmask", targets=["Linear"],
+                                                      sparsity_structure="2:4", ignore=["lm_head"])
+    qcfg = {"quant_method": "compressed-tensors", "sparsity_config": sc.model_dump(mode="json")}
+    if weights:
+        args = QuantizationArgs(**weights)
+        comp = BaseCompressor.load_from_registry("float-quantized")
+        qcfg.update({"format": "float-quantized", "ignore": ["lm_head"],
+                     "config_groups": {"group_0": {"targets": ["Linear"], "weights": args.model_dump(mode="json")}}})
 
     def pack(w):
+        w = w * get_24_bytemasks(w)  # pruned first, as SparseGPT leaves a model before quantization
+        parts = {}
+        if weights:
+            scale, zp = calculate_qparams(w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True), args)
+            codes = comp.compress_weight(w.clone(), scale, args, zero_point=zp)["weight"]
+            parts = {"weight_scale": scale}
+        else:
+            codes = w.to(torch.bfloat16)
+        t = Sparse24BitMaskTensor.from_dense(codes, "2:4")
+        parts.update({k.split(".", 1)[1]: v for k, v in t.dict(name_prefix="P.weight").items()})  # P.compressed, ...
+        ref = t.decompress()
+        if weights:
+            ref = comp.decompress_weight({"weight": ref, **{k: v for k, v in parts.items() if k.startswith("weight_")}},
+                                         quantization_args=args)
+        return parts, ref.float()
+
+    return pack, qcfg
+
+
+def bnb4(quant_type, double_quant, dtype=torch.bfloat16, blocksize=64):
+    def pack(w):
+        import bitsandbytes as bnb
+        import bitsandbytes.functional as F
+
         out_f, in_f = w.shape
         p = bnb.nn.Params4bit(w.to(dtype), requires_grad=False, quant_type=quant_type,
                               compress_statistics=double_quant, blocksize=blocksize)
@@ -217,8 +265,12 @@ for name, fmt, w in (
      {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
       "scale_dtype": "torch.uint8", "zp_dtype": None}),
 ):
-    pack, qcfg = ct(fmt, w)
-    build(name, pack, qcfg)
+    if not ONLY or name in ONLY:
+        build(name, *ct(fmt, w))
+for name, w in (("ct-sparse24", None),
+                ("ct-sparse24-fp8-channel", {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"})):
+    if not ONLY or name in ONLY:
+        build(name, *ct_sparse24(w))
 build("bnb-nf4-dq", *bnb4("nf4", True))
 build("bnb-fp4", *bnb4("fp4", False))
 build("bnb-int8", bnb8, {"quant_method": "bitsandbytes", "load_in_4bit": False, "load_in_8bit": True,

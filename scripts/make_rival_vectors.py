@@ -15,6 +15,13 @@ a model.
     python3 -m venv /tmp/rv && /tmp/rv/bin/pip install torch compressed-tensors bitsandbytes
     /tmp/rv/bin/pip install --no-deps autoawq gptqmodel auto-round   (+ the modules they import)
     /tmp/rv/bin/python scripts/make_rival_vectors.py tests/data/rivals
+
+compressed-tensors dropped its sparse compressors after 0.14.0.1; the sparse
+cases (ct_sparse*) are made with that version, alone:
+
+    /tmp/rv/bin/pip install --no-deps --target /tmp/ct14 compressed-tensors==0.14.0.1
+    ONLY=$(grep -o '"ct_sparse[a-z0-9_]*"' scripts/make_rival_vectors.py | tr -d '"' | paste -sd,) \
+      PYTHONPATH=/tmp/ct14 /tmp/rv/bin/python scripts/make_rival_vectors.py tests/data/rivals
 """
 import json
 import math
@@ -30,8 +37,16 @@ OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/data/rivals")
 OUT.mkdir(parents=True, exist_ok=True)
 
 
-# ONLY=name1,name2 writes those cases alone (every case is still computed).
+# ONLY=name1,name2 makes those cases alone.
 ONLY = set(filter(None, os.environ.get("ONLY", "").split(",")))
+
+
+def case(fn):
+    """A case function (its first argument the case's name), skipped when ONLY leaves it out."""
+    def run(name, *args, **kwargs):
+        if not ONLY or name in ONLY:
+            fn(name, *args, **kwargs)
+    return run
 
 
 def save(name, tensors, reference, qconfig):
@@ -51,6 +66,7 @@ def linear(out_f, in_f, seed, scale=0.05):
 
 
 # ------------------------------------------------------------------ GPTQ
+@case
 def gptq_case(name, bits, group_size, sym, desc_act, v1, out_f=16, in_f=256, seed=1, planar=False):
     from gptqmodel.nn_modules.qlinear.torch import TorchLinear
     from gptqmodel.utils.model import convert_gptq_v2_to_v1_format_module
@@ -94,6 +110,7 @@ def gptq_case(name, bits, group_size, sym, desc_act, v1, out_f=16, in_f=256, see
 
 
 # ------------------------------------------------------------------- AWQ
+@case
 def awq_case(name, group_size, out_f=32, in_f=256, seed=2):
     from awq.modules.linear.gemm import WQLinear_GEMM
     from awq.utils.packing_utils import dequantize_gemm
@@ -126,6 +143,7 @@ def awq_per_row_case(out_f, in_f, group_size, seed):
     return lin, codes, zeros, scales, gi
 
 
+@case
 def awq_gemv_case(name, group_size, out_f=32, in_f=256, seed=4):
     """AutoAWQ's GEMV layout (WQLinear_GEMV.from_linear). AutoAWQ dequantizes it only inside its CUDA kernel, so the
     reference is the weight it was given, (code - zero) * scale exactly, which from_linear's rounding packs back to
@@ -139,6 +157,7 @@ def awq_gemv_case(name, group_size, out_f=32, in_f=256, seed=4):
     save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
 
 
+@case
 def awq_gemv_fast_case(name, group_size, out_f=32, in_f=256, seed=10):
     """AutoAWQ's GEMV-fast layout (WQLinear_GEMVFast.from_linear): I16 codes of four interleaved rows, scales and
     zeros as [padded groups, out] fp16, the zeros stored as -scale * zero. AutoAWQ dequantizes it only inside its
@@ -154,6 +173,7 @@ def awq_gemv_fast_case(name, group_size, out_f=32, in_f=256, seed=10):
 
 
 # ---------------------------------------------------- compressed-tensors
+@case
 def ct_case(name, fmt, weights, out_f=16, in_f=256, seed=3, scale_dtype=torch.float32):
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
@@ -196,7 +216,60 @@ def ct_case(name, fmt, weights, out_f=16, in_f=256, seed=3, scale_dtype=torch.fl
     save(name, t, ref, q)
 
 
+# A pruned linear in compressed-tensors' sparsity formats (ModelCompressor with
+# a sparsity_config): sparse-24-bitmask (2 of every 4 inputs kept, the larger)
+# or sparse-bitmask (unstructured), of plain weights or, with `weights`, of
+# int-quantized / float-quantized codes (channel scales from the pruned
+# weights' ranges). The reference is the library's: its sparse decompression,
+# then the quantization compressor's. `in_f` is no multiple of 8: each
+# bitmask row ends in padding bits.
+@case
+def ct_sparse_case(name, sparse_fmt, weights=None, dtype=torch.float32, out_f=16, in_f=196, seed=12):
+    from compressed_tensors.compressors import BaseCompressor, ModelCompressor
+    from compressed_tensors.config import SparsityCompressionConfig
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    lin, g = linear(out_f, in_f, seed)
+    w = lin.weight.data
+    if sparse_fmt == "sparse-24-bitmask":
+        keep = torch.zeros_like(w, dtype=torch.bool)
+        keep.view(-1, 4).scatter_(1, w.abs().view(-1, 4).topk(2, dim=1).indices, True)
+    else:
+        keep = torch.rand(out_f, in_f, generator=g) < 0.6
+    model = torch.nn.Module()
+    model.layer = lin
+    lin.weight.data = (w * keep).to(dtype)
+    qc = None
+    if weights:
+        args = QuantizationArgs(**weights)
+        qc = QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
+                                format="float-quantized" if args.type == "float" else "int-quantized",
+                                quantization_status="frozen")
+        apply_quantization_config(model, qc)
+        wt = lin.weight.data.float()
+        scale, zp = calculate_qparams(wt.min(dim=1, keepdim=True).values, wt.max(dim=1, keepdim=True).values, args)
+        lin.weight_scale.data = scale
+        if hasattr(lin, "weight_zero_point"):
+            lin.weight_zero_point.data = zp
+    sc = SparsityCompressionConfig.load_from_registry(
+        sparse_fmt, targets=["Linear"], sparsity_structure="2:4" if sparse_fmt == "sparse-24-bitmask" else "unstructured")
+    mc = ModelCompressor(sparsity_config=sc, quantization_config=qc)
+    t = dict(mc.compress(model))
+    ref = dict(mc.sparsity_compressor.decompress_from_state_dict(dict(t)))["layer.weight"]
+    if qc:
+        params = {"weight": ref, **{k.split(".", 1)[1]: v for k, v in t.items() if k.startswith("layer.weight_")}}
+        ref = BaseCompressor.load_from_registry(qc.format).decompress_weight(params, quantization_args=args)
+    # As ModelCompressor.update_config writes it into config.json.
+    q = {"quant_method": "compressed-tensors", "sparsity_config": sc.model_dump(mode="json")}
+    if qc:
+        q.update(qc.model_dump(mode="json", exclude=["quant_method"]))
+    save(name, t, ref, q)
+
+
 # ------------------------------------------------------------- auto-round
+@case
 def ar_case(name, packing, bits, group_size, sym, out_f=32, in_f=256, seed=6):
     """auto-round's own GPTQ-layout packers (auto_round_extension): qlinear_torch_zp for "auto_round:auto_gptq"
     (zeros minus one, clamped at 0), qlinear_torch for "auto_round" (zeros as they are). The reference is the
@@ -226,6 +299,7 @@ def ar_case(name, packing, bits, group_size, sym, out_f=32, in_f=256, seed=6):
     save(name, {"layer.qweight": ql.qweight, "layer.qzeros": ql.qzeros, "layer.scales": ql.scales}, ref, q)
 
 
+@case
 def ar_awq_case(name, group_size, out_f=32, in_f=256, seed=7):
     """auto-round's "auto_round:auto_awq" export: its own copy of AWQ's GEMM packer and dequantize_gemm."""
     from auto_round.export.export_to_awq.utils import WQLinear_GEMM, dequantize_gemm
@@ -245,6 +319,7 @@ def ar_awq_case(name, group_size, out_f=32, in_f=256, seed=7):
 
 
 # ------------------------------------------------------------ bitsandbytes
+@case
 def bnb4_case(name, quant_type, double_quant, dtype, blocksize, out_f, in_f, seed=4):
     """A Linear4bit's state dict as transformers saves it, and the library's dequantize_4bit (in `dtype`)."""
     import bitsandbytes as bnb
@@ -266,6 +341,7 @@ def bnb4_case(name, quant_type, double_quant, dtype, blocksize, out_f, in_f, see
     save(name, t, ref, q)
 
 
+@case
 def bnb8_case(name, out_f=16, in_f=256, seed=5):
     """A Linear8bitLt's state dict (LLM.int8: row-wise absmax) and the library's int8_vectorwise_dequant."""
     import bitsandbytes as bnb
@@ -281,6 +357,7 @@ def bnb8_case(name, out_f=16, in_f=256, seed=5):
     save(name, {f"layer.{k}": v for k, v in sd.items()}, ref, q)
 
 
+@case
 def bnb8_matmul_case(name, out_f=24, in_f=256, tokens=12, seed=6):
     """LLM.int8's activations: a Linear8bitLt (threshold 6) run on fp16 inputs whose columns 3 and 100 hold
     outliers (|x| >= 6, one exactly 6), with entries just below 6 elsewhere. Besides the layer and its
@@ -376,6 +453,14 @@ bnb8_case("bnb_int8")
 bnb8_matmul_case("bnb_int8_matmul")
 # auto-round's own format: GPTQ layout, zeros minus one ("auto_round:auto_gptq", its default for symmetric
 # weights) or as they are ("auto_round", asymmetric).
+ct_sparse_case("ct_sparse24_bf16", "sparse-24-bitmask", dtype=torch.bfloat16)
+ct_sparse_case("ct_sparse_bitmask_f16", "sparse-bitmask", dtype=torch.float16, in_f=203, seed=13)
+ct_sparse_case("ct_sparse24_fp8_channel", "sparse-24-bitmask",
+               dict(num_bits=8, type="float", strategy="channel", symmetric=True), seed=14)
+ct_sparse_case("ct_sparse24_int8_channel_asym", "sparse-24-bitmask",
+               dict(num_bits=8, type="int", strategy="channel", symmetric=False), seed=15)
+ct_sparse_case("ct_sparse_bitmask_int8_channel", "sparse-bitmask",
+               dict(num_bits=8, type="int", strategy="channel", symmetric=True), in_f=203, seed=16)
 ar_case("ar_gptq_sym_b4_g128", "auto_round:auto_gptq", 4, 128, sym=True)
 ar_case("ar_gptq_asym_b4_g32", "auto_round:auto_gptq", 4, 32, sym=False)
 ar_case("ar_asym_b4_g64", "auto_round", 4, 64, sym=False)

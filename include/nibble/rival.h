@@ -58,8 +58,9 @@ std::string rival_method_names();
 
 // The quantization_config of a model directory (config.json's, or the
 // quantize_config.json AutoGPTQ wrote beside it), or nullopt (also for
-// compressed-tensors' "dense" format, whose weights are plain). Its
-// quant_method, when present, is a string (else an Error naming the file).
+// compressed-tensors' "dense" format, whose weights are plain, unless its
+// sparsity_config stores them sparse). Its quant_method, when present, is a
+// string (else an Error naming the file).
 std::optional<nlohmann::json> rival_quantization_config(const std::filesystem::path& dir);
 
 class RivalSource final : public ModelSource {

@@ -417,6 +417,10 @@ class AwqScheme final : public RivalScheme {
 //     w = code · scale / global_scale.
 //   weight_packed U8 without a global scale: MXFP4, E8M0 scales per 32.
 //   weight I8 / F8_E4M3 [out, in] + weight_scale: int-quantized / float-quantized.
+//   compressed + bitmask + shape (sparsity_config's sparse-bitmask and
+//     sparse-24-bitmask): the weight's nonzero entries alone, dense_of_sparse
+//     says how; they are the plain weights, or with weight_scale the
+//     int-quantized / float-quantized codes.
 // Integer and FP8 weights: w = (q − zero) · scale[group of the input] with
 // scales [out, groups] (group or channel), [1] (tensor) or, for block
 // quantization, [⌈out/bo⌉, ⌈in/bi⌉] (block_structure of the config group
@@ -426,6 +430,16 @@ class CompressedTensorsScheme final : public RivalScheme {
   CompressedTensorsScheme(const json& q, const std::string& where) {
     const io::JsonFields f = fields_of(q, where);
     format_ = f.optional<std::string>("format", "dense");
+    if (q.contains("sparsity_config") && q["sparsity_config"].is_object() && !q["sparsity_config"].empty()) {
+      const io::JsonFields sf = fields_of(q["sparsity_config"], f.where + ": sparsity_config");
+      sparsity_ = sf.optional<std::string>("format", "dense");
+      NIBBLE_CHECK(sparsity_ == "dense" || sparsity_ == "sparse-bitmask" || sparsity_ == "sparse-24-bitmask",
+                   "{}: compressed-tensors sparsity format '{}' is not supported (sparse-bitmask and "
+                   "sparse-24-bitmask are)",
+                   where, sparsity_);
+    }
+    // The "dense" quantization format with a sparse format: a pruned checkpoint of plain weights.
+    if (format_ == "dense" && sparsity_ != "dense") return;
     static const std::vector<std::string> known = {
         "pack-quantized",       "int-quantized",        "float-quantized", "naive-quantized", "nvfp4-pack-quantized",
         "mxfp4-pack-quantized", "mxfp6-pack-quantized", "mxfp8-quantized", "mixed-precision"};
@@ -461,9 +475,13 @@ class CompressedTensorsScheme final : public RivalScheme {
         groups_.push_back(std::move(g));
       }
   }
-  std::string describe() const override { return "compressed-tensors (" + format_ + ")"; }
+  std::string describe() const override {
+    return "compressed-tensors (" +
+           (sparsity_ == "dense" ? format_ : format_ == "dense" ? sparsity_ : format_ + ", " + sparsity_) + ")";
+  }
   std::optional<std::string> linear_of(const std::string& stored, const TensorSource& raw) const override {
     if (auto prefix = strip_suffix(stored, ".weight_packed")) return prefix;
+    if (auto prefix = strip_suffix(stored, ".compressed")) return prefix;
     if (auto prefix = strip_suffix(stored, ".weight")) {
       const DType dt = raw.meta(stored).dtype;
       if ((dt == DType::I8 || dt == DType::F8_E4M3) && raw.contains(*prefix + ".weight_scale")) return prefix;
@@ -473,7 +491,7 @@ class CompressedTensorsScheme final : public RivalScheme {
   std::vector<std::string> parts(const std::string& prefix, const TensorSource& raw) const override {
     std::vector<std::string> p;
     for (const char* s : {".weight_packed", ".weight", ".weight_shape", ".weight_scale", ".weight_zero_point",
-                          ".weight_global_scale", ".weight_g_idx"})
+                          ".weight_global_scale", ".weight_g_idx", ".compressed", ".bitmask", ".shape", ".row_offsets"})
       if (raw.contains(prefix + s)) p.push_back(prefix + s);
     return p;
   }
@@ -511,6 +529,9 @@ class CompressedTensorsScheme final : public RivalScheme {
         auto word = [&](int64_t i) { return p[n * wpr + i]; };
         for (int64_t k = 0; k < in; ++k) c[n * in + k] = static_cast<float>(stream_field(word, k, bits)) - offset;
       }
+    } else if (raw.contains(prefix + ".compressed")) {
+      codes = dense_of_sparse(prefix, raw);
+      if (!raw.contains(prefix + ".weight_scale")) return codes;  // sparse plain weights
     } else {
       codes = raw.load(prefix + ".weight").to_f32();
       NIBBLE_CHECK(codes.dim() == 2, "{}: '{}.weight' should be 2-D", raw.describe(), prefix);
@@ -664,6 +685,62 @@ class CompressedTensorsScheme final : public RivalScheme {
     return w;
   }
 
+  // A weight stored sparse (sparse-bitmask, sparse-24-bitmask) as F32
+  // [out, in]: `shape` (I64 [2, 1]) gives [out, in]; bit k % 8 of byte k / 8
+  // of `bitmask` row n (U8 [out, ⌈in/8⌉], numpy's little-endian packbits) marks
+  // entry (n, k) as stored, and `compressed` holds the marked entries in row-major
+  // order ([nnz] for sparse-bitmask, [out, in/2] for 2:4), every other entry
+  // is zero. sparse-bitmask also stores `row_offsets` [out], each row's first
+  // value, checked here. Bits past `in` are padding and ignored, as the library does.
+  static Tensor dense_of_sparse(const std::string& prefix, const TensorSource& raw) {
+    NIBBLE_CHECK(!raw.contains(prefix + ".weight_packed") && !raw.contains(prefix + ".weight"),
+                 "{}: linear '{}' is stored both sparse ('{}.compressed') and dense", raw.describe(), prefix, prefix);
+    for (const char* part : {".bitmask", ".shape"})
+      NIBBLE_CHECK(raw.contains(prefix + part), "{}: sparse linear '{}' has no '{}{}'", raw.describe(), prefix, prefix,
+                   part);
+    const Tensor shape_t = raw.load(prefix + ".shape").to_f32();
+    NIBBLE_CHECK(shape_t.numel() == 2, "{}: '{}.shape' should hold [out, in], found shape {}", raw.describe(), prefix,
+                 shape_str(shape_t.shape()));
+    const float* dims = shape_t.data<float>();
+    const Tensor mask = raw.load(prefix + ".bitmask").contiguous();
+    NIBBLE_CHECK(mask.dtype() == DType::U8 && mask.dim() == 2 && dims[1] >= 1 && dims[1] == std::floor(dims[1]) &&
+                     dims[0] == static_cast<float>(mask.size(0)) &&
+                     std::ceil(dims[1] / 8.0f) == static_cast<float>(mask.size(1)),
+                 "{}: '{}.bitmask' should be U8 [out, ⌈in / 8⌉] for the shape [{}, {}], found {} {}", raw.describe(),
+                 prefix, dims[0], dims[1], dtype_name(mask.dtype()), shape_str(mask.shape()));
+    const int64_t out = mask.size(0), in = static_cast<int64_t>(dims[1]), bpr = mask.size(1);
+    const uint8_t* bits = static_cast<const uint8_t*>(mask.raw());
+    auto marked = [&](int64_t n, int64_t k) { return (bits[n * bpr + k / 8] >> (k % 8)) & 1; };
+    std::vector<int64_t> first(static_cast<size_t>(out) + 1, 0);  // each row's first stored value
+    for (int64_t n = 0; n < out; ++n) {
+      int64_t count = 0;
+      for (int64_t k = 0; k < in; ++k) count += marked(n, k);
+      first[n + 1] = first[n] + count;
+    }
+    const Tensor values = raw.load(prefix + ".compressed").to_f32();
+    NIBBLE_CHECK(values.numel() == first[out], "{}: '{}.compressed' holds {} values, but its bitmask marks {}",
+                 raw.describe(), prefix, values.numel(), first[out]);
+    if (raw.contains(prefix + ".row_offsets")) {
+      const Tensor offsets = raw.load(prefix + ".row_offsets").to_f32();
+      NIBBLE_CHECK(offsets.numel() == out, "{}: '{}.row_offsets' should have {} entries, found {}", raw.describe(),
+                   prefix, out, offsets.numel());
+      for (int64_t n = 0; n < out; ++n)
+        NIBBLE_CHECK(offsets.data<float>()[n] == static_cast<float>(first[n]),
+                     "{}: '{}.row_offsets' gives row {} its first value at {}, but its bitmask puts it at {}",
+                     raw.describe(), prefix, n, offsets.data<float>()[n], first[n]);
+    }
+    Tensor w = Tensor::zeros(DType::F32, {out, in});
+    const float* v = values.data<float>();
+    float* dst = w.data_mut<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n) {
+      int64_t i = first[n];
+      for (int64_t k = 0; k < in; ++k)
+        if (marked(n, k)) dst[n * in + k] = v[i++];
+    }
+    return w;
+  }
+
   struct Group {
     std::vector<std::string> names;                      // module names and class names
     std::vector<std::shared_ptr<const Regex>> regexes;  // "re:" targets
@@ -700,6 +777,7 @@ class CompressedTensorsScheme final : public RivalScheme {
   }
 
   std::string format_;
+  std::string sparsity_ = "dense";  // sparsity_config's format
   std::vector<Group> groups_;
 };
 
@@ -945,9 +1023,12 @@ std::optional<json> rival_quantization_config(const fs::path& dir) {
       NIBBLE_CHECK(!q.contains("quant_method") || q["quant_method"].is_string(),
                    "{}: quantization_config's quant_method should be a string, found {}",
                    (dir / "config.json").string(), q["quant_method"].dump());
-      // compressed-tensors' "dense" format stores plain weights (a checkpoint saved unquantized).
-      if (q.value("quant_method", json()) == "compressed-tensors" && q.value("format", json("dense")) == "dense")
-        return std::nullopt;
+      // compressed-tensors' "dense" format stores plain weights (a checkpoint saved unquantized), unless its
+      // sparsity_config stores them sparse.
+      if (q.value("quant_method", json()) == "compressed-tensors" && q.value("format", json("dense")) == "dense") {
+        const json s = q.value("sparsity_config", json::object());
+        if (!s.is_object() || s.value("format", json("dense")) == "dense") return std::nullopt;
+      }
       return q;
     }
   }

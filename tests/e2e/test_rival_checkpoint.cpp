@@ -7,6 +7,7 @@
 // checkpoint without its quantization_config.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -191,6 +192,80 @@ TEST(RivalCheckpoint, Bnb8BitSkippedLinearsReadExactActivations) {
   std::string conflict;
   EXPECT_EQ(exact_linear_inputs(*mixed, 0, &conflict), (std::array<bool, 4>{false, false, false, false}));
   EXPECT_NE(conflict.find("self_attn.q_proj"), std::string::npos);
+}
+
+// qwen3-26M-linux's linears pruned 2:4 (in every 4 inputs the two of largest
+// magnitude kept, ties to the first) as compressed-tensors stores a pruned model of
+// plain weights (sparsity_config sparse-24-bitmask, the dense format): per linear
+// the kept bf16 values ("compressed" [out, in/2]), a bitmask of them (U8
+// [out, ⌈in/8⌉], bit k % 8 of byte k / 8) and the dense shape (I64 [2, 1]); the
+// layout itself is checked against the library's vectors in test_rival.cpp.
+// `plain` gets the same pruned weights as a plain checkpoint.
+void write_sparse24_qwen3(const fs::path& dir, const fs::path& plain) {
+  const auto base = CheckpointDir::open(test::model_dir("qwen3-26M-linux"));
+  std::vector<std::pair<std::string, Tensor>> sparse, dense;
+  for (const std::string& name : base->names()) {
+    const Tensor t = base->load(name);
+    if (!test::is_linear_weight(name)) {
+      sparse.emplace_back(name, t);
+      dense.emplace_back(name, t);
+      continue;
+    }
+    ASSERT_EQ(t.dtype(), DType::BF16);
+    const int64_t out = t.size(0), in = t.size(1), bpr = (in + 7) / 8;
+    const uint16_t* w = static_cast<const uint16_t*>(t.raw());
+    Tensor pruned = Tensor::zeros(DType::BF16, {out, in}), values = Tensor::empty(DType::BF16, {out, in / 2});
+    Tensor mask = Tensor::zeros(DType::U8, {out, bpr}), shape = Tensor::empty(DType::I64, {2, 1});
+    shape.data_mut<int64_t>()[0] = out;
+    shape.data_mut<int64_t>()[1] = in;
+    uint16_t* v = static_cast<uint16_t*>(values.raw_mut());
+    for (int64_t n = 0; n < out; ++n)
+      for (int64_t k0 = 0; k0 < in; k0 += 4) {
+        std::array<int64_t, 4> order = {k0, k0 + 1, k0 + 2, k0 + 3};
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+          return std::abs(bf16_to_f32(w[n * in + a])) > std::abs(bf16_to_f32(w[n * in + b]));
+        });
+        for (int64_t k = k0; k < k0 + 4; ++k) {
+          if (k != order[0] && k != order[1]) continue;
+          static_cast<uint16_t*>(pruned.raw_mut())[n * in + k] = w[n * in + k];
+          *v++ = w[n * in + k];
+          static_cast<uint8_t*>(mask.raw_mut())[n * bpr + k / 8] |= static_cast<uint8_t>(1u << (k % 8));
+        }
+      }
+    const std::string prefix = name.substr(0, name.size() - 7);
+    sparse.emplace_back(prefix + ".compressed", values);
+    sparse.emplace_back(prefix + ".bitmask", mask);
+    sparse.emplace_back(prefix + ".shape", shape);
+    dense.emplace_back(name, pruned);
+  }
+  std::ifstream cf(test::model_dir("qwen3-26M-linux") / "config.json");
+  json cfg = json::parse(cf);
+  test::write_checkpoint_dir(plain, dense, cfg);
+  cfg["quantization_config"] = {
+      {"quant_method", "compressed-tensors"},
+      {"version", "0.14.0.1"},
+      {"sparsity_config",
+       {{"format", "sparse-24-bitmask"}, {"sparsity_structure", "2:4"}, {"targets", {"Linear"}}, {"ignore", {}}}},
+      {"transform_config", json::object()}};
+  test::write_checkpoint_dir(dir, sparse, cfg);
+}
+
+TEST(RivalCheckpoint, Sparse24DirectoryRunsAsItsPrunedWeights) {
+  test::TempDir tmp;
+  write_sparse24_qwen3(tmp / "sparse", tmp / "plain");
+  const auto src = open_model_source((tmp / "sparse").string());
+  ASSERT_NE(dynamic_cast<const RivalSource*>(src.get()), nullptr);
+  EXPECT_NE(src->describe().find("sparse-24-bitmask"), std::string::npos) << src->describe();
+  src->validate_against_config();
+  const auto plain = CheckpointDir::open(tmp / "plain");
+  EXPECT_EQ(src->names().size(), plain->names().size());
+  EXPECT_FALSE(src->contains("model.layers.0.mlp.up_proj.bitmask"));
+  const TensorMeta m = src->meta("model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(m.shape, plain->meta("model.layers.0.mlp.up_proj.weight").shape);
+  EXPECT_EQ(m.stored_bytes, 1536u * 512 / 2 * 2 + 1536 * 512 / 8 + 2 * 8);  // values, bitmask, shape
+  const Tensor a = logits_of(*src), b = logits_of(*plain);
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
 }
 
 }  // namespace

@@ -71,7 +71,8 @@ TEST_P(RivalVector, DequantizesAsTheLibraryDoes) {
     nonzero += b != 0;
   }
   EXPECT_EQ(bad, 0) << name;
-  EXPECT_GT(nonzero, got.numel() / 2) << name << ": a vector of mostly zeros checks little";
+  // (2:4 sparse weights are half zeros.)
+  EXPECT_GE(2 * nonzero, got.numel()) << name << ": a vector of mostly zeros checks little";
   // Every stored tensor of the linear is one of its parts.
   const std::vector<std::string> parts = v.scheme->parts("layer", *v.file);
   for (const std::string& n : v.file->names()) {
@@ -91,7 +92,10 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
                                            "awq_gemv_fast_g128_40x384", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
                                            "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
                                            "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
-                                           "ct_nvfp4", "ct_mxfp4", "ct_mxfp6", "ct_mxfp8", "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
+                                           "ct_nvfp4", "ct_mxfp4", "ct_mxfp6", "ct_mxfp8", "ct_sparse24_bf16",
+                                           "ct_sparse_bitmask_f16", "ct_sparse24_fp8_channel",
+                                           "ct_sparse24_int8_channel_asym", "ct_sparse_bitmask_int8_channel",
+                                           "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
                                            "bnb_nf4_f16_b128", "bnb_int8", "ar_gptq_sym_b4_g128", "ar_gptq_asym_b4_g32",
                                            "ar_asym_b4_g64", "ar_asym_b2_g32", "ar_awq_g64"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
@@ -230,6 +234,9 @@ TEST(Rival, UnsupportedSettingsAreNamed) {
             std::string::npos);
   EXPECT_NE(err(R"({"quant_method": "compressed-tensors", "format": "marlin-24"})").find("marlin-24"),
             std::string::npos);
+  EXPECT_NE(err(R"({"quant_method": "compressed-tensors", "sparsity_config": {"format": "marlin-24"}})")
+                .find("sparsity format 'marlin-24' is not supported (sparse-bitmask and sparse-24-bitmask are)"),
+            std::string::npos);
   EXPECT_NE(err(R"({"bits": 4})").find("quant_method"), std::string::npos);
 }
 
@@ -318,6 +325,35 @@ TEST(Rival, DamagedLinearsAreRefusedByName) {
     if (n == "layer.qweight") t = Tensor::zeros(DType::I16, {0, 256});
   });
   EXPECT_NE(none.find("'layer.qweight' [0, 256] holds no weights"), std::string::npos) << none;
+  // compressed-tensors' sparse formats: no bitmask, fewer values than it marks, a row offset that disagrees with
+  // it, a bitmask of the wrong width, and a linear stored both sparse and dense.
+  EXPECT_NE(damaged("ct_sparse24_bf16", "layer.bitmask", keep).find("sparse linear 'layer' has no 'layer.bitmask'"),
+            std::string::npos);
+  const std::string few = damaged("ct_sparse24_fp8_channel", "", [](const std::string& n, Tensor& t) {
+    if (n == "layer.compressed") t = Tensor::zeros(DType::F8_E4M3, {16, 97});
+  });
+  EXPECT_NE(few.find("'layer.compressed' holds 1552 values, but its bitmask marks 1568"), std::string::npos) << few;
+  const std::string offset = damaged("ct_sparse_bitmask_f16", "", [](const std::string& n, Tensor& t) {
+    if (n != "layer.row_offsets") return;
+    t = t.to_f32();
+    t.data_mut<float>()[3] += 1;
+  });
+  EXPECT_NE(offset.find("'layer.row_offsets' gives row 3 its first value at"), std::string::npos) << offset;
+  const std::string mask = damaged("ct_sparse24_int8_channel_asym", "", [](const std::string& n, Tensor& t) {
+    if (n == "layer.bitmask") t = Tensor::zeros(DType::U8, {16, 24});
+  });
+  EXPECT_NE(mask.find("'layer.bitmask' should be U8 [out, ⌈in / 8⌉] for the shape [16, 196], found U8 [16, 24]"),
+            std::string::npos)
+      << mask;
+  {
+    const Vector v = open_vector("ct_sparse24_bf16");
+    std::vector<std::pair<std::string, Tensor>> tensors = {{"layer.weight", Tensor::zeros(DType::BF16, {16, 196})}};
+    for (const std::string& n : v.file->names()) tensors.emplace_back(n, v.file->load(n).contiguous());
+    io::save_safetensors(tmp / "both.safetensors", tensors, v.file->metadata());
+    const auto file = CheckpointDir::open_file(tmp / "both.safetensors");
+    const std::string e = test::error_of([&] { (void)v.scheme->dequantize("layer", *file); });
+    EXPECT_NE(e.find("linear 'layer' is stored both sparse ('layer.compressed') and dense"), std::string::npos) << e;
+  }
   // A config field of the wrong type names the field.
   auto cfg_err = [](const std::string& q) { return test::error_of([&] { make_rival_scheme(json::parse(q), "cfg"); }); };
   EXPECT_EQ(cfg_err(R"({"quant_method": "gptq", "bits": 4, "sym": 1})")
@@ -344,6 +380,16 @@ TEST(Rival, QuantizationConfigIsFoundWhereTheToolsWriteIt) {
   write(tmp / "config.json",
         {{"quantization_config", {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}}}});
   EXPECT_EQ(rival_quantization_config(tmp.path())->value("format", ""), "pack-quantized");
+  // A pruned checkpoint of plain weights: the dense format, its weights stored sparse.
+  write(tmp / "config.json", {{"quantization_config",
+                               {{"quant_method", "compressed-tensors"},
+                                {"sparsity_config", {{"format", "sparse-24-bitmask"}, {"sparsity_structure", "2:4"}}}}}});
+  EXPECT_TRUE(rival_quantization_config(tmp.path()).has_value());
+  write(tmp / "config.json", {{"quantization_config",
+                               {{"quant_method", "compressed-tensors"},
+                                {"format", "dense"},
+                                {"sparsity_config", {{"format", "dense"}}}}}});
+  EXPECT_FALSE(rival_quantization_config(tmp.path()).has_value());
   // A quant_method that is no string is an Error naming the file (refusals quote it as one).
   write(tmp / "config.json", {{"quantization_config", {{"quant_method", 5}}}});
   EXPECT_NE(test::error_of([&] { rival_quantization_config(tmp.path()); })
