@@ -430,6 +430,16 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
   check_w4a16({72, 4160, 32}, cuda::Act::BF16, {200}, false, 20);        // groups of 32: two per chunk
 }
 
+// One token on a grid of several waves (as the head's): 70008 rows are 4376
+// one-warp tiles (the last half full), more than 132 SMs hold at 32 blocks
+// each, so they take the 64-register instantiation (launch_gemv's `Waves`);
+// K = 1092 ends in a ragged group at groups of 64.
+TEST(Cuda, W4A16SingleTokenGridOfSeveralWaves) {
+  SKIP_WITHOUT_DEVICE();
+  check_w4a16({70008, 1092, 64}, cuda::Act::BF16, {1}, true, 29);
+  check_w4a16({70008, 4096, 128}, cuda::Act::F16, {1}, false, 30);
+}
+
 // The 2..16-token kernel (w4a16_small_m.cu) gives each warp two row tiles on
 // wide matrices (at least 256 tiles for one token tile, 4 per SM for two; at
 // 9..16 tokens also 2 per SM, too few units for the resident kernel): an odd

@@ -263,9 +263,11 @@ __device__ __forceinline__ void gemv_item_out(const FuseArgs& f, OutT* __restric
 // tile b + gridDim.x); a tile's `wpt` warps take interleaved groups. CPG
 // chunks per group (1: groups of 64, 2: groups of 128), S ring stages per warp.
 // `early`: the dependent launch is triggered once the ring's first stages are
-// issued, else after the main loop (w4a16_gemv_prepared says why).
-template <typename OutT, int CPG, int S>
-__global__ void __launch_bounds__(512)
+// issued, else after the main loop (w4a16_gemv_prepared says why). `Waves`:
+// the instantiation for grids of several waves (launch_gemv), held to 64
+// registers so that 32 of its one-warp blocks fit on an SM.
+template <typename OutT, int CPG, int S, bool Waves = false>
+__global__ void __launch_bounds__(512, Waves ? 2 : 1)
     w4a16_gemv_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const uint4* __restrict__ frags,
                       const float2* __restrict__ ginfo, OutT* __restrict__ y, int N, int chunks, int groups,
                       int groups_padded, int wpt, FuseArgs f, bool early) {
@@ -708,6 +710,7 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const int stages = deep ? kDeepStages : kStages;
   auto kernel = deep ? w4a16_gemv_kernel<OutT, CPG, kDeepStages> : w4a16_gemv_kernel<OutT, CPG, kStages>;
   max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages>>(device_smem_cap(110 << 10));
+  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages, true>>(device_smem_cap(110 << 10));
   max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kDeepStages>>(device_smem_cap(200 << 10));
   // Warps per tile: at most 16 (8 where a block takes two tiles) and at most
   // one per group; as many as keep the whole grid resident at once
@@ -718,6 +721,9 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   if (warps == 0) {
     warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, most);
     fa.mail = nullptr;  // the mailbox needs every block resident at once (fused_rows_out)
+    // Several waves (the head: one-warp blocks): at main's 72 registers (f32 outputs) 28 such blocks fit on an SM,
+    // at 64 all 32 do. The 8B head took 103.0-103.5 → 94.9-95.0 µs on an H100 (session 65, docs/results/s65/).
+    if (!deep) kernel = w4a16_gemv_kernel<OutT, CPG, kStages, true>;
   }
   const size_t smem = static_cast<size_t>(tpb * warps) * smem_warp;
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
