@@ -245,7 +245,10 @@ void write_sparse24_qwen3(const fs::path& dir, const fs::path& plain) {
       {"quant_method", "compressed-tensors"},
       {"version", "0.14.0.1"},
       {"sparsity_config",
-       {{"format", "sparse-24-bitmask"}, {"sparsity_structure", "2:4"}, {"targets", {"Linear"}}, {"ignore", json::array()}}},
+       {{"format", "sparse-24-bitmask"},
+        {"sparsity_structure", "2:4"},
+        {"targets", {"Linear"}},
+        {"ignore", json::array()}}},
       {"transform_config", json::object()}};
   test::write_checkpoint_dir(dir, sparse, cfg);
 }

@@ -381,9 +381,9 @@ TEST(Rival, QuantizationConfigIsFoundWhereTheToolsWriteIt) {
         {{"quantization_config", {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}}}});
   EXPECT_EQ(rival_quantization_config(tmp.path())->value("format", ""), "pack-quantized");
   // A pruned checkpoint of plain weights: the dense format, its weights stored sparse.
-  write(tmp / "config.json", {{"quantization_config",
-                               {{"quant_method", "compressed-tensors"},
-                                {"sparsity_config", {{"format", "sparse-24-bitmask"}, {"sparsity_structure", "2:4"}}}}}});
+  const json sparse24 = {{"format", "sparse-24-bitmask"}, {"sparsity_structure", "2:4"}};
+  write(tmp / "config.json",
+        {{"quantization_config", {{"quant_method", "compressed-tensors"}, {"sparsity_config", sparse24}}}});
   EXPECT_TRUE(rival_quantization_config(tmp.path()).has_value());
   write(tmp / "config.json", {{"quantization_config",
                                {{"quant_method", "compressed-tensors"},
