@@ -85,7 +85,13 @@ if [ "${1:-}" = "--bundle" ]; then
   tree=$(git ls-files -z | xargs -0 du -k | awk '{s += $1} END {print s * 1024}')
   total=$((tree + $(stat -c %s devrun.tar.xz)))
   echo "travels: $total bytes of 67108864 (working tree $tree + devrun.tar.xz)"
-  [ "$total" -le 67108864 ] || { echo "over the device tool's 64 MiB" >&2; exit 1; }
+  if [ "$total" -gt 67108864 ]; then
+    # docs/results/ (the measurements' archive) is most of the tree and no check reads it: the call may leave it out.
+    results=$(git ls-files -z docs/results | xargs -0 du -k | awk '{s += $1} END {print s * 1024}')
+    echo "over the device tool's 64 MiB ($total bytes); without docs/results/ $((total - results)) bytes:" >&2
+    echo "  rm -rf docs/results before the call, git checkout -- docs/results after it" >&2
+    [ $((total - results)) -le 67108864 ] || exit 1
+  fi
   exit 0
 fi
 
