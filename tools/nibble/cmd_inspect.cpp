@@ -45,8 +45,8 @@ void print_header(const ModelSource& src) {
     return;
   }
   if (const auto* r = dynamic_cast<const RivalSource*>(&src)) {
-    std::printf("a rival's quantized checkpoint: each of its quantized linears is listed as 'rival' (%s), its "
-                "bytes all its stored parts\n", r->scheme().describe().c_str());
+    std::printf("a rival's quantized (or pruned) checkpoint: each of its quantized or sparse linears is listed as "
+                "'rival' (%s), its bytes all its stored parts\n", r->scheme().describe().c_str());
     return;
   }
   const auto* dir = dynamic_cast<const CheckpointDir*>(&src);
