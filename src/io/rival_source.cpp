@@ -695,9 +695,7 @@ class CompressedTensorsScheme final : public RivalScheme {
   static Tensor dense_of_sparse(const std::string& prefix, const TensorSource& raw) {
     NIBBLE_CHECK(!raw.contains(prefix + ".weight_packed") && !raw.contains(prefix + ".weight"),
                  "{}: linear '{}' is stored both sparse ('{}.compressed') and dense", raw.describe(), prefix, prefix);
-    for (const char* part : {".bitmask", ".shape"})
-      NIBBLE_CHECK(raw.contains(prefix + part), "{}: sparse linear '{}' has no '{}{}'", raw.describe(), prefix, prefix,
-                   part);
+    required_parts(raw, prefix, {".bitmask", ".shape"}, "sparse");
     const Tensor shape_t = raw.load(prefix + ".shape").to_f32();
     NIBBLE_CHECK(shape_t.numel() == 2, "{}: '{}.shape' should hold [out, in], found shape {}", raw.describe(), prefix,
                  shape_str(shape_t.shape()));
