@@ -432,7 +432,7 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
 
 // One token on a grid of several waves (as the head's): 70008 rows are 4376
 // one-warp tiles (the last half full), more than 132 SMs hold at 32 blocks
-// each, so they take the 64-register instantiation (launch_gemv's `Waves`);
+// each, so they take the 64-register instantiation (launch_gemv's `Lean`);
 // K = 1092 ends in a ragged group at groups of 64.
 TEST(Cuda, W4A16SingleTokenGridOfSeveralWaves) {
   SKIP_WITHOUT_DEVICE();

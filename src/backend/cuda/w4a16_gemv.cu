@@ -263,11 +263,11 @@ __device__ __forceinline__ void gemv_item_out(const FuseArgs& f, OutT* __restric
 // tile b + gridDim.x); a tile's `wpt` warps take interleaved groups. CPG
 // chunks per group (1: groups of 64, 2: groups of 128), S ring stages per warp.
 // `early`: the dependent launch is triggered once the ring's first stages are
-// issued, else after the main loop (w4a16_gemv_prepared says why). `Waves`:
-// the instantiation for grids of several waves (launch_gemv), held to 64
-// registers so that 32 of its one-warp blocks fit on an SM.
-template <typename OutT, int CPG, int S, bool Waves = false>
-__global__ void __launch_bounds__(512, Waves ? 2 : 1)
+// issued, else after the main loop (w4a16_gemv_prepared says why). `Lean`:
+// the instantiation held to 64 registers (no spill), so that 32 warps fit on
+// an SM (launch_gemv says which grids take it).
+template <typename OutT, int CPG, int S, bool Lean = false>
+__global__ void __launch_bounds__(512, Lean ? 2 : 1)
     w4a16_gemv_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const uint4* __restrict__ frags,
                       const float2* __restrict__ ginfo, OutT* __restrict__ y, int N, int chunks, int groups,
                       int groups_padded, int wpt, FuseArgs f, bool early) {
@@ -708,7 +708,15 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
   const int tpb = fa.mode == kSwiglu ? 2 : 1;
   const int stages = deep ? kDeepStages : kStages;
-  auto kernel = deep ? w4a16_gemv_kernel<OutT, CPG, kDeepStages> : w4a16_gemv_kernel<OutT, CPG, kStages>;
+  // Decode's o and down (fused residual outputs) take the 64-register instantiation: their one-wave grids of 256
+  // tiles then get 16 warps per tile instead of 11 and 14. `nibble run` on the 8B shape, two H100s, each setting
+  // twice alternated in one call: 591.5-591.9 → 598.4-598.7 tok/s (o alone 595.2, down alone 594.3; session 66,
+  // docs/results/s66/). Plain outputs keep main's 70-72 registers: for every grid, the stack's o, down and the
+  // kernels after them got slower (prepared stack 1.473 → 1.506 ms, q|k|v after down 5.62 → 6.04 µs).
+  const bool lean = !deep && fa.mode == kResidual;
+  auto kernel = deep   ? w4a16_gemv_kernel<OutT, CPG, kDeepStages>
+                : lean ? w4a16_gemv_kernel<OutT, CPG, kStages, true>
+                       : w4a16_gemv_kernel<OutT, CPG, kStages>;
   max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages>>(device_smem_cap(110 << 10));
   max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages, true>>(device_smem_cap(110 << 10));
   max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kDeepStages>>(device_smem_cap(200 << 10));
