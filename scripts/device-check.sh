@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Checks that need a GPU machine with torch + transformers (the lent H200):
 #   gpu:           the CUDA kernel tests (CI compiles them but has no GPU) and the
-#                  W4A16 stack benchmark (from a bundle without --models), which prints torch's int4 kernel and
-#                  cuBLAS bf16 on the same stack;
+#                  W4A16 stack benchmark, which prints torch's int4 kernel and cuBLAS bf16 on the same stack;
 #   gptq:          GPTQ on the GPU: the Cuda.Gptq* / Cuda.Calibration* tests (solve, calibration forward,
-#                  end-to-end runs) and bench_gptq_cuda (GPU vs CPU solve; from a bundle without --models);
+#                  end-to-end runs) and bench_gptq_cuda (GPU vs CPU solve);
 #   attention:     flash prefill attention: the Cuda.FlashAttention* tests and bench_attention;
 #   eval:          the KL yardstick on the GPU: the CudaEval.* tests (and the GPU forward's), nibble eval on qwen3-26M-linux with
 #                  --device cpu and --device cuda (same numbers, both times), and the 8B-shaped model on the GPU;
@@ -21,9 +20,31 @@
 #           then packs it as devrun.tar.xz, the path to carry)
 #        on the GPU machine: scripts/device-check.sh --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers]
 #                            [gptq8b] [decode]
+#        scripts/device-check.sh --slim | --unslim
+#          (removes the tracked files of docs/results/, the measurements' archive, which no check reads, so that a
+#           --models bundle and the tree fit the device tool's 64 MiB; --unslim checks them out again. Files not yet
+#           committed there stay, so a session's own device scripts travel. Never commit while slim.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${NIBBLE_SHARED:-../shared}
+
+# Bytes the device tool counts for the files named (NUL-separated) on stdin that exist: by disk blocks (du), not by
+# file sizes (14.4 MB against 11.4 MB for the tree in session 51). The tree it copies: the tracked files and the
+# untracked ones git does not ignore (tree_files).
+existing_bytes() {
+  while IFS= read -r -d '' f; do if [ -f "$f" ]; then printf '%s\0' "$f"; fi; done |
+    xargs -0 -r du -k | awk '{s += $1} END {print s * 1024}'
+}
+tree_files() { git ls-files -z --cached --others --exclude-standard; }
+
+case "${1:-}" in
+  --slim)
+    git ls-files -z docs/results | xargs -0 rm -f
+    find docs/results -type d -empty -delete
+    echo "docs/results/ slim: $(tree_files | existing_bytes) bytes travel besides the bundle"
+    exit 0 ;;
+  --unslim) git checkout -- docs/results; exit 0 ;;
+esac
 
 if [ "${1:-}" = "--bundle" ]; then
   # A machine restored from a snapshot gives every file a new mtime, so ninja cannot see that an object was built
@@ -54,9 +75,8 @@ if [ "${1:-}" = "--bundle" ]; then
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcuda|libcublas|libcudart|libcusolver|libcusparse|libnvJitLink|libcupti' |
     while read -r l; do cp -L "$l" devrun/lib/; done
   if [ "${2:-}" = "--models" ]; then
-    # The fixtures leave no room for the benchmarks, which need none (the W4A16 stack's, the attention check's,
-    # the decode trace and the GPU GPTQ solve's): run those from a bundle built without --models.
-    rm devrun/bin/bench_w4a16 devrun/bin/bench_attention devrun/bin/bench_decode_trace devrun/bin/bench_gptq_cuda
+    # The benchmarks stay: in the solid xz stream, which they share with nibble's other binaries, all four add about
+    # 0.7 MB (session 66; sessions 59-65 left them out).
     for m in stories260K qwen3-26M-linux; do
       mkdir -p "devrun/models/$m"
       find "$SHARED/models/$m" -maxdepth 1 -type f \( -name '*.json' -o -name '*.safetensors' \) \
@@ -81,21 +101,21 @@ if [ "${1:-}" = "--bundle" ]; then
   # The checks run no golden test and no CPU benchmark, so neither travels (with them it was over the limit).
   tar -cf - devrun | xz -T2 --x86 --lzma2=preset=9e >devrun.tar.xz  # x86 filter: the binaries and libraries 0.4 MB smaller
   du -sh devrun devrun.tar.xz
-  # The device tool counts the working tree by disk blocks (du), not by file sizes: 14.4 MB against 11.4 MB here.
-  tree=$(git ls-files -z | xargs -0 du -k | awk '{s += $1} END {print s * 1024}')
+  tree=$(tree_files | existing_bytes)
   total=$((tree + $(stat -c %s devrun.tar.xz)))
   echo "travels: $total bytes of 67108864 (working tree $tree + devrun.tar.xz)"
   if [ "$total" -gt 67108864 ]; then
-    # docs/results/ (the measurements' archive) is most of the tree and no check reads it: the call may leave it out.
-    results=$(git ls-files -z docs/results | xargs -0 du -k | awk '{s += $1} END {print s * 1024}')
-    echo "over the device tool's 64 MiB ($total bytes); without docs/results/ $((total - results)) bytes:" >&2
-    echo "  rm -rf docs/results before the call, git checkout -- docs/results after it" >&2
+    # docs/results/ (the measurements' archive) is most of the tree and no check reads it: the call may leave out
+    # its tracked files.
+    results=$(git ls-files -z docs/results | existing_bytes)
+    echo "over the device tool's 64 MiB ($total bytes); without docs/results/' tracked files $((total - results)) bytes:" >&2
+    echo "  $0 --slim before the call, $0 --unslim after it" >&2
     [ $((total - results)) -le 67108864 ] || exit 1
   fi
   exit 0
 fi
 
-[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers] [gptq8b] [decode]" >&2; exit 2; }
+[ "${1:-}" = "--run" ] || { echo "usage: $0 --bundle [--models] | --slim | --unslim | --run OUTDIR [gpu] [gptq] [attention] [eval] [transformers] [gptq8b] [decode]" >&2; exit 2; }
 OUT=$2
 shift 2
 [ -d devrun ] || tar -xJf devrun.tar.xz
@@ -108,18 +128,18 @@ for what in "${@:-gpu}"; do
       devrun/bin/nibble_tests --gtest_filter='Cuda*' 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
       # bench_w4a16 runs bench/torch_int4_stack.py itself (torch's tinygemm beside nibble's stacks).
       if [ -x devrun/bin/bench_w4a16 ]; then devrun/bin/bench_w4a16 2>&1 | tee "$OUT/bench_w4a16.txt"
-      else echo "bench_w4a16 is not in a --models bundle: bundle without --models to run it"; fi
+      else echo "bench_w4a16 is not in this bundle"; fi
       ;;
     gptq)
       devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Cuda.Hessian*:Cuda.Calibration*:Cuda.Refine*:Gptq*:Refine*' 2>&1 |
         tee "$OUT/cuda_gptq_tests.txt" | tail -40
       if [ -x devrun/bin/bench_gptq_cuda ]; then devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
-      else echo "bench_gptq_cuda is not in a --models bundle: bundle without --models to run it"; fi
+      else echo "bench_gptq_cuda is not in this bundle"; fi
       ;;
     attention)
       devrun/bin/nibble_tests --gtest_filter='Cuda.FlashAttention*' 2>&1 | tee "$OUT/cuda_attention_tests.txt" | tail -25
       if [ -x devrun/bin/bench_attention ]; then devrun/bin/bench_attention 2>&1 | tee "$OUT/bench_attention.txt"
-      else echo "bench_attention is not in a --models bundle: bundle without --models to run it"; fi
+      else echo "bench_attention is not in this bundle"; fi
       ;;
     eval)
       devrun/bin/nibble_tests --gtest_filter='CudaEval.*:KlEval.*:Cuda.GpuForward*:Cuda.DecodeGraph*:Cuda.ActQuant*' 2>&1 | tee "$OUT/cuda_eval_tests.txt" | tail -12
