@@ -54,6 +54,7 @@
 #include "nibble/error.h"
 #include "nibble/format.h"
 #include "nibble/gptq.h"
+#include "nibble/util.h"
 #include "gptq_inputs.h"
 
 namespace {
@@ -127,6 +128,7 @@ std::string cell(double v, const char* fmt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  nibble::select_blas_kernels(argv);  // OpenBLAS on AVX kernels where it would fall back to SSE3 (include/nibble/util.h)
   std::string shapes_opt = "full", variants = "first";
   int64_t tokens = 2048;
   int threads = 0;

@@ -43,6 +43,7 @@
 #include "nibble/error.h"
 #include "nibble/format.h"
 #include "nibble/gptq.h"
+#include "nibble/util.h"
 
 namespace {
 
@@ -101,6 +102,7 @@ double h_distance(const std::vector<double>& a, const std::vector<double>& b, in
 }  // namespace
 
 int main(int argc, char** argv) {
+  nibble::select_blas_kernels(argv);  // OpenBLAS on AVX kernels where it would fall back to SSE3 (include/nibble/util.h)
   std::string shapes_opt = "full", cpu_ref = "small";
   int64_t tokens = 2048;
   int threads = 0, refine = 0;

@@ -48,6 +48,7 @@
 #include "nibble/error.h"
 #include "nibble/model.h"
 #include "nibble/source.h"
+#include "nibble/util.h"
 
 namespace {
 
@@ -424,6 +425,7 @@ void print_fixtures() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  nibble::select_blas_kernels(argv);  // OpenBLAS on AVX kernels where it would fall back to SSE3 (include/nibble/util.h)
   // Defaults: 5 repetitions of ≥ 0.2 s each (on a shared machine, the median and
   // the best of several). Flags on the command line come later and win.
   std::vector<char*> args = {argv[0]};

@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 
+#include "nibble/util.h"
 #include "test_util.h"
 
 namespace nibble::test {
@@ -45,6 +46,7 @@ CommandResult run_command(const std::string& cmdline) {
 }  // namespace nibble::test
 
 int main(int argc, char** argv) {
+  nibble::select_blas_kernels(argv);  // the kernels the CLI (which the end-to-end tests run) uses
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -46,4 +46,12 @@ std::string human_bytes(uint64_t bytes);
 // UTC time now as ISO 8601 ("2026-11-29T22:31:17Z").
 std::string utc_now_iso8601();
 
+// Call first in main(), with main's argv. OpenBLAS (a DYNAMIC_ARCH build, as Debian's) chooses its kernels from the
+// CPU's model when it loads, and falls back to SSE3 ones (Prescott) on a CPU it does not know: 0.3.21 does so on
+// VMs that report a generic "Intel Xeon Processor" with AVX-512. Where it did and the CPU has AVX-512 (F, CD, BW,
+// DQ, VL) or AVX2 with FMA, this sets OPENBLAS_CORETYPE to SkylakeX or Haswell and runs the program again
+// (execv of /proc/self/exe), since OpenBLAS reads the variable only when it loads. A set OPENBLAS_CORETYPE (the
+// user's choice, or this function's before the exec) is left as it is. Returns only when nothing was re-executed.
+void select_blas_kernels(char** argv);
+
 }  // namespace nibble

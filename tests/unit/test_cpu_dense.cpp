@@ -3,10 +3,13 @@
 // cpu::trtri_upper), against scalar fp64 references, and with bits independent
 // of the number of threads, so that calibrated quantization writes the same
 // checkpoint on any core count.
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -154,6 +157,20 @@ TEST(CpuCholesky, BitsDoNotDependOnTheThreadCount) {
   for (int threads : {2, 3, 4})
     EXPECT_EQ(std::memcmp(one.data(), factor(threads).data(), one.size() * sizeof(double)), 0)
         << threads << " threads give other bits than one";
+}
+
+// test_main.cpp calls select_blas_kernels, as every nibble binary's main does: on a CPU with AVX2 and FMA, OpenBLAS
+// must not run its pre-AVX kernels (0.3.21 falls back to Prescott's on VMs that report a generic Xeon model), unless
+// the user chose a core.
+TEST(CpuDense, OpenBlasRunsTheCpusVectorKernels) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) GTEST_SKIP() << "no AVX2 + FMA";
+  // select_blas_kernels sets SkylakeX or Haswell itself, and leaves any other choice alone.
+  const std::string chosen = std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "";
+  if (!chosen.empty() && chosen != "SkylakeX" && chosen != "Haswell") GTEST_SKIP() << "OPENBLAS_CORETYPE=" << chosen;
+  const std::string core = openblas_get_corename();
+  for (const char* old : {"Katmai", "Coppermine", "Northwood", "Prescott", "Banias", "Atom", "Core2", "Penryn",
+                          "Dunnington", "Nehalem", "Athlon", "Opteron", "Opteron_SSE3", "Barcelona", "Nano"})
+    EXPECT_NE(core, old) << "OPENBLAS_CORETYPE=" << chosen;
 }
 
 }  // namespace

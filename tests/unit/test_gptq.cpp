@@ -58,26 +58,27 @@ MatrixStats stats_of(const std::vector<float>& x, int64_t tokens, int64_t cols) 
 }
 
 TEST(Gptq, StatsMatchNaiveAccumulation) {
-  const int64_t T = 300, C = 37;  // more tokens than one fp64 chunk
-  const auto x = randn(T * C, 7);
-  MatrixStats s(C);
-  s.add(x.data(), 100);
-  s.add(x.data() + 100 * C, T - 100);
-  s.finalize();
-  EXPECT_EQ(s.tokens, T);
-  for (int64_t i = 0; i < C; ++i)
-    for (int64_t j = 0; j < C; ++j) {
-      double ref = 0;
-      for (int64_t t = 0; t < T; ++t) ref += static_cast<double>(x[t * C + i]) * x[t * C + j];
-      ASSERT_NEAR(s.H[i * C + j], ref, 1e-9 * (1 + std::abs(ref))) << i << "," << j;
-    }
+  // More tokens than one fp64 chunk; 600 inputs are three tiles of H's upper triangle per side (256, 256, 88).
+  for (const int64_t C : {37, 600}) {
+    const int64_t T = 300;
+    const auto x = randn(T * C, 7);
+    MatrixStats s(C);
+    s.add(x.data(), 100);
+    s.add(x.data() + 100 * C, T - 100);
+    s.finalize();
+    EXPECT_EQ(s.tokens, T);
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t j = 0; j < C; ++j) {
+        double ref = 0;
+        for (int64_t t = 0; t < T; ++t) ref += static_cast<double>(x[t * C + i]) * x[t * C + j];
+        ASSERT_NEAR(s.H[i * C + j], ref, 1e-9 * (1 + std::abs(ref))) << C << ": " << i << "," << j;
+      }
+  }
 }
 
-// MatrixStats::add calls OpenBLAS's threaded DSYRK as it is: unlike its SGEMM
-// and LAPACK's potrf, it gives H the same bits on any number of threads
-// (measured at 1024-5000 inputs), so it needs no tiles of its own. This holds
-// it to that, as the rest of calibration is held (test_cpu_dense.cpp,
-// Gptq.QwenWritesTheSameBytesOnAnyThreadCount).
+// MatrixStats::add updates H by fixed tiles, each one single-threaded OpenBLAS call, so H has the same bits on any
+// number of threads, as the rest of calibration has (test_cpu_dense.cpp, Gptq.QwenWritesTheSameBytesOnAnyThreadCount).
+// One threaded DSYRK over H did too with OpenBLAS's Prescott kernels, and not with its SkylakeX ones (session 66).
 TEST(Gptq, StatsDoNotDependOnTheThreadCount) {
   const int64_t T = 300, C = 1500;
   const auto x = randn(T * C, 11);

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "nibble/error.h"
+#include "nibble/util.h"
 
 namespace nibble::cli {
 
@@ -34,6 +35,7 @@ CLI::Validator positive() { return number_above(true, "POSITIVE"); }
 }  // namespace nibble::cli
 
 int main(int argc, char** argv) {
+  nibble::select_blas_kernels(argv);
   using namespace nibble::cli;
   CLI::App app{"nibble " NIBBLE_VERSION ": LLM weight quantization (int4 g128 and friends), measured.\n"};
   app.set_version_flag("--version", std::string("nibble ") + NIBBLE_VERSION);
