@@ -13,8 +13,9 @@
 
 namespace nibble {
 
-// Measured on such a VM (2 vCPUs, AVX-512 and AMX; nibble eval of qwen3-26M-linux, 4 windows of 512): 6.9 s with
-// OpenBLAS's Prescott kernels, 5.2 s with Haswell's, 4.5 s with SkylakeX's (session 66).
+// Measured on such a VM (2 vCPUs, AVX-512 and AMX; session 66): nibble eval of qwen3-26M-linux over 4 windows of 512
+// 7.5-7.6 s with OpenBLAS's Prescott kernels against 5.4-5.5 s with its SkylakeX ones (three runs each, alternated;
+// Haswell's 5.2 s in one run), GPTQ + MSE of it with 32 × 512 calibration tokens 50.4-51.8 against 30.2-30.9 s.
 void select_blas_kernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
   // OpenBLAS's x86-64 cores without AVX kernels: what it falls back to for a CPU it does not know.
