@@ -10,7 +10,6 @@
 // columns the block's errors are applied at once as one GEMM.
 #include "nibble/gptq.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -54,27 +53,10 @@ void MatrixStats::add(const float* x, int64_t n, int64_t ld) {
         abs_sum[j] += std::abs(v);
         abs_max[j] = std::max(abs_max[j], std::abs(v));
       }
-    // H(upper) += Aᵀ A, A = buf [m, dim], by fixed tiles of H, each one single-threaded OpenBLAS call (inside a
-    // parallel region OpenBLAS's OpenMP build runs single-threaded), so every entry's rounding depends on the shapes
-    // alone: one dsyrk over H, threaded by OpenBLAS, gave other bits on two threads than on one with OpenBLAS's
+    // H(upper) += Aᵀ A, A = buf [m, dim], by fixed tiles (cpu::syrk_upper), so its bits do not depend on the number
+    // of threads: one dsyrk over H, threaded by OpenBLAS, gave other bits on two threads than on one with OpenBLAS's
     // SkylakeX kernels (session 66; its Prescott kernels happened to agree).
-    constexpr int64_t kTile = 256;
-    const int64_t nt = (dim + kTile - 1) / kTile;
-    const double* a = buf.data();
-#pragma omp parallel for schedule(dynamic)
-    for (int64_t t = 0; t < nt * (nt + 1) / 2; ++t) {
-      int64_t bi = 0, rest = t;  // tile (bi, bj), bj >= bi, in row order of the upper triangle
-      while (rest >= nt - bi) rest -= nt - bi++;
-      const int64_t bj = bi + rest, i0 = bi * kTile, j0 = bj * kTile;
-      const int ti = static_cast<int>(std::min(kTile, dim - i0)), tj = static_cast<int>(std::min(kTile, dim - j0));
-      double* h = H.data() + i0 * dim + j0;
-      if (bi == bj)
-        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, ti, static_cast<int>(m), 1.0, a + i0, static_cast<int>(dim),
-                    1.0, h, static_cast<int>(dim));
-      else
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ti, tj, static_cast<int>(m), 1.0, a + i0,
-                    static_cast<int>(dim), a + j0, static_cast<int>(dim), 1.0, h, static_cast<int>(dim));
-    }
+    cpu::syrk_upper(true, dim, m, 1.0, buf.data(), dim, H.data(), dim);
   }
   tokens += n;
   finalized_ = false;

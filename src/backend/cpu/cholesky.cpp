@@ -41,23 +41,30 @@ bool potrf_upper(double* a, int64_t n) {
       cblas_dtrsm(CblasColMajor, CblasLeft, CblasUpper, CblasTrans, CblasNonUnit, I(kb),
                   I(std::min(kBlock, rest - b * kBlock)), 1.0, a11, I(n), a12 + b * kBlock * n, I(n));
     // A22 ← A22 − A12ᵀ A12 on the upper triangle, block by block.
-    std::vector<std::pair<int64_t, int64_t>> tiles;
-    for (int64_t j = 0; j < tb; ++j)
-      for (int64_t i = 0; i <= j; ++i) tiles.emplace_back(i, j);
-#pragma omp parallel for schedule(dynamic, 1)
-    for (size_t t = 0; t < tiles.size(); ++t) {
-      const auto [bi, bj] = tiles[t];
-      const int64_t mi = std::min(kBlock, rest - bi * kBlock), nj = std::min(kBlock, rest - bj * kBlock);
-      double* c = a + (r0 + bi * kBlock) + (r0 + bj * kBlock) * n;
-      if (bi == bj)
-        cblas_dsyrk(CblasColMajor, CblasUpper, CblasTrans, I(mi), I(kb), -1.0, a12 + bi * kBlock * n, I(n), 1.0, c,
-                    I(n));
-      else
-        cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, I(mi), I(nj), I(kb), -1.0, a12 + bi * kBlock * n, I(n),
-                    a12 + bj * kBlock * n, I(n), 1.0, c, I(n));
-    }
+    syrk_upper(false, rest, kb, -1.0, a12, n, a + r0 + r0 * n, n);
   }
   return ok;
+}
+
+void syrk_upper(bool row_major, int64_t n, int64_t k, double alpha, const double* a, int64_t lda, double* c,
+                int64_t ldc) {
+  const CBLAS_ORDER order = row_major ? CblasRowMajor : CblasColMajor;
+  // Element (r, s) of a matrix with leading dimension ld.
+  auto at = [row_major](int64_t r, int64_t s, int64_t ld) { return row_major ? r * ld + s : r + s * ld; };
+  const int64_t nb = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < nb * nb; ++t) {
+    const int64_t bi = t % nb, bj = t / nb;  // tile (bi, bj) of C, bi <= bj
+    if (bi > bj) continue;
+    const int64_t i0 = bi * kBlock, j0 = bj * kBlock;
+    const int64_t mi = std::min(kBlock, n - i0), nj = std::min(kBlock, n - j0);
+    double* ct = c + at(i0, j0, ldc);
+    if (bi == bj)
+      cblas_dsyrk(order, CblasUpper, CblasTrans, I(mi), I(k), alpha, a + at(0, i0, lda), I(lda), 1.0, ct, I(ldc));
+    else
+      cblas_dgemm(order, CblasTrans, CblasNoTrans, I(mi), I(nj), I(k), alpha, a + at(0, i0, lda), I(lda),
+                  a + at(0, j0, lda), I(lda), 1.0, ct, I(ldc));
+  }
 }
 
 bool trtri_upper(double* a, int64_t n) {

@@ -27,6 +27,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 // lower triangle is neither read nor written.
 bool potrf_upper(double* a, int64_t n);
 bool trtri_upper(double* a, int64_t n);
+// C ← α·AᵀA + C on C's upper triangle (n × n), A [k, n], both row-major or both column-major: cblas_dsyrk's
+// 'U', 'T' with β = 1, by fixed tiles of C (each one single-threaded dsyrk or dgemm), so with the same bits on any
+// number of threads. potrf_upper's trailing update and GPTQ's Hessians (MatrixStats::add).
+void syrk_upper(bool row_major, int64_t n, int64_t k, double alpha, const double* a, int64_t lda, double* c,
+                int64_t ldc);
 
 // y[M, N] = x[M, K] · W[N, K]ᵀ with W dense f32 (sgemm above; OpenBLAS's sgemv for M = 1).
 void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y);
