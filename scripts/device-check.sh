@@ -127,19 +127,16 @@ for what in "${@:-gpu}"; do
     gpu)
       devrun/bin/nibble_tests --gtest_filter='Cuda*' 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
       # bench_w4a16 runs bench/torch_int4_stack.py itself (torch's tinygemm beside nibble's stacks).
-      if [ -x devrun/bin/bench_w4a16 ]; then devrun/bin/bench_w4a16 2>&1 | tee "$OUT/bench_w4a16.txt"
-      else echo "bench_w4a16 is not in this bundle"; fi
+      devrun/bin/bench_w4a16 2>&1 | tee "$OUT/bench_w4a16.txt"
       ;;
     gptq)
       devrun/bin/nibble_tests --gtest_filter='Cuda.Gptq*:Cuda.Hessian*:Cuda.Calibration*:Cuda.Refine*:Gptq*:Refine*' 2>&1 |
         tee "$OUT/cuda_gptq_tests.txt" | tail -40
-      if [ -x devrun/bin/bench_gptq_cuda ]; then devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
-      else echo "bench_gptq_cuda is not in this bundle"; fi
+      devrun/bin/bench_gptq_cuda --cpu-ref small 2>&1 | tee "$OUT/bench_gptq_cuda.txt"
       ;;
     attention)
       devrun/bin/nibble_tests --gtest_filter='Cuda.FlashAttention*' 2>&1 | tee "$OUT/cuda_attention_tests.txt" | tail -25
-      if [ -x devrun/bin/bench_attention ]; then devrun/bin/bench_attention 2>&1 | tee "$OUT/bench_attention.txt"
-      else echo "bench_attention is not in this bundle"; fi
+      devrun/bin/bench_attention 2>&1 | tee "$OUT/bench_attention.txt"
       ;;
     eval)
       devrun/bin/nibble_tests --gtest_filter='CudaEval.*:KlEval.*:Cuda.GpuForward*:Cuda.DecodeGraph*:Cuda.ActQuant*' 2>&1 | tee "$OUT/cuda_eval_tests.txt" | tail -12
