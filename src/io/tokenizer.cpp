@@ -5,6 +5,9 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
 
 #include "io/tokenizer_impl.h"
 #include "nibble/error.h"
@@ -336,9 +339,26 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   impl_->words(text, words);
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
+  // A word's ids do not depend on its neighbours (BPE merges inside one pre-tokenized word), and a corpus repeats
+  // most of its words: each distinct word is merged once, its later occurrences copy the ids of its first
+  // ([begin, end) in ids). A megabyte of code or prose has some tens of thousands of distinct words.
+  std::unordered_map<std::string_view, std::pair<size_t, size_t>> seen;
   for (const TokenizerImpl::Word& w : words) {
-    if (w.added_id >= 0) ids.push_back(w.added_id);
-    else impl_->model->tokenize(w.text, ids);
+    if (w.added_id >= 0) {
+      ids.push_back(w.added_id);
+      continue;
+    }
+    const auto [it, fresh] = seen.try_emplace(w.text, ids.size(), ids.size());
+    if (fresh) {
+      impl_->model->tokenize(w.text, ids);
+      it->second.second = ids.size();
+    } else {
+      const auto [b, e] = it->second;
+      const size_t at = ids.size();
+      ids.resize(at + (e - b));
+      std::copy(ids.begin() + static_cast<std::ptrdiff_t>(b), ids.begin() + static_cast<std::ptrdiff_t>(e),
+                ids.begin() + static_cast<std::ptrdiff_t>(at));
+    }
   }
   const bool post = add_special_tokens && impl_->post_processor;
   if (impl_->truncation_max_length) {

@@ -61,6 +61,7 @@ void KVCache::clear() {
 
 // x[n, dim] <- x / sqrt(mean(x^2) + eps) * w, in fp32 as HF does.
 void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* out) {
+#pragma omp parallel for schedule(static) if (n * dim > (1 << 17))
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * dim;
     float ss = 0.0f;
@@ -84,6 +85,21 @@ void linear_input(const DecoderLayer& L, LinearInput which, float* x, int64_t n,
     L.act_quant->apply(x, n, dim);
   }
   if (L.bf16_activations) round_bf16(x, n * dim);
+}
+
+// a·b over n floats in 16 partial sums (sum j takes the products of d ≡ j mod 16, in order of d), then a fixed
+// pairwise reduction: vector code on any x86-64, and for a given n the same bits whichever query, block of
+// queries or cache row it is called for (prefill, decode and a quantized cache's rows agree bit for bit).
+float dot_lanes(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 16;
+  float p[kLanes] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+    for (int j = 0; j < kLanes; ++j) p[j] += a[d + j] * b[d + j];
+  for (int j = 0; d + j < n; ++j) p[j] += a[d + j] * b[d + j];
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; ++j) p[j] += p[j + w];
+  return p[0];
 }
 
 // HF rotate_half RoPE on one head vector: pairs (i, i + d/2).
@@ -282,7 +298,8 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
 #pragma omp parallel if (parallel_attention)
   {
     std::vector<float> scores(static_cast<size_t>(p0 + n));
-#pragma omp for collapse(2) schedule(static)
+    // Dynamic: a causal row's work grows with its position.
+#pragma omp for collapse(2) schedule(dynamic, 16)
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t h = 0; h < H; ++h) {
         // Keys t0 .. T-1: all earlier positions, or (sliding window W) those with pos - t < W.
@@ -293,10 +310,7 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
         float mx = -INFINITY;
         for (int64_t t = t0; t < T; ++t) {
           const float* kt = (t < tq ? kv_rows->keys(t, layout) : keys + t * row) + kvh * hd;
-          float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < hd; ++d) s += qi[d] * kt[d];
-          scores[t] = s * scale;
+          scores[t] = dot_lanes(qi, kt, hd) * scale;
           mx = std::max(mx, scores[t]);
         }
         float sum = 0.0f;
@@ -320,7 +334,9 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
   if (tap) (*tap)(LinearInput::GateUp, xn.data(), n, D);
   L.gate.forward(xn.data(), n, g.data());  // [n, F]
   L.up.forward(xn.data(), n, u.data());    // [n, F]
-  for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];  // SiLU(gate) * up
+  // SiLU(gate) * up: an exp per element, on every thread (the same bits on any number).
+#pragma omp parallel for schedule(static) if (n * F > (1 << 16))
+  for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
   if (L.down_rotation) L.down_rotation->apply(g.data(), n);  // rotate+...: down_proj's weights read rotated inputs
   linear_input(L, LinearInput::Down, g.data(), n, F);
   if (tap) (*tap)(LinearInput::Down, g.data(), n, F);
