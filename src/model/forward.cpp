@@ -87,21 +87,6 @@ void linear_input(const DecoderLayer& L, LinearInput which, float* x, int64_t n,
   if (L.bf16_activations) round_bf16(x, n * dim);
 }
 
-// a·b over n floats in 16 partial sums (sum j takes the products of d ≡ j mod 16, in order of d), then a fixed
-// pairwise reduction: vector code on any x86-64, and for a given n the same bits whichever query, block of
-// queries or cache row it is called for (prefill, decode and a quantized cache's rows agree bit for bit).
-float dot_lanes(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 16;
-  float p[kLanes] = {};
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes)
-    for (int j = 0; j < kLanes; ++j) p[j] += a[d + j] * b[d + j];
-  for (int j = 0; d + j < n; ++j) p[j] += a[d + j] * b[d + j];
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; ++j) p[j] += p[j + w];
-  return p[0];
-}
-
 // HF rotate_half RoPE on one head vector: pairs (i, i + d/2).
 void rope(float* h, int64_t d, const float* cos, const float* sin) {
   const int64_t half = d / 2;
@@ -306,22 +291,15 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
         const int64_t kvh = h / (H / KV), T = p0 + i + 1, t0 = window > 0 ? std::max<int64_t>(0, T - window) : 0;
         // Rows below tq come quantized: the boundary of a cache holding T positions.
         const int64_t tq = kv_rows ? kv_rows->spec().boundary(T) : 0;
-        const float* qi = q.data() + (i * H + h) * hd;
-        float mx = -INFINITY;
-        for (int64_t t = t0; t < T; ++t) {
-          const float* kt = (t < tq ? kv_rows->keys(t, layout) : keys + t * row) + kvh * hd;
-          scores[t] = dot_lanes(qi, kt, hd) * scale;
-          mx = std::max(mx, scores[t]);
-        }
-        float sum = 0.0f;
-        for (int64_t t = t0; t < T; ++t) sum += (scores[t] = std::exp(scores[t] - mx));
-        float* out = att.data() + (i * H + h) * hd;
-        std::fill_n(out, hd, 0.0f);
-        for (int64_t t = t0; t < T; ++t) {
-          const float w = scores[t] / sum;
-          const float* vt = (t < tq ? kv_rows->values(t, layout) : values + t * row) + kvh * hd;
-          for (int64_t d = 0; d < hd; ++d) out[d] += w * vt[d];
-        }
+        // Two runs of rows: [t0, tq) quantized, then the exact ones up to T.
+        const int64_t split = std::clamp(tq, t0, T);
+        cpu::AttentionRun runs[2];
+        int nruns = 0;
+        if (split > t0)
+          runs[nruns++] = {kv_rows->keys(t0, layout) + kvh * hd, kv_rows->values(t0, layout) + kvh * hd, split - t0};
+        if (T > split) runs[nruns++] = {keys + split * row + kvh * hd, values + split * row + kvh * hd, T - split};
+        cpu::attention_row(q.data() + (i * H + h) * hd, hd, scale, runs, nruns, row, scores.data(),
+                           att.data() + (i * H + h) * hd);
       }
     }
   }

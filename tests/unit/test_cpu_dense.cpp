@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -157,6 +158,77 @@ TEST(CpuCholesky, BitsDoNotDependOnTheThreadCount) {
   for (int threads : {2, 3, 4})
     EXPECT_EQ(std::memcmp(one.data(), factor(threads).data(), one.size() * sizeof(double)), 0)
         << threads << " threads give other bits than one";
+}
+
+// cpu::attention_row's arithmetic written out one operation at a time: 16 partial sums of products in order of d,
+// reduced 8 + 4 + 2 + 1, no fused multiply-add; softmax and the weighted sum in order of the rows.
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+std::vector<float> attention_scalar(const std::vector<float>& q, const std::vector<cpu::AttentionRun>& runs,
+                                    int64_t hd, int64_t stride, float scale) {
+  std::vector<float> s;
+  for (const cpu::AttentionRun& r : runs)
+    for (int64_t t = 0; t < r.rows; ++t) {
+      float p[16] = {};
+      for (int64_t d = 0; d < hd; ++d) p[d % 16] = p[d % 16] + q[static_cast<size_t>(d)] * r.keys[t * stride + d];
+      for (int w = 8; w > 0; w /= 2)
+        for (int j = 0; j < w; ++j) p[j] = p[j] + p[j + w];
+      s.push_back(p[0] * scale);
+    }
+  float mx = -INFINITY, sum = 0.0f;
+  for (float v : s) mx = std::max(mx, v);
+  for (float& v : s) sum += (v = std::exp(v - mx));
+  std::vector<float> out(static_cast<size_t>(hd), 0.0f);
+  size_t k = 0;
+  for (const cpu::AttentionRun& r : runs)
+    for (int64_t t = 0; t < r.rows; ++t, ++k) {
+      const float w = s[k] / sum;
+      for (int64_t d = 0; d < hd; ++d) out[static_cast<size_t>(d)] += w * r.values[t * stride + d];
+    }
+  return out;
+}
+
+// The attention row kernel (cloned for AVX2 and AVX-512) gives the bits of the scalar arithmetic above on this CPU,
+// for head sizes it specializes (64, 128) and others, over one or two runs of rows; and it is softmax attention:
+// within fp32 rounding of an fp64 reference.
+TEST(CpuAttention, RowMatchesItsScalarArithmeticBitForBit) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (const int64_t hd : {64, 128, 40, 8}) {
+    const int64_t stride = 3 * hd + 5, rows_a = 37, rows_b = 300;
+    std::vector<float> q(static_cast<size_t>(hd)), ka(static_cast<size_t>(rows_a * stride)),
+        va(ka.size()), kb(static_cast<size_t>(rows_b * stride)), vb(kb.size());
+    for (auto* v : {&q, &ka, &va, &kb, &vb})
+      for (float& x : *v) x = nd(rng);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (const bool two : {false, true}) {
+      SCOPED_TRACE("hd " + std::to_string(hd) + (two ? ", two runs" : ", one run"));
+      std::vector<cpu::AttentionRun> runs = {{kb.data(), vb.data(), rows_b}};
+      if (two) runs.insert(runs.begin(), {ka.data(), va.data(), rows_a});
+      std::vector<float> scores(static_cast<size_t>(rows_a + rows_b)), out(static_cast<size_t>(hd), std::nanf(""));
+      cpu::attention_row(q.data(), hd, scale, runs.data(), static_cast<int>(runs.size()), stride, scores.data(),
+                         out.data());
+      const std::vector<float> want = attention_scalar(q, runs, hd, stride, scale);
+      EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0);
+      // fp64 softmax attention.
+      std::vector<double> s, o(static_cast<size_t>(hd), 0.0);
+      for (const cpu::AttentionRun& r : runs)
+        for (int64_t t = 0; t < r.rows; ++t) {
+          double d = 0;
+          for (int64_t j = 0; j < hd; ++j) d += static_cast<double>(q[static_cast<size_t>(j)]) * r.keys[t * stride + j];
+          s.push_back(d * scale);
+        }
+      double mx = -INFINITY, sum = 0;
+      for (double v : s) mx = std::max(mx, v);
+      for (double& v : s) sum += (v = std::exp(v - mx));
+      size_t k = 0;
+      for (const cpu::AttentionRun& r : runs)
+        for (int64_t t = 0; t < r.rows; ++t, ++k)
+          for (int64_t j = 0; j < hd; ++j) o[static_cast<size_t>(j)] += s[k] / sum * r.values[t * stride + j];
+      for (int64_t j = 0; j < hd; ++j) EXPECT_NEAR(out[static_cast<size_t>(j)], o[static_cast<size_t>(j)], 2e-5) << j;
+    }
+  }
 }
 
 // test_main.cpp calls select_blas_kernels, as every nibble binary's main does: on a CPU with AVX2 and FMA, OpenBLAS

@@ -33,6 +33,20 @@ bool trtri_upper(double* a, int64_t n);
 void syrk_upper(bool row_major, int64_t n, int64_t k, double alpha, const double* a, int64_t lda, double* c,
                 int64_t ldc);
 
+// One query head's softmax attention over key/value rows in up to a few runs of consecutive rows (a quantized
+// cache's dequantized rows, then the exact ones), each row `stride` floats after the one before:
+// scores[k] = scale·q·key_k over the runs' rows in order, softmax in fp32, out[hd] = Σ_k p_k·value_k (in order of k).
+// `scores` holds the rows' count. The dot products go by 16 partial sums, reduced pairwise, with no FMA: the same
+// bits on every x86-64 (the AVX2 and AVX-512 clones run the same arithmetic wider), for every query whichever
+// prefill, decode step or quantized cache it comes in (src/backend/cpu/attention.cpp).
+struct AttentionRun {
+  const float* keys;
+  const float* values;
+  int64_t rows;
+};
+void attention_row(const float* q, int64_t hd, float scale, const AttentionRun* runs, int nruns, int64_t stride,
+                   float* scores, float* out);
+
 // y[M, N] = x[M, K] · W[N, K]ᵀ with W dense f32 (sgemm above; OpenBLAS's sgemv for M = 1).
 void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y);
 
