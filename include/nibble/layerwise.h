@@ -32,7 +32,9 @@ class LayerStream {
   // attention cache). advance = false leaves the hidden states as they were,
   // so a tap can observe a layer's inputs without moving the stream. With
   // `kv`, attention reads a quantized cache as a token-by-token decode of
-  // each sequence would (kv_quant.h).
+  // each sequence would (kv_quant.h). Sequences whose lengths are whole GEMM
+  // tiles go through together (decoder_layer_forward over segments), with the
+  // bits each would get alone.
   void apply(const DecoderLayer& L, const InputTap* tap, bool advance, const KvQuantSpec* kv = nullptr);
 
   // Loads, applies and drops every decoder layer in turn (optionally with a

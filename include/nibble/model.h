@@ -142,6 +142,22 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
                            int64_t n, int64_t p0, float* keys, float* values, const InputTap* tap = nullptr,
                            KvCacheRows* kv_rows = nullptr);
 
+// One sequence's rows in a batch of several run through one decoder layer together: n tokens at positions
+// p0 .. p0+n-1, with that sequence's cache rows (keys/values) and quantized cache (kv_rows, or nullptr), as in the
+// call above.
+struct LayerSegment {
+  int64_t n, p0;
+  float* keys;
+  float* values;
+  KvCacheRows* kv_rows = nullptr;
+};
+// The same for several sequences at once: x holds their rows one segment after another, [Σ n, hidden]. The linears
+// run over all rows in one product each (each row as in a call of its own when every segment's n is a multiple of
+// the GEMM's 256-row tiles: cpu::sgemm); attention stays within each segment; the activation quantizer and the
+// tap see one segment at a time, in order.
+void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const std::vector<float>& inv_freq, float* x,
+                           const std::vector<LayerSegment>& segments, const InputTap* tap = nullptr);
+
 // x[n, dim] -> out = x / sqrt(mean(x²) + eps) * w (fp32, as HF); out may be x.
 void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* out);
 

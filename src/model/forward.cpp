@@ -238,29 +238,57 @@ std::unique_ptr<Model> Model::load(const ModelSource& src) {
 void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const std::vector<float>& inv_freq, float* x,
                            int64_t n, int64_t p0, float* keys, float* values, const InputTap* tap,
                            KvCacheRows* kv_rows) {
+  decoder_layer_forward(c, L, inv_freq, x, {LayerSegment{n, p0, keys, values, kv_rows}}, tap);
+}
+
+void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const std::vector<float>& inv_freq, float* x,
+                           const std::vector<LayerSegment>& segments, const InputTap* tap) {
   const int64_t D = c.hidden_size, hd = c.head_dim, H = c.num_heads, KV = c.num_kv_heads, F = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  std::vector<float> xn(n * D), q(n * H * hd), k(n * KV * hd), v(n * KV * hd), att(n * H * hd), tmp(n * D),
-      g(n * F), u(n * F);
-  // cos/sin per new position: [n, hd/2]
-  const int64_t half = hd / 2;
-  std::vector<float> cosv(n * half), sinv(n * half);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < half; ++j) {
-      const float angle = static_cast<float>(p0 + i) * inv_freq[j];  // fp32 product, as HF
-      cosv[i * half + j] = std::cos(angle);
-      sinv[i * half + j] = std::sin(angle);
-    }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t window = L.window, row = KV * hd;
   const KvLayout layout{KV, hd};
-  NIBBLE_CHECK(!kv_rows || kv_rows->quantized() == kv_rows->spec().boundary(p0),
-               "kv {}: the quantized rows ({}) do not belong to a cache of {} positions (cleared one, not the other?)",
-               kv_rows ? kv_rows->spec().name : "", kv_rows ? kv_rows->quantized() : 0, p0);
+  // Row r of x belongs to segment seg[r], at position pos[r] of its sequence; segment s starts at row first[s].
+  int64_t n = 0;
+  std::vector<int64_t> first;
+  for (const LayerSegment& sg : segments) {
+    NIBBLE_CHECK(sg.n > 0, "decoder layer: an empty segment");
+    NIBBLE_CHECK(!sg.kv_rows || sg.kv_rows->quantized() == sg.kv_rows->spec().boundary(sg.p0),
+                 "kv {}: the quantized rows ({}) do not belong to a cache of {} positions (cleared one, not the other?)",
+                 sg.kv_rows ? sg.kv_rows->spec().name : "", sg.kv_rows ? sg.kv_rows->quantized() : 0, sg.p0);
+    first.push_back(n);
+    n += sg.n;
+  }
+  std::vector<int32_t> seg(static_cast<size_t>(n));
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (size_t s = 0; s < segments.size(); ++s)
+    for (int64_t i = 0; i < segments[s].n; ++i) {
+      seg[static_cast<size_t>(first[s] + i)] = static_cast<int32_t>(s);
+      pos[static_cast<size_t>(first[s] + i)] = segments[s].p0 + i;
+    }
+  std::vector<float> xn(n * D), q(n * H * hd), k(n * KV * hd), v(n * KV * hd), att(n * H * hd), tmp(n * D),
+      g(n * F), u(n * F);
+  // cos/sin per row's position: [n, hd/2]
+  const int64_t half = hd / 2;
+  std::vector<float> cosv(n * half), sinv(n * half);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < half; ++j) {
+      const float angle = static_cast<float>(pos[static_cast<size_t>(r)]) * inv_freq[j];  // fp32 product, as HF
+      cosv[r * half + j] = std::cos(angle);
+      sinv[r * half + j] = std::sin(angle);
+    }
+  // A linear's input as the engine hands it over, and the tap, one segment at a time (a per-tensor activation
+  // quantizer's scale is one forward call's; a tap sees each sequence's rows apart, in order).
+  auto input = [&](LinearInput which, float* in, int64_t dim) {
+    for (size_t s = 0; s < segments.size(); ++s) {
+      float* xs = in + first[s] * dim;
+      linear_input(L, which, xs, segments[s].n, dim);
+      if (tap) (*tap)(which, xs, segments[s].n, dim);
+    }
+  };
 
   rms_norm(x, n, D, L.input_norm.data<float>(), eps, xn.data());
-  linear_input(L, LinearInput::QKV, xn.data(), n, D);
-  if (tap) (*tap)(LinearInput::QKV, xn.data(), n, D);
+  input(LinearInput::QKV, xn.data(), D);
   L.q.forward(xn.data(), n, q.data());  // [n, H*hd]
   L.k.forward(xn.data(), n, k.data());  // [n, KV*hd]
   L.v.forward(xn.data(), n, v.data());  // [n, KV*hd]
@@ -268,56 +296,63 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
     rms_norm(q.data(), n * H, hd, L.q_norm.data<float>(), eps, q.data());
     rms_norm(k.data(), n * KV, hd, L.k_norm.data<float>(), eps, k.data());
   }
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t h = 0; h < H; ++h) rope(q.data() + (i * H + h) * hd, hd, &cosv[i * half], &sinv[i * half]);
-    for (int64_t h = 0; h < KV; ++h) rope(k.data() + (i * KV + h) * hd, hd, &cosv[i * half], &sinv[i * half]);
-    std::copy_n(k.data() + i * row, row, keys + (p0 + i) * row);
-    std::copy_n(v.data() + i * row, row, values + (p0 + i) * row);
+  for (int64_t r = 0; r < n; ++r) {
+    const LayerSegment& sg = segments[static_cast<size_t>(seg[static_cast<size_t>(r)])];
+    const int64_t p = pos[static_cast<size_t>(r)];
+    for (int64_t h = 0; h < H; ++h) rope(q.data() + (r * H + h) * hd, hd, &cosv[r * half], &sinv[r * half]);
+    for (int64_t h = 0; h < KV; ++h) rope(k.data() + (r * KV + h) * hd, hd, &cosv[r * half], &sinv[r * half]);
+    std::copy_n(k.data() + r * row, row, sg.keys + p * row);
+    std::copy_n(v.data() + r * row, row, sg.values + p * row);
   }
   // A quantized cache: the rows it now stores quantized, up to boundary(p0 + n).
-  if (kv_rows) kv_rows->update(keys, values, p0 + n, layout);
-  // Causal attention of each new position over the cache (GQA: H/KV query heads per kv head).
+  for (const LayerSegment& sg : segments)
+    if (sg.kv_rows) sg.kv_rows->update(sg.keys, sg.values, sg.p0 + sg.n, layout);
+  // Causal attention of each new position over its sequence's cache (GQA: H/KV query heads per kv head).
   // Threads only pay off on real work: a parallel region costs microseconds
   // (and far more on a loaded machine), a decode step of a tiny model less.
-  const bool parallel_attention = n * H * (p0 + n) * hd > (1 << 16);
+  int64_t work = 0;
+  for (const LayerSegment& sg : segments) work += sg.n * (sg.p0 + sg.n);
+  int64_t longest = 0;
+  for (const LayerSegment& sg : segments) longest = std::max(longest, sg.p0 + sg.n);
+  const bool parallel_attention = work * H * hd > (1 << 16);
 #pragma omp parallel if (parallel_attention)
   {
-    std::vector<float> scores(static_cast<size_t>(p0 + n));
+    std::vector<float> scores(static_cast<size_t>(longest));
     // Dynamic: a causal row's work grows with its position.
 #pragma omp for collapse(2) schedule(dynamic, 16)
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < n; ++r) {
       for (int64_t h = 0; h < H; ++h) {
+        const LayerSegment& sg = segments[static_cast<size_t>(seg[static_cast<size_t>(r)])];
         // Keys t0 .. T-1: all earlier positions, or (sliding window W) those with pos - t < W.
-        const int64_t kvh = h / (H / KV), T = p0 + i + 1, t0 = window > 0 ? std::max<int64_t>(0, T - window) : 0;
+        const int64_t kvh = h / (H / KV), T = pos[static_cast<size_t>(r)] + 1;
+        const int64_t t0 = window > 0 ? std::max<int64_t>(0, T - window) : 0;
         // Rows below tq come quantized: the boundary of a cache holding T positions.
-        const int64_t tq = kv_rows ? kv_rows->spec().boundary(T) : 0;
+        const int64_t tq = sg.kv_rows ? sg.kv_rows->spec().boundary(T) : 0;
         // Two runs of rows: [t0, tq) quantized, then the exact ones up to T.
         const int64_t split = std::clamp(tq, t0, T);
         cpu::AttentionRun runs[2];
         int nruns = 0;
         if (split > t0)
-          runs[nruns++] = {kv_rows->keys(t0, layout) + kvh * hd, kv_rows->values(t0, layout) + kvh * hd, split - t0};
-        if (T > split) runs[nruns++] = {keys + split * row + kvh * hd, values + split * row + kvh * hd, T - split};
-        cpu::attention_row(q.data() + (i * H + h) * hd, hd, scale, runs, nruns, row, scores.data(),
-                           att.data() + (i * H + h) * hd);
+          runs[nruns++] = {sg.kv_rows->keys(t0, layout) + kvh * hd, sg.kv_rows->values(t0, layout) + kvh * hd,
+                           split - t0};
+        if (T > split) runs[nruns++] = {sg.keys + split * row + kvh * hd, sg.values + split * row + kvh * hd, T - split};
+        cpu::attention_row(q.data() + (r * H + h) * hd, hd, scale, runs, nruns, row, scores.data(),
+                           att.data() + (r * H + h) * hd);
       }
     }
   }
-  linear_input(L, LinearInput::O, att.data(), n, H * hd);
-  if (tap) (*tap)(LinearInput::O, att.data(), n, H * hd);
+  input(LinearInput::O, att.data(), H * hd);
   L.o.forward(att.data(), n, tmp.data());  // [n, D]
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
   rms_norm(x, n, D, L.post_norm.data<float>(), eps, xn.data());
-  linear_input(L, LinearInput::GateUp, xn.data(), n, D);
-  if (tap) (*tap)(LinearInput::GateUp, xn.data(), n, D);
+  input(LinearInput::GateUp, xn.data(), D);
   L.gate.forward(xn.data(), n, g.data());  // [n, F]
   L.up.forward(xn.data(), n, u.data());    // [n, F]
   // SiLU(gate) * up: an exp per element, on every thread (the same bits on any number).
 #pragma omp parallel for schedule(static) if (n * F > (1 << 16))
   for (int64_t j = 0; j < n * F; ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
   if (L.down_rotation) L.down_rotation->apply(g.data(), n);  // rotate+...: down_proj's weights read rotated inputs
-  linear_input(L, LinearInput::Down, g.data(), n, F);
-  if (tap) (*tap)(LinearInput::Down, g.data(), n, F);
+  input(LinearInput::Down, g.data(), F);
   L.down.forward(g.data(), n, tmp.data());  // [n, D]
   for (int64_t j = 0; j < n * D; ++j) x[j] += tmp[j];
 }

@@ -1,8 +1,9 @@
 #include "nibble/layerwise.h"
 
 #include <algorithm>
-#include <optional>
+#include <deque>
 
+#include "backend/cpu/kernels.h"
 #include "nibble/error.h"
 #include "nibble/util.h"
 
@@ -54,20 +55,43 @@ uint64_t LayerStream::hidden_bytes() const {
 }
 
 void LayerStream::apply(const DecoderLayer& L, const InputTap* tap, bool advance, const KvQuantSpec* kv) {
-  const int64_t row = config_.num_kv_heads * config_.head_dim;
-  std::vector<float> keys, values, scratch;
-  for (size_t s = 0; s < hidden_.size(); ++s) {
-    const int64_t T = length(s);
-    keys.resize(static_cast<size_t>(T * row));
-    values.resize(static_cast<size_t>(T * row));
-    float* x = hidden(s).data();
-    if (!advance) {
-      scratch = hidden_[s];
-      x = scratch.data();
+  const int64_t D = config_.hidden_size, H = config_.num_heads, KV = config_.num_kv_heads, hd = config_.head_dim;
+  const int64_t row = KV * hd;
+  // Sequences go through the layer several at a time, so that a small model's products have enough tiles for every
+  // core: consecutive sequences whose lengths are whole GEMM tiles (each row then gets the bits it would get alone,
+  // cpu::kGemmTile), up to about 256 MiB of the layer's f32 temporaries per batch (decoder_layer_forward's buffers,
+  // this batch's copy of x and its cache rows).
+  const int64_t bytes_per_row = 4 * (3 * D + 2 * H * hd + 4 * row + 2 * config_.intermediate_size + hd);
+  const int64_t budget = std::max<int64_t>(1, (int64_t{256} << 20) / bytes_per_row);
+  auto whole_tiles = [&](size_t s) { return length(s) % cpu::kGemmTile == 0; };
+  std::vector<float> x, keys, values;
+  for (size_t s = 0; s < hidden_.size();) {
+    size_t e = s + 1;
+    int64_t rows = length(s);
+    if (whole_tiles(s))
+      while (e < hidden_.size() && whole_tiles(e) && rows + length(e) <= budget) rows += length(e++);
+    x.resize(static_cast<size_t>(rows * D));
+    keys.resize(static_cast<size_t>(rows * row));
+    values.resize(static_cast<size_t>(rows * row));
+    std::deque<KvCacheRows> quantized;  // each sequence's quantized cache rows
+    std::vector<LayerSegment> segments;
+    int64_t off = 0;
+    for (size_t i = s; i < e; ++i) {
+      const std::vector<float>& h = hidden(i);
+      std::copy(h.begin(), h.end(), x.begin() + off * D);
+      KvCacheRows* kr = kv ? &quantized.emplace_back(*kv) : nullptr;
+      segments.push_back({length(i), 0, keys.data() + off * row, values.data() + off * row, kr});
+      off += length(i);
     }
-    std::optional<KvCacheRows> rows;  // this sequence's quantized cache rows
-    if (kv) rows.emplace(*kv);
-    decoder_layer_forward(config_, L, inv_freq_, x, T, 0, keys.data(), values.data(), tap, rows ? &*rows : nullptr);
+    decoder_layer_forward(config_, L, inv_freq_, x.data(), segments, tap);
+    if (advance) {
+      off = 0;
+      for (size_t i = s; i < e; ++i) {
+        std::copy_n(x.begin() + off * D, length(i) * D, hidden_[i].begin());
+        off += length(i);
+      }
+    }
+    s = e;
   }
 }
 

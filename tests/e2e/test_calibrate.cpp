@@ -3,7 +3,9 @@
 // fixtures measured on held-out text, determinism, and resuming a killed run.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -126,6 +128,47 @@ TEST(LayerStream, MatchesTheWholeModelForward) {
       std::vector<float> logits(seqs[s].size() * c.vocab_size);
       head.forward(xn.data(), static_cast<int64_t>(seqs[s].size()), logits.data());
       for (size_t k = 0; k < logits.size(); ++k) ASSERT_EQ(logits[k], ref.data<float>()[k]) << name << " " << k;
+    }
+  }
+}
+
+// Sequences whose lengths are whole GEMM tiles (256 rows) go through a layer together; each still gets the bits of
+// its own whole-model forward, on the dense products (qwen3's bf16 weights) and the int4 kernel's (an RTN copy),
+// and the tap still sees each sequence's rows apart and in order.
+TEST(LayerStream, BatchesSequencesWithTheBitsOfEachAlone) {
+  TempDir tmp;
+  QuantizeOptions r;
+  r.progress = false;
+  quantize_model(test::model_dir("qwen3-26M-linux"), tmp / "rtn", r);
+  for (const fs::path& path : {test::model_dir("qwen3-26M-linux"), tmp / "rtn"}) {
+    SCOPED_TRACE(path.string());
+    auto dir = CheckpointDir::open(path);
+    const ModelConfig& c = dir->config();
+    const auto model = Model::load(*dir);
+    // 256 and 512 run together, 100 alone (not whole tiles), then 256 and 256 together.
+    std::vector<std::vector<int32_t>> seqs;
+    for (const int64_t n : {256, 512, 100, 256, 256}) {
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 131 + n * 7) % c.vocab_size);
+      seqs.push_back(std::move(ids));
+    }
+    LayerStream stream(*dir, seqs);
+    std::map<LinearInput, std::vector<int64_t>> seen;  // rows per tap call, per input
+    const InputTap tap = [&](LinearInput which, const float*, int64_t n, int64_t) { seen[which].push_back(n); };
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      seen.clear();
+      stream.apply(DecoderLayer::load(*dir, i), &tap, true);
+      for (const auto& [which, rows] : seen) EXPECT_EQ(rows, (std::vector<int64_t>{256, 512, 100, 256, 256}));
+      EXPECT_EQ(seen.size(), 4u);
+    }
+    const LinearWeight head = stream.load_head(*dir);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      KVCache cache(c, 512);
+      const Tensor ref = model->forward(seqs[s], cache, true);
+      const auto xn = stream.final_normed(s);
+      std::vector<float> logits(seqs[s].size() * c.vocab_size);
+      head.forward(xn.data(), static_cast<int64_t>(seqs[s].size()), logits.data());
+      ASSERT_EQ(std::memcmp(logits.data(), ref.data<float>(), logits.size() * sizeof(float)), 0) << "sequence " << s;
     }
   }
 }

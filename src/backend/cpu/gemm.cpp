@@ -48,7 +48,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   // region single-threaded, as it does with one OpenMP thread), so every
   // element's rounding depends on M, N and K only. 256 × 256 keeps OpenBLAS's
   // packing (each tile packs its slices of A and B) below 1 % of the products.
-  constexpr int64_t kTile = 256;
+  constexpr int64_t kTile = kGemmTile;
   const int64_t tm = (M + kTile - 1) / kTile, tn = (N + kTile - 1) / kTile;
   // Always a parallel region, even for one tile: outside one, OpenBLAS would
   // thread the call over as many threads as OpenMP has.

@@ -16,6 +16,7 @@ namespace nibble::cpu {
 // each one single-threaded call, spread over OpenMP's threads instead. Needs
 // OpenBLAS's OpenMP build (scripts/install-deps.sh installs it; CMakeLists.txt
 // links it): the pthreads build would still thread each tile.
+constexpr int64_t kGemmTile = 256;  // sgemm's tiles of C: kGemmTile × kGemmTile
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
