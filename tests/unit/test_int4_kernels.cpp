@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -207,6 +209,34 @@ TEST(Int4Kernel, MatchesReferenceBlockedAndTiled) {
                         Case{17, 66, 300, 128}, Case{31, 45, 2100, 64}, Case{32, 9, 97, 32}, Case{33, 70, 173, 32},
                         Case{40, 37, 515, 64}, Case{64, 40, 4096, 128}})
     expect_close(random_packed(c.N, c.K, c.G), c.M, random_x(c.M, c.K));
+}
+
+// From 64 rows on, gemm_int4_asym decodes W and runs the dense GEMM: the bits of gemm_f32 on the dequantized matrix
+// (decoded here by FORMAT.md's formula), including N past one slice of decoded rows (K = 65536: 256 rows a slice)
+// and a ragged last group; within the fp32 tolerance of the reference. Below 64 rows it is the int4 kernel.
+TEST(Int4Kernel, ManyRowsRunTheDenseGemmOnTheDecodedWeights) {
+  struct Case {
+    int64_t M, N, K;
+    int G;
+  };
+  for (const Case& c : {Case{64, 300, 173, 32}, Case{300, 257, 1100, 128}, Case{70, 600, 65536, 64}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
+    const Packed w = random_packed(c.N, c.K, c.G);
+    const std::vector<float> x = random_x(c.M, c.K);
+    std::vector<float> dense(static_cast<size_t>(c.N * c.K)), want(static_cast<size_t>(c.M * c.N)),
+        got(want.size(), std::nanf(""));
+    for (int64_t n = 0; n < c.N; ++n)
+      for (int64_t i = 0; i < c.K; ++i)
+        dense[static_cast<size_t>(n * c.K + i)] = static_cast<float>(w.code(n, i)) * w.scale(n, i) + w.min(n, i);
+    cpu::gemm_f32(x.data(), c.M, dense.data(), c.N, c.K, want.data());
+    cpu::gemm_int4_asym(x.data(), c.M, w.qweight.data(), w.scales.data(), w.mins.data(), c.N, c.K, c.G, got.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    if (c.K <= 2048) {
+      const auto ref = run_ref(x, c.M, w);
+      const auto tol = tolerances(w, c.M, x);
+      for (size_t i = 0; i < ref.size(); ++i) ASSERT_LE(std::abs(static_cast<double>(got[i]) - ref[i]), tol[i]) << i;
+    }
+  }
 }
 
 // Integer-valued data: x_i ∈ [-8, 8], scales powers of two, mins small integers.

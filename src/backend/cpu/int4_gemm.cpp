@@ -63,6 +63,7 @@
 
 #include "backend/cpu/int4_isa.h"
 #include "backend/cpu/kernels.h"
+#include "nibble/dtype.h"
 #include "nibble/error.h"
 
 namespace nibble::cpu {
@@ -71,6 +72,8 @@ namespace {
 using int4::kChunk;
 
 constexpr int64_t kRowsPerTask = 32;
+// From this many rows of x on, gemm_int4_asym decodes the weights and runs OpenBLAS's sgemm.
+constexpr int64_t kDequantRows = 64;
 
 // Per-thread 64-byte aligned scratch for prepared activations, kept between calls
 // and grown when needed: a decode step makes hundreds of small GEMV calls, and a
@@ -118,6 +121,7 @@ bool cpu_has(Isa isa) {
 // Permutes rows of x into the kernels' layout (int4_isa.h).
 void prepare_activations(const float* x, int64_t M, const int4::Problem& p, float* xp) {
   const int64_t stride = p.chunks * kChunk + int4::kRowPad;
+#pragma omp parallel for schedule(static) if (M * p.K > (1 << 18))
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * p.K;
     float* o = xp + m * stride;
@@ -217,7 +221,38 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
 
 void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                     const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
-  gemm_int4_asym_isa(best_isa(), x, M, qweight, scales, mins, N, K, group_size, y);
+  if (M < kDequantRows) {
+    gemm_int4_asym_isa(best_isa(), x, M, qweight, scales, mins, N, K, group_size, y);
+    return;
+  }
+  NIBBLE_CHECK(group_size == 32 || group_size == 64 || group_size == 128,
+               "int4_asym GEMM: group size must be 32, 64 or 128, got {}", group_size);
+  NIBBLE_CHECK(N >= 0 && K >= 1, "int4_asym GEMM: bad shape M={} N={} K={}", M, N, K);
+  // Many rows: the product is compute bound, and OpenBLAS's sgemm on the decoded weights beats the int4 kernels,
+  // which decode every weight again for each block of rows. Slices of whole 256-row GEMM tiles of W, about 64 MiB
+  // of f32 each, are decoded (as FORMAT.md says, fl(fl(code·s) + m)) and multiplied: cpu::sgemm's tiles are then
+  // those of one call on the whole decoded matrix, so y has the bits of gemm_f32 on the dequantized weights.
+  const int64_t bytes_per_row = (K + 1) / 2, groups = (K + group_size - 1) / group_size;
+  const int64_t slice = std::max<int64_t>(1, (int64_t{64} << 20) / (4 * K * kGemmTile)) * kGemmTile;
+  float* w = scratch(1, std::min(N, slice) * K);
+  for (int64_t n0 = 0; n0 < N; n0 += slice) {
+    const int64_t rows = std::min(slice, N - n0);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = n0 + r;
+      const uint8_t* q = qweight + n * bytes_per_row;
+      float* wr = w + r * K;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float sc = bf16_to_f32(scales[n * groups + g]), mn = bf16_to_f32(mins[n * groups + g]);
+        const int64_t c1 = std::min<int64_t>(K, (g + 1) * group_size);
+        for (int64_t c = g * group_size; c < c1; ++c) {
+          const uint8_t code = (c & 1) ? (q[c >> 1] >> 4) : (q[c >> 1] & 0xF);
+          wr[c] = static_cast<float>(code) * sc + mn;
+        }
+      }
+    }
+    sgemm(false, true, M, rows, K, 1.0f, x, K, w, K, 0.0f, y + n0, N);
+  }
 }
 
 }  // namespace nibble::cpu

@@ -73,6 +73,9 @@ bool gemv_is_integer(Isa isa);  // its M = 1 path is the integer GEMV on this CP
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ for an int4_asym matrix, same arguments and
 // meaning as gemm_int4_asym_ref: the fast path (src/backend/cpu/int4_gemm.cpp
 // documents the design). Results equal the reference up to fp32 summation order.
+// From 64 rows of x on it decodes W in slices of whole 256-row tiles and runs
+// sgemm: the bits of gemm_f32 on the dequantized matrix (compute bound there,
+// where the int4 kernels would decode each weight again per block of rows).
 void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                     const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
 // The same with a chosen ISA (tests, benchmarks); throws nibble::Error when the
