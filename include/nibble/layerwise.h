@@ -53,6 +53,8 @@ class LayerStream {
   Tensor final_norm_;
   std::vector<int64_t> lengths_;
   std::vector<std::vector<float>> hidden_;
+  // apply()'s batch of sequences (their rows, keys and values), kept between layers.
+  std::vector<float> batch_x_, batch_keys_, batch_values_;
 };
 
 }  // namespace nibble

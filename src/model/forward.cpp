@@ -74,6 +74,7 @@ void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps,
 namespace {
 
 void round_bf16(float* x, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
   for (int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
 }
 
@@ -266,11 +267,27 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
       seg[static_cast<size_t>(first[s] + i)] = static_cast<int32_t>(s);
       pos[static_cast<size_t>(first[s] + i)] = segments[s].p0 + i;
     }
-  std::vector<float> xn(n * D), q(n * H * hd), k(n * KV * hd), v(n * KV * hd), att(n * H * hd), tmp(n * D),
-      g(n * F), u(n * F);
+  // The layer's temporaries, kept by each thread between calls (a batch of sequences takes up to about 256 MiB of
+  // them, and fresh pages would cost their first-touch faults at every layer); every one is written before it is read.
+  thread_local struct {
+    std::vector<float> xn, q, k, v, att, tmp, g, u, cosv, sinv;
+  } ws;
+  auto grown = [](std::vector<float>& b, int64_t size) -> std::vector<float>& {
+    if (static_cast<int64_t>(b.size()) < size) b.resize(static_cast<size_t>(size));
+    return b;
+  };
+  std::vector<float>& xn = grown(ws.xn, n * D);
+  std::vector<float>& q = grown(ws.q, n * H * hd);
+  std::vector<float>& k = grown(ws.k, n * KV * hd);
+  std::vector<float>& v = grown(ws.v, n * KV * hd);
+  std::vector<float>& att = grown(ws.att, n * H * hd);
+  std::vector<float>& tmp = grown(ws.tmp, n * D);
+  std::vector<float>& g = grown(ws.g, n * F);
+  std::vector<float>& u = grown(ws.u, n * F);
   // cos/sin per row's position: [n, hd/2]
   const int64_t half = hd / 2;
-  std::vector<float> cosv(n * half), sinv(n * half);
+  std::vector<float>& cosv = grown(ws.cosv, n * half);
+  std::vector<float>& sinv = grown(ws.sinv, n * half);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t j = 0; j < half; ++j) {
       const float angle = static_cast<float>(pos[static_cast<size_t>(r)]) * inv_freq[j];  // fp32 product, as HF

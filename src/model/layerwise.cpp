@@ -64,7 +64,9 @@ void LayerStream::apply(const DecoderLayer& L, const InputTap* tap, bool advance
   const int64_t bytes_per_row = 4 * (3 * D + 2 * H * hd + 4 * row + 2 * config_.intermediate_size + hd);
   const int64_t budget = std::max<int64_t>(1, (int64_t{256} << 20) / bytes_per_row);
   auto whole_tiles = [&](size_t s) { return length(s) % cpu::kGemmTile == 0; };
-  std::vector<float> x, keys, values;
+  std::vector<float>& x = batch_x_;
+  std::vector<float>& keys = batch_keys_;
+  std::vector<float>& values = batch_values_;
   for (size_t s = 0; s < hidden_.size();) {
     size_t e = s + 1;
     int64_t rows = length(s);
