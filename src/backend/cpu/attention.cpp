@@ -37,6 +37,46 @@ NIBBLE_INLINE float dot_lanes(const float* a, const float* b, int64_t n) {
   return p[0] + p[1];
 }
 
+// 16 lanes of floats (GCC's vector extension: one zmm in the AVX-512 clone, two ymm or four xmm in the others).
+typedef float V16 __attribute__((vector_size(64)));
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+NIBBLE_INLINE V16 load16(const float* p) {
+  V16 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// One step of dot16's reduction on two vectors: x's and y's lanes lo added to their lanes hi.
+NIBBLE_INLINE V16 half(V16 x, V16 y, I16 lo, I16 hi) { return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi); }
+
+// dot_lanes<HD> of q with 16 keys at once (HD a multiple of 16): each key's 16 partial sums in a vector, then the
+// same pairwise reduction for all 16 by shuffles, (j, j + 8), (j, j + 4), (j, j + 2), (0, 1): the bits of
+// dot_lanes, 16 dot products in one vector, in key order.
+template <int64_t HD>
+NIBBLE_INLINE V16 dot16(const float* q, const float* keys, int64_t stride) {
+  V16 p[16];
+  for (int t = 0; t < 16; ++t) p[t] = V16{};
+  for (int64_t d = 0; d < HD; d += 16) {
+    const V16 qv = load16(q + d);
+    for (int t = 0; t < 16; ++t) p[t] += qv * load16(keys + t * stride + d);
+  }
+  // Step s halves each key's lanes: pairs of vectors (keys a, b) become one, a's sums then b's.
+  const I16 lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const I16 hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const I16 lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const I16 hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const I16 lo3 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const I16 hi3 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  const I16 lo4 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const I16 hi4 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  V16 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) a[i] = half(p[2 * i], p[2 * i + 1], lo1, hi1);
+  for (int i = 0; i < 4; ++i) b[i] = half(a[2 * i], a[2 * i + 1], lo2, hi2);
+  for (int i = 0; i < 2; ++i) c[i] = half(b[2 * i], b[2 * i + 1], lo3, hi3);
+  return half(c[0], c[1], lo4, hi4);
+}
+
 // attention_row for a head size HD known at compile time (0: any, hd), out[] summed in registers: the same
 // arithmetic in the same order either way.
 template <int64_t HD>
@@ -45,11 +85,22 @@ NIBBLE_INLINE void row(const float* q, int64_t hd, float scale, const AttentionR
   if constexpr (HD > 0) hd = HD;
   float mx = -INFINITY;
   int64_t k = 0;
-  for (int r = 0; r < nruns; ++r)
-    for (int64_t t = 0; t < runs[r].rows; ++t, ++k) {
+  for (int r = 0; r < nruns; ++r) {
+    int64_t t = 0;
+    if constexpr (HD > 0 && HD % 16 == 0) {
+      V16 m = V16{} - INFINITY;
+      for (; t + 16 <= runs[r].rows; t += 16, k += 16) {
+        const V16 s = dot16<HD>(q, runs[r].keys + t * stride, stride) * scale;
+        __builtin_memcpy(scores + k, &s, sizeof s);
+        m = s > m ? s : m;
+      }
+      for (int j = 0; j < 16; ++j) mx = std::max(mx, m[j]);
+    }
+    for (; t < runs[r].rows; ++t, ++k) {
       scores[k] = dot_lanes<HD>(q, runs[r].keys + t * stride, hd) * scale;
       mx = std::max(mx, scores[k]);
     }
+  }
   float sum = 0.0f;
   for (int64_t j = 0; j < k; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
   constexpr int64_t kAcc = HD > 0 ? HD : 1;
