@@ -37,6 +37,13 @@ NIBBLE_INLINE float dot_lanes(const float* a, const float* b, int64_t n) {
   return p[0] + p[1];
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+#define NIBBLE_DOT16 1  // __builtin_shuffle is GCC's (clang, for the fuzz build, takes dot_lanes: the same bits)
+#else
+#define NIBBLE_DOT16 0
+#endif
+
+#if NIBBLE_DOT16
 // 16 lanes of floats (GCC's vector extension: one zmm in the AVX-512 clone, two ymm or four xmm in the others).
 typedef float V16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
@@ -77,6 +84,8 @@ NIBBLE_INLINE V16 dot16(const float* q, const float* keys, int64_t stride) {
   return half(c[0], c[1], lo4, hi4);
 }
 
+#endif  // NIBBLE_DOT16
+
 // attention_row for a head size HD known at compile time (0: any, hd), out[] summed in registers: the same
 // arithmetic in the same order either way.
 template <int64_t HD>
@@ -87,6 +96,7 @@ NIBBLE_INLINE void row(const float* q, int64_t hd, float scale, const AttentionR
   int64_t k = 0;
   for (int r = 0; r < nruns; ++r) {
     int64_t t = 0;
+#if NIBBLE_DOT16
     if constexpr (HD > 0 && HD % 16 == 0) {
       V16 m = V16{} - INFINITY;
       for (; t + 16 <= runs[r].rows; t += 16, k += 16) {
@@ -96,6 +106,7 @@ NIBBLE_INLINE void row(const float* q, int64_t hd, float scale, const AttentionR
       }
       for (int j = 0; j < 16; ++j) mx = std::max(mx, m[j]);
     }
+#endif
     for (; t < runs[r].rows; ++t, ++k) {
       scores[k] = dot_lanes<HD>(q, runs[r].keys + t * stride, hd) * scale;
       mx = std::max(mx, scores[k]);
