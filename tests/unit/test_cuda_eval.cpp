@@ -315,9 +315,12 @@ TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
   // two forwards into whole int8 steps of the few activations that sit near a
   // tie, and those grow through the layers: the two runs are equally valid
   // realizations of the quantizer, not the same numbers. Their KL differs by
-  // a small part of what the quantizer itself adds to the KL (measured on the
-  // H200: 5-7 %; a GPU that skipped it would differ by all of it), and top-1
-  // by a few positions in a hundred.
+  // a part of what the quantizer itself adds to the KL (a GPU that skipped it
+  // would differ by all of it), and top-1 by a few positions in a hundred.
+  // How large a part depends on the realizations: 5-7 % on the H200 (session 18),
+  // 5-7 % on an H100 (session 67, before the CPU's attention sums changed
+  // order), 10-26 % after; the CPU's own two versions differ by 17 % (int8_token)
+  // and 18 % (llm_int8).
   for (const char* name : {"int8_token", "llm_int8"}) {
     eval::CandidateOptions aq;
     aq.act_quant = find_act_quant(name);
@@ -325,7 +328,7 @@ TEST(CudaEval, KlYardstickOnTheGpuMatchesTheCpu) {
     const auto ag = eval::score_candidate(*cand, rg, {corpus}, og, aq);
     const double added = ac[0].kl.mean - sc[0].kl.mean;
     EXPECT_GT(added, 0.0) << name;
-    EXPECT_NEAR(ag[0].kl.mean, ac[0].kl.mean, 0.25 * added) << name;
+    EXPECT_NEAR(ag[0].kl.mean, ac[0].kl.mean, 0.5 * added) << name;
     EXPECT_NEAR(ag[0].top1, ac[0].top1, 0.03) << name;
     std::printf("[gpu eval] RTN with activations %s: KL cpu %.6g gpu %.6g (RTN alone %.6g), top-1 %.4f %.4f\n", name,
                 ac[0].kl.mean, ag[0].kl.mean, sc[0].kl.mean, ac[0].top1, ag[0].top1);
