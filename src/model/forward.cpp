@@ -250,7 +250,8 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
   const int64_t window = L.window, row = KV * hd;
   const KvLayout layout{KV, hd};
   // Row r of x belongs to segment seg[r], at position pos[r] of its sequence; segment s starts at row first[s].
-  int64_t n = 0;
+  // work: attention's query-key pairs; longest: the longest sequence's positions.
+  int64_t n = 0, work = 0, longest = 0;
   std::vector<int64_t> first;
   for (const LayerSegment& sg : segments) {
     NIBBLE_CHECK(sg.n > 0, "decoder layer: an empty segment");
@@ -259,6 +260,8 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
                  sg.kv_rows ? sg.kv_rows->spec().name : "", sg.kv_rows ? sg.kv_rows->quantized() : 0, sg.p0);
     first.push_back(n);
     n += sg.n;
+    work += sg.n * (sg.p0 + sg.n);
+    longest = std::max(longest, sg.p0 + sg.n);
   }
   std::vector<int32_t> seg(static_cast<size_t>(n));
   std::vector<int64_t> pos(static_cast<size_t>(n));
@@ -327,10 +330,6 @@ void decoder_layer_forward(const ModelConfig& c, const DecoderLayer& L, const st
   // Causal attention of each new position over its sequence's cache (GQA: H/KV query heads per kv head).
   // Threads only pay off on real work: a parallel region costs microseconds
   // (and far more on a loaded machine), a decode step of a tiny model less.
-  int64_t work = 0;
-  for (const LayerSegment& sg : segments) work += sg.n * (sg.p0 + sg.n);
-  int64_t longest = 0;
-  for (const LayerSegment& sg : segments) longest = std::max(longest, sg.p0 + sg.n);
   const bool parallel_attention = work * H * hd > (1 << 16);
 #pragma omp parallel if (parallel_attention)
   {

@@ -63,7 +63,6 @@
 
 #include "backend/cpu/int4_isa.h"
 #include "backend/cpu/kernels.h"
-#include "nibble/dtype.h"
 #include "nibble/error.h"
 
 namespace nibble::cpu {
@@ -116,6 +115,13 @@ bool cpu_has(Isa isa) {
              __builtin_cpu_supports("fma");
   }
   return false;
+}
+
+// What every int4_asym GEMM here accepts.
+void check_arguments(int64_t M, int64_t N, int64_t K, int group_size) {
+  NIBBLE_CHECK(group_size == 32 || group_size == 64 || group_size == 128,
+               "int4_asym GEMM: group size must be 32, 64 or 128, got {}", group_size);
+  NIBBLE_CHECK(M >= 0 && N >= 0 && K >= 1, "int4_asym GEMM: bad shape M={} N={} K={}", M, N, K);
 }
 
 // Permutes rows of x into the kernels' layout (int4_isa.h).
@@ -186,9 +192,7 @@ Isa best_isa() {
 
 void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                         const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
-  NIBBLE_CHECK(group_size == 32 || group_size == 64 || group_size == 128,
-               "int4_asym GEMM: group size must be 32, 64 or 128, got {}", group_size);
-  NIBBLE_CHECK(M >= 0 && N >= 0 && K >= 1, "int4_asym GEMM: bad shape M={} N={} K={}", M, N, K);
+  check_arguments(M, N, K, group_size);
   NIBBLE_CHECK(isa_supported(isa), "int4_asym GEMM: this CPU cannot run the {} kernel", isa_name(isa));
   if (M == 0 || N == 0) return;
   if (isa == Isa::Scalar) {
@@ -225,32 +229,17 @@ void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uin
     gemm_int4_asym_isa(best_isa(), x, M, qweight, scales, mins, N, K, group_size, y);
     return;
   }
-  NIBBLE_CHECK(group_size == 32 || group_size == 64 || group_size == 128,
-               "int4_asym GEMM: group size must be 32, 64 or 128, got {}", group_size);
-  NIBBLE_CHECK(N >= 0 && K >= 1, "int4_asym GEMM: bad shape M={} N={} K={}", M, N, K);
+  check_arguments(M, N, K, group_size);
   // Many rows: the product is compute bound, and OpenBLAS's sgemm on the decoded weights beats the int4 kernels,
   // which decode every weight again for each block of rows. Slices of whole 256-row GEMM tiles of W, about 64 MiB
   // of f32 each, are decoded (as FORMAT.md says, fl(fl(code·s) + m)) and multiplied: cpu::sgemm's tiles are then
   // those of one call on the whole decoded matrix, so y has the bits of gemm_f32 on the dequantized weights.
-  const int64_t bytes_per_row = (K + 1) / 2, groups = (K + group_size - 1) / group_size;
   const int64_t slice = std::max<int64_t>(1, (int64_t{64} << 20) / (4 * K * kGemmTile)) * kGemmTile;
   float* w = scratch(1, std::min(N, slice) * K);
   for (int64_t n0 = 0; n0 < N; n0 += slice) {
     const int64_t rows = std::min(slice, N - n0);
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = n0 + r;
-      const uint8_t* q = qweight + n * bytes_per_row;
-      float* wr = w + r * K;
-      for (int64_t g = 0; g < groups; ++g) {
-        const float sc = bf16_to_f32(scales[n * groups + g]), mn = bf16_to_f32(mins[n * groups + g]);
-        const int64_t c1 = std::min<int64_t>(K, (g + 1) * group_size);
-        for (int64_t c = g * group_size; c < c1; ++c) {
-          const uint8_t code = (c & 1) ? (q[c >> 1] >> 4) : (q[c >> 1] & 0xF);
-          wr[c] = static_cast<float>(code) * sc + mn;
-        }
-      }
-    }
+    for (int64_t r = 0; r < rows; ++r) decode_int4_asym_row(qweight, scales, mins, n0 + r, K, group_size, w + r * K);
     sgemm(false, true, M, rows, K, 1.0f, x, K, w, K, 0.0f, y + n0, N);
   }
 }

@@ -55,6 +55,10 @@ void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, f
 // packed parts (qweight [N, ceil(K/2)], scales/mins bf16 [N, ceil(K/G)]). Each
 // group is decoded exactly as FORMAT.md says (fl(fl(code·s) + m)) into a small
 // buffer and dotted with x in fp32; the full-precision matrix never exists.
+// Row n of such a matrix decoded into out[K], each weight fl(fl(code·s) + m): what both GEMMs above and below
+// (gemm_int4_asym from 64 rows on) multiply.
+void decode_int4_asym_row(const uint8_t* qweight, const uint16_t* scales, const uint16_t* mins, int64_t n, int64_t K,
+                          int group_size, float* out);
 void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                         const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
 
