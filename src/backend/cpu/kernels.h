@@ -55,12 +55,12 @@ void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, f
 // packed parts (qweight [N, ceil(K/2)], scales/mins bf16 [N, ceil(K/G)]). Each
 // group is decoded exactly as FORMAT.md says (fl(fl(code·s) + m)) into a small
 // buffer and dotted with x in fp32; the full-precision matrix never exists.
-// Row n of such a matrix decoded into out[K], each weight fl(fl(code·s) + m): what both GEMMs above and below
-// (gemm_int4_asym from 64 rows on) multiply.
-void decode_int4_asym_row(const uint8_t* qweight, const uint16_t* scales, const uint16_t* mins, int64_t n, int64_t K,
-                          int group_size, float* out);
 void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                         const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
+// Row n of such a matrix decoded into out[K], each weight fl(fl(code·s) + m): what gemm_int4_asym_ref above and
+// gemm_int4_asym below (from 64 rows on) multiply.
+void decode_int4_asym_row(const uint8_t* qweight, const uint16_t* scales, const uint16_t* mins, int64_t n, int64_t K,
+                          int group_size, float* out);
 
 // Which instruction set a CPU kernel uses. Scalar is the reference above;
 // Avx2 needs AVX2+FMA+F16C, Avx512 needs AVX-512 F/BW/VL/DQ (checked at run time).
