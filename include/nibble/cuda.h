@@ -126,8 +126,25 @@ struct GemvFusion {
   // after it. Each 16-row tile's block posts its rows there and the unit's
   // last tile's block prepares the unit once they arrive.
   unsigned long long* mail = nullptr;
+  // Greedy decode's argmax in the GEMV (a plain f32 output only: no fused
+  // output side). With limit = *argmax_limit, read on the device (0: none,
+  // the call only writes y), each block takes the atomic max of its key over
+  // y[0 .. limit) into argmax_keys[block % kArgmaxKeys] (zero before the
+  // call): the value's order bits above the inverted row (argmax_key_row),
+  // NaN never a key. So the largest key over the slots is the largest output
+  // at its smallest row, as argmax_kernel chooses; no key: every output NaN.
+  // GpuModel's decode reads the slots back to zero after the head
+  // (argmax_keys_kernel). No ticket: a block's exit waits for no round trip.
+  static constexpr int kArgmaxKeys = 64;
+  const int32_t* argmax_limit = nullptr;
+  unsigned long long* argmax_keys = nullptr;
   bool fuses_output() const { return residual != nullptr || swiglu; }
+  bool fuses_argmax() const { return argmax_limit != nullptr; }
 };
+// The row of the largest argmax key (GemvFusion::argmax_keys), 0 for none.
+inline int32_t argmax_key_row(unsigned long long key) {
+  return key != 0 ? static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)) : 0;
+}
 
 // One gemv_prepared call of a chain (LinearKernel::gemv_chain).
 struct GemvCall {

@@ -46,7 +46,7 @@ TEST(Cuda, DequantInt4AsymBitExactWithCpuReference) {
 
 // Packs a random int4_asym matrix: random codes, scales and mins (bf16), so
 // every code value and sign pattern occurs (not a quantized smooth matrix).
-std::vector<Tensor> random_int4_parts(std::mt19937& rng, int64_t rows, int64_t cols, int g) {
+QuantizedMatrix random_int4_matrix(std::mt19937& rng, int64_t rows, int64_t cols, int g) {
   const FormatChoice f = find_format("int4_asym", g);
   QuantizedMatrix q;
   q.format = f.spec;
@@ -59,7 +59,10 @@ std::vector<Tensor> random_int4_parts(std::mt19937& rng, int64_t rows, int64_t c
   for (auto& c : q.codes) c = static_cast<uint8_t>(code(rng));
   q.params.resize(static_cast<size_t>(rows * q.groups_per_row()));
   for (auto& p : q.params) p = {round_to_bf16(scale(rng)), round_to_bf16(mn(rng))};
-  return f.spec->pack(q);
+  return q;
+}
+std::vector<Tensor> random_int4_parts(std::mt19937& rng, int64_t rows, int64_t cols, int g) {
+  return find_format("int4_asym", g).spec->pack(random_int4_matrix(rng, rows, cols, g));
 }
 
 // Ŵ as the W4A16 kernels use it: exact (fp32 c·s + m) or rounded once to 16
@@ -1105,6 +1108,125 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
       EXPECT_EQ(ticket_ph[scaled], prepared_of(h, h_shape));
       EXPECT_TRUE(tickets_zero());
     }
+  }
+}
+
+// GemvFusion's argmax (greedy decode in the head GEMV) against a scalar scan
+// (std::max_element: the first largest) of the same call's outputs, which
+// must be the plain GEMV's to the bit. Shapes: 200 × 4160 (one wave of
+// blocks with several warps per tile, a ragged last tile) at groups of 64 and
+// 128, and 70008 × 256 (more tiles than fit at once: one-warp blocks, several
+// waves). The largest output is copied into two more rows (row 5 and the last
+// row, other blocks), so the keys must break a three-way tie; limits below the
+// tie, past the rows (clamped) and 0 (no key at all); a matrix whose outputs
+// are all negative (scales 0, mins < 0, x > 0), with ties among equal bf16
+// mins. Every key left in a slot must be an output's (its row below the
+// limit, its high word that output's order bits), and the largest the scan's.
+TEST(Cuda, GemvArgmaxMatchesScalarScan) {
+  SKIP_WITHOUT_DEVICE();
+  struct Case {
+    int64_t N, K;
+    int g;
+  };
+  constexpr int kSlots = cuda::GemvFusion::kArgmaxKeys;
+  // The key's high word: the value's bits in unsigned order, -0 as +0.
+  auto order_bits = [](float v) {
+    if (v == 0.0f) v = 0.0f;
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+  };
+  for (const Case tc : {Case{200, 4160, 128}, Case{200, 4160, 64}, Case{70008, 256, 128}}) {
+    SCOPED_TRACE("N " + std::to_string(tc.N) + " K " + std::to_string(tc.K) + " g " + std::to_string(tc.g));
+    std::mt19937 rng(static_cast<unsigned>(tc.N + tc.g));
+    const FormatChoice fmt = find_format("int4_asym", tc.g);
+    const cuda::LinearKernel* kern = cuda::find_linear_kernel("int4_asym", tc.g);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> pos(0.5f, 1.5f), neg(-0.2f, -0.01f);
+    auto run = [&](const cuda::DeviceLinear& w, const std::vector<float>& x, bool negative) {
+      const cuda::DeviceBuffer dx = upload_f32(x), px(cuda::w4a16_gemv_scratch_bytes(tc.K));
+      kern->prepare(w, dx.get(), cuda::Act::F32, px.get(), px.bytes(), nullptr, false);
+      cuda::DeviceBuffer y0(static_cast<size_t>(tc.N) * 4);
+      kern->gemv_prepared(w, px.get(), px.bytes(), y0.get(), nullptr, false, false, nullptr);
+      const std::vector<float> want_y = download_f32(y0, static_cast<size_t>(tc.N));
+      cuda::DeviceBuffer keys(kSlots * 8), dlimit(4);
+      cuda::GemvFusion f;
+      f.argmax_keys = static_cast<unsigned long long*>(keys.get());
+      f.argmax_limit = static_cast<const int32_t*>(dlimit.get());
+      const int64_t top = std::max_element(want_y.begin(), want_y.end()) - want_y.begin();
+      std::vector<int64_t> limits = {tc.N, tc.N + 100, 0, 1};
+      if (!negative) limits.push_back(5);  // below the tie
+      for (const int64_t limit : limits) {
+        SCOPED_TRACE("limit " + std::to_string(limit));
+        const int32_t l32 = static_cast<int32_t>(limit);
+        ASSERT_EQ(cudaMemcpy(dlimit.get(), &l32, 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemset(keys.get(), 0, keys.bytes()), cudaSuccess);
+        cuda::DeviceBuffer y(static_cast<size_t>(tc.N) * 4);
+        kern->gemv_prepared(w, px.get(), px.bytes(), y.get(), nullptr, false, false, &f);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> got_y = download_f32(y, static_cast<size_t>(tc.N));
+        EXPECT_EQ(std::memcmp(got_y.data(), want_y.data(), want_y.size() * 4), 0);
+        std::vector<unsigned long long> k(kSlots);
+        ASSERT_EQ(cudaMemcpy(k.data(), keys.get(), keys.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+        const int64_t n = std::min(limit, tc.N);
+        int used = 0;
+        for (const unsigned long long key : k) {
+          if (key == 0) continue;
+          ++used;
+          const int32_t row = cuda::argmax_key_row(key);
+          ASSERT_TRUE(row >= 0 && row < n) << row;
+          EXPECT_EQ(static_cast<uint32_t>(key >> 32), order_bits(want_y[row])) << row;
+        }
+        if (limit == 0) {
+          EXPECT_EQ(used, 0);
+          continue;
+        }
+        EXPECT_EQ(used, std::min<int64_t>(kSlots, (n + 15) / 16));  // one key per block below the limit
+        const auto want = static_cast<int32_t>(std::max_element(want_y.begin(), want_y.begin() + n) - want_y.begin());
+        EXPECT_EQ(cuda::argmax_key_row(*std::max_element(k.begin(), k.end())), want);
+        if (!negative && limit >= tc.N) {  // the three-way tie, won by its first row
+          EXPECT_EQ(want_y[5], want_y[top]);
+          EXPECT_EQ(want_y[tc.N - 1], want_y[top]);
+          EXPECT_EQ(want, 5);
+        }
+        if (negative) {
+          EXPECT_LT(want_y[want], 0.0f);
+        }
+      }
+      // The argmax takes plain outputs only.
+      cuda::GemvFusion bad = f;
+      bad.swiglu = true;
+      EXPECT_THROW(kern->gemv_prepared(w, px.get(), px.bytes(), nullptr, nullptr, false, false, &bad), Error);
+    };
+    // Random weights with the largest output copied into rows 5 and N - 1.
+    QuantizedMatrix q = random_int4_matrix(rng, tc.N, tc.K, tc.g);
+    std::vector<float> x(static_cast<size_t>(tc.K));
+    for (auto& v : x) v = normal(rng);
+    {
+      const cuda::DeviceLinear w0 = kern->upload(fmt.spec->pack(q), tc.N, tc.K, tc.g);
+      const cuda::DeviceBuffer dx = upload_f32(x), px(cuda::w4a16_gemv_scratch_bytes(tc.K));
+      kern->prepare(w0, dx.get(), cuda::Act::F32, px.get(), px.bytes(), nullptr, false);
+      cuda::DeviceBuffer y0(static_cast<size_t>(tc.N) * 4);
+      kern->gemv_prepared(w0, px.get(), px.bytes(), y0.get(), nullptr, false, false, nullptr);
+      const std::vector<float> y = download_f32(y0, static_cast<size_t>(tc.N));
+      int64_t top = std::max_element(y.begin(), y.end()) - y.begin();
+      ASSERT_GT(top, 5);
+      ASSERT_LT(top, tc.N - 1);
+      const int64_t gpr = q.groups_per_row();
+      for (int64_t r : {int64_t{5}, tc.N - 1}) {
+        std::copy_n(q.codes.begin() + top * tc.K, tc.K, q.codes.begin() + r * tc.K);
+        std::copy_n(q.params.begin() + top * gpr, gpr, q.params.begin() + r * gpr);
+      }
+    }
+    run(kern->upload(fmt.spec->pack(q), tc.N, tc.K, tc.g), x, false);
+    // All outputs negative: y[r] = m[r] · Σx.
+    for (auto& p : q.params) p = {0.0f, 0.0f};
+    for (int64_t r = 0; r < tc.N; ++r) {
+      const float m = round_to_bf16(neg(rng));
+      for (int64_t j = 0; j < q.groups_per_row(); ++j) q.params[static_cast<size_t>(r * q.groups_per_row() + j)].min = m;
+    }
+    for (auto& v : x) v = pos(rng);
+    run(kern->upload(fmt.spec->pack(q), tc.N, tc.K, tc.g), x, true);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "backend/cuda/kv_cache.cuh"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_prep.cuh"
+#include "nibble/cuda.h"
 #include "nibble/dtype.h"
 
 #include <cmath>
@@ -292,6 +293,26 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
     // whose completion makes the kernel's writes to mapped memory visible.
     f.host[pos % f.host_slots] = r;
   }
+}
+
+// Greedy decode after a head GEMV that took the argmax (GemvFusion::
+// argmax_keys, session 69): one warp reads the kArgmaxKeys slots back to zero
+// and, where the limit is set, feeds the next step as argmax_kernel does (the
+// largest key's row; none, where every logit was NaN: 0). Where it is 0 (not
+// a greedy step) the head left no keys and nothing is written.
+__global__ void __launch_bounds__(32) argmax_keys_kernel(unsigned long long* keys, const int32_t* limit,
+                                                         int32_t* step, int32_t* host, int host_slots) {
+  static_assert(GemvFusion::kArgmaxKeys == 64, "two slots per lane");
+  pdl_prologue();
+  if (*limit == 0) return;
+  unsigned long long k = max(atomicExch(keys + threadIdx.x, 0ull), atomicExch(keys + threadIdx.x + 32, 0ull));
+  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xFFFFFFFFu, k, o));
+  if (threadIdx.x != 0) return;
+  const int32_t r = k != 0ull ? static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(k)) : 0;  // argmax_key_row
+  const int32_t pos = step[1];
+  step[0] = r;
+  step[1] = pos + 1;
+  host[pos % host_slots] = r;  // no system fence: the host reads it after the step's event
 }
 
 // y[i, j] += bias[j] for a [n, N] block with leading dimension ldy.

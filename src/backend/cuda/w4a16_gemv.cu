@@ -86,6 +86,16 @@ struct FuseArgs {
   // zeroed by the unit's preparing block once read.
   unsigned long long* mail = nullptr;
 };
+// The same with greedy decode's argmax over a plain output (GemvFusion::
+// argmax_*), the kernel's parameter in the instantiation with the argmax
+// only: the others keep FuseArgs as it is (a larger parameter changed their
+// register allocation, 72 -> 76 for groups of 128).
+struct FuseArgsArgmax : FuseArgs {
+  const int32_t* am_limit = nullptr;
+  unsigned long long* am_keys = nullptr;
+};
+template <bool Argmax>
+using KernelFuseArgs = std::conditional_t<Argmax, FuseArgsArgmax, FuseArgs>;
 constexpr int kPlain = 0, kResidual = 1, kSwiglu = 2;
 constexpr int kUnitTiles = kPrepInputs / kTileRows;  // 16-row tiles per prepared unit of 128 outputs
 
@@ -212,13 +222,38 @@ __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, boo
   }
 }
 
+// Greedy decode's key of output `row` with value v: 0 (no candidate) past
+// the limit or for NaN, else the value's bits mapped to an unsigned order
+// (-0 as +0: the float comparison ties them) above the inverted row, so the
+// largest key is the largest value at its smallest row.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t row, int64_t limit) {
+  if (row >= limit || v != v) return 0ull;
+  if (v == 0.0f) v = 0.0f;
+  uint32_t u = __float_as_uint(v);
+  u = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(row));
+}
+
+// One whole warp per block: the block's best key (each lane's `key`) into
+// its slot by a fire-and-forget atomic max (no ticket: a block's exit waits
+// for no round trip; on an H100 a ticket per block made the 8B head 8 us
+// slower, docs/CUDA.md "Session 69").
+__device__ __forceinline__ void block_argmax(const FuseArgsArgmax& f, unsigned long long key) {
+  for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+  if ((threadIdx.x & 31) == 0 && key != 0ull)
+    asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;\n" ::"l"(f.am_keys + blockIdx.x % GemvFusion::kArgmaxKeys),
+                 "l"(key)
+                 : "memory");
+}
+
 // The end of one work item (a 16-row tile b; swiglu: gate tile b and up tile
 // b + the item count): the warps' partial sums (rows gid and gid + 8 of the
 // warp's `tile`, in the lanes of tig 0 and 1) are summed in a fixed order and
 // written to y (plain) or as the fused output (warp 0). `red`: nwarps × 16
-// floats of shared memory. Every thread of the block calls it.
-template <typename OutT>
-__device__ __forceinline__ void gemv_item_out(const FuseArgs& f, OutT* __restrict__ y, int N, int64_t b,
+// floats of shared memory. Every thread of the block calls it. Argmax (plain
+// outputs): greedy decode's key (block_argmax).
+template <bool Argmax, typename OutT>
+__device__ __forceinline__ void gemv_item_out(const KernelFuseArgs<Argmax>& f, OutT* __restrict__ y, int N, int64_t b,
                                               int64_t tile, int nwarps, int wpt, float out_lo, float out_hi,
                                               float scale, bool row_lane, float res, float norm_w, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -226,6 +261,13 @@ __device__ __forceinline__ void gemv_item_out(const FuseArgs& f, OutT* __restric
   out_hi += __shfl_xor_sync(0xFFFFFFFFu, out_hi, 1);
   const int64_t row0 = tile * kTileRows;
   if (nwarps == 1 && f.mode == kPlain) {
+    if constexpr (Argmax) {
+      const int64_t limit = min(static_cast<int64_t>(__ldg(f.am_limit)), static_cast<int64_t>(N));
+      if (limit > 0)
+        block_argmax(f, tig == 0 ? max(argmax_key(out_lo * scale, row0 + gid, limit),
+                                       argmax_key(out_hi * scale, row0 + gid + 8, limit))
+                                 : 0ull);
+    }
     if (tig == 0) {
       if (row0 + gid < N) y[row0 + gid] = to_out<OutT>(out_lo * scale);
       if (row0 + gid + 8 < N) y[row0 + gid + 8] = to_out<OutT>(out_hi * scale);
@@ -238,7 +280,17 @@ __device__ __forceinline__ void gemv_item_out(const FuseArgs& f, OutT* __restric
   }
   __syncthreads();
   if (f.mode == kPlain) {
-    if (threadIdx.x < kTileRows) {
+    if constexpr (Argmax) {  // warp 0 sums the rows, takes the key, then stores
+      if (warp != 0) return;
+      float s = 0.0f;
+      if (lane < kTileRows) {
+        for (int w = 0; w < nwarps; ++w) s += red[w * kTileRows + lane];
+        s *= scale;
+      }
+      const int64_t limit = min(static_cast<int64_t>(__ldg(f.am_limit)), static_cast<int64_t>(N));
+      if (limit > 0) block_argmax(f, lane < kTileRows ? argmax_key(s, row0 + lane, limit) : 0ull);
+      if (lane < kTileRows && row0 + lane < N) y[row0 + lane] = to_out<OutT>(s);
+    } else if (threadIdx.x < kTileRows) {
       float s = 0.0f;
       for (int w = 0; w < nwarps; ++w) s += red[w * kTileRows + threadIdx.x];
       if (row0 + threadIdx.x < N) y[row0 + threadIdx.x] = to_out<OutT>(s * scale);
@@ -265,12 +317,13 @@ __device__ __forceinline__ void gemv_item_out(const FuseArgs& f, OutT* __restric
 // `early`: the dependent launch is triggered once the ring's first stages are
 // issued, else after the main loop (w4a16_gemv_prepared says why). `Lean`:
 // the instantiation held to 64 registers (no spill), so that 32 warps fit on
-// an SM (launch_gemv says which grids take it).
-template <typename OutT, int CPG, int S, bool Lean = false>
+// an SM (launch_gemv says which grids take it). `Argmax`: greedy decode's
+// argmax over the plain output (GemvFusion::argmax_*; the head's instantiation).
+template <typename OutT, int CPG, int S, bool Lean = false, bool Argmax = false>
 __global__ void __launch_bounds__(512, Lean ? 2 : 1)
     w4a16_gemv_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const uint4* __restrict__ frags,
                       const float2* __restrict__ ginfo, OutT* __restrict__ y, int N, int chunks, int groups,
-                      int groups_padded, int wpt, FuseArgs f, bool early) {
+                      int groups_padded, int wpt, KernelFuseArgs<Argmax> f, bool early) {
   static_assert((S & (S - 1)) == 0 && S >= 2, "ring stages: a power of two");
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -383,7 +436,7 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
   }
   grid_dependents_launch();  // a no-op where `early` triggered it already
   float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
-  gemv_item_out(f, y, N, blockIdx.x, tile, nwarps, wpt, out_lo, out_hi, scale, row_lane, res, norm_w, red);
+  gemv_item_out<Argmax>(f, y, N, blockIdx.x, tile, nwarps, wpt, out_lo, out_hi, scale, row_lane, res, norm_w, red);
 }
 
 // A chain of GEMVs in one persistent launch (LinearKernel::gemv_chain).
@@ -699,6 +752,17 @@ FuseArgs fuse_args(const DeviceLinear& w, const GemvFusion* fz) {
   return a;
 }
 
+// fuse_args with greedy decode's argmax (GemvFusion::argmax_*).
+FuseArgsArgmax fuse_args_argmax(const DeviceLinear& w, const GemvFusion& fz) {
+  NIBBLE_CHECK(!fz.fuses_output(), "w4a16 gemv: the argmax takes a plain output (no residual or swiglu)");
+  NIBBLE_CHECK(fz.argmax_keys != nullptr, "w4a16 gemv: the argmax needs its key slots");
+  FuseArgsArgmax a;
+  static_cast<FuseArgs&>(a) = fuse_args(w, &fz);
+  a.am_limit = fz.argmax_limit;
+  a.am_keys = fz.argmax_keys;
+  return a;
+}
+
 template <typename OutT, int CPG>
 void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms,
                  bool deep, const GemvFusion* fz, bool early) {
@@ -720,18 +784,25 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages>>(device_smem_cap(110 << 10));
   max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages, true>>(device_smem_cap(110 << 10));
   max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kDeepStages>>(device_smem_cap(200 << 10));
+  // Greedy decode's argmax (the head): the 64-register instantiation with the
+  // argmax, whatever the grid (f32 outputs only).
+  const bool argmax = fz != nullptr && fz->fuses_argmax();
+  NIBBLE_CHECK(!argmax || (std::is_same_v<OutT, float> && !deep), "w4a16 gemv: the argmax needs f32 outputs, no deep ring");
+  auto argmax_kernel = w4a16_gemv_kernel<float, CPG, kStages, true, true>;
+  if (argmax) max_dynamic_smem_once<w4a16_gemv_kernel<float, CPG, kStages, true, true>>(device_smem_cap(110 << 10));
+  const void* config_kernel = argmax ? reinterpret_cast<const void*>(argmax_kernel) : reinterpret_cast<const void*>(kernel);
   // Warps per tile: at most 16 (8 where a block takes two tiles) and at most
   // one per group; as many as keep the whole grid resident at once
   // (one_wave_warps), else ~32 resident per SM over the grid.
   const size_t smem_warp = stages * stage_bytes(CPG) + kTileRows * 4;
   const int64_t most = std::min<int64_t>(16 / tpb, groups);
-  int64_t warps = one_wave_warps(reinterpret_cast<const void*>(kernel), tiles / tpb, most, groups, tpb, smem_warp, sms);
+  int64_t warps = one_wave_warps(config_kernel, tiles / tpb, most, groups, tpb, smem_warp, sms);
   if (warps == 0) {
     warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, most);
     fa.mail = nullptr;  // the mailbox needs every block resident at once (fused_rows_out)
     // Several waves (the head: one-warp blocks): at main's 72 registers (f32 outputs) 28 such blocks fit on an SM,
     // at 64 all 32 do. The 8B head took 103.0-103.5 → 94.9-95.0 µs on an H100 (session 65, docs/results/s65/).
-    if (!deep) kernel = w4a16_gemv_kernel<OutT, CPG, kStages, true>;
+    if (!deep && !argmax) kernel = w4a16_gemv_kernel<OutT, CPG, kStages, true>;
   }
   const size_t smem = static_cast<size_t>(tpb * warps) * smem_warp;
   cudaLaunchAttribute attr[1] = {pdl_attribute()};
@@ -745,8 +816,17 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const auto* frags = static_cast<const uint4*>(prepared);
   const auto* ginfo =
       reinterpret_cast<const float2*>(static_cast<const unsigned char*>(prepared) + prep_ginfo_offset(w.cols));
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
-                                       static_cast<const uint2*>(w.b.get()), frags, ginfo, y, static_cast<int>(w.rows),
+  const auto* codes = static_cast<const uint4*>(w.a.get());
+  const auto* meta = static_cast<const uint2*>(w.b.get());
+  if constexpr (std::is_same_v<OutT, float>)
+    if (argmax) {
+      NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, argmax_kernel, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
+                                           static_cast<int>(chunks), static_cast<int>(groups),
+                                           static_cast<int>(groups_padded), static_cast<int>(warps),
+                                           fuse_args_argmax(w, *fz), early));
+      return;
+    }
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
                                        static_cast<int>(chunks), static_cast<int>(groups),
                                        static_cast<int>(groups_padded), static_cast<int>(warps), fa, early));
 }
@@ -779,6 +859,7 @@ void launch_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t
     ChainPhase& P = p.ph[c];
     P.f = fuse_args(w, &call.fuse);
     P.f.mail = nullptr;  // a chain block may hold a unit's other items: tickets
+    NIBBLE_CHECK(!call.fuse.fuses_argmax(), "w4a16 gemv chain: call {} asks for the argmax (plain GEMVs only)", c);
     NIBBLE_CHECK(P.f.mode != kPlain || call.y != nullptr, "w4a16 gemv chain: call {} has no output", c);
     const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
     P.codes = static_cast<const uint4*>(w.a.get());
