@@ -141,7 +141,11 @@ struct GemvFusion {
   bool fuses_output() const { return residual != nullptr || swiglu; }
   bool fuses_argmax() const { return argmax_limit != nullptr; }
 };
-// The row of the largest argmax key (GemvFusion::argmax_keys), 0 for none.
+// The row of the largest argmax key (GemvFusion::argmax_keys), 0 for none
+// (on the host, and in the kernel that feeds decode's next step).
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
 inline int32_t argmax_key_row(unsigned long long key) {
   return key != 0 ? static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)) : 0;
 }

@@ -1143,12 +1143,21 @@ TEST(Cuda, GemvArgmaxMatchesScalarScan) {
     const cuda::LinearKernel* kern = cuda::find_linear_kernel("int4_asym", tc.g);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_real_distribution<float> pos(0.5f, 1.5f), neg(-0.2f, -0.01f);
-    auto run = [&](const cuda::DeviceLinear& w, const std::vector<float>& x, bool negative) {
-      const cuda::DeviceBuffer dx = upload_f32(x), px(cuda::w4a16_gemv_scratch_bytes(tc.K));
+    // x prepared for w, and w's plain GEMV of it.
+    auto prepared = [&](const cuda::DeviceLinear& w, const std::vector<float>& x) {
+      const cuda::DeviceBuffer dx = upload_f32(x);
+      cuda::DeviceBuffer px(cuda::w4a16_gemv_scratch_bytes(tc.K));
       kern->prepare(w, dx.get(), cuda::Act::F32, px.get(), px.bytes(), nullptr, false);
-      cuda::DeviceBuffer y0(static_cast<size_t>(tc.N) * 4);
-      kern->gemv_prepared(w, px.get(), px.bytes(), y0.get(), nullptr, false, false, nullptr);
-      const std::vector<float> want_y = download_f32(y0, static_cast<size_t>(tc.N));
+      return px;
+    };
+    auto plain = [&](const cuda::DeviceLinear& w, const cuda::DeviceBuffer& px) {
+      cuda::DeviceBuffer y(static_cast<size_t>(tc.N) * 4);
+      kern->gemv_prepared(w, px.get(), px.bytes(), y.get(), nullptr, false, false, nullptr);
+      return download_f32(y, static_cast<size_t>(tc.N));
+    };
+    auto run = [&](const cuda::DeviceLinear& w, const std::vector<float>& x, bool negative) {
+      const cuda::DeviceBuffer px = prepared(w, x);
+      const std::vector<float> want_y = plain(w, px);
       cuda::DeviceBuffer keys(kSlots * 8), dlimit(4);
       cuda::GemvFusion f;
       f.argmax_keys = static_cast<unsigned long long*>(keys.get());
@@ -1204,12 +1213,8 @@ TEST(Cuda, GemvArgmaxMatchesScalarScan) {
     for (auto& v : x) v = normal(rng);
     {
       const cuda::DeviceLinear w0 = kern->upload(fmt.spec->pack(q), tc.N, tc.K, tc.g);
-      const cuda::DeviceBuffer dx = upload_f32(x), px(cuda::w4a16_gemv_scratch_bytes(tc.K));
-      kern->prepare(w0, dx.get(), cuda::Act::F32, px.get(), px.bytes(), nullptr, false);
-      cuda::DeviceBuffer y0(static_cast<size_t>(tc.N) * 4);
-      kern->gemv_prepared(w0, px.get(), px.bytes(), y0.get(), nullptr, false, false, nullptr);
-      const std::vector<float> y = download_f32(y0, static_cast<size_t>(tc.N));
-      int64_t top = std::max_element(y.begin(), y.end()) - y.begin();
+      const std::vector<float> y = plain(w0, prepared(w0, x));
+      const int64_t top = std::max_element(y.begin(), y.end()) - y.begin();
       ASSERT_GT(top, 5);
       ASSERT_LT(top, tc.N - 1);
       const int64_t gpr = q.groups_per_row();

@@ -796,9 +796,8 @@ struct GpuModel::Impl {
       if (one && prep_head) {
         pdl_launch(add_rmsnorm_prep_kernel, 1, kNormThreads, 0, stream, x, tmp, D, f32p(final_norm), eps, sc.xq.get(),
                    prep_head);
-        const GemvFusion hf = with_argmax(GemvFusion{});
-        linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream, false,
-                         head_am ? &hf : nullptr);
+        const GemvFusion hf = with_argmax(GemvFusion{});  // none: the plain GEMV
+        linears_prepared(&head, 1, sc.xq, static_cast<float*>(sc.logits.get()), stream, false, &hf);
       } else {
         norm(static_cast<unsigned>(rows), x + r0 * D, tmp + r0 * D, f32p(final_norm), xn, f32_in(f32_head));
         linears_forward(&head, 1, xn, act(f32_in(f32_head)), rows, ldD, static_cast<float*>(sc.logits.get()),
@@ -818,7 +817,7 @@ struct GpuModel::Impl {
   // 8B shape: step span 1677.4 -> 1668.2 us, `nibble run` 598.7-598.8 ->
   // 601.2-601.4 tok/s (docs/CUDA.md "Session 69").
   bool head_argmax() const {
-    return prep_head != 0 && head.bias.bytes() == 0 && !chain_decode && head_argmax_state.bytes() > 0;
+    return prep_head != 0 && head.bias.bytes() == 0 && !chain_decode;
   }
 
   // Whether decode may run through GemvFusion (GpuOptions::fuse_decode): every
@@ -1155,7 +1154,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   NIBBLE_CUDA_CHECK(cudaMemset(m.argmax_state.get(), 0, m.argmax_state.bytes()));  // the ticket starts at 0
   m.head_argmax_state = DeviceBuffer(Impl::kHeadArgmaxLimit + 8);
   NIBBLE_CUDA_CHECK(cudaMemset(m.head_argmax_state.get(), 0, m.head_argmax_state.bytes()));  // no keys, limit 0
-  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_limit), 8));
+  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_limit), 4));
   NIBBLE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.greedy_host), Impl::kGreedySlots * 4,
                                   cudaHostAllocMapped));
   NIBBLE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.greedy_host_dev), m.greedy_host, 0));
@@ -1202,16 +1201,13 @@ int64_t GpuModel::Impl::greedy_run(int32_t token, int64_t limit, int64_t steps,
   // The head GEMV takes the argmax (head_argmax) while its limit is set: the
   // limit for this run, 0 again after it.
   const bool in_head = head_argmax() && steps > 0;
-  if (in_head) {
-    host_limit[0] = static_cast<int32_t>(limit);
-    host_limit[1] = 0;
-  }
-  auto copy_limit = [&](int slot) {  // host_limit[slot] in as the head's limit
-    return cudaMemcpyAsync(head_argmax_limit(), host_limit + slot, 4, cudaMemcpyHostToDevice, stream);
-  };
+  auto clear_limit = [&] { return cudaMemsetAsync(head_argmax_limit(), 0, 4, stream); };
   try {
     bool go = true;
-    if (in_head) NIBBLE_CUDA_CHECK(copy_limit(0));
+    if (in_head) {
+      *host_limit = static_cast<int32_t>(limit);
+      NIBBLE_CUDA_CHECK(cudaMemcpyAsync(head_argmax_limit(), host_limit, 4, cudaMemcpyHostToDevice, stream));
+    }
     while (go && done < steps) {
       for (; enqueued < steps && enqueued <= done + kGreedyLookahead; ++enqueued) {
         if (enqueued == 0) set_step_input(token, len0);
@@ -1226,12 +1222,12 @@ int64_t GpuModel::Impl::greedy_run(int32_t token, int64_t limit, int64_t steps,
       go = on_token(id);
     }
   } catch (...) {
-    if (in_head) copy_limit(1);
+    if (in_head) clear_limit();
     cudaStreamSynchronize(stream);
     len = len0 + done;
     throw;
   }
-  if (in_head) NIBBLE_CUDA_CHECK(copy_limit(1));
+  if (in_head) NIBBLE_CUDA_CHECK(clear_limit());
   NIBBLE_CUDA_CHECK(cudaStreamSynchronize(stream));  // the steps enqueued past a stop
   len = len0 + done;
   return done;

@@ -234,6 +234,11 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t row, i
   return (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(row));
 }
 
+// The argmax's limit for a call of N outputs.
+__device__ __forceinline__ int64_t argmax_limit(const FuseArgsArgmax& f, int N) {
+  return min(static_cast<int64_t>(__ldg(f.am_limit)), static_cast<int64_t>(N));
+}
+
 // One whole warp per block: the block's best key (each lane's `key`) into
 // its slot by a fire-and-forget atomic max (no ticket: a block's exit waits
 // for no round trip; on an H100 a ticket per block made the 8B head 8 us
@@ -262,7 +267,7 @@ __device__ __forceinline__ void gemv_item_out(const KernelFuseArgs<Argmax>& f, O
   const int64_t row0 = tile * kTileRows;
   if (nwarps == 1 && f.mode == kPlain) {
     if constexpr (Argmax) {
-      const int64_t limit = min(static_cast<int64_t>(__ldg(f.am_limit)), static_cast<int64_t>(N));
+      const int64_t limit = argmax_limit(f, N);
       if (limit > 0)
         block_argmax(f, tig == 0 ? max(argmax_key(out_lo * scale, row0 + gid, limit),
                                        argmax_key(out_hi * scale, row0 + gid + 8, limit))
@@ -287,7 +292,7 @@ __device__ __forceinline__ void gemv_item_out(const KernelFuseArgs<Argmax>& f, O
         for (int w = 0; w < nwarps; ++w) s += red[w * kTileRows + lane];
         s *= scale;
       }
-      const int64_t limit = min(static_cast<int64_t>(__ldg(f.am_limit)), static_cast<int64_t>(N));
+      const int64_t limit = argmax_limit(f, N);
       if (limit > 0) block_argmax(f, lane < kTileRows ? argmax_key(s, row0 + lane, limit) : 0ull);
       if (lane < kTileRows && row0 + lane < N) y[row0 + lane] = to_out<OutT>(s);
     } else if (threadIdx.x < kTileRows) {
@@ -788,9 +793,9 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   // argmax, whatever the grid (f32 outputs only).
   const bool argmax = fz != nullptr && fz->fuses_argmax();
   NIBBLE_CHECK(!argmax || (std::is_same_v<OutT, float> && !deep), "w4a16 gemv: the argmax needs f32 outputs, no deep ring");
-  auto argmax_kernel = w4a16_gemv_kernel<float, CPG, kStages, true, true>;
+  auto am_kernel = w4a16_gemv_kernel<float, CPG, kStages, true, true>;
   if (argmax) max_dynamic_smem_once<w4a16_gemv_kernel<float, CPG, kStages, true, true>>(device_smem_cap(110 << 10));
-  const void* config_kernel = argmax ? reinterpret_cast<const void*>(argmax_kernel) : reinterpret_cast<const void*>(kernel);
+  const void* config_kernel = argmax ? reinterpret_cast<const void*>(am_kernel) : reinterpret_cast<const void*>(kernel);
   // Warps per tile: at most 16 (8 where a block takes two tiles) and at most
   // one per group; as many as keep the whole grid resident at once
   // (one_wave_warps), else ~32 resident per SM over the grid.
@@ -820,7 +825,7 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const auto* meta = static_cast<const uint2*>(w.b.get());
   if constexpr (std::is_same_v<OutT, float>)
     if (argmax) {
-      NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, argmax_kernel, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
+      NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, am_kernel, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
                                            static_cast<int>(chunks), static_cast<int>(groups),
                                            static_cast<int>(groups_padded), static_cast<int>(warps),
                                            fuse_args_argmax(w, *fz), early));
