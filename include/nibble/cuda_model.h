@@ -21,6 +21,7 @@
 #include "nibble/act_quant.h"
 #include "nibble/dtype.h"
 #include "nibble/model_config.h"
+#include "nibble/sampler.h"
 #include "nibble/source.h"
 #include "nibble/tensor.h"
 
@@ -104,6 +105,11 @@ int64_t kv_shared_crossover(DType kv_dtype);
 // checks the kernel's feed of the next step ({id, position + 1}, the host slot) and its ticket's reset.
 // Synchronous; for tests.
 int32_t device_argmax(const float* logits, int64_t n);
+// Sampled decode's draw (nibble/sampler.h, temperature > 0) over `n` floats
+// of device memory, by the kernels each decode_sample_run step ends with:
+// sample_logits(logits, n, c, draw) bit for bit. Also checks their feed of
+// the next step and that the key slots are left zero. Synchronous; for tests.
+int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, uint64_t draw);
 
 class GpuModel {
  public:
@@ -132,6 +138,13 @@ class GpuModel {
   // same ids as decode_greedy called in a loop.
   int64_t decode_greedy_run(int32_t token, int64_t vocab_limit, int64_t max_steps,
                             const std::function<bool(int32_t)>& on_token);
+
+  // decode_greedy_run with each id drawn instead (nibble/sampler.h's draw at
+  // temperature > 0, on the device: the same id as sample_logits over the
+  // step's logits), draw numbers first_draw, first_draw + 1, ... (a
+  // Sampler's draws()), so a run continues the host's sequence.
+  int64_t decode_sample_run(int32_t token, int64_t vocab_limit, int64_t max_steps, const SamplerConfig& s,
+                            uint64_t first_draw, const std::function<bool(int32_t)>& on_token);
 
   bool decode_graph() const;  // decode replays a captured graph
   bool decode_fused() const;    // decode runs through GemvFusion (GpuOptions::fuse_decode)

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "nibble/cuda_model.h"
 #include "nibble/error.h"
 #include "nibble/model.h"
+#include "nibble/sampler.h"
 #include "nibble/source.h"
 #include "nibble/synth.h"
 #include "nibble/tasks.h"
@@ -550,6 +552,116 @@ TEST(Cuda, DeviceArgmaxMatchesScalarScan) {
     check(pinf, "+inf twice");
   }
   EXPECT_EQ(cases, 257);  // every length and case above ran
+}
+
+// Sampled decode's draw on the device (cuda::device_sample: sample_select_kernel, sample_keys_kernel and
+// the feed) against the CPU's sample_logits on the same logits, bit for bit: temperature alone, top-k and
+// top-p (alone and together, cutting inside runs of equal values, so that the boundary value's ids are
+// kept in part), NaN, infinities, a vocabulary of 128256 and small ones.
+TEST(Cuda, DeviceSampleMatchesTheCpu) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<SamplerConfig> configs = {
+      {.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 1},
+      {.temperature = 1.0f, .top_k = 40, .top_p = 1.0f, .seed = 2},
+      {.temperature = 0.7f, .top_k = 0, .top_p = 0.95f, .seed = 3},
+      {.temperature = 1.2f, .top_k = 50, .top_p = 0.5f, .seed = 4},
+      {.temperature = 30.0f, .top_k = 0, .top_p = 0.9f, .seed = 5},
+      {.temperature = 0.05f, .top_k = 0, .top_p = 1e-6f, .seed = 6},
+      {.temperature = 1.0f, .top_k = 5000, .top_p = 1.0f, .seed = 7},
+      {.temperature = 2.0f, .top_k = 1, .top_p = 1.0f, .seed = 8},
+  };
+  int cases = 0, moved = 0;
+  auto check = [&](const std::vector<float>& v, const std::string& what, int draws) {
+    const cuda::DeviceBuffer d = cuda::upload(v.data(), v.size() * sizeof(float));
+    const auto n = static_cast<int64_t>(v.size());
+    for (const SamplerConfig& c : configs) {
+      int32_t first = -1;
+      for (int draw = 0; draw < draws; ++draw) {
+        const uint64_t number = 1000003ull * static_cast<uint64_t>(draw);
+        const int32_t want = sample_logits(v.data(), n, c, number);
+        ASSERT_EQ(cuda::device_sample(static_cast<const float*>(d.get()), n, c, number), want)
+            << what << " n " << n << " T " << c.temperature << " k " << c.top_k << " p " << c.top_p << " draw "
+            << number;
+        moved += draw > 0 && want != first;
+        if (draw == 0) first = want;
+        ++cases;
+      }
+    }
+  };
+  for (int64_t n : {1, 3, 64, 1000, 32000, 128256}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(rng);
+    check(v, "random", n >= 32000 ? 6 : 12);
+    // Runs of equal values (logits rounded to 1/4): top-k and top-p cut inside them.
+    std::vector<float> t = v;
+    for (float& x : t) x = std::round(4.0f * x) / 4.0f;
+    check(t, "ties", 6);
+    // NaN, -0 and +0, infinities.
+    std::vector<float> q = t;
+    for (size_t i = 0; i < q.size(); i += 5) q[i] = nan;
+    if (n > 8) q[1] = -0.0f, q[2] = 0.0f, q[3] = -inf, q[7] = -inf;
+    check(q, "NaN and infinities", 4);
+    if (n > 8) {
+      q[6] = inf;
+      check(q, "+inf", 2);
+    }
+  }
+  // Every logit equal (all of the vocabulary one run), and every logit NaN (id 0).
+  check(std::vector<float>(4099, 1.5f), "all equal", 4);
+  check(std::vector<float>(513, nan), "all NaN", 2);
+  EXPECT_GT(moved, cases / 4);  // the draws move
+  std::printf("[device sample] %d draws equal to the CPU's (%d unlike the config's first)\n", cases, moved);
+}
+
+// decode_sample_run (sampled steps fed on the device) against forward()'s logits on a second copy of
+// the model drawn by the CPU's Sampler: the same ids, from draw number 5 on; a stop after k ids leaves
+// size() at +k, and a second run from there continues both the cache and the draw numbers. Graph and
+// eager; top-k / top-p on the int4 model.
+void check_sample_run(const std::filesystem::path& dir, int32_t vocab, bool graph, const SamplerConfig& c) {
+  auto src = CheckpointDir::open(dir);
+  cuda::GpuOptions o;
+  o.decode_graph = graph;
+  auto a = cuda::GpuModel::load(*src, 96, o), b = cuda::GpuModel::load(*src, 96, o);
+  const int64_t V = a->config().vocab_size;
+  const std::vector<int32_t> prompt = some_ids(8, vocab);
+  Sampler cpu(c);
+  cpu.advance(5);
+  int32_t tok = argmax(a->forward(prompt, false));
+  b->forward(prompt, false);
+  std::vector<int32_t> want;
+  for (int i = 0, t = tok; i < 40; ++i) {
+    const Tensor l = a->forward({t}, false);
+    want.push_back(t = cpu.sample(l.data<float>(), V));
+  }
+  std::vector<int32_t> got;
+  EXPECT_EQ(b->decode_sample_run(tok, V, 30, c, 5, [&](int32_t id) {
+    got.push_back(id);
+    return got.size() < 7;
+  }), 7);
+  EXPECT_EQ(b->size(), static_cast<int64_t>(prompt.size()) + 7);
+  EXPECT_EQ(b->decode_sample_run(got.back(), V, 33, c, 5 + 7, [&](int32_t id) {
+    got.push_back(id);
+    return true;
+  }), 33);
+  EXPECT_EQ(got, want) << dir << (graph ? " graph" : " eager") << " T " << c.temperature << " k " << c.top_k
+                       << " p " << c.top_p;
+  EXPECT_GT(std::set<int32_t>(got.begin(), got.end()).size(), 3u);  // not stuck on one id
+  EXPECT_THROW(b->decode_sample_run(tok, V, 1, SamplerConfig{}, 0, [](int32_t) { return true; }), Error);
+  EXPECT_THROW(b->decode_sample_run(tok, V + 1, 1, c, 0, [](int32_t) { return true; }), Error);
+}
+
+TEST(Cuda, DecodeSampleRunMatchesTheCpuSampler) {
+  SKIP_WITHOUT_DEVICE();
+  const SamplerConfig hot{.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 11};
+  for (bool graph : {true, false}) check_sample_run(test::model_dir("stories260K"), 512, graph, hot);
+  const auto dir = test::model_dir("qwen3-26M-linux");
+  test::TempDir tmp("nibble-gpu-sample-run");
+  quantize_model(dir, tmp.path() / "rtn", QuantizeOptions{});
+  for (bool graph : {true, false}) check_sample_run(tmp.path() / "rtn", 2000, graph, hot);
+  check_sample_run(tmp.path() / "rtn", 2000, true, {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 12});
 }
 
 }  // namespace

@@ -80,17 +80,24 @@ class Runner {
 #endif
     return cpu_->forward(ids, *cache_, false);
   }
-  // Greedy decode on the GPU: up to `steps` steps from `token`, each taking
-  // the argmax over ids below `limit` on the device and feeding it to the
-  // next step there (no logits copied back, no host round trip per token);
-  // `emit` sees each id and returns false to stop.
-  bool device_greedy() const { return cuda_; }
-  void greedy_run(int32_t token, int64_t limit, int64_t steps, const std::function<bool(int32_t)>& emit) {
-    NIBBLE_CHECK(cuda_, "greedy_run: the device-side greedy loop is the GPU's");
+  // Decode on the GPU: up to `steps` steps from `token`, each choosing an id
+  // below `limit` on the device (the argmax at temperature 0, else the
+  // sampler's draw, continuing its draw numbers) and feeding it to the next
+  // step there (no logits copied back, no host round trip per token); `emit`
+  // sees each id and returns false to stop.
+  bool device_decode() const { return cuda_; }
+  void device_run(int32_t token, int64_t limit, int64_t steps, Sampler& sampler,
+                  const std::function<bool(int32_t)>& emit) {
+    NIBBLE_CHECK(cuda_, "device_run: the device-side decode loop is the GPU's");
 #ifdef NIBBLE_HAVE_CUDA
-    gpu_->decode_greedy_run(token, limit, steps, emit);
+    if (sampler.config().temperature == 0.0f) {
+      gpu_->decode_greedy_run(token, limit, steps, emit);
+    } else {
+      sampler.advance(static_cast<uint64_t>(
+          gpu_->decode_sample_run(token, limit, steps, sampler.config(), sampler.draws(), emit)));
+    }
 #else
-    (void)token, (void)limit, (void)steps, (void)emit;
+    (void)token, (void)limit, (void)steps, (void)sampler, (void)emit;
 #endif
   }
   // For the GPU: what nibble's buffers hold on the device (the model as
@@ -218,9 +225,9 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     const int64_t samplable = std::min<int64_t>(c.vocab_size, m.tok().vocab_size());
     const auto t1 = Clock::now();
     int generated = 0;
-    // Greedy on the GPU: the argmax is taken on the device (no logits row
-    // copied back per token); the first token comes from the prefill's logits.
-    const bool device_greedy = o->sampler.temperature == 0.0f && m.device_greedy();
+    // On the GPU each id is chosen on the device (no logits row copied back
+    // per token); the first token comes from the prefill's logits.
+    const bool on_device = m.device_decode();
     auto emit = [&](int32_t id) {
       if (!o->ignore_eos && std::find(stop.begin(), stop.end(), id) != stop.end()) return false;
       ++generated;
@@ -231,8 +238,8 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     if (o->n > 0) {
       int32_t next = sampler.sample(logits.data<float>(), samplable);
       if (emit(next)) {
-        if (device_greedy) {
-          m.greedy_run(next, samplable, o->n - 1, emit);
+        if (on_device) {
+          m.device_run(next, samplable, o->n - 1, sampler, emit);
         } else {
           for (int i = 1; i < o->n; ++i) {
             logits = m.last_logits({next});

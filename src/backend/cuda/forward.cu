@@ -38,6 +38,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/dequant_int4.h"
 #include "backend/cuda/forward_kernels.cuh"
+#include "backend/cuda/sample_kernels.cuh"
 #include "backend/cuda/w4a16_gemv.h"
 #include "nibble/arch.h"
 #include "nibble/cuda.h"
@@ -45,6 +46,7 @@
 #include "nibble/cuda_model.h"
 #include "nibble/dtype.h"
 #include "nibble/model.h"
+#include "nibble/sampler.h"
 
 namespace nibble::cuda {
 namespace {
@@ -80,6 +82,44 @@ ArgmaxFeed argmax_feed(void* state, int32_t* step, int32_t* host, int host_slots
   f.host = host;
   f.host_slots = host_slots;
   return f;
+}
+
+// The state of sampled decode's kernels: the key slots (zero between
+// draws), the least key kept, the limit (i32).
+constexpr size_t kSampleStateBytes = GemvFusion::kArgmaxKeys * 8 + 16;
+
+// One draw over logits[0 .. limit-1] (sample_kernels.cuh) at the position in
+// step[1], fed to step (id, position + 1) and host[position % host_slots].
+// `state`: kSampleStateBytes, its limit word holding `limit`.
+void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a, void* state, int32_t* step,
+                         int32_t* host, int host_slots, cudaStream_t s) {
+  auto* keys = static_cast<unsigned long long*>(state);
+  auto* lowest = keys + GemvFusion::kArgmaxKeys;
+  const auto* limit_word = reinterpret_cast<const int32_t*>(lowest + 1);
+  const bool select = a.top_k > 0 || a.top_p < 1.0f;
+  if (select) {
+    static std::once_flag smem_once;  // outside any graph capture: sampled steps are launched one by one
+    std::call_once(smem_once, [] {
+      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kSelectSmem)));
+    });
+    pdl_launch(sample_select_kernel, 1, kSelectThreads, kSelectSmem, s, logits, limit, a, lowest);
+  }
+  pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a,
+             static_cast<const int32_t*>(step), static_cast<const unsigned long long*>(select ? lowest : nullptr), keys);
+  pdl_launch(argmax_keys_kernel, 1, 32, 0, s, keys, limit_word, step, host, host_slots);
+}
+
+SampleArgs sample_args(const SamplerConfig& c, uint64_t first_draw, int64_t first_position) {
+  check_sampler_config(c);
+  NIBBLE_CHECK(c.temperature > 0, "sampled decode: temperature {} (0 is greedy decode)", c.temperature);
+  SampleArgs a;
+  a.temperature = c.temperature;
+  a.top_k = c.top_k;
+  a.top_p = c.top_p;
+  a.seed = c.seed;
+  a.draw_base = first_draw - static_cast<uint64_t>(first_position);
+  return a;
 }
 
 // One matrix of an f32 linear (GpuOptions::f32_linears), held as stored and
@@ -533,6 +573,8 @@ struct GpuModel::Impl {
     return reinterpret_cast<int32_t*>(static_cast<unsigned char*>(head_argmax_state.get()) + kHeadArgmaxLimit);
   }
   int32_t* host_limit = nullptr;  // pinned: the limit greedy_run copies in
+  // Sampled decode (enqueue_sample_draw): kSampleStateBytes.
+  DeviceBuffer sample_state;
   int32_t* greedy_host = nullptr;
   int32_t* greedy_host_dev = nullptr;
   cudaEvent_t greedy_done[kGreedySlots] = {};
@@ -867,7 +909,16 @@ struct GpuModel::Impl {
     pdl_launch(argmax_kernel, kArgmaxBlocks, kArgmaxThreads, 0, stream, static_cast<const float*>(dec.logits.get()),
                limit, f);
   }
-  int64_t greedy_run(int32_t token, int64_t limit, int64_t steps, const std::function<bool(int32_t)>& on_token);
+  // After a step: its sampled id among 0 .. limit-1 (sample_kernels.cuh) fed
+  // as enqueue_argmax feeds the greedy one; sample_state's limit word must
+  // hold limit.
+  void enqueue_sample(int64_t limit, const SampleArgs& a) {
+    enqueue_sample_draw(static_cast<const float*>(dec.logits.get()), limit, a, sample_state.get(),
+                        static_cast<int32_t*>(dec.tokens.get()), greedy_host_dev, kGreedySlots, stream);
+  }
+  // Greedy (sample null) or sampled steps back to back (greedy_run below).
+  int64_t greedy_run(int32_t token, int64_t limit, int64_t steps, const std::function<bool(int32_t)>& on_token,
+                     const SampleArgs* sample = nullptr);
   // The decode step over `dec`: token and position from dec.tokens[0], [1].
   void enqueue_decode() {
     enqueue(dec, 1, 0, static_cast<const int32_t*>(dec.tokens.get()) + 1, false, max_tokens);
@@ -944,6 +995,27 @@ int32_t device_argmax(const float* logits, int64_t n) {
   NIBBLE_CUDA_CHECK(cudaMemcpy(&ticket, f.ticket, sizeof ticket, cudaMemcpyDeviceToHost));
   NIBBLE_CHECK(out[0] == out[2] && out[1] == 1 && ticket == 0,
                "device_argmax: the step feed ({}, {}), slot {} and ticket {} disagree", out[0], out[1], out[2], ticket);
+  return out[0];
+}
+
+int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, uint64_t draw) {
+  NIBBLE_CHECK(n > 0 && n <= std::numeric_limits<int32_t>::max(), "device_sample: {} values", n);
+  const SampleArgs a = sample_args(c, draw, 0);
+  DeviceBuffer state(kSampleStateBytes + 16);  // the kernels' state, then {token, position} and one slot
+  NIBBLE_CUDA_CHECK(cudaMemset(state.get(), 0, state.bytes()));
+  auto* bytes = static_cast<unsigned char*>(state.get());
+  const auto limit = static_cast<int32_t>(n);
+  NIBBLE_CUDA_CHECK(cudaMemcpy(bytes + kSampleStateBytes - 8, &limit, 4, cudaMemcpyHostToDevice));
+  auto* step = reinterpret_cast<int32_t*>(bytes + kSampleStateBytes);
+  enqueue_sample_draw(logits, n, a, state.get(), step, step + 2, 1, nullptr);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+  int32_t out[3] = {};
+  NIBBLE_CUDA_CHECK(cudaMemcpy(out, step, sizeof out, cudaMemcpyDeviceToHost));
+  unsigned long long keys[GemvFusion::kArgmaxKeys];
+  NIBBLE_CUDA_CHECK(cudaMemcpy(keys, state.get(), sizeof keys, cudaMemcpyDeviceToHost));
+  NIBBLE_CHECK(out[0] == out[2] && out[1] == 1 && std::all_of(keys, keys + GemvFusion::kArgmaxKeys,
+                                                              [](unsigned long long k) { return k == 0; }),
+               "device_sample: the step feed ({}, {}), slot {} or the key slots disagree", out[0], out[1], out[2]);
   return out[0];
 }
 
@@ -1153,6 +1225,8 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.argmax_state = DeviceBuffer(kArgmaxStateBytes);
   NIBBLE_CUDA_CHECK(cudaMemset(m.argmax_state.get(), 0, m.argmax_state.bytes()));  // the ticket starts at 0
   m.head_argmax_state = DeviceBuffer(Impl::kHeadArgmaxLimit + 8);
+  m.sample_state = DeviceBuffer(kSampleStateBytes);
+  NIBBLE_CUDA_CHECK(cudaMemset(m.sample_state.get(), 0, m.sample_state.bytes()));  // no keys
   NIBBLE_CUDA_CHECK(cudaMemset(m.head_argmax_state.get(), 0, m.head_argmax_state.bytes()));  // no keys, limit 0
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_limit), 4));
   NIBBLE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.greedy_host), Impl::kGreedySlots * 4,
@@ -1188,31 +1262,39 @@ void GpuModel::Impl::enqueue_step(int32_t token) {
 // kGreedyLookahead steps behind the device, reading each id
 // from its mapped slot once the step's event has completed. Steps enqueued
 // past a stop write cache rows beyond the new length, which later steps
-// overwrite before reading.
+// overwrite before reading. With `sample`, each step's id is a draw
+// (enqueue_sample) instead, fed the same way.
 int64_t GpuModel::Impl::greedy_run(int32_t token, int64_t limit, int64_t steps,
-                                   const std::function<bool(int32_t)>& on_token) {
+                                   const std::function<bool(int32_t)>& on_token, const SampleArgs* sample) {
+  const char* what = sample != nullptr ? "sampled decode" : "greedy decode";
   check_tokens({token});
-  NIBBLE_CHECK(limit > 0 && limit <= c.vocab_size, "greedy decode: vocab_limit {} outside 1 .. {}", limit,
-               c.vocab_size);
-  NIBBLE_CHECK(steps >= 0 && len + steps <= max_tokens, "greedy decode: {} + {} steps exceed the cache of {} positions",
+  NIBBLE_CHECK(limit > 0 && limit <= c.vocab_size, "{}: vocab_limit {} outside 1 .. {}", what, limit, c.vocab_size);
+  NIBBLE_CHECK(steps >= 0 && len + steps <= max_tokens, "{}: {} + {} steps exceed the cache of {} positions", what,
                len, steps, max_tokens);
   const int64_t len0 = len;
   int64_t enqueued = 0, done = 0;
   // The head GEMV takes the argmax (head_argmax) while its limit is set: the
   // limit for this run, 0 again after it.
-  const bool in_head = head_argmax() && steps > 0;
+  const bool in_head = sample == nullptr && head_argmax() && steps > 0;
   auto clear_limit = [&] { return cudaMemsetAsync(head_argmax_limit(), 0, 4, stream); };
   try {
     bool go = true;
-    if (in_head) {
+    if (in_head || sample != nullptr) {
       *host_limit = static_cast<int32_t>(limit);
-      NIBBLE_CUDA_CHECK(cudaMemcpyAsync(head_argmax_limit(), host_limit, 4, cudaMemcpyHostToDevice, stream));
+      int32_t* word = sample != nullptr
+                          ? reinterpret_cast<int32_t*>(static_cast<unsigned char*>(sample_state.get()) +
+                                                       kSampleStateBytes - 8)
+                          : head_argmax_limit();
+      NIBBLE_CUDA_CHECK(cudaMemcpyAsync(word, host_limit, 4, cudaMemcpyHostToDevice, stream));
     }
     while (go && done < steps) {
       for (; enqueued < steps && enqueued <= done + kGreedyLookahead; ++enqueued) {
         if (enqueued == 0) set_step_input(token, len0);
         launch_step(len0 + enqueued);
-        if (!in_head) enqueue_argmax(limit);
+        if (sample != nullptr)
+          enqueue_sample(limit, *sample);
+        else if (!in_head)
+          enqueue_argmax(limit);
         NIBBLE_CUDA_CHECK(cudaEventRecord(greedy_done[(len0 + enqueued) % kGreedySlots], stream));
       }
       const int64_t slot = (len0 + done) % kGreedySlots;
@@ -1245,6 +1327,12 @@ int32_t GpuModel::decode_greedy(int32_t token, int64_t vocab_limit) {
 int64_t GpuModel::decode_greedy_run(int32_t token, int64_t vocab_limit, int64_t max_steps,
                                     const std::function<bool(int32_t)>& on_token) {
   return impl_->greedy_run(token, vocab_limit, max_steps, on_token);
+}
+
+int64_t GpuModel::decode_sample_run(int32_t token, int64_t vocab_limit, int64_t max_steps, const SamplerConfig& s,
+                                    uint64_t first_draw, const std::function<bool(int32_t)>& on_token) {
+  const SampleArgs a = sample_args(s, first_draw, impl_->len);
+  return impl_->greedy_run(token, vocab_limit, max_steps, on_token, &a);
 }
 
 Tensor GpuModel::forward(const std::vector<int32_t>& tokens, bool all_logits) {
