@@ -591,7 +591,8 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
       }
     }
   };
-  for (int64_t n : {1, 3, 64, 1000, 32000, 128256}) {
+  // 151936 (Qwen2's vocabulary): a cluster of 10 blocks, past the portable 8.
+  for (int64_t n : {1, 3, 64, 1000, 16385, 32000, 128256, 151936}) {
     std::vector<float> v(static_cast<size_t>(n));
     for (float& x : v) x = nd(rng);
     check(v, "random", n >= 32000 ? 6 : 12);
@@ -612,6 +613,15 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
   // Every logit equal (all of the vocabulary one run), and every logit NaN (id 0).
   check(std::vector<float>(4099, 1.5f), "all equal", 4);
   check(std::vector<float>(513, nan), "all NaN", 2);
+  // top-k / top-p take up to 16 blocks of 16384 logits; temperature alone any number.
+  {
+    const std::vector<float> big(262145, 0.5f);
+    const cuda::DeviceBuffer d = cuda::upload(big.data(), big.size() * sizeof(float));
+    const auto* p = static_cast<const float*>(d.get());
+    EXPECT_THROW(cuda::device_sample(p, 262145, {.temperature = 1.0f, .top_k = 40}, 0), Error);
+    EXPECT_NO_THROW(cuda::device_sample(p, 262144, {.temperature = 1.0f, .top_k = 40}, 0));
+    EXPECT_EQ(cuda::device_sample(p, 262145, {.temperature = 1.0f}, 3), sample_logits(big.data(), 262145, {.temperature = 1.0f}, 3));
+  }
   EXPECT_GT(moved, cases / 4);  // the draws move
   std::printf("[device sample] %d draws equal to the CPU's (%d unlike the config's first)\n", cases, moved);
 }

@@ -98,12 +98,24 @@ void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a
   const auto* limit_word = reinterpret_cast<const int32_t*>(lowest + 1);
   const bool select = a.top_k > 0 || a.top_p < 1.0f;
   if (select) {
-    static std::once_flag smem_once;  // outside any graph capture: sampled steps are launched one by one
-    std::call_once(smem_once, [] {
+    NIBBLE_CHECK(limit <= kSelectMaxLogits, "sampled decode: --top-k / --top-p on the GPU take up to {} logits, not {}",
+                 kSelectMaxLogits, limit);
+    static std::once_flag attr_once;  // outside any graph capture: sampled steps are launched one by one
+    std::call_once(attr_once, [] {
       NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(kSelectSmem)));
+      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     });
-    pdl_launch(sample_select_kernel, 1, kSelectThreads, kSelectSmem, s, logits, limit, a, lowest);
+    const int ranks = select_ranks(limit);
+    cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), w4a16::cluster_attribute(static_cast<unsigned>(ranks))};
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(ranks));
+    cfg.blockDim = dim3(kSelectThreads);
+    cfg.dynamicSmemBytes = kSelectSmem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 2;
+    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_select_kernel, logits, limit, a, lowest));
   }
   pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a,
              static_cast<const int32_t*>(step), static_cast<const unsigned long long*>(select ? lowest : nullptr), keys);

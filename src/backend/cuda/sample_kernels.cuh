@@ -57,15 +57,29 @@ __global__ void __launch_bounds__(kSampleKeysThreads)
 }
 
 constexpr int kSelectThreads = 1024, kSelectWarps = kSelectThreads / 32, kSelectBins = 256;
-// Per-warp histograms of one 8-bit digit: masses (u64), then counts (u32).
-constexpr size_t kSelectSmem = size_t{kSelectWarps} * kSelectBins * (8 + 4);
+// Each block of the cluster holds the value halves of the keys of its slice
+// of kSelectSlice logits in shared memory; clusters of up to 16 blocks:
+// vocabularies up to kSelectMaxLogits.
+constexpr int kSelectSlice = 16384, kSelectMaxRanks = 16;
+constexpr int64_t kSelectMaxLogits = int64_t{kSelectSlice} * kSelectMaxRanks;
+// Per-warp histograms of one 8-bit digit (masses u64, counts u32), then the slice.
+constexpr size_t kSelectSmem = size_t{kSelectWarps} * kSelectBins * (8 + 4) + size_t{kSelectSlice} * 4;
+inline int select_ranks(int64_t n) { return static_cast<int>((n + kSelectSlice - 1) / kSelectSlice); }
 
 struct SelectShared {
-  uint32_t tot_c[kSelectBins];
-  uint64_t tot_m[kSelectBins];
+  // This block's histogram totals, double-buffered by pass parity (the other
+  // ranks read them between two cluster barriers).
+  uint32_t tot_c[2][kSelectBins];
+  uint64_t tot_m[2][kSelectBins];
+  // The cluster's totals of the current pass.
+  uint32_t all_c[kSelectBins];
+  uint64_t all_m[kSelectBins];
   uint64_t red[kSelectWarps];
+  uint64_t part[2][3];  // this block's largest value half, candidates, boundary-id count; [parity]
+  uint64_t found[2];    // the boundary key where this block holds it, else 0; [parity]
   uint32_t digit;
-  uint64_t above_c, above_m, bin_c, r, result;
+  uint64_t above_c, above_m, bin_c, r;
+  int pass;  // passes so far (parity of tot_*, part, found)
 };
 
 __device__ inline uint64_t select_block_max(uint64_t v, SelectShared& sh) {
@@ -102,36 +116,50 @@ __device__ inline uint64_t select_block_exclusive(uint64_t v, SelectShared& sh) 
   return before + inc - v;
 }
 
+// The select kernel's view of its cluster: the block's slice [base, base +
+// cnt) of the logits as value halves (0: NaN) in `vals`.
+struct SelectSlice {
+  const uint32_t* vals;
+  int64_t base;
+  int cnt;
+  unsigned rank, ranks;
+  // The key of the slice's j-th value half (hi != 0).
+  __device__ uint64_t key(uint32_t hi, int j) const {
+    return (static_cast<uint64_t>(hi) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(base + j));
+  }
+};
+
 // The least key the kept set holds, for the kept ids among those with key
 // >= `lower`: count mode (Mass false) the `need` largest; mass mode the
 // shortest prefix in descending key order whose mass (against lmax at t)
-// reaches top_p of theirs. Four passes of an 8-bit digit over the value half
-// of the keys, then, where the boundary value's ids are kept only in part, one
-// pass for the boundary id. Every thread of the block calls it.
+// reaches top_p of theirs. Four passes of an 8-bit digit over the value
+// halves (each block's histogram, summed over the cluster), then, where the
+// boundary value's ids are kept only in part, one pass for the boundary id.
+// Every thread of every block of the cluster calls it and gets the same key.
 template <bool Mass>
-__device__ uint64_t select_lowest(const float* __restrict__ l, int64_t n, uint64_t lower, float lmax, float t,
-                                  uint64_t need, float top_p, uint64_t* hm, uint32_t* hc, SelectShared& sh) {
+__device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float lmax, float t, uint64_t need,
+                                  float top_p, uint64_t* hm, uint32_t* hc, SelectShared& sh) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   uint32_t prefix = 0, pmask = 0;
   uint64_t above_c = 0, above_m = 0;
   double target = 0;  // mass mode, warp 0
   for (int shift = 24; shift >= 0; shift -= 8) {
+    const int par = sh.pass & 1;
     for (int b = lane; b < kSelectBins; b += 32) {
       hc[warp * kSelectBins + b] = 0;
       if constexpr (Mass) hm[warp * kSelectBins + b] = 0;
     }
     __syncwarp();
-    for (int64_t i = tid; i < n; i += kSelectThreads) {
-      const float v = l[i];
-      const uint64_t k = sampling::key(v, i);
-      if (k == 0 || k < lower) continue;
-      const auto hi = static_cast<uint32_t>(k >> 32);
-      if ((hi & pmask) != prefix) continue;
+    for (int j = tid; j < sl.cnt; j += kSelectThreads) {
+      const uint32_t hi = sl.vals[j];
+      if (hi == 0 || (hi & pmask) != prefix || sl.key(hi, j) < lower) continue;
       const uint32_t d = (hi >> shift) & 255u;
       atomicAdd(hc + warp * kSelectBins + d, 1u);
       if constexpr (Mass)
         atomicAdd(reinterpret_cast<unsigned long long*>(hm + warp * kSelectBins + d),
-                  static_cast<unsigned long long>(sampling::mass(v, lmax, t)));
+                  static_cast<unsigned long long>(sampling::mass(sampling::key_value(hi), lmax, t)));
     }
     __syncthreads();
     if (tid < kSelectBins) {
@@ -141,16 +169,29 @@ __device__ uint64_t select_lowest(const float* __restrict__ l, int64_t n, uint64
         c += hc[w * kSelectBins + tid];
         if constexpr (Mass) m += hm[w * kSelectBins + tid];
       }
-      sh.tot_c[tid] = c;
-      sh.tot_m[tid] = m;
+      sh.tot_c[par][tid] = c;
+      sh.tot_m[par][tid] = m;
+    }
+    cluster.sync();  // every rank's totals of this pass are written
+    if (tid < kSelectBins) {
+      uint32_t c = 0;
+      uint64_t m = 0;
+      for (unsigned q = 0; q < sl.ranks; ++q) {
+        const SelectShared* o = cluster.map_shared_rank(&sh, q);
+        c += o->tot_c[par][tid];
+        m += o->tot_m[par][tid];
+      }
+      sh.all_c[tid] = c;
+      sh.all_m[tid] = m;
     }
     __syncthreads();
+    if (tid == 0) ++sh.pass;
     if (warp == 0) {
       // Lane j holds bins 255 - 8j down to 248 - 8j: descending keys.
       uint64_t lc = 0, lm = 0;
       for (int q = 0; q < 8; ++q) {
-        lc += sh.tot_c[255 - 8 * lane - q];
-        lm += sh.tot_m[255 - 8 * lane - q];
+        lc += sh.all_c[255 - 8 * lane - q];
+        lm += sh.all_m[255 - 8 * lane - q];
       }
       uint64_t ic = lc, im = lm;
       for (int o = 1; o < 32; o <<= 1) {
@@ -165,15 +206,15 @@ __device__ uint64_t select_lowest(const float* __restrict__ l, int64_t n, uint64
         uint64_t c = above_c + ic - lc, m = above_m + im - lm;
         for (int q = 0; q < 8; ++q) {
           const int b = 255 - 8 * lane - q;
-          if (reached(c + sh.tot_c[b], m + sh.tot_m[b])) {
+          if (reached(c + sh.all_c[b], m + sh.all_m[b])) {
             sh.digit = static_cast<uint32_t>(b);
             sh.above_c = c;
             sh.above_m = m;
-            sh.bin_c = sh.tot_c[b];
+            sh.bin_c = sh.all_c[b];
             break;
           }
-          c += sh.tot_c[b];
-          m += sh.tot_m[b];
+          c += sh.all_c[b];
+          m += sh.all_m[b];
         }
       }
     }
@@ -197,56 +238,90 @@ __device__ uint64_t select_lowest(const float* __restrict__ l, int64_t n, uint64
     sh.r = r;
   }
   __syncthreads();
-  const uint64_t r = sh.r, whole = max(lower, static_cast<uint64_t>(prefix) << 32);
-  if (r == sh.bin_c) return whole;  // all of them
-  // The r-th smallest id of the boundary value: contiguous ranges per thread.
-  const int64_t chunk = (n + kSelectThreads - 1) / kSelectThreads, lo = tid * chunk, hi = min(n, lo + chunk);
+  const uint64_t r = sh.r;
+  if (r == sh.bin_c) return max(lower, static_cast<uint64_t>(prefix) << 32);  // all of them
+  // The r-th smallest id of the boundary value: the slices lie in rank
+  // order, and each thread takes a contiguous range of its block's.
+  const int par = sh.pass & 1;
+  const int chunk = (sl.cnt + kSelectThreads - 1) / kSelectThreads, lo = tid * chunk, hi = min(sl.cnt, lo + chunk);
+  auto boundary = [&](int j) { return sl.vals[j] == prefix && sl.key(prefix, j) >= lower; };
   uint64_t cnt = 0;
-  for (int64_t i = lo; i < hi; ++i) {
-    const uint64_t k = sampling::key(l[i], i);
-    cnt += k >= lower && static_cast<uint32_t>(k >> 32) == prefix;
-  }
-  const uint64_t before = select_block_exclusive(cnt, sh);
+  for (int j = lo; j < hi; ++j) cnt += boundary(j);
+  const uint64_t before_thread = select_block_exclusive(cnt, sh);
+  if (tid == kSelectThreads - 1) sh.part[par][2] = before_thread + cnt;
+  if (tid == 0) sh.found[par] = 0;
+  cluster.sync();
+  uint64_t before_rank = 0;
+  for (unsigned q = 0; q < sl.rank; ++q) before_rank += cluster.map_shared_rank(&sh, q)->part[par][2];
+  const uint64_t before = before_rank + before_thread;
   if (before < r && r <= before + cnt) {
     uint64_t seen = before;
-    for (int64_t i = lo; i < hi; ++i) {
-      const uint64_t k = sampling::key(l[i], i);
-      if (k >= lower && static_cast<uint32_t>(k >> 32) == prefix && ++seen == r) {
-        sh.result = k;
+    for (int j = lo; j < hi; ++j)
+      if (boundary(j) && ++seen == r) {
+        sh.found[par] = sl.key(prefix, j);
         break;
       }
-    }
   }
+  cluster.sync();
+  uint64_t k = 0;
+  for (unsigned q = 0; q < sl.ranks; ++q) k = max(k, cluster.map_shared_rank(&sh, q)->found[par]);
+  if (tid == 0) ++sh.pass;
   __syncthreads();
-  return sh.result;
+  return k;
 }
 
 // The least key sampling keeps (top-k, then top-p over those) among logits
-// 0 .. n-1, into *lowest_out: 0 keeps every non-NaN logit. One block.
+// 0 .. n-1, into *lowest_out: 0 keeps every non-NaN logit. One cluster of
+// select_ranks(n) blocks (launched with that cluster dimension), block r
+// holding logits r·kSelectSlice onwards.
 __global__ void __launch_bounds__(kSelectThreads, 1)
     sample_select_kernel(const float* __restrict__ l, int64_t n, SampleArgs a, unsigned long long* lowest_out) {
+  namespace cg = cooperative_groups;
   extern __shared__ uint64_t select_smem[];
   __shared__ SelectShared sh;
+  const cg::cluster_group cluster = cg::this_cluster();
   uint64_t* hm = select_smem;
   auto* hc = reinterpret_cast<uint32_t*>(select_smem + kSelectWarps * kSelectBins);
+  uint32_t* vals = hc + kSelectWarps * kSelectBins;
+  SelectSlice sl;
+  sl.vals = vals;
+  sl.rank = cluster.block_rank();
+  sl.ranks = cluster.num_blocks();
+  sl.base = static_cast<int64_t>(sl.rank) * kSelectSlice;
+  const int64_t left = n - sl.base;
+  sl.cnt = left <= 0 ? 0 : static_cast<int>(left < kSelectSlice ? left : kSelectSlice);
+  if (threadIdx.x == 0) sh.pass = 0;
   pdl_prologue();
-  uint64_t kmax = 0, valid = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kSelectThreads) {
-    const uint64_t k = sampling::key(l[i], i);
-    kmax = max(kmax, k);
-    valid += k != 0;
+  uint64_t vmax = 0, valid = 0;
+  for (int j = threadIdx.x; j < sl.cnt; j += kSelectThreads) {
+    const auto hi = static_cast<uint32_t>(sampling::key(l[sl.base + j], sl.base + j) >> 32);  // 0: NaN
+    vals[j] = hi;
+    vmax = max(vmax, static_cast<uint64_t>(hi));
+    valid += hi != 0;
   }
-  kmax = select_block_max(kmax, sh);
+  vmax = select_block_max(vmax, sh);
   valid = select_block_sum(valid, sh);
+  if (threadIdx.x == 0) {
+    sh.part[0][0] = vmax;
+    sh.part[0][1] = valid;
+  }
+  cluster.sync();
+  for (unsigned q = 0; q < sl.ranks; ++q) {
+    const SelectShared* o = cluster.map_shared_rank(&sh, q);
+    if (q == 0) vmax = valid = 0;
+    vmax = max(vmax, o->part[0][0]);
+    valid += o->part[0][1];
+  }
   uint64_t lowest = 0;
   if (valid != 0) {
     if (a.top_k > 0 && static_cast<uint64_t>(a.top_k) < valid)
-      lowest = select_lowest<false>(l, n, 0, 0.0f, a.temperature, static_cast<uint64_t>(a.top_k), 1.0f, hm, hc, sh);
+      lowest = select_lowest<false>(sl, 0, 0.0f, a.temperature, static_cast<uint64_t>(a.top_k), 1.0f, hm, hc, sh);
     if (a.top_p < 1.0f)
-      lowest = max(lowest, select_lowest<true>(l, n, lowest, sampling::key_value(static_cast<uint32_t>(kmax >> 32)),
+      lowest = max(lowest, select_lowest<true>(sl, lowest, sampling::key_value(static_cast<uint32_t>(vmax)),
                                                a.temperature, 0, a.top_p, hm, hc, sh));
   }
-  if (threadIdx.x == 0) *lowest_out = lowest;
+  if (sl.rank == 0 && threadIdx.x == 0) *lowest_out = lowest;
+  cluster.sync();  // no block leaves while another may read its shared memory
 }
 
 }  // namespace
