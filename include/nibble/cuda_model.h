@@ -110,6 +110,10 @@ int32_t device_argmax(const float* logits, int64_t n);
 // sample_logits(logits, n, c, draw) bit for bit. Also checks their feed of
 // the next step and that the key slots are left zero. Synchronous; for tests.
 int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, uint64_t draw);
+// Whether the device draws `s` over `vocab_limit` ids (decode_sample_run, device_sample): temperature
+// > 0, and with top-k or top-p an sm_90 or later device (thread-block clusters) and at most 262144 ids.
+// Otherwise draw on the host from forward()'s logits (the same ids).
+bool samples_on_device(const SamplerConfig& s, int64_t vocab_limit);
 
 class GpuModel {
  public:

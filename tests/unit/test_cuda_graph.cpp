@@ -582,6 +582,10 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
       for (int draw = 0; draw < draws; ++draw) {
         const uint64_t number = 1000003ull * static_cast<uint64_t>(draw);
         const int32_t want = sample_logits(v.data(), n, c, number);
+        if (!cuda::samples_on_device(c, n)) {  // top-k / top-p before sm_90
+          EXPECT_THROW(cuda::device_sample(static_cast<const float*>(d.get()), n, c, number), Error);
+          break;
+        }
         ASSERT_EQ(cuda::device_sample(static_cast<const float*>(d.get()), n, c, number), want)
             << what << " n " << n << " T " << c.temperature << " k " << c.top_k << " p " << c.top_p << " draw "
             << number;
@@ -618,8 +622,13 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
     const std::vector<float> big(262145, 0.5f);
     const cuda::DeviceBuffer d = cuda::upload(big.data(), big.size() * sizeof(float));
     const auto* p = static_cast<const float*>(d.get());
+    EXPECT_FALSE(cuda::samples_on_device({.temperature = 1.0f, .top_k = 40}, 262145));
+    EXPECT_TRUE(cuda::samples_on_device({.temperature = 1.0f}, 262145));
+    EXPECT_FALSE(cuda::samples_on_device({}, 100));  // greedy is not a draw
     EXPECT_THROW(cuda::device_sample(p, 262145, {.temperature = 1.0f, .top_k = 40}, 0), Error);
-    EXPECT_NO_THROW(cuda::device_sample(p, 262144, {.temperature = 1.0f, .top_k = 40}, 0));
+    if (cuda::samples_on_device({.temperature = 1.0f, .top_k = 40}, 262144)) {
+      EXPECT_NO_THROW(cuda::device_sample(p, 262144, {.temperature = 1.0f, .top_k = 40}, 0));
+    }
     EXPECT_EQ(cuda::device_sample(p, 262145, {.temperature = 1.0f}, 3), sample_logits(big.data(), 262145, {.temperature = 1.0f}, 3));
   }
   EXPECT_GT(moved, cases / 4);  // the draws move
@@ -671,7 +680,8 @@ TEST(Cuda, DecodeSampleRunMatchesTheCpuSampler) {
   test::TempDir tmp("nibble-gpu-sample-run");
   quantize_model(dir, tmp.path() / "rtn", QuantizeOptions{});
   for (bool graph : {true, false}) check_sample_run(tmp.path() / "rtn", 2000, graph, hot);
-  check_sample_run(tmp.path() / "rtn", 2000, true, {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 12});
+  const SamplerConfig nucleus{.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 12};
+  if (cuda::samples_on_device(nucleus, 2000)) check_sample_run(tmp.path() / "rtn", 2000, true, nucleus);
 }
 
 }  // namespace

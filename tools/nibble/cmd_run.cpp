@@ -85,7 +85,13 @@ class Runner {
   // sampler's draw, continuing its draw numbers) and feeding it to the next
   // step there (no logits copied back, no host round trip per token); `emit`
   // sees each id and returns false to stop.
-  bool device_decode() const { return cuda_; }
+  bool device_decode(const Sampler& sampler, int64_t limit) const {
+#ifdef NIBBLE_HAVE_CUDA
+    if (cuda_) return sampler.config().temperature == 0.0f || cuda::samples_on_device(sampler.config(), limit);
+#endif
+    (void)sampler, (void)limit;
+    return false;
+  }
   void device_run(int32_t token, int64_t limit, int64_t steps, Sampler& sampler,
                   const std::function<bool(int32_t)>& emit) {
     NIBBLE_CHECK(cuda_, "device_run: the device-side decode loop is the GPU's");
@@ -227,8 +233,9 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     const auto t1 = Clock::now();
     int generated = 0;
     // On the GPU each id is chosen on the device (no logits row copied back
-    // per token); the first token comes from the prefill's logits.
-    const bool on_device = m.device_decode();
+    // per token; GpuModel::samples_on_device says where it cannot); the
+    // first token comes from the prefill's logits.
+    const bool on_device = m.device_decode(sampler, samplable);
     auto emit = [&](int32_t id) {
       if (!o->ignore_eos && std::find(stop.begin(), stop.end(), id) != stop.end()) return false;
       ++generated;

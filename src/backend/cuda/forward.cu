@@ -88,6 +88,16 @@ ArgmaxFeed argmax_feed(void* state, int32_t* step, int32_t* host, int host_slots
 // draws), the least key kept, the limit (i32).
 constexpr size_t kSampleStateBytes = GemvFusion::kArgmaxKeys * 8 + 16;
 
+// Whether sample_select_kernel runs here: thread-block clusters, sm_90 and later.
+bool sample_select_supported() {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }();
+  return sm90;
+}
+
 // One draw over logits[0 .. limit-1] (sample_kernels.cuh) at the position in
 // step[1], fed to step (id, position + 1) and host[position % host_slots].
 // `state`: kSampleStateBytes, its limit word holding `limit`.
@@ -98,8 +108,9 @@ void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a
   const auto* limit_word = reinterpret_cast<const int32_t*>(lowest + 1);
   const bool select = a.top_k > 0 || a.top_p < 1.0f;
   if (select) {
-    NIBBLE_CHECK(limit <= kSelectMaxLogits, "sampled decode: --top-k / --top-p on the GPU take up to {} logits, not {}",
-                 kSelectMaxLogits, limit);
+    NIBBLE_CHECK(sample_select_supported() && limit <= kSelectMaxLogits,
+                 "sampled decode: --top-k / --top-p on the GPU need an sm_90 or later device and at most {} logits "
+                 "({})", kSelectMaxLogits, limit);
     static std::once_flag attr_once;  // outside any graph capture: sampled steps are launched one by one
     std::call_once(attr_once, [] {
       NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1339,6 +1350,11 @@ int32_t GpuModel::decode_greedy(int32_t token, int64_t vocab_limit) {
 int64_t GpuModel::decode_greedy_run(int32_t token, int64_t vocab_limit, int64_t max_steps,
                                     const std::function<bool(int32_t)>& on_token) {
   return impl_->greedy_run(token, vocab_limit, max_steps, on_token);
+}
+
+bool samples_on_device(const SamplerConfig& s, int64_t vocab_limit) {
+  return s.temperature > 0 &&
+         ((s.top_k == 0 && s.top_p >= 1.0f) || (sample_select_supported() && vocab_limit <= kSelectMaxLogits));
 }
 
 int64_t GpuModel::decode_sample_run(int32_t token, int64_t vocab_limit, int64_t max_steps, const SamplerConfig& s,

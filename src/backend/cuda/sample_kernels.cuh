@@ -139,6 +139,7 @@ struct SelectSlice {
 template <bool Mass>
 __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float lmax, float t, uint64_t need,
                                   float top_p, uint64_t* hm, uint32_t* hc, SelectShared& sh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -268,6 +269,9 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
   if (tid == 0) ++sh.pass;
   __syncthreads();
   return k;
+#else
+  return 0;
+#endif
 }
 
 // The least key sampling keeps (top-k, then top-p over those) among logits
@@ -276,6 +280,7 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
 // holding logits r·kSelectSlice onwards.
 __global__ void __launch_bounds__(kSelectThreads, 1)
     sample_select_kernel(const float* __restrict__ l, int64_t n, SampleArgs a, unsigned long long* lowest_out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters: launched on sm_90 and later only (sample_select_supported)
   namespace cg = cooperative_groups;
   extern __shared__ uint64_t select_smem[];
   __shared__ SelectShared sh;
@@ -322,6 +327,7 @@ __global__ void __launch_bounds__(kSelectThreads, 1)
   }
   if (sl.rank == 0 && threadIdx.x == 0) *lowest_out = lowest;
   cluster.sync();  // no block leaves while another may read its shared memory
+#endif
 }
 
 }  // namespace
