@@ -171,9 +171,15 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--model", o->model, "Model: " + model_help())->required();
   cmd->add_option("--prompt", o->prompt, "Prompt text")->required();
   cmd->add_option("-n,--n-tokens", o->n, "New tokens to generate")->capture_default_str()->check(nonnegative());
-  cmd->add_option("--temp", o->sampler.temperature, "Temperature (0 = greedy). Above 0 each token is drawn from softmax(logits / T) over the kept ids (on the GPU too, with no logits copied back); the same seed draws the same ids from the same logits on either device")->capture_default_str();
+  cmd->add_option("--temp", o->sampler.temperature,
+                  "Temperature (0 = greedy). Above 0 each token is drawn from softmax(logits / T) over the kept ids "
+                  "(on the GPU too, with no logits copied back); the same seed draws the same ids from the same "
+                  "logits on either device")
+      ->capture_default_str();
   cmd->add_option("--top-k", o->sampler.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
-  cmd->add_option("--top-p", o->sampler.top_p, "Nucleus sampling: keep the most likely ids up to this share of the (top-k) mass (1 = all)")->capture_default_str();
+  cmd->add_option("--top-p", o->sampler.top_p,
+                  "Nucleus sampling: keep the most likely ids up to this share of the (top-k) mass (1 = all)")
+      ->capture_default_str();
   cmd->add_option("--seed", o->sampler.seed, "Random seed for sampling (the same seed and prompt give the same text)")->capture_default_str();
   cmd->add_flag("--truncate", o->truncate, "Keep only the end of a prompt longer than the context");
   cmd->add_flag("--ignore-eos", o->ignore_eos,
@@ -194,7 +200,8 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
                   "declares: none, " + act_quant_names());
   cmd->footer("Examples:\n  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --kv int4\n"
-              "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --temp 0.8 --top-p 0.95 --seed 1\n"
+              "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --temp 0.8 --top-p 0.95 "
+              "--seed 1\n"
               "  nibble run --model ../shared/models/stories260K/gguf/stories260K-Q4_K_M.gguf --prompt \"Once upon a time\"\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --device cuda\n"
               "  nibble run --model out/stories-rtn --prompt \"Once upon a time\" -n 100 --device cuda --kv bf16\n"
@@ -233,7 +240,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     const auto t1 = Clock::now();
     int generated = 0;
     // On the GPU each id is chosen on the device (no logits row copied back
-    // per token; GpuModel::samples_on_device says where it cannot); the
+    // per token; cuda::samples_on_device says where it cannot); the
     // first token comes from the prefill's logits.
     const bool on_device = m.device_decode(sampler, samplable);
     auto emit = [&](int32_t id) {
