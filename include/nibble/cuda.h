@@ -130,8 +130,8 @@ struct GemvFusion {
   // output side). With limit = *argmax_limit, read on the device (0: none,
   // the call only writes y), each block takes the atomic max of its key over
   // y[0 .. limit) into argmax_keys[block % kArgmaxKeys] (zero before the
-  // call): the value's order bits above the inverted row (argmax_key_row),
-  // NaN never a key. So the largest key over the slots is the largest output
+  // call): nibble::sampling::key (the value's order bits above the inverted
+  // row; sampling::key_row reads the row back), NaN never a key. So the largest key over the slots is the largest output
   // at its smallest row, as argmax_kernel chooses; no key: every output NaN.
   // GpuModel's decode reads the slots back to zero after the head
   // (argmax_keys_kernel). No ticket: a block's exit waits for no round trip.
@@ -141,14 +141,6 @@ struct GemvFusion {
   bool fuses_output() const { return residual != nullptr || swiglu; }
   bool fuses_argmax() const { return argmax_limit != nullptr; }
 };
-// The row of the largest argmax key (GemvFusion::argmax_keys), 0 for none
-// (on the host, and in the kernel that feeds decode's next step).
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline int32_t argmax_key_row(unsigned long long key) {
-  return key != 0 ? static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)) : 0;
-}
 
 // One gemv_prepared call of a chain (LinearKernel::gemv_chain).
 struct GemvCall {

@@ -88,9 +88,12 @@ NIBBLE_HD inline uint64_t key(float v, int64_t i) {
   u = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
   return (static_cast<uint64_t>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
 }
-// The value of a key's high half, and the id of a key.
+// The value of a key's high half; the id of a key, 0 for none (the largest
+// of no keys: every value NaN).
 NIBBLE_HD inline float key_value(uint32_t hi) { return u2f((hi & 0x80000000u) != 0 ? (hi & 0x7FFFFFFFu) : ~hi); }
-NIBBLE_HD inline int64_t key_id(uint64_t k) { return 0xFFFFFFFFu - static_cast<uint32_t>(k); }
+NIBBLE_HD inline int32_t key_row(uint64_t k) {
+  return k != 0 ? static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(k)) : 0;
+}
 
 // ln 2 in two parts; the first has 16 significant bits, so its products with
 // an integer below 2^8 are exact.

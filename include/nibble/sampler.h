@@ -24,6 +24,7 @@ struct SamplerConfig {
   int top_k = 0;             // 0 = no top-k filter
   float top_p = 1.0f;        // 1 = no nucleus filter
   uint64_t seed = 0;
+  bool filters() const { return top_k > 0 || top_p < 1.0f; }  // top-k or top-p cuts the candidates
 };
 
 // Checks a config: the errors name the CLI's flags.

@@ -56,7 +56,7 @@ int32_t sample_logits(const float* logits, int64_t vocab, const SamplerConfig& c
   NIBBLE_CHECK(vocab > 0 && vocab < (int64_t{1} << 32) - 1, "sample_logits: {} logits", vocab);
   // The least key kept (0: every non-NaN id).
   uint64_t lowest = 0;
-  if (c.top_k > 0 || c.top_p < 1.0f) {
+  if (c.filters()) {
     std::vector<uint64_t> keys;
     keys.reserve(static_cast<size_t>(vocab));
     for (int64_t i = 0; i < vocab; ++i)
@@ -79,7 +79,7 @@ int32_t sample_logits(const float* logits, int64_t vocab, const SamplerConfig& c
     if (k == 0 || k < lowest) continue;
     best = std::max(best, s::key(s::score(logits[i], c.temperature, c.seed, draw, i), i));
   }
-  return best != 0 ? static_cast<int32_t>(s::key_id(best)) : 0;  // no key: every logit NaN
+  return s::key_row(best);
 }
 
 Sampler::Sampler(SamplerConfig c) : c_(c) { check_sampler_config(c_); }

@@ -20,6 +20,7 @@
 #include "nibble/format.h"
 #include "nibble/dtype.h"
 #include "nibble/quantizer.h"
+#include "nibble/sample_math.h"
 
 namespace nibble {
 namespace {
@@ -1182,7 +1183,7 @@ TEST(Cuda, GemvArgmaxMatchesScalarScan) {
         for (const unsigned long long key : k) {
           if (key == 0) continue;
           ++used;
-          const int32_t row = cuda::argmax_key_row(key);
+          const int32_t row = sampling::key_row(key);
           ASSERT_TRUE(row >= 0 && row < n) << row;
           EXPECT_EQ(static_cast<uint32_t>(key >> 32), order_bits(want_y[row])) << row;
         }
@@ -1192,7 +1193,7 @@ TEST(Cuda, GemvArgmaxMatchesScalarScan) {
         }
         EXPECT_EQ(used, std::min<int64_t>(kSlots, (n + 15) / 16));  // one key per block below the limit
         const auto want = static_cast<int32_t>(std::max_element(want_y.begin(), want_y.begin() + n) - want_y.begin());
-        EXPECT_EQ(cuda::argmax_key_row(*std::max_element(k.begin(), k.end())), want);
+        EXPECT_EQ(sampling::key_row(*std::max_element(k.begin(), k.end())), want);
         if (!negative && limit >= tc.N) {  // the three-way tie, won by its first row
           EXPECT_EQ(want_y[5], want_y[top]);
           EXPECT_EQ(want_y[tc.N - 1], want_y[top]);

@@ -56,18 +56,24 @@ unsigned blocks_of(int64_t n, int threads) { return static_cast<unsigned>((n + t
 
 // Launches a kernel of forward_kernels.cuh with programmatic dependent launch
 // (each starts with pdl_prologue(): the next launch overlaps its run, and it
-// waits for the previous kernel before touching memory).
+// waits for the previous kernel before touching memory), in thread-block
+// clusters of `cluster` blocks along x where that is above 0.
 template <typename... KArgs, typename... Args>
-void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
-  cudaLaunchAttribute attr[1] = {w4a16::pdl_attribute()};
+void pdl_launch_cluster(void (*kernel)(KArgs...), unsigned cluster, dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t s, Args... args) {
+  cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), w4a16::cluster_attribute(cluster)};
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = cluster > 0 ? 2 : 1;
   NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+template <typename... KArgs, typename... Args>
+void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
+  pdl_launch_cluster(kernel, 0, grid, block, smem, s, args...);
 }
 
 // argmax_kernel's state: the blocks' partial values and indices, then the ticket (zero between calls).
@@ -87,9 +93,12 @@ ArgmaxFeed argmax_feed(void* state, int32_t* step, int32_t* host, int host_slots
 // The state of sampled decode's kernels: the key slots (zero between
 // draws), the least key kept, the limit (i32).
 constexpr size_t kSampleStateBytes = GemvFusion::kArgmaxKeys * 8 + 16;
+unsigned long long* sample_lowest(void* state) { return static_cast<unsigned long long*>(state) + GemvFusion::kArgmaxKeys; }
+int32_t* sample_limit(void* state) { return reinterpret_cast<int32_t*>(sample_lowest(state) + 1); }
 
-// Whether sample_select_kernel runs here: thread-block clusters, sm_90 and later.
-bool sample_select_supported() {
+// Whether the device is sm_90 or later (thread-block clusters: decode
+// attention, sample_select_kernel).
+bool device_has_clusters() {
   static const bool sm90 = [] {
     int dev = 0, major = 0;
     return cudaGetDevice(&dev) == cudaSuccess &&
@@ -104,11 +113,10 @@ bool sample_select_supported() {
 void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a, void* state, int32_t* step,
                          int32_t* host, int host_slots, cudaStream_t s) {
   auto* keys = static_cast<unsigned long long*>(state);
-  auto* lowest = keys + GemvFusion::kArgmaxKeys;
-  const auto* limit_word = reinterpret_cast<const int32_t*>(lowest + 1);
-  const bool select = a.top_k > 0 || a.top_p < 1.0f;
+  unsigned long long* lowest = sample_lowest(state);
+  const bool select = a.c.filters();
   if (select) {
-    NIBBLE_CHECK(sample_select_supported() && limit <= kSelectMaxLogits,
+    NIBBLE_CHECK(device_has_clusters() && limit <= kSelectMaxLogits,
                  "sampled decode: --top-k / --top-p on the GPU need an sm_90 or later device and at most {} logits "
                  "({})", kSelectMaxLogits, limit);
     static std::once_flag attr_once;  // outside any graph capture: sampled steps are launched one by one
@@ -117,32 +125,19 @@ void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a
                                              static_cast<int>(kSelectSmem)));
       NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     });
-    const int ranks = select_ranks(limit);
-    cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), w4a16::cluster_attribute(static_cast<unsigned>(ranks))};
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(ranks));
-    cfg.blockDim = dim3(kSelectThreads);
-    cfg.dynamicSmemBytes = kSelectSmem;
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 2;
-    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_select_kernel, logits, limit, a, lowest));
+    const auto ranks = static_cast<unsigned>(select_ranks(limit));
+    pdl_launch_cluster(sample_select_kernel, ranks, ranks, kSelectThreads, kSelectSmem, s, logits, limit, a, lowest);
   }
   pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a,
              static_cast<const int32_t*>(step), static_cast<const unsigned long long*>(select ? lowest : nullptr), keys);
-  pdl_launch(argmax_keys_kernel, 1, 32, 0, s, keys, limit_word, step, host, host_slots);
+  pdl_launch(argmax_keys_kernel, 1, 32, 0, s, keys, static_cast<const int32_t*>(sample_limit(state)), step, host,
+             host_slots);
 }
 
 SampleArgs sample_args(const SamplerConfig& c, uint64_t first_draw, int64_t first_position) {
   check_sampler_config(c);
   NIBBLE_CHECK(c.temperature > 0, "sampled decode: temperature {} (0 is greedy decode)", c.temperature);
-  SampleArgs a;
-  a.temperature = c.temperature;
-  a.top_k = c.top_k;
-  a.top_p = c.top_p;
-  a.seed = c.seed;
-  a.draw_base = first_draw - static_cast<uint64_t>(first_position);
-  return a;
+  return SampleArgs{c, first_draw - static_cast<uint64_t>(first_position)};
 }
 
 // One matrix of an f32 linear (GpuOptions::f32_linears), held as stored and
@@ -1028,7 +1023,7 @@ int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, ui
   NIBBLE_CUDA_CHECK(cudaMemset(state.get(), 0, state.bytes()));
   auto* bytes = static_cast<unsigned char*>(state.get());
   const auto limit = static_cast<int32_t>(n);
-  NIBBLE_CUDA_CHECK(cudaMemcpy(bytes + kSampleStateBytes - 8, &limit, 4, cudaMemcpyHostToDevice));
+  NIBBLE_CUDA_CHECK(cudaMemcpy(sample_limit(state.get()), &limit, 4, cudaMemcpyHostToDevice));
   auto* step = reinterpret_cast<int32_t*>(bytes + kSampleStateBytes);
   enqueue_sample_draw(logits, n, a, state.get(), step, step + 2, 1, nullptr);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
@@ -1248,9 +1243,9 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.argmax_state = DeviceBuffer(kArgmaxStateBytes);
   NIBBLE_CUDA_CHECK(cudaMemset(m.argmax_state.get(), 0, m.argmax_state.bytes()));  // the ticket starts at 0
   m.head_argmax_state = DeviceBuffer(Impl::kHeadArgmaxLimit + 8);
+  NIBBLE_CUDA_CHECK(cudaMemset(m.head_argmax_state.get(), 0, m.head_argmax_state.bytes()));  // no keys, limit 0
   m.sample_state = DeviceBuffer(kSampleStateBytes);
   NIBBLE_CUDA_CHECK(cudaMemset(m.sample_state.get(), 0, m.sample_state.bytes()));  // no keys
-  NIBBLE_CUDA_CHECK(cudaMemset(m.head_argmax_state.get(), 0, m.head_argmax_state.bytes()));  // no keys, limit 0
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_limit), 4));
   NIBBLE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.greedy_host), Impl::kGreedySlots * 4,
                                   cudaHostAllocMapped));
@@ -1304,10 +1299,7 @@ int64_t GpuModel::Impl::greedy_run(int32_t token, int64_t limit, int64_t steps,
     bool go = true;
     if (in_head || sample != nullptr) {
       *host_limit = static_cast<int32_t>(limit);
-      int32_t* word = sample != nullptr
-                          ? reinterpret_cast<int32_t*>(static_cast<unsigned char*>(sample_state.get()) +
-                                                       kSampleStateBytes - 8)
-                          : head_argmax_limit();
+      int32_t* word = sample != nullptr ? sample_limit(sample_state.get()) : head_argmax_limit();
       NIBBLE_CUDA_CHECK(cudaMemcpyAsync(word, host_limit, 4, cudaMemcpyHostToDevice, stream));
     }
     while (go && done < steps) {
@@ -1353,8 +1345,7 @@ int64_t GpuModel::decode_greedy_run(int32_t token, int64_t vocab_limit, int64_t 
 }
 
 bool samples_on_device(const SamplerConfig& s, int64_t vocab_limit) {
-  return s.temperature > 0 &&
-         ((s.top_k == 0 && s.top_p >= 1.0f) || (sample_select_supported() && vocab_limit <= kSelectMaxLogits));
+  return s.temperature > 0 && (!s.filters() || (device_has_clusters() && vocab_limit <= kSelectMaxLogits));
 }
 
 int64_t GpuModel::decode_sample_run(int32_t token, int64_t vocab_limit, int64_t max_steps, const SamplerConfig& s,
@@ -1465,25 +1456,19 @@ namespace {
 template <int HD, typename KvT>
 void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size_t smem, const RopeIn& rope,
                              void* stream) {
-  cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), w4a16::cluster_attribute(kDecodeRanks)};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(a.heads * kDecodeRanks));
-  cfg.blockDim = dim3(kDecodeThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
+  const dim3 grid(static_cast<unsigned>(a.heads * kDecodeRanks));
+  const auto s = static_cast<cudaStream_t>(stream);
   const float* q = a.q;
   const auto* k = static_cast<const KvT*>(a.k);
   const auto* v = static_cast<const KvT*>(a.v);
   if (a.out_f32)
-    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_kernel<float, HD, KvT>, q, k, v,
-                                         static_cast<float*>(a.out), a.heads, a.kv_heads, a.p0, p0_dev, a.window,
-                                         a.scale, a.prepared, a.prep_group, rope));
+    pdl_launch_cluster(decode_attention_kernel<float, HD, KvT>, kDecodeRanks, grid, kDecodeThreads, smem, s, q, k, v,
+                       static_cast<float*>(a.out), a.heads, a.kv_heads, a.p0, p0_dev, a.window, a.scale, a.prepared,
+                       a.prep_group, rope);
   else
-    NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_attention_kernel<bf16, HD, KvT>, q, k, v,
-                                         static_cast<bf16*>(a.out), a.heads, a.kv_heads, a.p0, p0_dev, a.window,
-                                         a.scale, a.prepared, a.prep_group, rope));
+    pdl_launch_cluster(decode_attention_kernel<bf16, HD, KvT>, kDecodeRanks, grid, kDecodeThreads, smem, s, q, k, v,
+                       static_cast<bf16*>(a.out), a.heads, a.kv_heads, a.p0, p0_dev, a.window, a.scale, a.prepared,
+                       a.prep_group, rope);
 }
 template <int HD>
 void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size_t smem, const RopeIn& rope,
@@ -1496,12 +1481,7 @@ void launch_decode_attention(const AttentionArgs& a, const int32_t* p0_dev, size
 }  // namespace
 
 bool decode_attention_supported(int64_t head_dim) {
-  static const bool sm90 = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-  }();
-  return sm90 && (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256);
+  return device_has_clusters() && (head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
 void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max_positions, void* stream) {

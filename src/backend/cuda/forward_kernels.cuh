@@ -18,6 +18,7 @@
 #include "backend/cuda/w4a16_prep.cuh"
 #include "nibble/cuda.h"
 #include "nibble/dtype.h"
+#include "nibble/sample_math.h"
 
 #include <cmath>
 #include <cstdint>
@@ -308,7 +309,7 @@ __global__ void __launch_bounds__(32) argmax_keys_kernel(unsigned long long* key
   unsigned long long k = max(atomicExch(keys + threadIdx.x, 0ull), atomicExch(keys + threadIdx.x + 32, 0ull));
   for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xFFFFFFFFu, k, o));
   if (threadIdx.x != 0) return;
-  const int32_t r = argmax_key_row(k);
+  const int32_t r = sampling::key_row(k);
   const int32_t pos = step[1];
   step[0] = r;
   step[1] = pos + 1;

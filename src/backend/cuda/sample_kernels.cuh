@@ -15,17 +15,15 @@
 
 #include "backend/cuda/forward_kernels.cuh"
 #include "nibble/sample_math.h"
+#include "nibble/sampler.h"
 
 namespace nibble::cuda {
 namespace {
 
-// One run's sampling: SamplerConfig at temperature > 0, and the draw number
-// of position 0 (the draw of a step at position p is draw_base + p, mod 2^64).
+// One run's sampling: its config (temperature > 0), and the draw number of
+// position 0 (the draw of a step at position p is draw_base + p, mod 2^64).
 struct SampleArgs {
-  float temperature = 1.0f;
-  int top_k = 0;
-  float top_p = 1.0f;
-  uint64_t seed = 0;
+  SamplerConfig c;
   uint64_t draw_base = 0;
 };
 
@@ -46,7 +44,7 @@ __global__ void __launch_bounds__(kSampleKeysThreads)
     const float v = l[i];
     const uint64_t k = sampling::key(v, i);
     if (k == 0 || k < lo) continue;
-    best = max(best, sampling::key(sampling::score(v, a.temperature, a.seed, draw, i), i));
+    best = max(best, sampling::key(sampling::score(v, a.c.temperature, a.c.seed, draw, i), i));
   }
   for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
   const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -319,11 +317,11 @@ __global__ void __launch_bounds__(kSelectThreads, 1)
   }
   uint64_t lowest = 0;
   if (valid != 0) {
-    if (a.top_k > 0 && static_cast<uint64_t>(a.top_k) < valid)
-      lowest = select_lowest<false>(sl, 0, 0.0f, a.temperature, static_cast<uint64_t>(a.top_k), 1.0f, hm, hc, sh);
-    if (a.top_p < 1.0f)
+    if (a.c.top_k > 0 && static_cast<uint64_t>(a.c.top_k) < valid)
+      lowest = select_lowest<false>(sl, 0, 0.0f, a.c.temperature, static_cast<uint64_t>(a.c.top_k), 1.0f, hm, hc, sh);
+    if (a.c.top_p < 1.0f)
       lowest = max(lowest, select_lowest<true>(sl, lowest, sampling::key_value(static_cast<uint32_t>(vmax)),
-                                               a.temperature, 0, a.top_p, hm, hc, sh));
+                                               a.c.temperature, 0, a.c.top_p, hm, hc, sh));
   }
   if (sl.rank == 0 && threadIdx.x == 0) *lowest_out = lowest;
   cluster.sync();  // no block leaves while another may read its shared memory

@@ -31,6 +31,7 @@
 #include "backend/cuda/w4a16_prep.cuh"
 #include "backend/cuda/w4a16_gemv.h"
 #include "backend/cuda/w4a16_gemv_math.cuh"
+#include "nibble/sample_math.h"
 
 #include <algorithm>
 
@@ -223,15 +224,10 @@ __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, boo
 }
 
 // Greedy decode's key of output `row` with value v: 0 (no candidate) past
-// the limit or for NaN, else the value's bits mapped to an unsigned order
-// (-0 as +0: the float comparison ties them) above the inverted row, so the
-// largest key is the largest value at its smallest row.
+// the limit, else sampling::key (0 for NaN; the largest key is the largest
+// value at its smallest row).
 __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t row, int64_t limit) {
-  if (row >= limit || v != v) return 0ull;
-  if (v == 0.0f) v = 0.0f;
-  uint32_t u = __float_as_uint(v);
-  u = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
-  return (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(row));
+  return row < limit ? sampling::key(v, row) : 0ull;
 }
 
 // The argmax's limit for a call of N outputs.
