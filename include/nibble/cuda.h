@@ -89,6 +89,19 @@ struct DeviceLinear {
   size_t weight_bytes() const { return a.bytes() + b.bytes(); }
 };
 
+// What decode's head GEMV keys (GemvFusion::argmax_draw), in device memory.
+struct HeadDraw {
+  static constexpr int32_t kGreedy = 0;  // the outputs' own keys (argmax)
+  static constexpr int32_t kSample = 1;  // score keys; argmax_keys_kernel feeds the largest's row
+  static constexpr int32_t kSampleFiltered = 2;  // score keys left for top-k / top-p (sample_kernels.cuh)
+  int32_t limit = 0;  // keys over rows 0 .. limit-1; 0: no keys
+  int32_t mode = kGreedy;
+  float temperature = 0.0f;
+  uint32_t pad = 0;
+  uint64_t seed = 0;
+  uint64_t draw_base = 0;  // the draw at position p is number draw_base + p (mod 2^64)
+};
+
 // Work fused into a single-token GEMV (LinearKernel::gemv_prepared), so that
 // GpuModel's decode step needs no RMSNorm or SiLU kernel between its linears.
 // An RMSNorm y = x ⊙ w / rms(x) is split in two: the producer writes the
@@ -126,20 +139,26 @@ struct GemvFusion {
   // after it. Each 16-row tile's block posts its rows there and the unit's
   // last tile's block prepares the unit once they arrive.
   unsigned long long* mail = nullptr;
-  // Greedy decode's argmax in the GEMV (a plain f32 output only: no fused
-  // output side). With limit = *argmax_limit, read on the device (0: none,
-  // the call only writes y), each block takes the atomic max of its key over
-  // y[0 .. limit) into argmax_keys[block % kArgmaxKeys] (zero before the
-  // call): nibble::sampling::key (the value's order bits above the inverted
-  // row; sampling::key_row reads the row back), NaN never a key. So the largest key over the slots is the largest output
-  // at its smallest row, as argmax_kernel chooses; no key: every output NaN.
-  // GpuModel's decode reads the slots back to zero after the head
-  // (argmax_keys_kernel). No ticket: a block's exit waits for no round trip.
+  // Decode's draw in the GEMV (a plain f32 output only: no fused output
+  // side), as *argmax_draw says, read on the device each call (limit 0:
+  // none, the call only writes y). Each block takes the atomic max of its
+  // key over y[0 .. limit) into argmax_keys[block % kArgmaxKeys] (zero
+  // before the call), NaN never a key: greedy (HeadDraw::kGreedy) the
+  // output's own nibble::sampling::key (the value's order bits above the
+  // inverted row; sampling::key_row reads the row back), so the largest key
+  // over the slots is the largest output at its smallest row, as
+  // argmax_kernel chooses; sampled, the key of its score l / T + g
+  // (sampling::score, draw number draw_base + *argmax_position), so the
+  // largest is the draw over every row (nibble/sampler.h, no top-k / top-p).
+  // No key: every output NaN. GpuModel's decode reads the slots back to zero
+  // after the head (argmax_keys_kernel). No ticket: a block's exit waits for
+  // no round trip.
   static constexpr int kArgmaxKeys = 64;
-  const int32_t* argmax_limit = nullptr;
+  const HeadDraw* argmax_draw = nullptr;
+  const int32_t* argmax_position = nullptr;  // sampled: the step's position (the draw number's offset)
   unsigned long long* argmax_keys = nullptr;
   bool fuses_output() const { return residual != nullptr || swiglu; }
-  bool fuses_argmax() const { return argmax_limit != nullptr; }
+  bool fuses_argmax() const { return argmax_draw != nullptr; }
 };
 
 // One gemv_prepared call of a chain (LinearKernel::gemv_chain).

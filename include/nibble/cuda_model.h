@@ -108,8 +108,11 @@ int32_t device_argmax(const float* logits, int64_t n);
 // Sampled decode's draw (nibble/sampler.h, temperature > 0) over `n` floats
 // of device memory, by the kernels each decode_sample_run step ends with:
 // sample_logits(logits, n, c, draw) bit for bit. Also checks their feed of
-// the next step and that the key slots are left zero. Synchronous; for tests.
-int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, uint64_t draw);
+// the next step and that the key slots are left zero. `checked` (top-k /
+// top-p): whether the draw over every id was kept, so that the filters' radix
+// select did not run. Synchronous; for tests.
+int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, uint64_t draw,
+                      bool* checked = nullptr);
 // Whether the device draws `s` over `vocab_limit` ids (decode_sample_run, device_sample): temperature
 // > 0, and with top-k or top-p an sm_90 or later device (thread-block clusters) and at most 262144 ids.
 // Otherwise draw on the host from forward()'s logits (the same ids).
@@ -151,6 +154,9 @@ class GpuModel {
                             uint64_t first_draw, const std::function<bool(int32_t)>& on_token);
 
   bool decode_graph() const;  // decode replays a captured graph
+  // Whether decode's head GEMV takes greedy decode's argmax and sampled
+  // decode's score keys itself (a packed head with a prepared input, no bias).
+  bool keys_in_head() const;
   bool decode_fused() const;    // decode runs through GemvFusion (GpuOptions::fuse_decode)
   bool decode_chained() const;  // ... and its GEMVs in chains (GpuOptions::chain_decode)
   // Device bytes of the embedding table: as stored (f32, bf16 or fp16; other

@@ -168,4 +168,24 @@ NIBBLE_HD inline float score(float l, float t, uint64_t seed, uint64_t draw, int
   return add(div(l, t), gumbel(seed, draw, i));
 }
 
+// Top-k / top-p's check (the GPU's sample_select_kernel): whether the draw
+// over every id, d, is the draw over the kept ids too, which it is wherever
+// d is kept (the draw is the largest score among the kept ids). `valid`: the
+// non-NaN ids; `above`: the keys above d's; `m_above`, `m_low`, `m_all`: the
+// masses (against the largest logit) of the keys above d's, of those down to
+// d's own, of all. Top-k keeps d iff fewer than k keys lie above it; top-p iff
+// m_above stays below top_p of the kept set's mass (the kept prefix is the
+// shortest whose mass reaches that). After a top-k that cuts, the set's mass
+// lies between m_low and m_all and is not known, so the answer is true only
+// where m_low already decides. True: d is the draw; false: d is not kept (a
+// single filter) or the check cannot tell (both).
+NIBBLE_HD inline bool draw_kept(int top_k, float top_p, uint64_t valid, uint64_t above, uint64_t m_above,
+                                uint64_t m_low, uint64_t m_all) {
+  const bool cuts = top_k > 0 && static_cast<uint64_t>(top_k) < valid;
+  if (cuts && above >= static_cast<uint64_t>(top_k)) return false;
+  if (!(top_p < 1.0f)) return true;
+  // As the sampler's walk compares: cum >= top_p · total, in doubles.
+  return static_cast<double>(m_above) < static_cast<double>(top_p) * static_cast<double>(cuts ? m_low : m_all);
+}
+
 }  // namespace nibble::sampling

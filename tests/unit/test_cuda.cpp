@@ -21,6 +21,7 @@
 #include "nibble/dtype.h"
 #include "nibble/quantizer.h"
 #include "nibble/sample_math.h"
+#include "nibble/sampler.h"
 
 namespace nibble {
 namespace {
@@ -1114,7 +1115,9 @@ TEST(Cuda, GemvFusionMatchesSeparateSteps) {
 
 // GemvFusion's argmax (greedy decode in the head GEMV) against a scalar scan
 // (std::max_element: the first largest) of the same call's outputs, which
-// must be the plain GEMV's to the bit. Shapes: 200 × 4160 (one wave of
+// must be the plain GEMV's to the bit; sampled (HeadDraw::kSample), every
+// key a row's score key and the largest the CPU's sample_logits draw over
+// those outputs. Shapes: 200 × 4160 (one wave of
 // blocks with several warps per tile, a ragged last tile) at groups of 64 and
 // 128, and 70008 × 256 (more tiles than fit at once: one-warp blocks, several
 // waves). The largest output is copied into two more rows (row 5 and the last
@@ -1159,17 +1162,54 @@ TEST(Cuda, GemvArgmaxMatchesScalarScan) {
     auto run = [&](const cuda::DeviceLinear& w, const std::vector<float>& x, bool negative) {
       const cuda::DeviceBuffer px = prepared(w, x);
       const std::vector<float> want_y = plain(w, px);
-      cuda::DeviceBuffer keys(kSlots * 8), dlimit(4);
+      cuda::DeviceBuffer keys(kSlots * 8), ddraw(sizeof(cuda::HeadDraw)), dpos(4);
+      const int32_t position = 7;
+      ASSERT_EQ(cudaMemcpy(dpos.get(), &position, 4, cudaMemcpyHostToDevice), cudaSuccess);
       cuda::GemvFusion f;
       f.argmax_keys = static_cast<unsigned long long*>(keys.get());
-      f.argmax_limit = static_cast<const int32_t*>(dlimit.get());
+      f.argmax_draw = static_cast<const cuda::HeadDraw*>(ddraw.get());
+      f.argmax_position = static_cast<const int32_t*>(dpos.get());
       const int64_t top = std::max_element(want_y.begin(), want_y.end()) - want_y.begin();
       std::vector<int64_t> limits = {tc.N, tc.N + 100, 0, 1};
       if (!negative) limits.push_back(5);  // below the tie
+      // Sampled: every row's score key (draw number 100 + the position), the
+      // largest the CPU's draw over the same outputs.
+      const SamplerConfig hot{.temperature = 0.7f, .top_k = 0, .top_p = 1.0f, .seed = 9};
+      for (const int64_t limit : {tc.N, int64_t{0}, int64_t{5}}) {
+        SCOPED_TRACE("sampled, limit " + std::to_string(limit));
+        cuda::HeadDraw d;
+        d.limit = static_cast<int32_t>(limit);
+        d.mode = cuda::HeadDraw::kSample;
+        d.temperature = hot.temperature;
+        d.seed = hot.seed;
+        d.draw_base = 100;
+        ASSERT_EQ(cudaMemcpy(ddraw.get(), &d, sizeof d, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemset(keys.get(), 0, keys.bytes()), cudaSuccess);
+        cuda::DeviceBuffer y(static_cast<size_t>(tc.N) * 4);
+        kern->gemv_prepared(w, px.get(), px.bytes(), y.get(), nullptr, false, false, &f);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(download_f32(y, static_cast<size_t>(tc.N)), want_y);
+        std::vector<unsigned long long> k(kSlots);
+        ASSERT_EQ(cudaMemcpy(k.data(), keys.get(), keys.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+        int used = 0;
+        for (const unsigned long long key : k) {
+          if (key == 0) continue;
+          ++used;
+          const int32_t row = sampling::key_row(key);
+          ASSERT_TRUE(row >= 0 && row < limit) << row;
+          EXPECT_EQ(key, sampling::key(sampling::score(want_y[row], hot.temperature, hot.seed, 107, row), row)) << row;
+        }
+        EXPECT_EQ(used, std::min<int64_t>(kSlots, (limit + 15) / 16));
+        if (limit > 0) {
+          EXPECT_EQ(sampling::key_row(*std::max_element(k.begin(), k.end())),
+                    sample_logits(want_y.data(), limit, hot, 107));
+        }
+      }
       for (const int64_t limit : limits) {
         SCOPED_TRACE("limit " + std::to_string(limit));
-        const int32_t l32 = static_cast<int32_t>(limit);
-        ASSERT_EQ(cudaMemcpy(dlimit.get(), &l32, 4, cudaMemcpyHostToDevice), cudaSuccess);
+        cuda::HeadDraw d;
+        d.limit = static_cast<int32_t>(limit);
+        ASSERT_EQ(cudaMemcpy(ddraw.get(), &d, sizeof d, cudaMemcpyHostToDevice), cudaSuccess);
         ASSERT_EQ(cudaMemset(keys.get(), 0, keys.bytes()), cudaSuccess);
         cuda::DeviceBuffer y(static_cast<size_t>(tc.N) * 4);
         kern->gemv_prepared(w, px.get(), px.bytes(), y.get(), nullptr, false, false, &f);

@@ -573,7 +573,7 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
       {.temperature = 1.0f, .top_k = 5000, .top_p = 1.0f, .seed = 7},
       {.temperature = 2.0f, .top_k = 1, .top_p = 1.0f, .seed = 8},
   };
-  int cases = 0, moved = 0;
+  int cases = 0, moved = 0, checked = 0, selected = 0;  // top-k / top-p: kept by the check, or selected
   auto check = [&](const std::vector<float>& v, const std::string& what, int draws) {
     const cuda::DeviceBuffer d = cuda::upload(v.data(), v.size() * sizeof(float));
     const auto n = static_cast<int64_t>(v.size());
@@ -586,9 +586,11 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
           EXPECT_THROW(cuda::device_sample(static_cast<const float*>(d.get()), n, c, number), Error);
           break;
         }
-        ASSERT_EQ(cuda::device_sample(static_cast<const float*>(d.get()), n, c, number), want)
+        bool kept = false;
+        ASSERT_EQ(cuda::device_sample(static_cast<const float*>(d.get()), n, c, number, &kept), want)
             << what << " n " << n << " T " << c.temperature << " k " << c.top_k << " p " << c.top_p << " draw "
             << number;
+        if (c.filters()) ++(kept ? checked : selected);
         moved += draw > 0 && want != first;
         if (draw == 0) first = want;
         ++cases;
@@ -632,7 +634,12 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
     EXPECT_EQ(cuda::device_sample(p, 262145, {.temperature = 1.0f}, 3), sample_logits(big.data(), 262145, {.temperature = 1.0f}, 3));
   }
   EXPECT_GT(moved, cases / 4);  // the draws move
-  std::printf("[device sample] %d draws equal to the CPU's (%d unlike the config's first)\n", cases, moved);
+  if (checked + selected > 0) {  // both ways of top-k / top-p ran, each many times
+    EXPECT_GT(checked, 200);
+    EXPECT_GT(selected, 200);
+  }
+  std::printf("[device sample] %d draws equal to the CPU's (%d unlike the config's first); top-k / top-p: %d kept "
+              "by the check, %d selected\n", cases, moved, checked, selected);
 }
 
 // decode_sample_run (sampled steps fed on the device) against forward()'s logits on a second copy of
@@ -680,8 +687,17 @@ TEST(Cuda, DecodeSampleRunMatchesTheCpuSampler) {
   test::TempDir tmp("nibble-gpu-sample-run");
   quantize_model(dir, tmp.path() / "rtn", QuantizeOptions{});
   for (bool graph : {true, false}) check_sample_run(tmp.path() / "rtn", 2000, graph, hot);
+  // top-k and top-p through the head's score keys (HeadDraw::kSampleFiltered), graph and eager.
+  {
+    auto src = CheckpointDir::open(tmp.path() / "rtn");
+    EXPECT_TRUE(cuda::GpuModel::load(*src, 16)->keys_in_head());  // so the runs above drew in the head
+  }
   const SamplerConfig nucleus{.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 12};
-  if (cuda::samples_on_device(nucleus, 2000)) check_sample_run(tmp.path() / "rtn", 2000, true, nucleus);
+  const SamplerConfig narrow{.temperature = 1.1f, .top_k = 0, .top_p = 0.3f, .seed = 13};
+  if (cuda::samples_on_device(nucleus, 2000)) {
+    for (bool graph : {true, false}) check_sample_run(tmp.path() / "rtn", 2000, graph, nucleus);
+    check_sample_run(tmp.path() / "rtn", 2000, true, narrow);
+  }
 }
 
 }  // namespace

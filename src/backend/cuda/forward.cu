@@ -90,12 +90,6 @@ ArgmaxFeed argmax_feed(void* state, int32_t* step, int32_t* host, int host_slots
   return f;
 }
 
-// The state of sampled decode's kernels: the key slots (zero between
-// draws), the least key kept, the limit (i32).
-constexpr size_t kSampleStateBytes = GemvFusion::kArgmaxKeys * 8 + 16;
-unsigned long long* sample_lowest(void* state) { return static_cast<unsigned long long*>(state) + GemvFusion::kArgmaxKeys; }
-int32_t* sample_limit(void* state) { return reinterpret_cast<int32_t*>(sample_lowest(state) + 1); }
-
 // Whether the device is sm_90 or later (thread-block clusters: decode
 // attention, sample_select_kernel).
 bool device_has_clusters() {
@@ -109,13 +103,18 @@ bool device_has_clusters() {
 
 // One draw over logits[0 .. limit-1] (sample_kernels.cuh) at the position in
 // step[1], fed to step (id, position + 1) and host[position % host_slots].
-// `state`: kSampleStateBytes, its limit word holding `limit`.
-void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a, void* state, int32_t* step,
-                         int32_t* host, int host_slots, cudaStream_t s) {
-  auto* keys = static_cast<unsigned long long*>(state);
-  unsigned long long* lowest = sample_lowest(state);
-  const bool select = a.c.filters();
-  if (select) {
+// `keys`: the slots where the head GEMV left every id's score key
+// (HeadDraw::kSampleFiltered), or null: sample_keys_kernel takes them into
+// st->keys. st->feed must hold {limit, kSample}.
+void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a, SampleState* st,
+                         unsigned long long* keys, int32_t* step, int32_t* host, int host_slots, cudaStream_t s) {
+  const auto* pos = static_cast<const int32_t*>(step);
+  if (keys == nullptr) {
+    keys = st->keys;
+    pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a, pos,
+               static_cast<const unsigned long long*>(nullptr), static_cast<const uint32_t*>(nullptr), keys);
+  }
+  if (a.c.filters()) {
     NIBBLE_CHECK(device_has_clusters() && limit <= kSelectMaxLogits,
                  "sampled decode: --top-k / --top-p on the GPU need an sm_90 or later device and at most {} logits "
                  "({})", kSelectMaxLogits, limit);
@@ -126,12 +125,11 @@ void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a
       NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     });
     const auto ranks = static_cast<unsigned>(select_ranks(limit));
-    pdl_launch_cluster(sample_select_kernel, ranks, ranks, kSelectThreads, kSelectSmem, s, logits, limit, a, lowest);
+    pdl_launch_cluster(sample_select_kernel, ranks, ranks, kSelectThreads, kSelectSmem, s, logits, limit, a, keys, st);
+    pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a, pos,
+               static_cast<const unsigned long long*>(&st->lowest), static_cast<const uint32_t*>(&st->checked), keys);
   }
-  pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a,
-             static_cast<const int32_t*>(step), static_cast<const unsigned long long*>(select ? lowest : nullptr), keys);
-  pdl_launch(argmax_keys_kernel, 1, 32, 0, s, keys, static_cast<const int32_t*>(sample_limit(state)), step, host,
-             host_slots);
+  pdl_launch(argmax_keys_kernel, 1, 32, 0, s, keys, static_cast<const HeadDraw*>(&st->feed), step, host, host_slots);
 }
 
 SampleArgs sample_args(const SamplerConfig& c, uint64_t first_draw, int64_t first_position) {
@@ -580,19 +578,23 @@ struct GpuModel::Impl {
   static constexpr int kGreedySlots = 8;
   static constexpr int kGreedyLookahead = 3;  // steps enqueued ahead of the one the host waits for
   DeviceBuffer argmax_state;
-  // Or, where head_argmax() holds, the head GEMV itself takes the argmax
-  // (GemvFusion::argmax_*) and argmax_keys_kernel, the step's last kernel,
-  // feeds the next step: the key slots, then the limit (i32), 0 outside
-  // greedy_run, so that other decode steps only write the logits.
-  static constexpr size_t kHeadArgmaxLimit = GemvFusion::kArgmaxKeys * 8;  // the limit's offset
-  DeviceBuffer head_argmax_state;
-  unsigned long long* head_argmax_keys() const { return static_cast<unsigned long long*>(head_argmax_state.get()); }
-  int32_t* head_argmax_limit() const {
-    return reinterpret_cast<int32_t*>(static_cast<unsigned char*>(head_argmax_state.get()) + kHeadArgmaxLimit);
-  }
-  int32_t* host_limit = nullptr;  // pinned: the limit greedy_run copies in
-  // Sampled decode (enqueue_sample_draw): kSampleStateBytes.
-  DeviceBuffer sample_state;
+  // Or, where head_argmax() holds, the head GEMV itself takes the keys
+  // (GemvFusion::argmax_*: greedy or sampled) and argmax_keys_kernel, the
+  // step's last kernel, feeds the next step: the key slots, then the
+  // HeadDraw, whose limit is 0 outside greedy_run, so that other decode
+  // steps only write the logits.
+  struct HeadState {
+    unsigned long long keys[GemvFusion::kArgmaxKeys];
+    HeadDraw draw;
+  };
+  DeviceBuffer head_state_buf;
+  HeadState* head_state() const { return static_cast<HeadState*>(head_state_buf.get()); }
+  unsigned long long* head_argmax_keys() const { return head_state()->keys; }
+  // Pinned: what greedy_run copies in, the head's HeadDraw and the sample feed's.
+  HeadDraw* host_draw = nullptr;
+  // Sampled decode (enqueue_sample_draw).
+  DeviceBuffer sample_state_buf;
+  SampleState* sample_state() const { return static_cast<SampleState*>(sample_state_buf.get()); }
   int32_t* greedy_host = nullptr;
   int32_t* greedy_host_dev = nullptr;
   cudaEvent_t greedy_done[kGreedySlots] = {};
@@ -605,7 +607,7 @@ struct GpuModel::Impl {
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (host_step != nullptr) cudaFreeHost(host_step);
     if (greedy_host != nullptr) cudaFreeHost(greedy_host);
-    if (host_limit != nullptr) cudaFreeHost(host_limit);
+    if (host_draw != nullptr) cudaFreeHost(host_draw);
   }
 
   Scratch make_scratch(int64_t n) const {
@@ -842,7 +844,8 @@ struct GpuModel::Impl {
     const bool head_am = &sc == &dec && head_argmax();
     auto with_argmax = [&](GemvFusion f) {
       if (head_am) {
-        f.argmax_limit = head_argmax_limit();
+        f.argmax_draw = &head_state()->draw;
+        f.argmax_position = static_cast<const int32_t*>(dec.tokens.get()) + 1;
         f.argmax_keys = head_argmax_keys();
       }
       return f;
@@ -866,7 +869,7 @@ struct GpuModel::Impl {
     }
     if (head_am)  // the keys into the next step's token (greedy_run's steps; a no-op where the limit is 0)
       pdl_launch(argmax_keys_kernel, 1, 32, 0, stream, head_argmax_keys(),
-                 static_cast<const int32_t*>(head_argmax_limit()), static_cast<int32_t*>(dec.tokens.get()),
+                 static_cast<const HeadDraw*>(&head_state()->draw), static_cast<int32_t*>(dec.tokens.get()),
                  greedy_host_dev, kGreedySlots);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
   }
@@ -928,11 +931,13 @@ struct GpuModel::Impl {
                limit, f);
   }
   // After a step: its sampled id among 0 .. limit-1 (sample_kernels.cuh) fed
-  // as enqueue_argmax feeds the greedy one; sample_state's limit word must
-  // hold limit.
-  void enqueue_sample(int64_t limit, const SampleArgs& a) {
-    enqueue_sample_draw(static_cast<const float*>(dec.logits.get()), limit, a, sample_state.get(),
-                        static_cast<int32_t*>(dec.tokens.get()), greedy_host_dev, kGreedySlots, stream);
+  // as enqueue_argmax feeds the greedy one; sample_state()->feed must hold
+  // {limit, kSample}. `head_keys`: the head GEMV took every id's score key
+  // (HeadDraw::kSampleFiltered).
+  void enqueue_sample(int64_t limit, const SampleArgs& a, bool head_keys) {
+    enqueue_sample_draw(static_cast<const float*>(dec.logits.get()), limit, a, sample_state(),
+                        head_keys ? head_argmax_keys() : nullptr, static_cast<int32_t*>(dec.tokens.get()),
+                        greedy_host_dev, kGreedySlots, stream);
   }
   // Greedy (sample null) or sampled steps back to back (greedy_run below).
   int64_t greedy_run(int32_t token, int64_t limit, int64_t steps, const std::function<bool(int32_t)>& on_token,
@@ -1016,25 +1021,34 @@ int32_t device_argmax(const float* logits, int64_t n) {
   return out[0];
 }
 
-int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, uint64_t draw) {
+int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, uint64_t draw, bool* checked) {
   NIBBLE_CHECK(n > 0 && n <= std::numeric_limits<int32_t>::max(), "device_sample: {} values", n);
   const SampleArgs a = sample_args(c, draw, 0);
-  DeviceBuffer state(kSampleStateBytes + 16);  // the kernels' state, then {token, position} and one slot
-  NIBBLE_CUDA_CHECK(cudaMemset(state.get(), 0, state.bytes()));
-  auto* bytes = static_cast<unsigned char*>(state.get());
-  const auto limit = static_cast<int32_t>(n);
-  NIBBLE_CUDA_CHECK(cudaMemcpy(sample_limit(state.get()), &limit, 4, cudaMemcpyHostToDevice));
-  auto* step = reinterpret_cast<int32_t*>(bytes + kSampleStateBytes);
-  enqueue_sample_draw(logits, n, a, state.get(), step, step + 2, 1, nullptr);
+  struct State {
+    SampleState st;
+    int32_t step[4];  // {token, position}, then one slot
+  };
+  DeviceBuffer buf(sizeof(State));
+  NIBBLE_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes()));
+  auto* dev = static_cast<State*>(buf.get());
+  HeadDraw feed;
+  feed.limit = static_cast<int32_t>(n);
+  feed.mode = HeadDraw::kSample;
+  NIBBLE_CUDA_CHECK(cudaMemcpy(&dev->st.feed, &feed, sizeof feed, cudaMemcpyHostToDevice));
+  const uint32_t unset = 2;  // neither answer: sample_select_kernel writes 0 or 1
+  NIBBLE_CUDA_CHECK(cudaMemcpy(&dev->st.checked, &unset, 4, cudaMemcpyHostToDevice));
+  enqueue_sample_draw(logits, n, a, &dev->st, nullptr, dev->step, dev->step + 2, 1, nullptr);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
-  int32_t out[3] = {};
-  NIBBLE_CUDA_CHECK(cudaMemcpy(out, step, sizeof out, cudaMemcpyDeviceToHost));
-  unsigned long long keys[GemvFusion::kArgmaxKeys];
-  NIBBLE_CUDA_CHECK(cudaMemcpy(keys, state.get(), sizeof keys, cudaMemcpyDeviceToHost));
-  NIBBLE_CHECK(out[0] == out[2] && out[1] == 1 && std::all_of(keys, keys + GemvFusion::kArgmaxKeys,
-                                                              [](unsigned long long k) { return k == 0; }),
-               "device_sample: the step feed ({}, {}), slot {} or the key slots disagree", out[0], out[1], out[2]);
-  return out[0];
+  State out;
+  NIBBLE_CUDA_CHECK(cudaMemcpy(&out, buf.get(), sizeof out, cudaMemcpyDeviceToHost));
+  NIBBLE_CHECK(out.step[0] == out.step[2] && out.step[1] == 1 &&
+                   std::all_of(out.st.keys, out.st.keys + GemvFusion::kArgmaxKeys,
+                               [](unsigned long long k) { return k == 0; }) &&
+                   (out.st.checked == (c.filters() ? 0u : 2u) || (c.filters() && out.st.checked == 1)),
+               "device_sample: the step feed ({}, {}), slot {}, the key slots or the check ({}) disagree",
+               out.step[0], out.step[1], out.step[2], out.st.checked);
+  if (checked != nullptr) *checked = out.st.checked == 1;
+  return out.step[0];
 }
 
 GpuModel::GpuModel() : impl_(std::make_unique<Impl>()) {}
@@ -1043,6 +1057,7 @@ const ModelConfig& GpuModel::config() const { return impl_->c; }
 int64_t GpuModel::size() const { return impl_->len; }
 void GpuModel::reset() { impl_->len = 0; }
 bool GpuModel::decode_graph() const { return impl_->decode_graph != nullptr; }
+bool GpuModel::keys_in_head() const { return impl_->head_argmax(); }
 bool GpuModel::decode_fused() const { return impl_->fuse_decode; }
 bool GpuModel::decode_chained() const { return impl_->fuse_decode && impl_->chain_decode; }
 size_t GpuModel::embedding_bytes() const { return impl_->embed.bytes(); }
@@ -1242,11 +1257,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_step), 8));
   m.argmax_state = DeviceBuffer(kArgmaxStateBytes);
   NIBBLE_CUDA_CHECK(cudaMemset(m.argmax_state.get(), 0, m.argmax_state.bytes()));  // the ticket starts at 0
-  m.head_argmax_state = DeviceBuffer(Impl::kHeadArgmaxLimit + 8);
-  NIBBLE_CUDA_CHECK(cudaMemset(m.head_argmax_state.get(), 0, m.head_argmax_state.bytes()));  // no keys, limit 0
-  m.sample_state = DeviceBuffer(kSampleStateBytes);
-  NIBBLE_CUDA_CHECK(cudaMemset(m.sample_state.get(), 0, m.sample_state.bytes()));  // no keys
-  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_limit), 4));
+  m.head_state_buf = DeviceBuffer(sizeof(Impl::HeadState));
+  NIBBLE_CUDA_CHECK(cudaMemset(m.head_state_buf.get(), 0, m.head_state_buf.bytes()));  // no keys, limit 0
+  m.sample_state_buf = DeviceBuffer(sizeof(SampleState));
+  NIBBLE_CUDA_CHECK(cudaMemset(m.sample_state_buf.get(), 0, m.sample_state_buf.bytes()));  // no keys
+  NIBBLE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.host_draw), 2 * sizeof(HeadDraw)));
   NIBBLE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.greedy_host), Impl::kGreedySlots * 4,
                                   cudaHostAllocMapped));
   NIBBLE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.greedy_host_dev), m.greedy_host, 0));
@@ -1291,24 +1306,42 @@ int64_t GpuModel::Impl::greedy_run(int32_t token, int64_t limit, int64_t steps,
                len, steps, max_tokens);
   const int64_t len0 = len;
   int64_t enqueued = 0, done = 0;
-  // The head GEMV takes the argmax (head_argmax) while its limit is set: the
-  // limit for this run, 0 again after it.
-  const bool in_head = sample == nullptr && head_argmax() && steps > 0;
-  auto clear_limit = [&] { return cudaMemsetAsync(head_argmax_limit(), 0, 4, stream); };
+  // The head GEMV takes the keys (head_argmax) while its HeadDraw's limit is
+  // set: for this run, 0 again after it. Greedy and temperature alone are
+  // then fed by the step's own argmax_keys_kernel; top-k / top-p take the
+  // head's score keys through enqueue_sample. Without head_argmax, a kernel
+  // after the step takes the argmax or the draw.
+  const bool in_head = head_argmax() && steps > 0;
+  const bool filtered = sample != nullptr && sample->c.filters();
+  auto clear_limit = [&] { return cudaMemsetAsync(&head_state()->draw.limit, 0, 4, stream); };
   try {
     bool go = true;
-    if (in_head || sample != nullptr) {
-      *host_limit = static_cast<int32_t>(limit);
-      int32_t* word = sample != nullptr ? sample_limit(sample_state.get()) : head_argmax_limit();
-      NIBBLE_CUDA_CHECK(cudaMemcpyAsync(word, host_limit, 4, cudaMemcpyHostToDevice, stream));
+    if (in_head) {
+      HeadDraw& d = host_draw[0];
+      d = HeadDraw{};
+      d.limit = static_cast<int32_t>(limit);
+      if (sample != nullptr) {
+        d.mode = filtered ? HeadDraw::kSampleFiltered : HeadDraw::kSample;
+        d.temperature = sample->c.temperature;
+        d.seed = sample->c.seed;
+        d.draw_base = sample->draw_base;
+      }
+      NIBBLE_CUDA_CHECK(cudaMemcpyAsync(&head_state()->draw, &d, sizeof d, cudaMemcpyHostToDevice, stream));
+    }
+    if (sample != nullptr) {
+      HeadDraw& f = host_draw[1];
+      f = HeadDraw{};
+      f.limit = static_cast<int32_t>(limit);
+      f.mode = HeadDraw::kSample;
+      NIBBLE_CUDA_CHECK(cudaMemcpyAsync(&sample_state()->feed, &f, sizeof f, cudaMemcpyHostToDevice, stream));
     }
     while (go && done < steps) {
       for (; enqueued < steps && enqueued <= done + kGreedyLookahead; ++enqueued) {
         if (enqueued == 0) set_step_input(token, len0);
         launch_step(len0 + enqueued);
-        if (sample != nullptr)
-          enqueue_sample(limit, *sample);
-        else if (!in_head)
+        if (sample != nullptr && (!in_head || filtered))
+          enqueue_sample(limit, *sample, in_head);
+        else if (sample == nullptr && !in_head)
           enqueue_argmax(limit);
         NIBBLE_CUDA_CHECK(cudaEventRecord(greedy_done[(len0 + enqueued) % kGreedySlots], stream));
       }

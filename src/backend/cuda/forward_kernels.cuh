@@ -296,16 +296,18 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* __r
   }
 }
 
-// Greedy decode after a head GEMV that took the argmax (GemvFusion::
-// argmax_keys, session 69): one warp reads the kArgmaxKeys slots back to zero
-// and, where the limit is set, feeds the next step as argmax_kernel does (the
-// largest key's row; none, where every logit was NaN: 0). Where it is 0 (not
-// a greedy step) the head left no keys and nothing is written.
-__global__ void __launch_bounds__(32) argmax_keys_kernel(unsigned long long* keys, const int32_t* limit,
-                                                         int32_t* step, int32_t* host, int host_slots) {
+// Decode after a head GEMV that took the keys (GemvFusion::argmax_*, session
+// 69; or after sample_keys_kernel): one warp reads the kArgmaxKeys slots back
+// to zero and feeds the next step as argmax_kernel does (the largest key's
+// row; none, where every logit was NaN: 0). Where d's limit is 0 (not a
+// greedy or sampled step) the head left no keys, and where its mode is
+// kSampleFiltered the keys are left for top-k / top-p (sample_kernels.cuh):
+// nothing is read or written.
+__global__ void __launch_bounds__(32) argmax_keys_kernel(unsigned long long* keys, const HeadDraw* d, int32_t* step,
+                                                         int32_t* host, int host_slots) {
   static_assert(GemvFusion::kArgmaxKeys == 64, "two slots per lane");
   pdl_prologue();
-  if (*limit == 0) return;
+  if (d->limit == 0 || d->mode == HeadDraw::kSampleFiltered) return;
   unsigned long long k = max(atomicExch(keys + threadIdx.x, 0ull), atomicExch(keys + threadIdx.x + 32, 0ull));
   for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xFFFFFFFFu, k, o));
   if (threadIdx.x != 0) return;

@@ -2,13 +2,16 @@
 // after forward_kernels.cuh): nibble/sampler.h's draw, bit for bit the CPU's
 // (the arithmetic is nibble/sample_math.h's, shared with the host).
 //
-// A step at temperature > 0 ends with up to three small kernels after the
-// head's logits: sample_select_kernel (only with top-k or top-p) finds the
-// least key kept, sample_keys_kernel scores every kept logit and leaves each
-// warp's best key in one of GemvFusion::kArgmaxKeys slots, and
-// argmax_keys_kernel (the greedy head's) reads the slots back to zero and
-// feeds the next step. The draw number comes from the step's position on the
-// device, so steps need nothing from the host.
+// A step at temperature > 0 takes the score keys of every logit (l / T plus
+// its Gumbel variable, nibble/sampler.h) into GemvFusion::kArgmaxKeys slots:
+// where it can, the head GEMV does it (GemvFusion::argmax_*, HeadDraw), else
+// sample_keys_kernel. The largest key over the slots is then the draw over
+// every id. With top-k or top-p, sample_select_kernel first checks whether
+// that id is kept: if so (the usual case) the slots stand; if not, it finds
+// the least key kept and clears the slots, and sample_keys_kernel scores the
+// kept logits again. argmax_keys_kernel (the greedy head's) reads the slots
+// back to zero and feeds the next step. The draw number comes from the
+// step's position on the device, so steps need nothing from the host.
 #pragma once
 
 #include <cstdint>
@@ -27,15 +30,26 @@ struct SampleArgs {
   uint64_t draw_base = 0;
 };
 
+// The draw's state in device memory, zero to start with.
+struct SampleState {
+  unsigned long long keys[GemvFusion::kArgmaxKeys];  // sample_keys_kernel's slots: zero between draws
+  HeadDraw feed;  // the limit and kSample: what argmax_keys_kernel reads
+  unsigned long long lowest;  // sample_select_kernel: the least key kept
+  uint32_t checked;  // sample_select_kernel: 1 where the slots' draw is kept as it is
+  uint32_t pad;
+};
+
 constexpr int kSampleKeysThreads = 256, kSampleKeysBlocks = 128;
 
 // Every kept logit's score (l / T plus its Gumbel variable) as a key; each
 // warp's largest into slot (global warp) mod kArgmaxKeys by a relaxed atomic
-// max. Kept: below `limit`, not NaN, key at least *lowest (null: 0).
+// max. Kept: below `limit`, not NaN, key at least *lowest (null: 0). Nothing
+// where *checked is set (null: never).
 __global__ void __launch_bounds__(kSampleKeysThreads)
     sample_keys_kernel(const float* __restrict__ l, int64_t limit, SampleArgs a, const int32_t* step,
-                       const unsigned long long* lowest, unsigned long long* keys) {
+                       const unsigned long long* lowest, const uint32_t* checked, unsigned long long* keys) {
   pdl_prologue();
+  if (checked != nullptr && *checked != 0) return;
   const uint64_t draw = a.draw_base + static_cast<uint64_t>(static_cast<int64_t>(step[1]));
   const uint64_t lo = lowest != nullptr ? *lowest : 0ull;
   uint64_t best = 0;
@@ -75,6 +89,7 @@ struct SelectShared {
   uint64_t red[kSelectWarps];
   uint64_t part[2][3];  // this block's largest value half, candidates, boundary-id count; [parity]
   uint64_t found[2];    // the boundary key where this block holds it, else 0; [parity]
+  uint64_t check[3];    // the check: this block's keys above the draw's, their mass, the whole mass
   uint32_t digit;
   uint64_t above_c, above_m, bin_c, r;
   int pass;  // passes so far (parity of tot_*, part, found)
@@ -272,12 +287,24 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
 #endif
 }
 
-// The least key sampling keeps (top-k, then top-p over those) among logits
-// 0 .. n-1, into *lowest_out: 0 keeps every non-NaN logit. One cluster of
-// select_ranks(n) blocks (launched with that cluster dimension), block r
-// holding logits r·kSelectSlice onwards.
+// Top-k / top-p over logits 0 .. n-1, after the slots `keys` took the score
+// keys of every id (the draw with no filter). One cluster of select_ranks(n)
+// blocks (launched with that cluster dimension), block r holding logits
+// r·kSelectSlice onwards.
+//
+// The check: the slots' draw d is the filtered draw too wherever d is kept,
+// since the draw is the largest score over the kept ids. Top-k keeps d iff
+// fewer than k keys lie above d's; top-p iff the mass of the keys above d's
+// stays below top_p of the mass of top-k's set (nibble/sampler.h: the kept
+// prefix is the shortest that reaches it). With both filters that set's mass
+// is not known before a select; it lies between the mass down to d's key and
+// the whole mass, so the check decides only where both bounds agree. Where
+// it holds, st->checked = 1 and the slots stand; where it does not (or
+// cannot decide), st->checked = 0, st->lowest the least key kept, and the
+// slots cleared for sample_keys_kernel's filtered pass.
 __global__ void __launch_bounds__(kSelectThreads, 1)
-    sample_select_kernel(const float* __restrict__ l, int64_t n, SampleArgs a, unsigned long long* lowest_out) {
+    sample_select_kernel(const float* __restrict__ l, int64_t n, SampleArgs a, unsigned long long* keys,
+                         SampleState* st) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters: launched on sm_90 and later only (sample_select_supported)
   namespace cg = cooperative_groups;
   extern __shared__ uint64_t select_smem[];
@@ -302,6 +329,8 @@ __global__ void __launch_bounds__(kSelectThreads, 1)
     vmax = max(vmax, static_cast<uint64_t>(hi));
     valid += hi != 0;
   }
+  // The unfiltered draw's key: the slots' largest (every block reads them).
+  const uint64_t drawn = select_block_max(threadIdx.x < GemvFusion::kArgmaxKeys ? keys[threadIdx.x] : 0ull, sh);
   vmax = select_block_max(vmax, sh);
   valid = select_block_sum(valid, sh);
   if (threadIdx.x == 0) {
@@ -315,15 +344,49 @@ __global__ void __launch_bounds__(kSelectThreads, 1)
     vmax = max(vmax, o->part[0][0]);
     valid += o->part[0][1];
   }
-  uint64_t lowest = 0;
-  if (valid != 0) {
-    if (a.c.top_k > 0 && static_cast<uint64_t>(a.c.top_k) < valid)
-      lowest = select_lowest<false>(sl, 0, 0.0f, a.c.temperature, static_cast<uint64_t>(a.c.top_k), 1.0f, hm, hc, sh);
-    if (a.c.top_p < 1.0f)
-      lowest = max(lowest, select_lowest<true>(sl, lowest, sampling::key_value(static_cast<uint32_t>(vmax)),
-                                               a.c.temperature, 0, a.c.top_p, hm, hc, sh));
+  const bool top_k = a.c.top_k > 0 && static_cast<uint64_t>(a.c.top_k) < valid, top_p = a.c.top_p < 1.0f;
+  const float lmax = sampling::key_value(static_cast<uint32_t>(vmax)), t = a.c.temperature;
+  // valid == 0: every logit NaN, no key in the slots, the draw is id 0 (as the CPU's).
+  bool checked = valid == 0;
+  if (!checked && drawn != 0) {
+    const int64_t id = sampling::key_row(drawn);
+    const uint64_t kd = sampling::key(l[id], id);  // the drawn id's own key
+    uint64_t above = 0, m_above = 0, m_all = 0;
+    for (int j = threadIdx.x; j < sl.cnt; j += kSelectThreads) {
+      const uint32_t hi = vals[j];
+      if (hi == 0) continue;
+      const uint64_t m = top_p ? sampling::mass(sampling::key_value(hi), lmax, t) : 0;
+      if (sl.key(hi, j) > kd) ++above, m_above += m;
+      m_all += m;
+    }
+    above = select_block_sum(above, sh);
+    m_above = select_block_sum(m_above, sh);
+    m_all = select_block_sum(m_all, sh);
+    if (threadIdx.x == 0) sh.check[0] = above, sh.check[1] = m_above, sh.check[2] = m_all;
+    cluster.sync();
+    above = m_above = m_all = 0;
+    for (unsigned q = 0; q < sl.ranks; ++q) {
+      const SelectShared* o = cluster.map_shared_rank(&sh, q);
+      above += o->check[0];
+      m_above += o->check[1];
+      m_all += o->check[2];
+    }
+    const uint64_t m_low =
+        top_p ? m_above + sampling::mass(sampling::key_value(static_cast<uint32_t>(kd >> 32)), lmax, t) : 0;
+    checked = sampling::draw_kept(a.c.top_k, a.c.top_p, valid, above, m_above, m_low, m_all);
   }
-  if (sl.rank == 0 && threadIdx.x == 0) *lowest_out = lowest;
+  if (sl.rank == 0 && threadIdx.x == 0) st->checked = checked ? 1u : 0u;
+  if (!checked) {
+    uint64_t lowest = 0;
+    if (top_k)
+      lowest = select_lowest<false>(sl, 0, 0.0f, t, static_cast<uint64_t>(a.c.top_k), 1.0f, hm, hc, sh);
+    if (top_p) lowest = max(lowest, select_lowest<true>(sl, lowest, lmax, t, 0, a.c.top_p, hm, hc, sh));
+    if (sl.rank == 0) {
+      if (threadIdx.x == 0) st->lowest = lowest;
+      // Every rank read the slots before the first cluster barrier.
+      if (threadIdx.x < GemvFusion::kArgmaxKeys) keys[threadIdx.x] = 0;
+    }
+  }
   cluster.sync();  // no block leaves while another may read its shared memory
 #endif
 }

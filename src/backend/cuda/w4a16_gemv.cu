@@ -87,12 +87,13 @@ struct FuseArgs {
   // zeroed by the unit's preparing block once read.
   unsigned long long* mail = nullptr;
 };
-// The same with greedy decode's argmax over a plain output (GemvFusion::
-// argmax_*), the kernel's parameter in the instantiation with the argmax
-// only: the others keep FuseArgs as it is (a larger parameter changed their
-// register allocation, 72 -> 76 for groups of 128).
+// The same with decode's draw over a plain output (GemvFusion::argmax_*),
+// the kernel's parameter in the instantiation with the argmax only: the
+// others keep FuseArgs as it is (a larger parameter changed their register
+// allocation, 72 -> 76 for groups of 128).
 struct FuseArgsArgmax : FuseArgs {
-  const int32_t* am_limit = nullptr;
+  const HeadDraw* am_draw = nullptr;
+  const int32_t* am_position = nullptr;
   unsigned long long* am_keys = nullptr;
 };
 template <bool Argmax>
@@ -223,16 +224,35 @@ __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, boo
   }
 }
 
-// Greedy decode's key of output `row` with value v: 0 (no candidate) past
-// the limit, else sampling::key (0 for NaN; the largest key is the largest
-// value at its smallest row).
-__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t row, int64_t limit) {
-  return row < limit ? sampling::key(v, row) : 0ull;
+// What the head keys this call (GemvFusion::argmax_draw), read after the
+// main loop: rows below `limit` (0: none), greedy or sampled.
+struct HeadKeys {
+  int64_t limit;
+  bool sample;
+  float t;
+  uint64_t seed, draw;
+};
+__device__ __forceinline__ HeadKeys head_keys(const FuseArgsArgmax& f, int N) {
+  HeadKeys h{};
+  h.limit = min(static_cast<int64_t>(__ldg(&f.am_draw->limit)), static_cast<int64_t>(N));
+  h.sample = __ldg(&f.am_draw->mode) != HeadDraw::kGreedy;
+  if (h.sample) {
+    h.t = __ldg(&f.am_draw->temperature);
+    h.seed = __ldg(reinterpret_cast<const unsigned long long*>(&f.am_draw->seed));
+    h.draw = __ldg(reinterpret_cast<const unsigned long long*>(&f.am_draw->draw_base)) +
+             static_cast<uint64_t>(static_cast<int64_t>(*f.am_position));  // each step's own
+  }
+  return h;
 }
-
-// The argmax's limit for a call of N outputs.
-__device__ __forceinline__ int64_t argmax_limit(const FuseArgsArgmax& f, int N) {
-  return min(static_cast<int64_t>(__ldg(f.am_limit)), static_cast<int64_t>(N));
+// The key of output `row` with value v: 0 (no candidate) past the limit;
+// greedy sampling::key (0 for NaN; the largest key is the largest value at
+// its smallest row); sampled, the key of its score (nibble/sampler.h's draw
+// over every row: the largest key is the draw).
+__device__ __forceinline__ unsigned long long head_key(const HeadKeys& h, float v, int64_t row) {
+  if (row >= h.limit) return 0ull;
+  const uint64_t k = sampling::key(v, row);
+  if (!h.sample || k == 0) return k;
+  return sampling::key(sampling::score(v, h.t, h.seed, h.draw, row), row);
 }
 
 // One whole warp per block: the block's best key (each lane's `key`) into
@@ -263,11 +283,12 @@ __device__ __forceinline__ void gemv_item_out(const KernelFuseArgs<Argmax>& f, O
   const int64_t row0 = tile * kTileRows;
   if (nwarps == 1 && f.mode == kPlain) {
     if constexpr (Argmax) {
-      const int64_t limit = argmax_limit(f, N);
-      if (limit > 0)
-        block_argmax(f, tig == 0 ? max(argmax_key(out_lo * scale, row0 + gid, limit),
-                                       argmax_key(out_hi * scale, row0 + gid + 8, limit))
-                                 : 0ull);
+      const HeadKeys h = head_keys(f, N);
+      if (h.limit > 0) {  // row `lane` (< 16) from the lanes of tig 0: one key per lane
+        const float lo = __shfl_sync(0xFFFFFFFFu, out_lo * scale, (lane & 7) * 4);
+        const float hi = __shfl_sync(0xFFFFFFFFu, out_hi * scale, (lane & 7) * 4);
+        block_argmax(f, lane < kTileRows ? head_key(h, lane < 8 ? lo : hi, row0 + lane) : 0ull);
+      }
     }
     if (tig == 0) {
       if (row0 + gid < N) y[row0 + gid] = to_out<OutT>(out_lo * scale);
@@ -288,8 +309,8 @@ __device__ __forceinline__ void gemv_item_out(const KernelFuseArgs<Argmax>& f, O
         for (int w = 0; w < nwarps; ++w) s += red[w * kTileRows + lane];
         s *= scale;
       }
-      const int64_t limit = argmax_limit(f, N);
-      if (limit > 0) block_argmax(f, lane < kTileRows ? argmax_key(s, row0 + lane, limit) : 0ull);
+      const HeadKeys h = head_keys(f, N);
+      if (h.limit > 0) block_argmax(f, lane < kTileRows ? head_key(h, s, row0 + lane) : 0ull);
       if (lane < kTileRows && row0 + lane < N) y[row0 + lane] = to_out<OutT>(s);
     } else if (threadIdx.x < kTileRows) {
       float s = 0.0f;
@@ -756,10 +777,12 @@ FuseArgs fuse_args(const DeviceLinear& w, const GemvFusion* fz) {
 // fuse_args with greedy decode's argmax (GemvFusion::argmax_*).
 FuseArgsArgmax fuse_args_argmax(const DeviceLinear& w, const GemvFusion& fz) {
   NIBBLE_CHECK(!fz.fuses_output(), "w4a16 gemv: the argmax takes a plain output (no residual or swiglu)");
-  NIBBLE_CHECK(fz.argmax_keys != nullptr, "w4a16 gemv: the argmax needs its key slots");
+  NIBBLE_CHECK(fz.argmax_keys != nullptr && fz.argmax_position != nullptr,
+               "w4a16 gemv: the argmax needs its key slots and the step's position");
   FuseArgsArgmax a;
   static_cast<FuseArgs&>(a) = fuse_args(w, &fz);
-  a.am_limit = fz.argmax_limit;
+  a.am_draw = fz.argmax_draw;
+  a.am_position = fz.argmax_position;
   a.am_keys = fz.argmax_keys;
   return a;
 }
