@@ -8,7 +8,8 @@
 // below says which kernels the step's time is spent waiting for.
 //
 //   bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] [--chain] [--kv-shared-from N]
-//                      [--kv-bf16] [--layer 1]
+//                      [--kv-bf16] [--layer 1] [--temp T [--top-k K] [--top-p P] [--seed S]]
+// (--temp above 0: sampled steps, as `nibble run --temp` runs them on the device.)
 // (--warmup sets the position the traced steps run at: 4 prompt tokens plus
 // the warm-up steps.)
 //
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "nibble/cuda_model.h"
+#include "nibble/sampler.h"
 #include "nibble/source.h"
 
 namespace {
@@ -104,6 +106,7 @@ int main(int argc, char** argv) {
   int steps = 8, warmup = 64, layer = 1;
   bool graph = true, fuse = true, chain = false, kv_bf16 = false;
   int64_t kv_shared_from = nibble::cuda::GpuOptions{}.kv_shared_from;
+  nibble::SamplerConfig sample;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--model") model = arg_value(i, argc, argv);
@@ -116,10 +119,15 @@ int main(int argc, char** argv) {
     else if (a == "--kv-shared-from")  // GpuOptions::kv_shared_from: -1 never, 0 always, -2 the default crossover
       kv_shared_from = std::atoll(arg_value(i, argc, argv));
     else if (a == "--kv-bf16") kv_bf16 = true;  // GpuOptions::kv_dtype bf16 (run --device cuda --kv bf16)
+    else if (a == "--temp") sample.temperature = static_cast<float>(std::atof(arg_value(i, argc, argv)));
+    else if (a == "--top-k") sample.top_k = std::atoi(arg_value(i, argc, argv));
+    else if (a == "--top-p") sample.top_p = static_cast<float>(std::atof(arg_value(i, argc, argv)));
+    else if (a == "--seed") sample.seed = std::strtoull(arg_value(i, argc, argv), nullptr, 10);
     else {
       std::fprintf(stderr,
                    "usage: bench_decode_trace --model DIR [--steps 8] [--warmup 64] [--no-graph] [--no-fuse] "
-                   "[--chain] [--kv-shared-from N] [--kv-bf16] [--layer 1]\n");
+                   "[--chain] [--kv-shared-from N] [--kv-bf16] [--layer 1] [--temp T [--top-k K] [--top-p P] "
+                   "[--seed S]]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -145,12 +153,22 @@ int main(int argc, char** argv) {
       tok = id;
       return true;
     };
-    gpu->decode_greedy_run(tok, vocab, warmup, keep);
+    // Or sampled (decode_sample_run), each run continuing the draw numbers.
+    uint64_t draws = 0;
+    auto run = [&](int64_t n) {
+      if (sample.temperature > 0) {
+        gpu->decode_sample_run(tok, vocab, n, sample, draws, keep);
+        draws += static_cast<uint64_t>(n);
+      } else {
+        gpu->decode_greedy_run(tok, vocab, n, keep);
+      }
+    };
+    run(warmup);
     cudaDeviceSynchronize();
 
     CUPTI_CK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
     CUPTI_CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
-    gpu->decode_greedy_run(tok, vocab, steps, keep);
+    run(steps);
     cudaDeviceSynchronize();
     CUPTI_CK(cuptiActivityFlushAll(1));
     CUPTI_CK(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
@@ -201,9 +219,13 @@ int main(int argc, char** argv) {
       if (s + 1 < steps) gap_sum += static_cast<double>(ks[begin[s + 1]].start) - static_cast<double>(latest);
     }
     const double span = span_sum / steps;
-    std::printf("decode trace: %s, %s, %s KV cache, position %lld, %s, %zu kernels per step, step span %.1f us (sum "
-                "of extensions), gap between steps %.1f us\n",
-                model.c_str(), graph ? "CUDA graph" : "no graph", kv_bf16 ? "bf16" : "f32",
+    char how[96] = "greedy";
+    if (sample.temperature > 0)
+      std::snprintf(how, sizeof how, "sampled at T %g, top-k %d, top-p %g", sample.temperature, sample.top_k,
+                    sample.top_p);
+    std::printf("decode trace: %s, %s, %s, %s KV cache, position %lld, %s, %zu kernels per step, step span %.1f us "
+                "(sum of extensions), gap between steps %.1f us\n",
+                model.c_str(), how, graph ? "CUDA graph" : "no graph", kv_bf16 ? "bf16" : "f32",
                 static_cast<long long>(gpu->size() - steps),
                 gpu->decode_chained() ? "GemvFusion in GEMV chains"
                 : gpu->decode_fused() ? "GemvFusion"

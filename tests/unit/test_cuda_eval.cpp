@@ -243,8 +243,12 @@ TEST(CudaEval, PerplexityOnTheGpuMatchesTheCpu) {
     EXPECT_EQ(g.scored_tokens, c.scored_tokens) << dir;
     EXPECT_EQ(g.chunks, c.chunks) << dir;
     // The W8A8 checkpoint's int8 rounding makes its two runs equally valid realizations rather than the
-    // same numbers (KlYardstickOnTheGpuMatchesTheCpu says why): measured 1.5e-4 apart on the H200.
-    EXPECT_NEAR(g.ppl, c.ppl, (dir.filename() == "w8a8" ? 1e-3 : 1e-4) * c.ppl) << dir;
+    // same numbers (KlYardstickOnTheGpuMatchesTheCpu says why, and holds the activations' path to the CPU's
+    // sharply): measured 1.5e-4 apart on the H200's host, 7.2e-4 on the H100 hosts of sessions 68-70 and
+    // 1.02e-3 on session 71's, whose CPU sums differ in the seventh digit on the other checkpoints too (the
+    // GPU's perplexity was the same, 26.918794, every time). Weights alone (no int8 activations) give
+    // 26.859 on the CPU: this bound catches gross errors only.
+    EXPECT_NEAR(g.ppl, c.ppl, (dir.filename() == "w8a8" ? 2e-3 : 1e-4) * c.ppl) << dir;
     std::printf("[gpu ppl] %s: cpu %.6f gpu %.6f\n", dir.filename().c_str(), c.ppl, g.ppl);
   }
 }
