@@ -111,7 +111,8 @@ void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a
   const auto* pos = static_cast<const int32_t*>(step);
   if (keys == nullptr) {
     keys = st->keys;
-    pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a, pos, keys);
+    pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a, pos,
+               static_cast<const unsigned long long*>(nullptr), static_cast<const uint32_t*>(nullptr), keys);
   }
   if (a.c.filters()) {
     NIBBLE_CHECK(device_has_clusters() && limit <= kSelectMaxLogits,
@@ -124,8 +125,9 @@ void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a
       NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     });
     const auto ranks = static_cast<unsigned>(select_ranks(limit));
-    pdl_launch_cluster(sample_select_kernel, ranks, ranks, kSelectThreads, kSelectSmem, s, logits, limit, a, pos, keys,
-                       st);
+    pdl_launch_cluster(sample_select_kernel, ranks, ranks, kSelectThreads, kSelectSmem, s, logits, limit, a, keys, st);
+    pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a, pos,
+               static_cast<const unsigned long long*>(&st->lowest), static_cast<const uint32_t*>(&st->checked), keys);
   }
   pdl_launch(argmax_keys_kernel, 1, 32, 0, s, keys, static_cast<const HeadDraw*>(&st->feed), step, host, host_slots);
 }

@@ -8,9 +8,9 @@
 // sample_keys_kernel. The largest key over the slots is then the draw over
 // every id. With top-k or top-p, sample_select_kernel first checks whether
 // that id is kept: if so (the usual case) the slots stand; if not, it finds
-// the least key kept and puts the kept logits' score keys in the slots
-// instead. argmax_keys_kernel (the greedy head's) reads the slots back to
-// zero and feeds the next step. The draw number comes from the
+// the least key kept and clears the slots, and sample_keys_kernel scores the
+// kept logits again. argmax_keys_kernel (the greedy head's) reads the slots
+// back to zero and feeds the next step. The draw number comes from the
 // step's position on the device, so steps need nothing from the host.
 #pragma once
 
@@ -34,25 +34,30 @@ struct SampleArgs {
 struct SampleState {
   unsigned long long keys[GemvFusion::kArgmaxKeys];  // sample_keys_kernel's slots: zero between draws
   HeadDraw feed;  // the limit and kSample: what argmax_keys_kernel reads
-  uint32_t checked;  // sample_select_kernel: 1 where the unfiltered draw was kept as it is, else 0
+  unsigned long long lowest;  // sample_select_kernel: the least key kept
+  uint32_t checked;  // sample_select_kernel: 1 where the slots' draw is kept as it is
   uint32_t pad;
 };
 
 constexpr int kSampleKeysThreads = 256, kSampleKeysBlocks = 128;
 
-// Every logit's score (l / T plus its Gumbel variable) as a key (none for
-// NaN); each warp's largest into slot (global warp) mod kArgmaxKeys by a
-// relaxed atomic max: the draw over every id below `limit`.
+// Every kept logit's score (l / T plus its Gumbel variable) as a key; each
+// warp's largest into slot (global warp) mod kArgmaxKeys by a relaxed atomic
+// max. Kept: below `limit`, not NaN, key at least *lowest (null: 0). Nothing
+// where *checked is set (null: never).
 __global__ void __launch_bounds__(kSampleKeysThreads)
     sample_keys_kernel(const float* __restrict__ l, int64_t limit, SampleArgs a, const int32_t* step,
-                       unsigned long long* keys) {
+                       const unsigned long long* lowest, const uint32_t* checked, unsigned long long* keys) {
   pdl_prologue();
+  if (checked != nullptr && *checked != 0) return;
   const uint64_t draw = a.draw_base + static_cast<uint64_t>(static_cast<int64_t>(step[1]));
+  const uint64_t lo = lowest != nullptr ? *lowest : 0ull;
   uint64_t best = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < limit;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = l[i];
-    if (v != v) continue;
+    const uint64_t k = sampling::key(v, i);
+    if (k == 0 || k < lo) continue;
     best = max(best, sampling::key(sampling::score(v, a.c.temperature, a.c.seed, draw, i), i));
   }
   for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
@@ -66,8 +71,7 @@ __global__ void __launch_bounds__(kSampleKeysThreads)
 constexpr int kSelectThreads = 1024, kSelectWarps = kSelectThreads / 32, kSelectBins = 256;
 // Each block of the cluster holds the value halves of the keys of its slice
 // of kSelectSlice logits in shared memory; clusters of up to 16 blocks:
-// vocabularies up to kSelectMaxLogits. (Slices of 8192, clusters of 16 at
-// 128256 logits, were no faster on an H100: docs/CUDA.md, "Session 71".)
+// vocabularies up to kSelectMaxLogits.
 constexpr int kSelectSlice = 16384, kSelectMaxRanks = 16;
 constexpr int64_t kSelectMaxLogits = int64_t{kSelectSlice} * kSelectMaxRanks;
 // Per-warp histograms of one 8-bit digit (masses u64, counts u32), then the slice.
@@ -145,23 +149,9 @@ struct SelectSlice {
 // halves (each block's histogram, summed over the cluster), then, where the
 // boundary value's ids are kept only in part, one pass for the boundary id.
 // Every thread of every block of the cluster calls it and gets the same key.
-//
-// With chk.on (the first call, over every key: lower 0), the first pass also
-// takes sampling::draw_kept's sums for the unfiltered draw's key chk.kd, and
-// where that draw is kept it returns kSelectChecked after the pass, so that
-// the check costs no cluster barrier of its own.
-constexpr uint64_t kSelectChecked = ~0ull;  // never a key: its value half is a NaN's
-struct SelectCheck {
-  bool on;
-  uint64_t kd;  // the unfiltered draw's key
-  uint64_t valid;
-  int top_k;
-  float top_p;
-};
 template <bool Mass>
 __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float lmax, float t, uint64_t need,
-                                  float top_p, uint64_t* hm, uint32_t* hc, SelectShared& sh,
-                                  SelectCheck chk = {}) {
+                                  float top_p, uint64_t* hm, uint32_t* hc, SelectShared& sh) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
@@ -169,8 +159,6 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
   uint32_t prefix = 0, pmask = 0;
   uint64_t above_c = 0, above_m = 0;
   double target = 0;  // mass mode, warp 0
-  const bool chk_mass = chk.on && chk.top_p < 1.0f;
-  uint64_t c_above = 0, c_m_above = 0, c_m_all = 0;  // the check's sums (first pass)
   for (int shift = 24; shift >= 0; shift -= 8) {
     const int par = sh.pass & 1;
     for (int b = lane; b < kSelectBins; b += 32) {
@@ -178,25 +166,14 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
       if constexpr (Mass) hm[warp * kSelectBins + b] = 0;
     }
     __syncwarp();
-    const bool checking = chk.on && shift == 24;
     for (int j = tid; j < sl.cnt; j += kSelectThreads) {
       const uint32_t hi = sl.vals[j];
       if (hi == 0 || (hi & pmask) != prefix || sl.key(hi, j) < lower) continue;
       const uint32_t d = (hi >> shift) & 255u;
       atomicAdd(hc + warp * kSelectBins + d, 1u);
-      const uint64_t m = Mass || (checking && chk_mass) ? sampling::mass(sampling::key_value(hi), lmax, t) : 0;
       if constexpr (Mass)
-        atomicAdd(reinterpret_cast<unsigned long long*>(hm + warp * kSelectBins + d), static_cast<unsigned long long>(m));
-      if (checking) {
-        if (sl.key(hi, j) > chk.kd) ++c_above, c_m_above += m;
-        c_m_all += m;
-      }
-    }
-    if (checking) {
-      c_above = select_block_sum(c_above, sh);
-      c_m_above = select_block_sum(c_m_above, sh);
-      c_m_all = select_block_sum(c_m_all, sh);
-      if (tid == 0) sh.check[0] = c_above, sh.check[1] = c_m_above, sh.check[2] = c_m_all;
+        atomicAdd(reinterpret_cast<unsigned long long*>(hm + warp * kSelectBins + d),
+                  static_cast<unsigned long long>(sampling::mass(sampling::key_value(hi), lmax, t)));
     }
     __syncthreads();
     if (tid < kSelectBins) {
@@ -210,21 +187,6 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
       sh.tot_m[par][tid] = m;
     }
     cluster.sync();  // every rank's totals of this pass are written
-    if (checking) {
-      c_above = c_m_above = c_m_all = 0;
-      for (unsigned q = 0; q < sl.ranks; ++q) {
-        const SelectShared* o = cluster.map_shared_rank(&sh, q);
-        c_above += o->check[0];
-        c_m_above += o->check[1];
-        c_m_all += o->check[2];
-      }
-      const uint64_t m_low =
-          chk_mass ? c_m_above + sampling::mass(sampling::key_value(static_cast<uint32_t>(chk.kd >> 32)), lmax, t) : 0;
-      if (sampling::draw_kept(chk.top_k, chk.top_p, chk.valid, c_above, c_m_above, m_low, c_m_all)) {
-        if (tid == 0) ++sh.pass;
-        return kSelectChecked;
-      }
-    }
     if (tid < kSelectBins) {
       uint32_t c = 0;
       uint64_t m = 0;
@@ -330,15 +292,19 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
 // blocks (launched with that cluster dimension), block r holding logits
 // r·kSelectSlice onwards.
 //
-// The check (sampling::draw_kept): the slots' draw d is the filtered draw too
-// wherever d is kept, since the draw is the largest score over the kept ids.
-// Its sums ride on the first select's first radix pass. Where it holds,
-// st->checked = 1 and the slots stand; where it does not (or cannot decide),
-// the passes go on to the least key kept, and each block puts the best score
-// key of its slice's kept logits in the slots instead (st->checked = 0).
+// The check: the slots' draw d is the filtered draw too wherever d is kept,
+// since the draw is the largest score over the kept ids. Top-k keeps d iff
+// fewer than k keys lie above d's; top-p iff the mass of the keys above d's
+// stays below top_p of the mass of top-k's set (nibble/sampler.h: the kept
+// prefix is the shortest that reaches it). With both filters that set's mass
+// is not known before a select; it lies between the mass down to d's key and
+// the whole mass, so the check decides only where both bounds agree. Where
+// it holds, st->checked = 1 and the slots stand; where it does not (or
+// cannot decide), st->checked = 0, st->lowest the least key kept, and the
+// slots cleared for sample_keys_kernel's filtered pass.
 __global__ void __launch_bounds__(kSelectThreads, 1)
-    sample_select_kernel(const float* __restrict__ l, int64_t n, SampleArgs a, const int32_t* step,
-                         unsigned long long* keys, SampleState* st) {
+    sample_select_kernel(const float* __restrict__ l, int64_t n, SampleArgs a, unsigned long long* keys,
+                         SampleState* st) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters: launched on sm_90 and later only (sample_select_supported)
   namespace cg = cooperative_groups;
   extern __shared__ uint64_t select_smem[];
@@ -382,41 +348,44 @@ __global__ void __launch_bounds__(kSelectThreads, 1)
   const float lmax = sampling::key_value(static_cast<uint32_t>(vmax)), t = a.c.temperature;
   // valid == 0: every logit NaN, no key in the slots, the draw is id 0 (as the CPU's).
   bool checked = valid == 0;
-  uint64_t lowest = 0;
-  if (!checked) {
-    // The check rides on the first select's first pass (drawn is never 0 here: every non-NaN logit has a key).
-    SelectCheck c{};
-    if (drawn != 0) {
-      const int64_t id = sampling::key_row(drawn);
-      c = SelectCheck{true, sampling::key(l[id], id), valid, a.c.top_k, a.c.top_p};
+  if (!checked && drawn != 0) {
+    const int64_t id = sampling::key_row(drawn);
+    const uint64_t kd = sampling::key(l[id], id);  // the drawn id's own key
+    uint64_t above = 0, m_above = 0, m_all = 0;
+    for (int j = threadIdx.x; j < sl.cnt; j += kSelectThreads) {
+      const uint32_t hi = vals[j];
+      if (hi == 0) continue;
+      const uint64_t m = top_p ? sampling::mass(sampling::key_value(hi), lmax, t) : 0;
+      if (sl.key(hi, j) > kd) ++above, m_above += m;
+      m_all += m;
     }
-    if (top_k) {
-      lowest = select_lowest<false>(sl, 0, lmax, t, static_cast<uint64_t>(a.c.top_k), 1.0f, hm, hc, sh, c);
-      checked = lowest == kSelectChecked;
-      c.on = false;
+    above = select_block_sum(above, sh);
+    m_above = select_block_sum(m_above, sh);
+    m_all = select_block_sum(m_all, sh);
+    if (threadIdx.x == 0) sh.check[0] = above, sh.check[1] = m_above, sh.check[2] = m_all;
+    cluster.sync();
+    above = m_above = m_all = 0;
+    for (unsigned q = 0; q < sl.ranks; ++q) {
+      const SelectShared* o = cluster.map_shared_rank(&sh, q);
+      above += o->check[0];
+      m_above += o->check[1];
+      m_all += o->check[2];
     }
-    if (!checked && top_p) {
-      const uint64_t r = select_lowest<true>(sl, lowest, lmax, t, 0, a.c.top_p, hm, hc, sh, c);
-      checked = r == kSelectChecked;
-      lowest = max(lowest, r);
-    }
+    const uint64_t m_low =
+        top_p ? m_above + sampling::mass(sampling::key_value(static_cast<uint32_t>(kd >> 32)), lmax, t) : 0;
+    checked = sampling::draw_kept(a.c.top_k, a.c.top_p, valid, above, m_above, m_low, m_all);
   }
   if (sl.rank == 0 && threadIdx.x == 0) st->checked = checked ? 1u : 0u;
   if (!checked) {
-    // The draw over the kept ids: the slots cleared (every rank read them before the first cluster
-    // barrier), then each block's best score key over its kept logits into slot `rank`.
-    if (sl.rank == 0 && threadIdx.x < GemvFusion::kArgmaxKeys) keys[threadIdx.x] = 0;
-    cluster.sync();
-    const uint64_t draw = a.draw_base + static_cast<uint64_t>(static_cast<int64_t>(step[1]));
-    uint64_t best = 0;
-    for (int j = threadIdx.x; j < sl.cnt; j += kSelectThreads) {
-      const uint32_t hi = sl.vals[j];
-      if (hi == 0 || sl.key(hi, j) < lowest) continue;
-      const int64_t i = sl.base + j;
-      best = max(best, sampling::key(sampling::score(sampling::key_value(hi), t, a.c.seed, draw, i), i));
+    uint64_t lowest = 0;
+    if (top_k)
+      lowest = select_lowest<false>(sl, 0, 0.0f, t, static_cast<uint64_t>(a.c.top_k), 1.0f, hm, hc, sh);
+    if (top_p) lowest = max(lowest, select_lowest<true>(sl, lowest, lmax, t, 0, a.c.top_p, hm, hc, sh));
+    if (sl.rank == 0) {
+      if (threadIdx.x == 0) st->lowest = lowest;
+      // Every rank read the slots before the first cluster barrier.
+      if (threadIdx.x < GemvFusion::kArgmaxKeys) keys[threadIdx.x] = 0;
     }
-    best = select_block_max(best, sh);
-    if (threadIdx.x == 0 && best != 0) atomicMax(keys + sl.rank, static_cast<unsigned long long>(best));
   }
   cluster.sync();  // no block leaves while another may read its shared memory
 #endif
