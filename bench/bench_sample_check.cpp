@@ -17,7 +17,6 @@
 #include <string>
 
 #include "nibble/model.h"
-#include "nibble/sample_math.h"
 #include "nibble/sampler.h"
 #include "nibble/source.h"
 #include "nibble/tokenizer.h"
@@ -69,7 +68,6 @@ int main(int argc, char** argv) {
     std::printf("%s: %lld positions of %s, %d draws each\n", model.c_str(), static_cast<long long>(n), text.c_str(),
                 draws);
     std::printf("%-32s %12s %12s\n", "config", "check keeps", "same draw");
-    namespace s = sampling;
     for (const SamplerConfig& c : configs) {
       int64_t kept = 0, same = 0, all = 0;
       SamplerConfig open = c;
@@ -77,23 +75,10 @@ int main(int argc, char** argv) {
       open.top_p = 1.0f;
       for (int64_t r = 0; r < n; ++r) {
         const float* l = L.data<float>() + r * V;
-        uint64_t vmax = 0, valid = 0;
-        for (int64_t i = 0; i < V; ++i)
-          if (const uint64_t k = s::key(l[i], i); k != 0) vmax = std::max(vmax, k), ++valid;
-        const float lmax = s::key_value(static_cast<uint32_t>(vmax >> 32));
-        auto mass = [&](uint64_t k) { return s::mass(s::key_value(static_cast<uint32_t>(k >> 32)), lmax, c.temperature); };
         for (int d = 0; d < draws; ++d) {
           const uint64_t number = static_cast<uint64_t>(r * draws + d);
           const int32_t id = sample_logits(l, V, open, number);
-          const uint64_t kd = s::key(l[id], id);
-          uint64_t above = 0, m_above = 0, m_all = 0;
-          for (int64_t i = 0; i < V; ++i) {
-            const uint64_t k = s::key(l[i], i);
-            if (k == 0) continue;
-            if (k > kd) ++above, m_above += mass(k);
-            m_all += mass(k);
-          }
-          kept += s::draw_kept(c.top_k, c.top_p, valid, above, m_above, m_above + mass(kd), m_all);
+          kept += sample_check_keeps(l, V, c, id);
           same += sample_logits(l, V, c, number) == id;
           ++all;
         }

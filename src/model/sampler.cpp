@@ -82,6 +82,25 @@ int32_t sample_logits(const float* logits, int64_t vocab, const SamplerConfig& c
   return s::key_row(best);
 }
 
+bool sample_check_keeps(const float* logits, int64_t vocab, const SamplerConfig& c, int32_t id) {
+  namespace s = sampling;
+  NIBBLE_CHECK(id >= 0 && id < vocab, "sample_check_keeps: id {} outside 0 .. {}", id, vocab - 1);
+  uint64_t vmax = 0, valid = 0;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (const uint64_t k = s::key(logits[i], i); k != 0) vmax = std::max(vmax, k), ++valid;
+  const float lmax = s::key_value(static_cast<uint32_t>(vmax >> 32));
+  auto mass = [&](uint64_t k) { return s::mass(s::key_value(static_cast<uint32_t>(k >> 32)), lmax, c.temperature); };
+  const uint64_t kd = s::key(logits[id], id);
+  uint64_t above = 0, m_above = 0, m_all = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const uint64_t k = s::key(logits[i], i);
+    if (k == 0) continue;
+    if (k > kd) ++above, m_above += mass(k);
+    m_all += mass(k);
+  }
+  return s::draw_kept(c.top_k, c.top_p, valid, above, m_above, m_above + mass(kd), m_all);
+}
+
 Sampler::Sampler(SamplerConfig c) : c_(c) { check_sampler_config(c_); }
 
 int32_t Sampler::sample(const float* logits, int64_t vocab) {

@@ -1169,6 +1169,19 @@ TEST(Cuda, GemvArgmaxMatchesScalarScan) {
       f.argmax_keys = static_cast<unsigned long long*>(keys.get());
       f.argmax_draw = static_cast<const cuda::HeadDraw*>(ddraw.get());
       f.argmax_position = static_cast<const int32_t*>(dpos.get());
+      // One call with `d`: the outputs must be the plain GEMV's to the bit; its key slots into k.
+      auto call = [&](const cuda::HeadDraw& d, std::vector<unsigned long long>& k) {
+        ASSERT_EQ(cudaMemcpy(ddraw.get(), &d, sizeof d, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemset(keys.get(), 0, keys.bytes()), cudaSuccess);
+        cuda::DeviceBuffer y(static_cast<size_t>(tc.N) * 4);
+        kern->gemv_prepared(w, px.get(), px.bytes(), y.get(), nullptr, false, false, &f);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> got_y = download_f32(y, static_cast<size_t>(tc.N));
+        EXPECT_EQ(std::memcmp(got_y.data(), want_y.data(), want_y.size() * 4), 0);
+        k.assign(kSlots, 0);
+        ASSERT_EQ(cudaMemcpy(k.data(), keys.get(), keys.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      };
+      std::vector<unsigned long long> k;
       const int64_t top = std::max_element(want_y.begin(), want_y.end()) - want_y.begin();
       std::vector<int64_t> limits = {tc.N, tc.N + 100, 0, 1};
       if (!negative) limits.push_back(5);  // below the tie
@@ -1183,14 +1196,8 @@ TEST(Cuda, GemvArgmaxMatchesScalarScan) {
         d.temperature = hot.temperature;
         d.seed = hot.seed;
         d.draw_base = 100;
-        ASSERT_EQ(cudaMemcpy(ddraw.get(), &d, sizeof d, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemset(keys.get(), 0, keys.bytes()), cudaSuccess);
-        cuda::DeviceBuffer y(static_cast<size_t>(tc.N) * 4);
-        kern->gemv_prepared(w, px.get(), px.bytes(), y.get(), nullptr, false, false, &f);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_EQ(download_f32(y, static_cast<size_t>(tc.N)), want_y);
-        std::vector<unsigned long long> k(kSlots);
-        ASSERT_EQ(cudaMemcpy(k.data(), keys.get(), keys.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+        call(d, k);
+        ASSERT_FALSE(::testing::Test::HasFatalFailure());
         int used = 0;
         for (const unsigned long long key : k) {
           if (key == 0) continue;
@@ -1209,15 +1216,8 @@ TEST(Cuda, GemvArgmaxMatchesScalarScan) {
         SCOPED_TRACE("limit " + std::to_string(limit));
         cuda::HeadDraw d;
         d.limit = static_cast<int32_t>(limit);
-        ASSERT_EQ(cudaMemcpy(ddraw.get(), &d, sizeof d, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemset(keys.get(), 0, keys.bytes()), cudaSuccess);
-        cuda::DeviceBuffer y(static_cast<size_t>(tc.N) * 4);
-        kern->gemv_prepared(w, px.get(), px.bytes(), y.get(), nullptr, false, false, &f);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const std::vector<float> got_y = download_f32(y, static_cast<size_t>(tc.N));
-        EXPECT_EQ(std::memcmp(got_y.data(), want_y.data(), want_y.size() * 4), 0);
-        std::vector<unsigned long long> k(kSlots);
-        ASSERT_EQ(cudaMemcpy(k.data(), keys.get(), keys.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+        call(d, k);
+        ASSERT_FALSE(::testing::Test::HasFatalFailure());
         const int64_t n = std::min(limit, tc.N);
         int used = 0;
         for (const unsigned long long key : k) {

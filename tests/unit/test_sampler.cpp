@@ -183,13 +183,12 @@ TEST(Sampler, DrawMatchesTheDefinition) {
   }
 }
 
-// sampling::draw_kept (the GPU's check before top-k / top-p's select) against
-// the sampler itself: where it says the draw over every id is kept, the
-// filtered draw must be that id; with one filter, where it says not, the
-// filtered draw must differ (the id is not kept). Its inputs are counted and
-// summed here from the definition. Both answers must come up many times.
+// sampling::draw_kept (the GPU's check before top-k / top-p's select, on the
+// host: sample_check_keeps) against the sampler itself: where it says the
+// draw over every id is kept, the filtered draw must be that id; with one
+// filter, where it says not, the filtered draw must differ (the id is not
+// kept). Both answers must come up many times.
 TEST(Sampler, CheckAgreesWithTheFilteredDraw) {
-  namespace s = sampling;
   std::mt19937 g(7);
   int kept = 0, not_kept = 0;
   for (int trial = 0; trial < 8; ++trial) {
@@ -199,10 +198,6 @@ TEST(Sampler, CheckAgreesWithTheFilteredDraw) {
     for (size_t i = 0; i < l.size(); i += 4) l[i] = std::round(l[i]);  // ties
     l[3] = std::numeric_limits<float>::quiet_NaN();
     const auto N = static_cast<int64_t>(l.size());
-    uint64_t vmax = 0, valid = 0;
-    for (int64_t i = 0; i < N; ++i)
-      if (const uint64_t k = s::key(l[i], i); k != 0) vmax = std::max(vmax, k), ++valid;
-    const float lmax = s::key_value(static_cast<uint32_t>(vmax >> 32));
     for (SamplerConfig c : {SamplerConfig{.temperature = 0.8f, .top_k = 40, .top_p = 1.0f, .seed = 1},
                             SamplerConfig{.temperature = 0.7f, .top_k = 0, .top_p = 0.9f, .seed = 2},
                             SamplerConfig{.temperature = 1.0f, .top_k = 20, .top_p = 0.8f, .seed = 3},
@@ -213,16 +208,7 @@ TEST(Sampler, CheckAgreesWithTheFilteredDraw) {
       all.top_p = 1.0f;
       for (uint64_t d = 0; d < 40; ++d) {
         const int32_t id = sample_logits(l.data(), N, all, d);
-        const uint64_t kd = s::key(l[static_cast<size_t>(id)], id);
-        auto mass = [&](uint64_t k) { return s::mass(s::key_value(static_cast<uint32_t>(k >> 32)), lmax, c.temperature); };
-        uint64_t above = 0, m_above = 0, m_all = 0;
-        for (int64_t i = 0; i < N; ++i) {
-          const uint64_t k = s::key(l[i], i);
-          if (k == 0) continue;
-          if (k > kd) ++above, m_above += mass(k);
-          m_all += mass(k);
-        }
-        const bool says = s::draw_kept(c.top_k, c.top_p, valid, above, m_above, m_above + mass(kd), m_all);
+        const bool says = sample_check_keeps(l.data(), N, c, id);
         const int32_t want = sample_logits(l.data(), N, c, d);
         if (says) {
           ASSERT_EQ(want, id) << "trial " << trial << " k " << c.top_k << " p " << c.top_p << " draw " << d;
