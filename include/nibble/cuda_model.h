@@ -114,9 +114,11 @@ int32_t device_argmax(const float* logits, int64_t n);
 int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, uint64_t draw,
                       bool* checked = nullptr);
 // Whether the device draws `s` over `vocab_limit` ids (decode_sample_run, device_sample): temperature
-// > 0, and with top-k or top-p an sm_90 or later device (thread-block clusters) and at most 262144 ids.
-// Otherwise draw on the host from forward()'s logits (the same ids).
+// > 0, and with top-k or top-p at most sample_filter_max_logits() ids. Otherwise draw on the host from
+// forward()'s logits (the same ids).
 bool samples_on_device(const SamplerConfig& s, int64_t vocab_limit);
+// The most ids top-k / top-p take on the device: 4096 per SM, up to 128 SMs (524288 on an H100 or H200).
+int64_t sample_filter_max_logits();
 
 class GpuModel {
  public:

@@ -554,7 +554,7 @@ TEST(Cuda, DeviceArgmaxMatchesScalarScan) {
   EXPECT_EQ(cases, 257);  // every length and case above ran
 }
 
-// Sampled decode's draw on the device (cuda::device_sample: sample_select_kernel, sample_keys_kernel and
+// Sampled decode's draw on the device (cuda::device_sample: sample_keys_kernel, sample_filter_kernel and
 // the feed) against the CPU's sample_logits on the same logits, bit for bit: temperature alone, top-k and
 // top-p (alone and together, cutting inside runs of equal values, so that the boundary value's ids are
 // kept in part), NaN, infinities, a vocabulary of 128256 and small ones.
@@ -582,7 +582,7 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
       for (int draw = 0; draw < draws; ++draw) {
         const uint64_t number = 1000003ull * static_cast<uint64_t>(draw);
         const int32_t want = sample_logits(v.data(), n, c, number);
-        if (!cuda::samples_on_device(c, n)) {  // top-k / top-p before sm_90
+        if (!cuda::samples_on_device(c, n)) {  // past top-k / top-p's limit on this device
           EXPECT_THROW(cuda::device_sample(static_cast<const float*>(d.get()), n, c, number), Error);
           break;
         }
@@ -597,7 +597,8 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
       }
     }
   };
-  // 151936 (Qwen2's vocabulary): a cluster of 10 blocks, past the portable 8.
+  // 151936 (Qwen2's vocabulary): 128 blocks of 1192 logits on an H100; 1000: one block; 16385: 17 blocks
+  // of 968, the last of 897.
   for (int64_t n : {1, 3, 64, 1000, 16385, 32000, 128256, 151936}) {
     std::vector<float> v(static_cast<size_t>(n));
     for (float& x : v) x = nd(rng);
@@ -619,19 +620,31 @@ TEST(Cuda, DeviceSampleMatchesTheCpu) {
   // Every logit equal (all of the vocabulary one run), and every logit NaN (id 0).
   check(std::vector<float>(4099, 1.5f), "all equal", 4);
   check(std::vector<float>(513, nan), "all NaN", 2);
-  // top-k / top-p take up to 16 blocks of 16384 logits; temperature alone any number.
+  // top-k / top-p take up to sample_filter_max_logits() (4096 per SM, 524288 on 128 SMs or more), the
+  // grid's blocks then full; temperature alone any number.
   {
-    const std::vector<float> big(262145, 0.5f);
+    const int64_t most = cuda::sample_filter_max_logits();
+    EXPECT_EQ(most % 4096, 0);
+    EXPECT_GE(most, 4096);
+    EXPECT_LE(most, 524288);
+    std::vector<float> big(static_cast<size_t>(most + 1));
+    for (float& x : big) x = std::round(nd(rng));  // few distinct values: long runs for the boundary pass
     const cuda::DeviceBuffer d = cuda::upload(big.data(), big.size() * sizeof(float));
     const auto* p = static_cast<const float*>(d.get());
-    EXPECT_FALSE(cuda::samples_on_device({.temperature = 1.0f, .top_k = 40}, 262145));
-    EXPECT_TRUE(cuda::samples_on_device({.temperature = 1.0f}, 262145));
+    const SamplerConfig k40 = {.temperature = 1.0f, .top_k = 40, .top_p = 1.0f, .seed = 9};
+    EXPECT_FALSE(cuda::samples_on_device(k40, most + 1));
+    EXPECT_TRUE(cuda::samples_on_device(k40, most));
+    EXPECT_TRUE(cuda::samples_on_device({.temperature = 1.0f}, most + 1));
     EXPECT_FALSE(cuda::samples_on_device({}, 100));  // greedy is not a draw
-    EXPECT_THROW(cuda::device_sample(p, 262145, {.temperature = 1.0f, .top_k = 40}, 0), Error);
-    if (cuda::samples_on_device({.temperature = 1.0f, .top_k = 40}, 262144)) {
-      EXPECT_NO_THROW(cuda::device_sample(p, 262144, {.temperature = 1.0f, .top_k = 40}, 0));
-    }
-    EXPECT_EQ(cuda::device_sample(p, 262145, {.temperature = 1.0f}, 3), sample_logits(big.data(), 262145, {.temperature = 1.0f}, 3));
+    EXPECT_THROW(cuda::device_sample(p, most + 1, k40, 0), Error);
+    for (const SamplerConfig& c : {k40, SamplerConfig{.temperature = 0.9f, .top_k = 1000, .top_p = 0.7f, .seed = 10}})
+      for (uint64_t draw = 0; draw < 3; ++draw) {
+        bool kept = false;
+        EXPECT_EQ(cuda::device_sample(p, most, c, draw, &kept), sample_logits(big.data(), most, c, draw));
+        ++(kept ? checked : selected);
+      }
+    EXPECT_EQ(cuda::device_sample(p, most + 1, {.temperature = 1.0f}, 3),
+              sample_logits(big.data(), most + 1, {.temperature = 1.0f}, 3));
   }
   EXPECT_GT(moved, cases / 4);  // the draws move
   if (checked + selected > 0) {  // both ways of top-k / top-p ran, each many times

@@ -91,7 +91,7 @@ ArgmaxFeed argmax_feed(void* state, int32_t* step, int32_t* host, int host_slots
 }
 
 // Whether the device is sm_90 or later (thread-block clusters: decode
-// attention, sample_select_kernel).
+// attention).
 bool device_has_clusters() {
   static const bool sm90 = [] {
     int dev = 0, major = 0;
@@ -105,29 +105,23 @@ bool device_has_clusters() {
 // step[1], fed to step (id, position + 1) and host[position % host_slots].
 // `keys`: the slots where the head GEMV left every id's score key
 // (HeadDraw::kSampleFiltered), or null: sample_keys_kernel takes them into
-// st->keys. st->feed must hold {limit, kSample}.
-void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a, SampleState* st,
+// st->keys. st->feed must hold {limit, kSample}; `grid` (zeroed once) serves
+// top-k / top-p.
+void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a, SampleState* st, FilterGrid* grid,
                          unsigned long long* keys, int32_t* step, int32_t* host, int host_slots, cudaStream_t s) {
   const auto* pos = static_cast<const int32_t*>(step);
   if (keys == nullptr) {
     keys = st->keys;
-    pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a, pos,
-               static_cast<const unsigned long long*>(nullptr), static_cast<const uint32_t*>(nullptr), keys);
+    pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a, pos, keys);
   }
   if (a.c.filters()) {
-    NIBBLE_CHECK(device_has_clusters() && limit <= kSelectMaxLogits,
-                 "sampled decode: --top-k / --top-p on the GPU need an sm_90 or later device and at most {} logits "
-                 "({})", kSelectMaxLogits, limit);
-    static std::once_flag attr_once;  // outside any graph capture: sampled steps are launched one by one
-    std::call_once(attr_once, [] {
-      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kSelectSmem)));
-      NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sample_select_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    });
-    const auto ranks = static_cast<unsigned>(select_ranks(limit));
-    pdl_launch_cluster(sample_select_kernel, ranks, ranks, kSelectThreads, kSelectSmem, s, logits, limit, a, keys, st);
-    pdl_launch(sample_keys_kernel, kSampleKeysBlocks, kSampleKeysThreads, 0, s, logits, limit, a, pos,
-               static_cast<const unsigned long long*>(&st->lowest), static_cast<const uint32_t*>(&st->checked), keys);
+    const int sms = device_sm_count();
+    NIBBLE_CHECK(limit <= filter_max_logits(sms),
+                 "sampled decode: --top-k / --top-p on the GPU take at most {} logits on this device ({})",
+                 filter_max_logits(sms), limit);
+    const int blocks = filter_blocks(limit, sms), per = filter_per(limit, blocks);
+    NIBBLE_CHECK(grid != nullptr, "sampled decode: top-k / top-p without their grid state");
+    pdl_launch(sample_filter_kernel, blocks, kFilterThreads, 0, s, logits, limit, per, a, pos, keys, st, grid);
   }
   pdl_launch(argmax_keys_kernel, 1, 32, 0, s, keys, static_cast<const HeadDraw*>(&st->feed), step, host, host_slots);
 }
@@ -595,6 +589,14 @@ struct GpuModel::Impl {
   // Sampled decode (enqueue_sample_draw).
   DeviceBuffer sample_state_buf;
   SampleState* sample_state() const { return static_cast<SampleState*>(sample_state_buf.get()); }
+  DeviceBuffer filter_grid_buf;  // top-k / top-p's grid state, from the first run that filters
+  FilterGrid* filter_grid() {
+    if (filter_grid_buf.get() == nullptr) {
+      filter_grid_buf = DeviceBuffer(sizeof(FilterGrid));
+      NIBBLE_CUDA_CHECK(cudaMemsetAsync(filter_grid_buf.get(), 0, filter_grid_buf.bytes(), stream));
+    }
+    return static_cast<FilterGrid*>(filter_grid_buf.get());
+  }
   int32_t* greedy_host = nullptr;
   int32_t* greedy_host_dev = nullptr;
   cudaEvent_t greedy_done[kGreedySlots] = {};
@@ -936,7 +938,7 @@ struct GpuModel::Impl {
   // (HeadDraw::kSampleFiltered).
   void enqueue_sample(int64_t limit, const SampleArgs& a, bool head_keys) {
     enqueue_sample_draw(static_cast<const float*>(dec.logits.get()), limit, a, sample_state(),
-                        head_keys ? head_argmax_keys() : nullptr, static_cast<int32_t*>(dec.tokens.get()),
+                        a.c.filters() ? filter_grid() : nullptr, head_keys ? head_argmax_keys() : nullptr, static_cast<int32_t*>(dec.tokens.get()),
                         greedy_host_dev, kGreedySlots, stream);
   }
   // Greedy (sample null) or sampled steps back to back (greedy_run below).
@@ -1027,6 +1029,7 @@ int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, ui
   struct State {
     SampleState st;
     int32_t step[4];  // {token, position}, then one slot
+    FilterGrid grid;
   };
   DeviceBuffer buf(sizeof(State));
   NIBBLE_CUDA_CHECK(cudaMemset(buf.get(), 0, buf.bytes()));
@@ -1035,18 +1038,19 @@ int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, ui
   feed.limit = static_cast<int32_t>(n);
   feed.mode = HeadDraw::kSample;
   NIBBLE_CUDA_CHECK(cudaMemcpy(&dev->st.feed, &feed, sizeof feed, cudaMemcpyHostToDevice));
-  const uint32_t unset = 2;  // neither answer: sample_select_kernel writes 0 or 1
+  const uint32_t unset = 2;  // neither answer: sample_filter_kernel writes 0 or 1
   NIBBLE_CUDA_CHECK(cudaMemcpy(&dev->st.checked, &unset, 4, cudaMemcpyHostToDevice));
-  enqueue_sample_draw(logits, n, a, &dev->st, nullptr, dev->step, dev->step + 2, 1, nullptr);
+  enqueue_sample_draw(logits, n, a, &dev->st, &dev->grid, nullptr, dev->step, dev->step + 2, 1, nullptr);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
   State out;
   NIBBLE_CUDA_CHECK(cudaMemcpy(&out, buf.get(), sizeof out, cudaMemcpyDeviceToHost));
   NIBBLE_CHECK(out.step[0] == out.step[2] && out.step[1] == 1 &&
                    std::all_of(out.st.keys, out.st.keys + GemvFusion::kArgmaxKeys,
                                [](unsigned long long k) { return k == 0; }) &&
-                   (out.st.checked == (c.filters() ? 0u : 2u) || (c.filters() && out.st.checked == 1)),
-               "device_sample: the step feed ({}, {}), slot {}, the key slots or the check ({}) disagree",
-               out.step[0], out.step[1], out.step[2], out.st.checked);
+                   (out.st.checked == (c.filters() ? 0u : 2u) || (c.filters() && out.st.checked == 1)) &&
+                   out.grid.count == 0,
+               "device_sample: the step feed ({}, {}), slot {}, the key slots, the check ({}) or the grid barrier's "
+               "count ({}) disagree", out.step[0], out.step[1], out.step[2], out.st.checked, out.grid.count);
   if (checked != nullptr) *checked = out.st.checked == 1;
   return out.step[0];
 }
@@ -1377,8 +1381,10 @@ int64_t GpuModel::decode_greedy_run(int32_t token, int64_t vocab_limit, int64_t 
   return impl_->greedy_run(token, vocab_limit, max_steps, on_token);
 }
 
+int64_t sample_filter_max_logits() { return filter_max_logits(device_sm_count()); }
+
 bool samples_on_device(const SamplerConfig& s, int64_t vocab_limit) {
-  return s.temperature > 0 && (!s.filters() || (device_has_clusters() && vocab_limit <= kSelectMaxLogits));
+  return s.temperature > 0 && (!s.filters() || vocab_limit <= sample_filter_max_logits());
 }
 
 int64_t GpuModel::decode_sample_run(int32_t token, int64_t vocab_limit, int64_t max_steps, const SamplerConfig& s,

@@ -6,14 +6,15 @@
 // its Gumbel variable, nibble/sampler.h) into GemvFusion::kArgmaxKeys slots:
 // where it can, the head GEMV does it (GemvFusion::argmax_*, HeadDraw), else
 // sample_keys_kernel. The largest key over the slots is then the draw over
-// every id. With top-k or top-p, sample_select_kernel first checks whether
+// every id. With top-k or top-p, sample_filter_kernel first checks whether
 // that id is kept: if so (the usual case) the slots stand; if not, it finds
-// the least key kept and clears the slots, and sample_keys_kernel scores the
-// kept logits again. argmax_keys_kernel (the greedy head's) reads the slots
+// the least key kept, clears the slots and scores the kept logits into them.
+// argmax_keys_kernel (the greedy head's) reads the slots
 // back to zero and feeds the next step. The draw number comes from the
 // step's position on the device, so steps need nothing from the host.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/forward_kernels.cuh"
@@ -30,34 +31,22 @@ struct SampleArgs {
   uint64_t draw_base = 0;
 };
 
-// The draw's state in device memory, zero to start with.
-struct SampleState {
-  unsigned long long keys[GemvFusion::kArgmaxKeys];  // sample_keys_kernel's slots: zero between draws
-  HeadDraw feed;  // the limit and kSample: what argmax_keys_kernel reads
-  unsigned long long lowest;  // sample_select_kernel: the least key kept
-  uint32_t checked;  // sample_select_kernel: 1 where the slots' draw is kept as it is
-  uint32_t pad;
-};
-
 constexpr int kSampleKeysThreads = 256, kSampleKeysBlocks = 128;
 
-// Every kept logit's score (l / T plus its Gumbel variable) as a key; each
-// warp's largest into slot (global warp) mod kArgmaxKeys by a relaxed atomic
-// max. Kept: below `limit`, not NaN, key at least *lowest (null: 0). Nothing
-// where *checked is set (null: never).
+// Every logit's score (l / T plus its Gumbel variable) as a key; each warp's
+// largest into slot (global warp) mod kArgmaxKeys by a relaxed atomic max.
+// Below `limit`, not NaN.
 __global__ void __launch_bounds__(kSampleKeysThreads)
     sample_keys_kernel(const float* __restrict__ l, int64_t limit, SampleArgs a, const int32_t* step,
-                       const unsigned long long* lowest, const uint32_t* checked, unsigned long long* keys) {
+                       unsigned long long* keys) {
   pdl_prologue();
-  if (checked != nullptr && *checked != 0) return;
   const uint64_t draw = a.draw_base + static_cast<uint64_t>(static_cast<int64_t>(step[1]));
-  const uint64_t lo = lowest != nullptr ? *lowest : 0ull;
   uint64_t best = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < limit;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = l[i];
     const uint64_t k = sampling::key(v, i);
-    if (k == 0 || k < lo) continue;
+    if (k == 0) continue;
     best = max(best, sampling::key(sampling::score(v, a.c.temperature, a.c.seed, draw, i), i));
   }
   for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
@@ -68,138 +57,204 @@ __global__ void __launch_bounds__(kSampleKeysThreads)
                  : "memory");
 }
 
-constexpr int kSelectThreads = 1024, kSelectWarps = kSelectThreads / 32, kSelectBins = 256;
-// Each block of the cluster holds the value halves of the keys of its slice
-// of kSelectSlice logits in shared memory; clusters of up to 16 blocks:
-// vocabularies up to kSelectMaxLogits.
-constexpr int kSelectSlice = 16384, kSelectMaxRanks = 16;
-constexpr int64_t kSelectMaxLogits = int64_t{kSelectSlice} * kSelectMaxRanks;
-// Per-warp histograms of one 8-bit digit (masses u64, counts u32), then the slice.
-constexpr size_t kSelectSmem = size_t{kSelectWarps} * kSelectBins * (8 + 4) + size_t{kSelectSlice} * 4;
-inline int select_ranks(int64_t n) { return static_cast<int>((n + kSelectSlice - 1) / kSelectSlice); }
+// Top-k / top-p: one kernel of `blocks` blocks (at most one per SM, all
+// resident at once), block b holding logits [b·per, (b+1)·per) as the value
+// halves of their keys in shared memory. The blocks meet at grid barriers in
+// device memory (FilterGrid): partial results per block, read back in block
+// order, and each radix pass's histogram summed by atomics (integer counts and
+// masses, so exact in any order). Any GPU: no clusters.
+constexpr int kFilterThreads = 512, kFilterWarps = kFilterThreads / 32, kFilterPer = 8, kFilterBins = 256;
+constexpr int kFilterSlice = kFilterThreads * kFilterPer;  // logits per block at most
+constexpr int kFilterMaxBlocks = 128, kFilterTarget = 1024;  // aim: about kFilterTarget logits per block
+static_assert(kFilterMaxBlocks <= kFilterThreads, "a thread per block reads the partial results");
 
-struct SelectShared {
-  // This block's histogram totals, double-buffered by pass parity (the other
-  // ranks read them between two cluster barriers).
-  uint32_t tot_c[2][kSelectBins];
-  uint64_t tot_m[2][kSelectBins];
-  // The cluster's totals of the current pass.
-  uint32_t all_c[kSelectBins];
-  uint64_t all_m[kSelectBins];
-  uint64_t red[kSelectWarps];
-  uint64_t part[2][3];  // this block's largest value half, candidates, boundary-id count; [parity]
-  uint64_t found[2];    // the boundary key where this block holds it, else 0; [parity]
-  uint64_t check[3];    // the check: this block's keys above the draw's, their mass, the whole mass
-  uint32_t digit;
-  uint64_t above_c, above_m, bin_c, r;
-  int pass;  // passes so far (parity of tot_*, part, found)
+struct FilterHist {
+  unsigned long long m[kFilterBins];
+  uint32_t c[kFilterBins];
+};
+// The blocks' meeting place, zero to start with (and left so: the barrier's
+// count returns to 0; every histogram is zeroed in the round before its use).
+struct FilterGrid {
+  unsigned count, gen;  // the barrier: arrivals, generation
+  unsigned long long part[2][kFilterMaxBlocks][3];  // per block, by round parity
+  FilterHist hist[3];  // round r sums into hist[r % 3]
 };
 
-__device__ inline uint64_t select_block_max(uint64_t v, SelectShared& sh) {
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  if ((threadIdx.x & 31) == 0) sh.red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = 0;
-  for (int w = 0; w < kSelectWarps; ++w) v = max(v, sh.red[w]);
-  __syncthreads();
-  return v;
+// The draw's state in device memory, zero to start with (the filter's grid
+// apart: FilterGrid, allocated where top-k / top-p first run, so that greedy
+// and temperature-only runs allocate what they did before it).
+struct SampleState {
+  unsigned long long keys[GemvFusion::kArgmaxKeys];  // sample_keys_kernel's slots: zero between draws
+  HeadDraw feed;  // the limit and kSample: what argmax_keys_kernel reads
+  uint32_t checked;  // sample_filter_kernel: 1 where the slots' draw is kept as it is, 0 where it selected
+  uint32_t pad;
+};
+
+// The blocks for n logits (a launch rule: at most one per SM, every one resident),
+// and the most logits the kernel takes on this device.
+inline int filter_blocks(int64_t n, int sms) {
+  const int64_t cap = std::min(kFilterMaxBlocks, std::max(1, sms));
+  return static_cast<int>(std::clamp<int64_t>((n + kFilterTarget - 1) / kFilterTarget, 1, cap));
 }
-__device__ inline uint64_t select_block_sum(uint64_t v, SelectShared& sh) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  if ((threadIdx.x & 31) == 0) sh.red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  v = 0;
-  for (int w = 0; w < kSelectWarps; ++w) v += sh.red[w];
-  __syncthreads();
-  return v;
+// Each block's logits: a multiple of kFilterPer (every thread's two 16-byte
+// loads aligned), at most kFilterSlice where n <= filter_max_logits.
+inline int filter_per(int64_t n, int blocks) {
+  const int64_t per = (n + blocks - 1) / blocks;
+  return static_cast<int>((per + kFilterPer - 1) / kFilterPer * kFilterPer);
 }
+inline int64_t filter_max_logits(int sms) {
+  return int64_t{std::min(kFilterMaxBlocks, std::max(1, sms))} * kFilterSlice;
+}
+
+struct FilterShared {
+  uint64_t red[kFilterWarps][3];
+  uint32_t hc[kFilterBins];
+  uint64_t hm[kFilterBins];
+  uint32_t all_c[kFilterBins];
+  uint64_t all_m[kFilterBins];
+  uint32_t digit;
+  uint64_t above_c, above_m, bin_c, r, found;
+};
+
+// Three block reductions at one barrier pair: v[i] becomes the block's
+// largest (Max_i) or its sum.
+template <bool Max0, bool Max1, bool Max2>
+__device__ inline void filter_block_reduce3(uint64_t (&v)[3], FilterShared& sh) {
+  constexpr bool kMax[3] = {Max0, Max1, Max2};
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t t = __shfl_xor_sync(0xFFFFFFFFu, v[i], o);
+      v[i] = kMax[i] ? max(v[i], t) : v[i] + t;
+    }
+  if ((threadIdx.x & 31) == 0)
+#pragma unroll
+    for (int i = 0; i < 3; ++i) sh.red[threadIdx.x >> 5][i] = v[i];
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 3; ++i) v[i] = 0;
+  for (int w = 0; w < kFilterWarps; ++w)
+#pragma unroll
+    for (int i = 0; i < 3; ++i) v[i] = kMax[i] ? max(v[i], sh.red[w][i]) : v[i] + sh.red[w][i];
+  __syncthreads();
+}
+
 // The block's exclusive prefix sum of v, in thread order.
-__device__ inline uint64_t select_block_exclusive(uint64_t v, SelectShared& sh) {
+__device__ inline uint64_t filter_block_exclusive(uint64_t v, FilterShared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint64_t inc = v;
   for (int o = 1; o < 32; o <<= 1) {
     const uint64_t t = __shfl_up_sync(0xFFFFFFFFu, inc, o);
     if (lane >= o) inc += t;
   }
-  if (lane == 31) sh.red[warp] = inc;
+  if (lane == 31) sh.red[warp][0] = inc;
   __syncthreads();
   uint64_t before = 0;
-  for (int w = 0; w < warp; ++w) before += sh.red[w];
+  for (int w = 0; w < warp; ++w) before += sh.red[w][0];
   __syncthreads();
   return before + inc - v;
 }
 
-// The select kernel's view of its cluster: the block's slice [base, base +
-// cnt) of the logits as value halves (0: NaN) in `vals`.
-struct SelectSlice {
+// Mass of logit `v` against `lmax` at t (sampling::mass), with the values at
+// least 31·t below lmax (`cut` = -31·t: their quotient is below -30, where
+// exp_mass gives 0) skipped before the division: most of a real vocabulary.
+__device__ inline uint64_t filter_mass(float v, float lmax, float t, float cut) {
+  return sampling::sub(v, lmax) < cut ? 0 : sampling::mass(v, lmax, t);
+}
+
+// The kernel's view of its grid: this block's slice [base, base + cnt) as
+// value halves (0: NaN) in `vals`, and the rounds of partial results.
+struct FilterSlice {
   const uint32_t* vals;
   int64_t base;
   int cnt;
-  unsigned rank, ranks;
+  unsigned blocks;
+  FilterGrid* g;
+  unsigned round;  // grid barriers passed in this launch
   // The key of the slice's j-th value half (hi != 0).
   __device__ uint64_t key(uint32_t hi, int j) const {
     return (static_cast<uint64_t>(hi) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(base + j));
   }
+  // This round's partial results and histogram.
+  __device__ unsigned long long* part() const { return g->part[round & 1][blockIdx.x]; }
+  __device__ FilterHist* hist() const { return &g->hist[round % 3]; }
+  // The grid barrier that ends the round: the block's writes before it are
+  // seen by every block after it. Block 0 first zeroes the next round's
+  // histogram (the round before last read it). Returns the round's parts.
+  __device__ const unsigned long long (*sync())[3] {
+    if (blockIdx.x == 0) {
+      FilterHist* next = &g->hist[(round + 1) % 3];
+      for (int i = threadIdx.x; i < kFilterBins; i += kFilterThreads) next->m[i] = 0, next->c[i] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      unsigned gen;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(&g->gen) : "memory");
+      if (atomicAdd(&g->count, 1u) == blocks - 1) {
+        atomicExch(&g->count, 0u);  // nobody arrives again before the generation moves
+        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&g->gen), "r"(gen + 1) : "memory");
+      } else {
+        unsigned now;
+        do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(&g->gen) : "memory");
+        while (now == gen);
+      }
+      __threadfence();
+    }
+    __syncthreads();
+    return g->part[(round++) & 1];
+  }
 };
+
+// The blocks' partial results of the round that just ended, reduced in the
+// block: thread q < blocks loads block q's (kMax: largest, else sum).
+template <bool Max0, bool Max1, bool Max2>
+__device__ inline void filter_gather(const unsigned long long (*parts)[3], unsigned blocks, uint64_t (&v)[3],
+                                     FilterShared& sh) {
+#pragma unroll
+  for (int i = 0; i < 3; ++i) v[i] = threadIdx.x < blocks ? __ldcg(&parts[threadIdx.x][i]) : 0ull;
+  filter_block_reduce3<Max0, Max1, Max2>(v, sh);
+}
 
 // The least key the kept set holds, for the kept ids among those with key
 // >= `lower`: count mode (Mass false) the `need` largest; mass mode the
 // shortest prefix in descending key order whose mass (against lmax at t)
 // reaches top_p of theirs. Four passes of an 8-bit digit over the value
-// halves (each block's histogram, summed over the cluster), then, where the
+// halves (each block's histogram, summed over the grid), then, where the
 // boundary value's ids are kept only in part, one pass for the boundary id.
-// Every thread of every block of the cluster calls it and gets the same key.
+// Every thread of every block calls it and gets the same key.
 template <bool Mass>
-__device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float lmax, float t, uint64_t need,
-                                  float top_p, uint64_t* hm, uint32_t* hc, SelectShared& sh) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
+__device__ uint64_t filter_lowest(FilterSlice& sl, uint64_t lower, float lmax, float t, uint64_t need, float top_p,
+                                  FilterShared& sh) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const float cut = sampling::mul(-31.0f, t);
   uint32_t prefix = 0, pmask = 0;
   uint64_t above_c = 0, above_m = 0;
   double target = 0;  // mass mode, warp 0
   for (int shift = 24; shift >= 0; shift -= 8) {
-    const int par = sh.pass & 1;
-    for (int b = lane; b < kSelectBins; b += 32) {
-      hc[warp * kSelectBins + b] = 0;
-      if constexpr (Mass) hm[warp * kSelectBins + b] = 0;
-    }
-    __syncwarp();
-    for (int j = tid; j < sl.cnt; j += kSelectThreads) {
+    for (int b = tid; b < kFilterBins; b += kFilterThreads) sh.hc[b] = 0, sh.hm[b] = 0;
+    __syncthreads();
+    for (int j = tid; j < sl.cnt; j += kFilterThreads) {
       const uint32_t hi = sl.vals[j];
       if (hi == 0 || (hi & pmask) != prefix || sl.key(hi, j) < lower) continue;
       const uint32_t d = (hi >> shift) & 255u;
-      atomicAdd(hc + warp * kSelectBins + d, 1u);
+      atomicAdd(&sh.hc[d], 1u);
       if constexpr (Mass)
-        atomicAdd(reinterpret_cast<unsigned long long*>(hm + warp * kSelectBins + d),
-                  static_cast<unsigned long long>(sampling::mass(sampling::key_value(hi), lmax, t)));
+        atomicAdd(reinterpret_cast<unsigned long long*>(&sh.hm[d]),
+                  static_cast<unsigned long long>(filter_mass(sampling::key_value(hi), lmax, t, cut)));
     }
     __syncthreads();
-    if (tid < kSelectBins) {
-      uint32_t c = 0;
-      uint64_t m = 0;
-      for (int w = 0; w < kSelectWarps; ++w) {
-        c += hc[w * kSelectBins + tid];
-        if constexpr (Mass) m += hm[w * kSelectBins + tid];
-      }
-      sh.tot_c[par][tid] = c;
-      sh.tot_m[par][tid] = m;
+    FilterHist* h = sl.hist();
+    for (int b = tid; b < kFilterBins; b += kFilterThreads) {
+      if (sh.hc[b] != 0) atomicAdd(&h->c[b], sh.hc[b]);
+      if (Mass && sh.hm[b] != 0) atomicAdd(&h->m[b], static_cast<unsigned long long>(sh.hm[b]));
     }
-    cluster.sync();  // every rank's totals of this pass are written
-    if (tid < kSelectBins) {
-      uint32_t c = 0;
-      uint64_t m = 0;
-      for (unsigned q = 0; q < sl.ranks; ++q) {
-        const SelectShared* o = cluster.map_shared_rank(&sh, q);
-        c += o->tot_c[par][tid];
-        m += o->tot_m[par][tid];
-      }
-      sh.all_c[tid] = c;
-      sh.all_m[tid] = m;
+    sl.sync();
+    for (int b = tid; b < kFilterBins; b += kFilterThreads) {
+      sh.all_c[b] = __ldcg(&h->c[b]);
+      sh.all_m[b] = Mass ? __ldcg(&h->m[b]) : 0ull;
     }
     __syncthreads();
-    if (tid == 0) ++sh.pass;
     if (warp == 0) {
       // Lane j holds bins 255 - 8j down to 248 - 8j: descending keys.
       uint64_t lc = 0, lm = 0;
@@ -250,47 +305,41 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
       while (r < sh.bin_c && static_cast<double>(above_m + r * m1) < target) ++r;
     }
     sh.r = r;
+    sh.found = 0;
   }
   __syncthreads();
   const uint64_t r = sh.r;
   if (r == sh.bin_c) return max(lower, static_cast<uint64_t>(prefix) << 32);  // all of them
-  // The r-th smallest id of the boundary value: the slices lie in rank
+  // The r-th smallest id of the boundary value: the slices lie in block
   // order, and each thread takes a contiguous range of its block's.
-  const int par = sh.pass & 1;
-  const int chunk = (sl.cnt + kSelectThreads - 1) / kSelectThreads, lo = tid * chunk, hi = min(sl.cnt, lo + chunk);
+  const int chunk = (sl.cnt + kFilterThreads - 1) / kFilterThreads, lo = tid * chunk, hi = min(sl.cnt, lo + chunk);
   auto boundary = [&](int j) { return sl.vals[j] == prefix && sl.key(prefix, j) >= lower; };
   uint64_t cnt = 0;
   for (int j = lo; j < hi; ++j) cnt += boundary(j);
-  const uint64_t before_thread = select_block_exclusive(cnt, sh);
-  if (tid == kSelectThreads - 1) sh.part[par][2] = before_thread + cnt;
-  if (tid == 0) sh.found[par] = 0;
-  cluster.sync();
-  uint64_t before_rank = 0;
-  for (unsigned q = 0; q < sl.rank; ++q) before_rank += cluster.map_shared_rank(&sh, q)->part[par][2];
-  const uint64_t before = before_rank + before_thread;
+  const uint64_t before_thread = filter_block_exclusive(cnt, sh);
+  if (tid == kFilterThreads - 1) sl.part()[0] = before_thread + cnt;
+  const auto* counts = sl.sync();
+  uint64_t v[3] = {tid < blockIdx.x ? __ldcg(&counts[tid][0]) : 0ull, 0, 0};  // the blocks before this one
+  filter_block_reduce3<false, false, false>(v, sh);
+  const uint64_t before = v[0] + before_thread;
   if (before < r && r <= before + cnt) {
     uint64_t seen = before;
     for (int j = lo; j < hi; ++j)
       if (boundary(j) && ++seen == r) {
-        sh.found[par] = sl.key(prefix, j);
+        sh.found = sl.key(prefix, j);
         break;
       }
   }
-  cluster.sync();
-  uint64_t k = 0;
-  for (unsigned q = 0; q < sl.ranks; ++q) k = max(k, cluster.map_shared_rank(&sh, q)->found[par]);
-  if (tid == 0) ++sh.pass;
   __syncthreads();
-  return k;
-#else
-  return 0;
-#endif
+  if (tid == 0) sl.part()[0] = sh.found;
+  uint64_t k[3];
+  filter_gather<true, false, false>(sl.sync(), sl.blocks, k, sh);
+  return k[0];
 }
 
 // Top-k / top-p over logits 0 .. n-1, after the slots `keys` took the score
-// keys of every id (the draw with no filter). One cluster of select_ranks(n)
-// blocks (launched with that cluster dimension), block r holding logits
-// r·kSelectSlice onwards.
+// keys of every id (the draw with no filter); filter_blocks(n) blocks of
+// `per` logits each (the last may hold fewer).
 //
 // The check: the slots' draw d is the filtered draw too wherever d is kept,
 // since the draw is the largest score over the kept ids. Top-k keeps d iff
@@ -300,95 +349,99 @@ __device__ uint64_t select_lowest(const SelectSlice& sl, uint64_t lower, float l
 // is not known before a select; it lies between the mass down to d's key and
 // the whole mass, so the check decides only where both bounds agree. Where
 // it holds, st->checked = 1 and the slots stand; where it does not (or
-// cannot decide), st->checked = 0, st->lowest the least key kept, and the
-// slots cleared for sample_keys_kernel's filtered pass.
-__global__ void __launch_bounds__(kSelectThreads, 1)
-    sample_select_kernel(const float* __restrict__ l, int64_t n, SampleArgs a, unsigned long long* keys,
-                         SampleState* st) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters: launched on sm_90 and later only (sample_select_supported)
-  namespace cg = cooperative_groups;
-  extern __shared__ uint64_t select_smem[];
-  __shared__ SelectShared sh;
-  const cg::cluster_group cluster = cg::this_cluster();
-  uint64_t* hm = select_smem;
-  auto* hc = reinterpret_cast<uint32_t*>(select_smem + kSelectWarps * kSelectBins);
-  uint32_t* vals = hc + kSelectWarps * kSelectBins;
-  SelectSlice sl;
+// cannot decide), st->checked = 0: the select finds the least key kept, block
+// 0 clears the slots, and every block puts its kept logits' score keys into
+// them, as sample_keys_kernel does.
+__global__ void __launch_bounds__(kFilterThreads, 1)
+    sample_filter_kernel(const float* __restrict__ l, int64_t n, int per, SampleArgs a, const int32_t* step,
+                         unsigned long long* keys, SampleState* st, FilterGrid* grid) {
+  __shared__ uint32_t vals[kFilterSlice];
+  __shared__ FilterShared sh;
+  const int tid = threadIdx.x;
+  FilterSlice sl;
   sl.vals = vals;
-  sl.rank = cluster.block_rank();
-  sl.ranks = cluster.num_blocks();
-  sl.base = static_cast<int64_t>(sl.rank) * kSelectSlice;
-  const int64_t left = n - sl.base;
-  sl.cnt = left <= 0 ? 0 : static_cast<int>(left < kSelectSlice ? left : kSelectSlice);
-  if (threadIdx.x == 0) sh.pass = 0;
+  sl.base = static_cast<int64_t>(blockIdx.x) * per;
+  sl.cnt = static_cast<int>(n - sl.base < 0 ? 0 : n - sl.base < per ? n - sl.base : per);
+  sl.blocks = gridDim.x;
+  sl.g = grid;
+  sl.round = 0;
   pdl_prologue();
-  uint64_t vmax = 0, valid = 0;
-  for (int j = threadIdx.x; j < sl.cnt; j += kSelectThreads) {
-    const auto hi = static_cast<uint32_t>(sampling::key(l[sl.base + j], sl.base + j) >> 32);  // 0: NaN
-    vals[j] = hi;
-    vmax = max(vmax, static_cast<uint64_t>(hi));
-    valid += hi != 0;
+  // Every load at once: the slots (the unfiltered draw's key is their
+  // largest; every block reads them) and this thread's logits.
+  uint64_t r3[3] = {tid < GemvFusion::kArgmaxKeys ? keys[tid] : 0ull, 0, 0};
+  // Thread tid's logits are tid·kFilterPer onwards: two 16-byte loads (per
+  // is a multiple of kFilterPer, so aligned with l), both in flight at once.
+  float v[kFilterPer];
+  const int j0 = tid * kFilterPer;
+  const float* src = l + sl.base + j0;
+  if (j0 + kFilterPer <= sl.cnt && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    const float4 a0 = __ldg(reinterpret_cast<const float4*>(src)), a1 = __ldg(reinterpret_cast<const float4*>(src) + 1);
+    v[0] = a0.x, v[1] = a0.y, v[2] = a0.z, v[3] = a0.w, v[4] = a1.x, v[5] = a1.y, v[6] = a1.z, v[7] = a1.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kFilterPer; ++i) v[i] = j0 + i < sl.cnt ? src[i] : __int_as_float(0x7FC00000);  // NaN: no key
   }
-  // The unfiltered draw's key: the slots' largest (every block reads them).
-  const uint64_t drawn = select_block_max(threadIdx.x < GemvFusion::kArgmaxKeys ? keys[threadIdx.x] : 0ull, sh);
-  vmax = select_block_max(vmax, sh);
-  valid = select_block_sum(valid, sh);
-  if (threadIdx.x == 0) {
-    sh.part[0][0] = vmax;
-    sh.part[0][1] = valid;
+#pragma unroll
+  for (int i = 0; i < kFilterPer; ++i) {
+    const auto hi = static_cast<uint32_t>(sampling::key(v[i], 0) >> 32);  // 0: NaN
+    if (j0 + i < sl.cnt) vals[j0 + i] = hi;
+    r3[1] = max(r3[1], static_cast<uint64_t>(hi));
+    r3[2] += hi != 0;
   }
-  cluster.sync();
-  for (unsigned q = 0; q < sl.ranks; ++q) {
-    const SelectShared* o = cluster.map_shared_rank(&sh, q);
-    if (q == 0) vmax = valid = 0;
-    vmax = max(vmax, o->part[0][0]);
-    valid += o->part[0][1];
-  }
+  filter_block_reduce3<true, true, false>(r3, sh);
+  const uint64_t drawn = r3[0];
+  const float ld = drawn != 0 ? l[sampling::key_row(drawn)] : 0.0f;  // the drawn id's logit
+  if (tid == 0) sl.part()[0] = r3[1], sl.part()[1] = r3[2];
+  uint64_t g3[3];
+  filter_gather<true, false, false>(sl.sync(), sl.blocks, g3, sh);
+  const uint64_t vmax = g3[0], valid = g3[1];
   const bool top_k = a.c.top_k > 0 && static_cast<uint64_t>(a.c.top_k) < valid, top_p = a.c.top_p < 1.0f;
   const float lmax = sampling::key_value(static_cast<uint32_t>(vmax)), t = a.c.temperature;
   // valid == 0: every logit NaN, no key in the slots, the draw is id 0 (as the CPU's).
   bool checked = valid == 0;
   if (!checked && drawn != 0) {
-    const int64_t id = sampling::key_row(drawn);
-    const uint64_t kd = sampling::key(l[id], id);  // the drawn id's own key
-    uint64_t above = 0, m_above = 0, m_all = 0;
-    for (int j = threadIdx.x; j < sl.cnt; j += kSelectThreads) {
+    const uint64_t kd = sampling::key(ld, sampling::key_row(drawn));  // the drawn id's own key
+    const float cut = sampling::mul(-31.0f, t);
+    uint64_t c3[3] = {0, 0, 0};  // keys above the draw's, their mass, the whole mass
+    for (int j = tid; j < sl.cnt; j += kFilterThreads) {
       const uint32_t hi = vals[j];
       if (hi == 0) continue;
-      const uint64_t m = top_p ? sampling::mass(sampling::key_value(hi), lmax, t) : 0;
-      if (sl.key(hi, j) > kd) ++above, m_above += m;
-      m_all += m;
+      const uint64_t m = top_p ? filter_mass(sampling::key_value(hi), lmax, t, cut) : 0;
+      if (sl.key(hi, j) > kd) ++c3[0], c3[1] += m;
+      c3[2] += m;
     }
-    above = select_block_sum(above, sh);
-    m_above = select_block_sum(m_above, sh);
-    m_all = select_block_sum(m_all, sh);
-    if (threadIdx.x == 0) sh.check[0] = above, sh.check[1] = m_above, sh.check[2] = m_all;
-    cluster.sync();
-    above = m_above = m_all = 0;
-    for (unsigned q = 0; q < sl.ranks; ++q) {
-      const SelectShared* o = cluster.map_shared_rank(&sh, q);
-      above += o->check[0];
-      m_above += o->check[1];
-      m_all += o->check[2];
-    }
+    filter_block_reduce3<false, false, false>(c3, sh);
+    if (tid == 0) sl.part()[0] = c3[0], sl.part()[1] = c3[1], sl.part()[2] = c3[2];
+    filter_gather<false, false, false>(sl.sync(), sl.blocks, c3, sh);
     const uint64_t m_low =
-        top_p ? m_above + sampling::mass(sampling::key_value(static_cast<uint32_t>(kd >> 32)), lmax, t) : 0;
-    checked = sampling::draw_kept(a.c.top_k, a.c.top_p, valid, above, m_above, m_low, m_all);
+        top_p ? c3[1] + sampling::mass(sampling::key_value(static_cast<uint32_t>(kd >> 32)), lmax, t) : 0;
+    checked = sampling::draw_kept(a.c.top_k, a.c.top_p, valid, c3[0], c3[1], m_low, c3[2]);
   }
-  if (sl.rank == 0 && threadIdx.x == 0) st->checked = checked ? 1u : 0u;
-  if (!checked) {
-    uint64_t lowest = 0;
-    if (top_k)
-      lowest = select_lowest<false>(sl, 0, 0.0f, t, static_cast<uint64_t>(a.c.top_k), 1.0f, hm, hc, sh);
-    if (top_p) lowest = max(lowest, select_lowest<true>(sl, lowest, lmax, t, 0, a.c.top_p, hm, hc, sh));
-    if (sl.rank == 0) {
-      if (threadIdx.x == 0) st->lowest = lowest;
-      // Every rank read the slots before the first cluster barrier.
-      if (threadIdx.x < GemvFusion::kArgmaxKeys) keys[threadIdx.x] = 0;
-    }
+  if (blockIdx.x == 0 && tid == 0) st->checked = checked ? 1u : 0u;
+  if (checked) return;  // every block takes the same branch
+  // Every block read the slots before the first grid barrier; the next one
+  // (always one: sync below) orders this clearing before their new keys.
+  if (blockIdx.x == 0 && tid < GemvFusion::kArgmaxKeys) keys[tid] = 0;
+  uint64_t lowest = 0;
+  if (top_k) lowest = filter_lowest<false>(sl, 0, 0.0f, t, static_cast<uint64_t>(a.c.top_k), 1.0f, sh);
+  if (top_p) lowest = max(lowest, filter_lowest<true>(sl, lowest, lmax, t, 0, a.c.top_p, sh));
+  if (!top_k && !top_p) sl.sync();
+  // The kept logits' score keys, each warp's largest into slot (global warp)
+  // mod kArgmaxKeys, as sample_keys_kernel.
+  const uint64_t draw = a.draw_base + static_cast<uint64_t>(static_cast<int64_t>(step[1]));
+  uint64_t best = 0;
+  for (int j = tid; j < sl.cnt; j += kFilterThreads) {
+    const uint32_t hi = vals[j];
+    if (hi == 0 || sl.key(hi, j) < lowest) continue;
+    const int64_t i = sl.base + j;
+    best = max(best, sampling::key(sampling::score(sampling::key_value(hi), t, a.c.seed, draw, i), i));
   }
-  cluster.sync();  // no block leaves while another may read its shared memory
-#endif
+  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
+  const unsigned warp = (blockIdx.x * kFilterThreads + tid) >> 5;
+  if ((tid & 31) == 0 && best != 0)
+    asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;\n" ::"l"(keys + warp % GemvFusion::kArgmaxKeys),
+                 "l"(static_cast<unsigned long long>(best))
+                 : "memory");
 }
 
 }  // namespace
