@@ -75,7 +75,10 @@ struct FilterHist {
 // The blocks' meeting place, zero to start with (and left so: the barrier's
 // count returns to 0; every histogram is zeroed in the round before its use).
 struct FilterGrid {
-  unsigned count, gen;  // the barrier: arrivals, generation
+  // The barrier: arrivals and generation, on lines of their own (the blocks
+  // poll the generation while others' arrivals land).
+  alignas(128) unsigned count;
+  alignas(128) unsigned gen;
   unsigned long long part[2][kFilterMaxBlocks][3];  // per block, by round parity
   FilterHist hist[3];  // round r sums into hist[r % 3]
 };
