@@ -168,7 +168,7 @@ NIBBLE_HD inline float score(float l, float t, uint64_t seed, uint64_t draw, int
   return add(div(l, t), gumbel(seed, draw, i));
 }
 
-// Top-k / top-p's check (the GPU's sample_select_kernel): whether the draw
+// Top-k / top-p's check (the GPU's sample_filter_kernel): whether the draw
 // over every id, d, is the draw over the kept ids too, which it is wherever
 // d is kept (the draw is the largest score among the kept ids). `valid`: the
 // non-NaN ids; `above`: the keys above d's; `m_above`, `m_low`, `m_all`: the

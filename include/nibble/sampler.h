@@ -35,7 +35,7 @@ void check_sampler_config(const SamplerConfig& c);
 int32_t sample_logits(const float* logits, int64_t vocab, const SamplerConfig& c, uint64_t draw);
 
 // Top-k / top-p's check on the host (sampling::draw_kept over the sums the
-// GPU's sample_select_kernel takes): whether `id`, the draw over every id
+// GPU's sample_filter_kernel takes): whether `id`, the draw over every id
 // (sample_logits at c's temperature and seed with no filter), is by the
 // check the filtered draw too. For tests and benchmarks of the check.
 bool sample_check_keeps(const float* logits, int64_t vocab, const SamplerConfig& c, int32_t id);

@@ -938,8 +938,8 @@ struct GpuModel::Impl {
   // (HeadDraw::kSampleFiltered).
   void enqueue_sample(int64_t limit, const SampleArgs& a, bool head_keys) {
     enqueue_sample_draw(static_cast<const float*>(dec.logits.get()), limit, a, sample_state(),
-                        a.c.filters() ? filter_grid() : nullptr, head_keys ? head_argmax_keys() : nullptr, static_cast<int32_t*>(dec.tokens.get()),
-                        greedy_host_dev, kGreedySlots, stream);
+                        a.c.filters() ? filter_grid() : nullptr, head_keys ? head_argmax_keys() : nullptr,
+                        static_cast<int32_t*>(dec.tokens.get()), greedy_host_dev, kGreedySlots, stream);
   }
   // Greedy (sample null) or sampled steps back to back (greedy_run below).
   int64_t greedy_run(int32_t token, int64_t limit, int64_t steps, const std::function<bool(int32_t)>& on_token,
