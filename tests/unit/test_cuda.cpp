@@ -10,6 +10,7 @@
 #include <random>
 #include <tuple>
 
+#include "backend/cuda/sample_filter.h"
 #include "backend/cuda/w4a16_gemv.h"
 #include "nibble/convert.h"
 #include "nibble/cuda.h"
@@ -225,6 +226,43 @@ TEST(Cuda, W4A16OneWaveWarpsWorkedExamples) {
   EXPECT_EQ(on_132(8016, 16, 32, 1), 0);
   // Fewer groups than warps: one group per warp.
   EXPECT_EQ(on_132(64, 16, 3, 1), 3);
+}
+
+// Top-k / top-p's launch rule (sample_filter.h), worked by hand. No device needed.
+TEST(Cuda, SampleFilterRuleWorkedExamples) {
+  // Llama-3's 128256 logits on 132 SMs: ceil(128256 / 1024) = 126 blocks, ceil(128256 / 126) = 1018 logits
+  // each, rounded up to 1024 (a multiple of 8); the last block holds 128256 - 125 * 1024 = 256.
+  EXPECT_EQ(cuda::filter_blocks(128256, 132), 126);
+  EXPECT_EQ(cuda::filter_per(128256, 126), 1024);
+  // Qwen2's 151936: 149 blocks wanted, 128 at most; ceil(151936 / 128) = 1187 -> 1192.
+  EXPECT_EQ(cuda::filter_blocks(151936, 132), 128);
+  EXPECT_EQ(cuda::filter_per(151936, 128), 1192);
+  // 16385: 17 blocks of ceil(16385 / 17) = 964 -> 968; 8192: 8 of 1024; 1: one block of 8.
+  EXPECT_EQ(cuda::filter_blocks(16385, 132), 17);
+  EXPECT_EQ(cuda::filter_per(16385, 17), 968);
+  EXPECT_EQ(cuda::filter_blocks(8192, 132), 8);
+  EXPECT_EQ(cuda::filter_per(8192, 8), 1024);
+  EXPECT_EQ(cuda::filter_blocks(1, 132), 1);
+  EXPECT_EQ(cuda::filter_per(1, 1), 8);
+  // At most one block per SM: 16 SMs take 65536 logits, in 16 full blocks of 4096.
+  EXPECT_EQ(cuda::filter_max_logits(16), 65536);
+  EXPECT_EQ(cuda::filter_blocks(65536, 16), 16);
+  EXPECT_EQ(cuda::filter_per(65536, 16), 4096);
+  // 132 SMs: 128 blocks of 4096 at most; 108 (an A100): 108 of them.
+  EXPECT_EQ(cuda::filter_max_logits(132), 524288);
+  EXPECT_EQ(cuda::filter_max_logits(108), 442368);
+  // Every size up to the limit: the blocks cover n, none holds more than 4096, and the blocks past the
+  // first hold something.
+  for (int sms : {1, 16, 108, 132}) {
+    for (int64_t n = 1; n <= cuda::filter_max_logits(sms); n += n < 5000 ? 1 : 997) {
+      const int b = cuda::filter_blocks(n, sms), per = cuda::filter_per(n, b);
+      ASSERT_LE(b, sms);
+      ASSERT_EQ(per % 8, 0);
+      ASSERT_LE(per, 4096) << "n " << n << " sms " << sms;
+      ASSERT_GE(int64_t{b} * per, n);
+      ASSERT_LT(int64_t{b - 1} * per, n) << "n " << n << " sms " << sms;
+    }
+  }
 }
 
 // The Memo behind the launch rules' occupancy caches: each key's value is

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "backend/cuda/forward_kernels.cuh"
+#include "backend/cuda/sample_filter.h"
 #include "nibble/sample_math.h"
 #include "nibble/sampler.h"
 
@@ -63,11 +64,6 @@ __global__ void __launch_bounds__(kSampleKeysThreads)
 // device memory (FilterGrid): partial results per block, read back in block
 // order, and each radix pass's histogram summed by atomics (integer counts and
 // masses, so exact in any order). Any GPU: no clusters.
-constexpr int kFilterThreads = 512, kFilterWarps = kFilterThreads / 32, kFilterPer = 8, kFilterBins = 256;
-constexpr int kFilterSlice = kFilterThreads * kFilterPer;  // logits per block at most
-constexpr int kFilterMaxBlocks = 128, kFilterTarget = 1024;  // aim: about kFilterTarget logits per block
-static_assert(kFilterMaxBlocks <= kFilterThreads, "a thread per block reads the partial results");
-
 struct FilterHist {
   unsigned long long m[kFilterBins];
   uint32_t c[kFilterBins];
@@ -92,22 +88,6 @@ struct SampleState {
   uint32_t checked;  // sample_filter_kernel: 1 where the slots' draw is kept as it is, 0 where it selected
   uint32_t pad;
 };
-
-// The blocks for n logits (a launch rule: at most one per SM, every one resident),
-// and the most logits the kernel takes on this device.
-inline int filter_blocks(int64_t n, int sms) {
-  const int64_t cap = std::min(kFilterMaxBlocks, std::max(1, sms));
-  return static_cast<int>(std::clamp<int64_t>((n + kFilterTarget - 1) / kFilterTarget, 1, cap));
-}
-// Each block's logits: a multiple of kFilterPer (every thread's two 16-byte
-// loads aligned), at most kFilterSlice where n <= filter_max_logits.
-inline int filter_per(int64_t n, int blocks) {
-  const int64_t per = (n + blocks - 1) / blocks;
-  return static_cast<int>((per + kFilterPer - 1) / kFilterPer * kFilterPer);
-}
-inline int64_t filter_max_logits(int sms) {
-  return int64_t{std::min(kFilterMaxBlocks, std::max(1, sms))} * kFilterSlice;
-}
 
 struct FilterShared {
   uint64_t red[kFilterWarps][3];
