@@ -32,6 +32,17 @@ struct SampleArgs {
   uint64_t draw_base = 0;
 };
 
+// The warp's largest key into slot (global warp) mod kArgmaxKeys by a relaxed
+// atomic max (none where it is 0: no key).
+__device__ inline void warp_key_to_slot(uint64_t best, unsigned long long* keys) {
+  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
+  const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if ((threadIdx.x & 31) == 0 && best != 0)
+    asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;\n" ::"l"(keys + warp % GemvFusion::kArgmaxKeys),
+                 "l"(static_cast<unsigned long long>(best))
+                 : "memory");
+}
+
 constexpr int kSampleKeysThreads = 256, kSampleKeysBlocks = 128;
 
 // Every logit's score (l / T plus its Gumbel variable) as a key; each warp's
@@ -50,12 +61,7 @@ __global__ void __launch_bounds__(kSampleKeysThreads)
     if (k == 0) continue;
     best = max(best, sampling::key(sampling::score(v, a.c.temperature, a.c.seed, draw, i), i));
   }
-  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
-  const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  if ((threadIdx.x & 31) == 0 && best != 0)
-    asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;\n" ::"l"(keys + warp % GemvFusion::kArgmaxKeys),
-                 "l"(static_cast<unsigned long long>(best))
-                 : "memory");
+  warp_key_to_slot(best, keys);
 }
 
 // Top-k / top-p: one kernel of `blocks` blocks (at most one per SM, all
@@ -419,12 +425,7 @@ __global__ void __launch_bounds__(kFilterThreads, 1)
     const int64_t i = sl.base + j;
     best = max(best, sampling::key(sampling::score(sampling::key_value(hi), t, a.c.seed, draw, i), i));
   }
-  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
-  const unsigned warp = (blockIdx.x * kFilterThreads + tid) >> 5;
-  if ((tid & 31) == 0 && best != 0)
-    asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;\n" ::"l"(keys + warp % GemvFusion::kArgmaxKeys),
-                 "l"(static_cast<unsigned long long>(best))
-                 : "memory");
+  warp_key_to_slot(best, keys);
 }
 
 }  // namespace
