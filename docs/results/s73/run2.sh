@@ -2,6 +2,8 @@
 # session 73, second call: the filter kernel launched cooperatively (every block resident at once, or the launch
 # fails) against 127b577 (nibble-base), alternated: the sampling tests, qwen3-26M-linux and the 8B shape with
 # top-p / both filters / greedy, two rounds; on an H200 also bench_w4a16 (main's GEMVs, none since session 68).
+# Then probe-filter.patch (nibble-probe, NIBBLE_X_FILTER) at top-p on the 8B shape: 0 the cooperative kernel, 1 return
+# right after the dependency wait, 2 after the first grid barrier, 3 eight more grid barriers after the check.
 set -uo pipefail
 OUT=$1
 t0=$(date +%s)
@@ -49,5 +51,11 @@ for r in 1 2; do
     run "$b T0.8 top-k 40 top-p 0.95" $bin --temp 0.8 --top-k 40 --top-p 0.95 --seed 1
   done
 done
+for r in 1 2; do
+  for x in 0 1 2 3; do
+    export NIBBLE_X_FILTER=$x; run "probe $x T0.8 top-p 0.95" devrun/bin/nibble-probe --temp 0.8 --top-p 0.95 --seed 1
+  done
+done
+unset NIBBLE_X_FILTER
 grep -E "==|decode:|-$" "$OUT/decode.txt" | sed 's/prefill.*decode: //'
 echo "all done at $(( $(date +%s) - t0 )) s"
