@@ -3,7 +3,11 @@
 # fails) against 127b577 (nibble-base), alternated: the sampling tests, qwen3-26M-linux and the 8B shape with
 # top-p / both filters / greedy, two rounds; on an H200 also bench_w4a16 (main's GEMVs, none since session 68).
 # Then probe-filter.patch (nibble-probe, NIBBLE_X_FILTER) at top-p on the 8B shape: 0 the cooperative kernel, 1 return
-# right after the dependency wait, 2 after the first grid barrier, 3 eight more grid barriers after the check.
+# right after the dependency wait, 2 after the first grid barrier, 3 eight more grid barriers after the check; and
+# filter-r64.patch (nibble-r64: the filter kernel at 64 registers, __launch_bounds__(512, 2)).
+# NEVER RAN (session 73: no machine started after the first call). The bundle: devrun/bin/nibble = 127b577 +
+# filter-coop.patch, nibble-base = 127b577, nibble-probe = 127b577 + probe-filter.patch (which includes the
+# cooperative launch), nibble-r64 = 127b577 + filter-coop.patch + filter-r64.patch.
 set -uo pipefail
 OUT=$1
 t0=$(date +%s)
@@ -52,6 +56,8 @@ for r in 1 2; do
   done
 done
 for r in 1 2; do
+  run "r64 T0.8 top-p 0.95" devrun/bin/nibble-r64 --temp 0.8 --top-p 0.95 --seed 1
+  run "r64 T0.8 top-k 40 top-p 0.95" devrun/bin/nibble-r64 --temp 0.8 --top-k 40 --top-p 0.95 --seed 1
   for x in 0 1 2 3; do
     export NIBBLE_X_FILTER=$x; run "probe $x T0.8 top-p 0.95" devrun/bin/nibble-probe --temp 0.8 --top-p 0.95 --seed 1
   done
