@@ -22,8 +22,9 @@
 #                            [gptq8b] [decode]
 #        scripts/device-check.sh --slim | --unslim
 #          (removes the tracked files of docs/results/, the measurements' archive, which no check reads, so that a
-#           --models bundle and the tree fit the device tool's 64 MiB; --unslim checks them out again. Files not yet
-#           committed there stay, so a session's own device scripts travel. Never commit while slim.)
+#           --models bundle and the tree fit the device tool's 64 MiB; --unslim checks them out again. The run
+#           scripts there (*.sh, about 70 KB in all) and files not yet committed stay, so a session's own device
+#           scripts travel. Never commit while slim.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${NIBBLE_SHARED:-../shared}
@@ -39,7 +40,7 @@ tree_files() { git ls-files -z --cached --others --exclude-standard; }
 
 case "${1:-}" in
   --slim)
-    git ls-files -z docs/results | xargs -0 rm -f
+    git ls-files -z docs/results | grep -zv '\.sh$' | xargs -0 rm -f
     find docs/results -type d -empty -delete
     echo "docs/results/ slim: $(tree_files | existing_bytes) bytes travel besides the bundle"
     exit 0 ;;
