@@ -37,10 +37,12 @@ existing_bytes() {
     xargs -0 -r du -k | awk '{s += $1} END {print s * 1024}'
 }
 tree_files() { git ls-files -z --cached --others --exclude-standard; }
+# What --slim removes: docs/results/' tracked files but its run scripts.
+slim_files() { git ls-files -z docs/results | grep -zv '\.sh$'; }
 
 case "${1:-}" in
   --slim)
-    git ls-files -z docs/results | grep -zv '\.sh$' | xargs -0 rm -f
+    slim_files | xargs -0 rm -f
     find docs/results -type d -empty -delete
     echo "docs/results/ slim: $(tree_files | existing_bytes) bytes travel besides the bundle"
     exit 0 ;;
@@ -107,9 +109,9 @@ if [ "${1:-}" = "--bundle" ]; then
   echo "travels: $total bytes of 67108864 (working tree $tree + devrun.tar.xz)"
   if [ "$total" -gt 67108864 ]; then
     # docs/results/ (the measurements' archive) is most of the tree and no check reads it: the call may leave out
-    # its tracked files.
-    results=$(git ls-files -z docs/results | existing_bytes)
-    echo "over the device tool's 64 MiB ($total bytes); without docs/results/' tracked files $((total - results)) bytes:" >&2
+    # its tracked files but the run scripts (slim_files).
+    results=$(slim_files | existing_bytes)
+    echo "over the device tool's 64 MiB ($total bytes); slim (--slim) $((total - results)) bytes:" >&2
     echo "  $0 --slim before the call, $0 --unslim after it" >&2
     [ $((total - results)) -le 67108864 ] || exit 1
   fi
