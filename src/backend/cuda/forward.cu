@@ -75,6 +75,19 @@ template <typename... KArgs, typename... Args>
 void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
   pdl_launch_cluster(kernel, 0, grid, block, smem, s, args...);
 }
+// The same as a cooperative launch (w4a16::cooperative_attribute): for kernels
+// whose blocks meet at grid barriers.
+template <typename... KArgs, typename... Args>
+void pdl_launch_cooperative(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t s, Args... args) {
+  cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), w4a16::cooperative_attribute()};
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
 
 // argmax_kernel's state: the blocks' partial values and indices, then the ticket (zero between calls).
 constexpr size_t kArgmaxStateBytes = kArgmaxBlocks * 16 + 16;
@@ -121,7 +134,7 @@ void enqueue_sample_draw(const float* logits, int64_t limit, const SampleArgs& a
                  filter_max_logits(sms), limit);
     const int blocks = filter_blocks(limit, sms), per = filter_per(limit, blocks);
     NIBBLE_CHECK(grid != nullptr, "sampled decode: top-k / top-p without their grid state");
-    pdl_launch(sample_filter_kernel, blocks, kFilterThreads, 0, s, logits, limit, per, a, pos, keys, st, grid);
+    pdl_launch_cooperative(sample_filter_kernel, blocks, kFilterThreads, s, logits, limit, per, a, pos, keys, st, grid);
   }
   pdl_launch(argmax_keys_kernel, 1, 32, 0, s, keys, static_cast<const HeadDraw*>(&st->feed), step, host, host_slots);
 }

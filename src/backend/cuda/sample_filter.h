@@ -15,7 +15,8 @@ static_assert(kFilterMaxBlocks <= kFilterThreads, "a thread per block reads the 
 
 // The blocks for n > 0 logits on a device of `sms` SMs: about one per
 // kFilterTarget logits, at most one per SM (the blocks meet at grid barriers,
-// so every one must be resident at once) and at most kFilterMaxBlocks.
+// so every one must be resident at once: the launch is cooperative) and at
+// most kFilterMaxBlocks.
 inline int filter_blocks(int64_t n, int sms) {
   const int64_t cap = std::min(kFilterMaxBlocks, std::max(1, sms));
   return static_cast<int>(std::clamp<int64_t>((n + kFilterTarget - 1) / kFilterTarget, 1, cap));

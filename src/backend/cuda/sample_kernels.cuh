@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(kSampleKeysThreads)
   warp_key_to_slot(best, keys);
 }
 
-// Top-k / top-p: one kernel of `blocks` blocks (at most one per SM, all
-// resident at once), block b holding logits [b·per, (b+1)·per) as the value
+// Top-k / top-p: one kernel of `blocks` blocks (at most one per SM, launched
+// cooperatively, so all resident at once or the launch fails), block b holding logits [b·per, (b+1)·per) as the value
 // halves of their keys in shared memory. The blocks meet at grid barriers in
 // device memory (FilterGrid): partial results per block, read back in block
 // order, and each radix pass's histogram summed by atomics (integer counts and

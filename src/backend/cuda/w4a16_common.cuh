@@ -53,6 +53,15 @@ inline cudaLaunchAttribute pdl_attribute() {
   a.val.programmaticStreamSerializationAllowed = 1;
   return a;
 }
+// A cooperative launch: every block of the grid is resident at once, or the
+// launch fails (cudaErrorCooperativeLaunchTooLarge), also where other
+// processes hold SMs (MPS). For kernels whose blocks meet at grid barriers.
+inline cudaLaunchAttribute cooperative_attribute() {
+  cudaLaunchAttribute a = {};
+  a.id = cudaLaunchAttributeCooperative;
+  a.val.cooperative = 1;
+  return a;
+}
 // Thread-block clusters of `blocks` blocks along x (and `blocks_y` along y).
 inline cudaLaunchAttribute cluster_attribute(unsigned blocks, unsigned blocks_y = 1) {
   cudaLaunchAttribute a = {};
