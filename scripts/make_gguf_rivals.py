@@ -117,6 +117,8 @@ def write(model, cfg, tensors, qtype, path):
         die(f"{model}: RoPE scaling {scaling} is not written by this script")
     bits = total = 0
     for hf, t in tensors.items():
+        if hf.endswith("rotary_emb.inv_freq"):
+            continue  # a buffer some older checkpoints carry; llama.cpp's converter drops it too
         name = gguf_name(hf)
         base = name.split(".")[-2]
         if arch == "llama" and base in ("attn_q", "attn_k"):
