@@ -65,11 +65,12 @@ __global__ void __launch_bounds__(kSampleKeysThreads)
 }
 
 // Top-k / top-p: one kernel of `blocks` blocks (at most one per SM, launched
-// cooperatively, so all resident at once or the launch fails), block b holding logits [b·per, (b+1)·per) as the value
-// halves of their keys in shared memory. The blocks meet at grid barriers in
-// device memory (FilterGrid): partial results per block, read back in block
-// order, and each radix pass's histogram summed by atomics (integer counts and
-// masses, so exact in any order). Any GPU: no clusters.
+// cooperatively, so all resident at once or the launch fails), block b holding
+// logits [b·per, (b+1)·per) as the value halves of their keys in shared memory.
+// The blocks meet at grid barriers in device memory (FilterGrid): partial
+// results per block, read back in block order, and each radix pass's histogram
+// summed by atomics (integer counts and masses, so exact in any order). Any
+// GPU: no clusters.
 struct FilterHist {
   unsigned long long m[kFilterBins];
   uint32_t c[kFilterBins];
