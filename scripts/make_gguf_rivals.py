@@ -23,10 +23,9 @@ Q8_0 tensor of llama-quantize's files (those made without an importance matrix)
 with gguf-py's bytes.
 
 Needs numpy and gguf (scripts/install-deps.sh installs both); safetensors are
-read with numpy alone.
+read by tests/py/read_packed.py (numpy alone).
 """
 import json
-import struct
 import sys
 from pathlib import Path
 
@@ -34,6 +33,9 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "py"))
+from read_packed import load_plain_f32  # noqa: E402  (the repository's numpy reader of HF safetensors dirs)
 
 TYPES = {"F32": Q.F32, "Q8_0": Q.Q8_0, "Q5_1": Q.Q5_1, "Q5_0": Q.Q5_0, "Q4_1": Q.Q4_1, "Q4_0": Q.Q4_0}
 LAYER = {  # Hugging Face name inside model.layers.N -> llama.cpp's name inside blk.N
@@ -48,30 +50,6 @@ QUANTIZED = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", 
 
 def die(msg):
     sys.exit(f"make_gguf_rivals: {msg}")
-
-
-def read_safetensors(path):
-    """name -> float32 array, for F32 / F16 / BF16 tensors."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in head.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        raw = np.frombuffer(data[a:b], dtype=np.uint8)
-        if t["dtype"] == "F32":
-            arr = raw.view(np.float32)
-        elif t["dtype"] == "F16":
-            arr = raw.view(np.float16).astype(np.float32)
-        elif t["dtype"] == "BF16":
-            arr = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            die(f"{path}: tensor {name} is {t['dtype']}; only F32, F16 and BF16 are read")
-        out[name] = arr.reshape(t["shape"])
-    return out
 
 
 def gguf_name(hf):
@@ -143,7 +121,7 @@ def write(model, cfg, tensors, qtype, path):
 def check_against(folder):
     """gguf-py's quantizers against llama-quantize's files of the same F32 source."""
     folder = Path(folder)
-    src = {t.name: t for t in gguf.GGUFReader(folder / next(p.name for p in folder.glob("*-F32.gguf"))).tensors}
+    src = {t.name: t for t in gguf.GGUFReader(next(folder.glob("*-F32.gguf"))).tensors}
     exact = differ = 0
     for path in sorted(folder.glob("*.gguf")):
         if "imatrix" in path.name:
@@ -177,11 +155,7 @@ def main(argv):
     if not (model / "config.json").is_file():
         die(f"{model}: no config.json (a Hugging Face checkpoint dir is expected)")
     cfg = json.loads((model / "config.json").read_text())
-    tensors = {}
-    for f in sorted(model.glob("*.safetensors")):
-        tensors.update(read_safetensors(f))
-    if not tensors:
-        die(f"{model}: no .safetensors files")
+    tensors = load_plain_f32(str(model))
     out.mkdir(parents=True, exist_ok=True)
     for n in names:
         path = out / f"{model.name}-{n}.gguf"
