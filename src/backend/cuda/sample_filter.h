@@ -13,13 +13,14 @@ constexpr int kFilterSlice = kFilterThreads * kFilterPer;  // logits per block a
 constexpr int kFilterMaxBlocks = 128, kFilterTarget = 1024;  // aim: about kFilterTarget logits per block
 static_assert(kFilterMaxBlocks <= kFilterThreads, "a thread per block reads the partial results");
 
-// The blocks for n > 0 logits on a device of `sms` SMs: about one per
-// kFilterTarget logits, at most one per SM (the blocks meet at grid barriers,
-// so every one must be resident at once: the launch is cooperative) and at
-// most kFilterMaxBlocks.
+// The most blocks on a device of `sms` SMs: at most one per SM (the blocks
+// meet at grid barriers, so every one must be resident at once: the launch is
+// cooperative) and at most kFilterMaxBlocks.
+inline int filter_block_cap(int sms) { return std::min(kFilterMaxBlocks, std::max(1, sms)); }
+// The blocks for n > 0 logits: about one per kFilterTarget logits, at most
+// filter_block_cap(sms).
 inline int filter_blocks(int64_t n, int sms) {
-  const int64_t cap = std::min(kFilterMaxBlocks, std::max(1, sms));
-  return static_cast<int>(std::clamp<int64_t>((n + kFilterTarget - 1) / kFilterTarget, 1, cap));
+  return static_cast<int>(std::clamp<int64_t>((n + kFilterTarget - 1) / kFilterTarget, 1, filter_block_cap(sms)));
 }
 // Each block's logits: a multiple of kFilterPer (every thread's two 16-byte
 // loads aligned), at most kFilterSlice where n <= filter_max_logits(sms).
@@ -29,7 +30,7 @@ inline int filter_per(int64_t n, int blocks) {
 }
 // The most logits the kernel takes on a device of `sms` SMs.
 inline int64_t filter_max_logits(int sms) {
-  return int64_t{std::min(kFilterMaxBlocks, std::max(1, sms))} * kFilterSlice;
+  return int64_t{filter_block_cap(sms)} * kFilterSlice;
 }
 
 }  // namespace nibble::cuda
