@@ -54,19 +54,6 @@ namespace {
 int64_t pad8(int64_t v) { return (v + 7) / 8 * 8; }  // leading dimensions: the W4A16 kernels read 16-byte rows
 unsigned blocks_of(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
-// Launches `kernel` with the given launch attributes (cudaLaunchKernelEx).
-template <typename... KArgs, typename... Args>
-void launch_with(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                 cudaLaunchAttribute* attrs, unsigned nattrs, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = attrs;
-  cfg.numAttrs = nattrs;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
-}
 // Launches a kernel of forward_kernels.cuh with programmatic dependent launch
 // (each starts with pdl_prologue(): the next launch overlaps its run, and it
 // waits for the previous kernel before touching memory), in thread-block
@@ -75,7 +62,7 @@ template <typename... KArgs, typename... Args>
 void pdl_launch_cluster(void (*kernel)(KArgs...), unsigned cluster, dim3 grid, dim3 block, size_t smem,
                         cudaStream_t s, Args... args) {
   cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), w4a16::cluster_attribute(cluster)};
-  launch_with(kernel, grid, block, smem, s, attr, cluster > 0 ? 2 : 1, args...);
+  w4a16::launch_with(kernel, grid, block, smem, s, attr, cluster > 0 ? 2 : 1, args...);
 }
 template <typename... KArgs, typename... Args>
 void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
@@ -86,7 +73,7 @@ void pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
 template <typename... KArgs, typename... Args>
 void pdl_launch_cooperative(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t s, Args... args) {
   cudaLaunchAttribute attr[2] = {w4a16::pdl_attribute(), w4a16::cooperative_attribute()};
-  launch_with(kernel, grid, block, 0, s, attr, 2, args...);
+  w4a16::launch_with(kernel, grid, block, 0, s, attr, 2, args...);
 }
 
 // argmax_kernel's state: the blocks' partial values and indices, then the ticket (zero between calls).

@@ -464,22 +464,13 @@ void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int6
   int64_t warps = std::clamp<int64_t>(target / std::max<int64_t>(blocks, 1), 1, NT >= 2 ? 8 : 16);
   const int64_t fit = static_cast<int64_t>(device_smem_cap(110 << 10)) / smem_per_warp;
   warps = std::max<int64_t>(std::min<int64_t>({warps, d.chunks, fit}), 1);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
-  cfg.dynamicSmemBytes = static_cast<size_t>(warps * smem_per_warp);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
   constexpr auto kernel = w4a16_kernel<T, OutT, NT, R, S>;
   max_dynamic_smem_once<kernel>(device_smem_cap(110 << 10));
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel,
-                                       static_cast<const uint4*>(w.a.get()),
-                                       static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
-                                       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(d.tiles),
-                                       static_cast<int>(d.chunks), static_cast<int>(d.groups_padded),
-                                       __builtin_ctz(static_cast<unsigned>(w.group_size))));
+  launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(warps * 32)),
+             static_cast<size_t>(warps * smem_per_warp), stream, pdl, static_cast<const uint4*>(w.a.get()),
+             static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M, static_cast<int>(w.rows),
+             static_cast<int>(w.cols), static_cast<int>(d.tiles), static_cast<int>(d.chunks),
+             static_cast<int>(d.groups_padded), __builtin_ctz(static_cast<unsigned>(w.group_size)));
 }
 
 // Tokens in blocks of at most 64 (8 token tiles); each block is one pass over

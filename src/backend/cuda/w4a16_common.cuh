@@ -72,6 +72,28 @@ inline cudaLaunchAttribute cluster_attribute(unsigned blocks, unsigned blocks_y 
   return a;
 }
 
+// Launches `kernel` by cudaLaunchKernelEx with the first `nattrs` of `attrs`
+// (the attributes above); every launch of the CUDA backend goes through here.
+template <typename... KArgs, typename... Args>
+void launch_with(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                 cudaLaunchAttribute* attrs, unsigned nattrs, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attrs;
+  cfg.numAttrs = nattrs;
+  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+// The same with programmatic dependent launch where `pdl` is set.
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
+                Args... args) {
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
+  launch_with(kernel, grid, block, smem, s, attr, pdl ? 1u : 0u, args...);
+}
+
 __device__ inline void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

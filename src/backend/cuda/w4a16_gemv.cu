@@ -829,14 +829,7 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
     if (!deep && !argmax) kernel = w4a16_gemv_kernel<OutT, CPG, kStages, true>;
   }
   const size_t smem = static_cast<size_t>(tpb * warps) * smem_warp;
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles / tpb));
-  cfg.blockDim = dim3(static_cast<unsigned>(tpb * warps * 32));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  const dim3 grid(static_cast<unsigned>(tiles / tpb)), block(static_cast<unsigned>(tpb * warps * 32));
   const auto* frags = static_cast<const uint4*>(prepared);
   const auto* ginfo =
       reinterpret_cast<const float2*>(static_cast<const unsigned char*>(prepared) + prep_ginfo_offset(w.cols));
@@ -844,15 +837,14 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   const auto* meta = static_cast<const uint2*>(w.b.get());
   if constexpr (std::is_same_v<OutT, float>)
     if (argmax) {
-      NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, am_kernel, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
-                                           static_cast<int>(chunks), static_cast<int>(groups),
-                                           static_cast<int>(groups_padded), static_cast<int>(warps),
-                                           fuse_args_argmax(w, *fz), early));
+      launch_pdl(am_kernel, grid, block, smem, stream, pdl, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
+                 static_cast<int>(chunks), static_cast<int>(groups), static_cast<int>(groups_padded),
+                 static_cast<int>(warps), fuse_args_argmax(w, *fz), early);
       return;
     }
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
-                                       static_cast<int>(chunks), static_cast<int>(groups),
-                                       static_cast<int>(groups_padded), static_cast<int>(warps), fa, early));
+  launch_pdl(kernel, grid, block, smem, stream, pdl, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
+             static_cast<int>(chunks), static_cast<int>(groups), static_cast<int>(groups_padded),
+             static_cast<int>(warps), fa, early);
 }
 
 void launch_gemv_out(const DeviceLinear& w, const void* prepared, void* y, bool f32_out, cudaStream_t s, bool pdl,
@@ -913,27 +905,13 @@ void launch_chain(const GemvCall* calls, int count, unsigned* sync, cudaStream_t
     NIBBLE_CHECK(per_sm >= 1, "w4a16 gemv chain: the kernel does not fit on an SM");
     return device_sm_count() * per_sm;
   }();
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kChainThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, w4a16_chain_kernel<CPG, S>, p));
+  launch_pdl(w4a16_chain_kernel<CPG, S>, dim3(static_cast<unsigned>(grid)), dim3(kChainThreads), smem, stream, pdl, p);
 }
 
 template <typename T>
 void launch_prep(const T* x, int64_t cols, int group, void* prepared, cudaStream_t stream, bool pdl) {
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((prep_warps(cols) + 7) / 8));
-  cfg.blockDim = dim3(256);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_x_kernel<T>, x, static_cast<int>(cols), prepared, group));
+  launch_pdl(prep_x_kernel<T>, dim3(static_cast<unsigned>((prep_warps(cols) + 7) / 8)), dim3(256), 0, stream, pdl, x,
+             static_cast<int>(cols), prepared, group);
 }
 
 void check_prepared(const DeviceLinear& w, size_t bytes) {

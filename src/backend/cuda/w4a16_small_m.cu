@@ -693,18 +693,10 @@ template <typename Kernel, typename T, typename OutT>
 void launch_small_m_kernel(Kernel kernel, const SmallMGrid& g, int64_t warps, size_t smem, bool pdl,
                            cudaStream_t stream, const DeviceLinear& w, const T* x, int64_t ldx, OutT* y, int64_t ldy,
                            int M) {
-  cudaLaunchAttribute attr[1] = {pdl_attribute()};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(g.blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
-      &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
-      static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles), static_cast<int>(g.chunks),
-      static_cast<int>(g.groups), static_cast<int>(g.groups_padded)));
+  launch_pdl(kernel, dim3(static_cast<unsigned>(g.blocks)), dim3(static_cast<unsigned>(warps * 32)), smem, stream, pdl,
+             static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
+             static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles), static_cast<int>(g.chunks),
+             static_cast<int>(g.groups), static_cast<int>(g.groups_padded));
 }
 
 template <typename T, typename OutT, int NT, int CPG, int R, int S>
@@ -756,21 +748,13 @@ bool launch_staged_split(const DeviceLinear& w, const T* x, int M, int64_t ldx, 
   unsigned nattr = 0;
   if (pdl) attr[nattr++] = pdl_attribute();
   attr[nattr++] = cluster_attribute(KS);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
-  cfg.dynamicSmemBytes = static_cast<size_t>(warps) * smem_warp + kPart;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = nattr;
+  const size_t smem = static_cast<size_t>(warps) * smem_warp + kPart;
   // Every cluster resident at once, or not this kernel.
-  if (int64_t{max_active_clusters<kernel>(static_cast<int>(warps * 32), cfg.dynamicSmemBytes, KS)} * KS < blocks)
-    return false;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
-                                       static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
-                                       static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles),
-                                       static_cast<int>(g.chunks), static_cast<int>(g.groups),
-                                       static_cast<int>(g.groups_padded)));
+  if (int64_t{max_active_clusters<kernel>(static_cast<int>(warps * 32), smem, KS)} * KS < blocks) return false;
+  launch_with(kernel, dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(warps * 32)), smem, stream, attr,
+              nattr, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
+              static_cast<int>(w.rows), static_cast<int>(w.cols), static_cast<int>(g.tiles),
+              static_cast<int>(g.chunks), static_cast<int>(g.groups), static_cast<int>(g.groups_padded));
   return true;
 }
 
@@ -936,17 +920,11 @@ void launch_resident_ks(const DeviceLinear& w, const T* x, int M, int64_t ldx, O
   unsigned nattr = 0;
   if (pdl) attr[nattr++] = pdl_attribute();
   if (KS > 1) attr[nattr++] = cluster_attribute(KS);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(sms / KS * KS));
-  cfg.blockDim = dim3(static_cast<unsigned>(rg.warps * 32));
-  cfg.dynamicSmemBytes = rg.smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = nattr;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<const uint4*>(w.a.get()),
-                                       static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M,
-                                       static_cast<int>(w.rows), static_cast<int>(g.tiles), static_cast<int>(g.chunks),
-                                       static_cast<int>(g.groups), static_cast<int>(g.groups_padded)));
+  launch_with(kernel, dim3(static_cast<unsigned>(sms / KS * KS)), dim3(static_cast<unsigned>(rg.warps * 32)),
+              static_cast<size_t>(rg.smem), stream, attr, nattr, static_cast<const uint4*>(w.a.get()),
+              static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M, static_cast<int>(w.rows),
+              static_cast<int>(g.tiles), static_cast<int>(g.chunks), static_cast<int>(g.groups),
+              static_cast<int>(g.groups_padded));
 }
 
 // Launches it where it applies (w4a16_resident_x_ks; sm_90; x rows 16-byte

@@ -388,14 +388,8 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
                   cudaStream_t stream, int sms, bool pdl) {
   constexpr int G = CPG * kChunk;
   const SmallMGrid d(w, CPG, 4);  // d.blocks: warpgroup row blocks
-  cudaLaunchAttribute attr[2] = {pdl_attribute(), {}};
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(d.groups), NTOK / 8);
-  cfg.blockDim = dim3(G);
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, x_image_kernel<T, NTOK, G>, x, ldx, M, static_cast<int>(w.cols), img));
+  launch_pdl(x_image_kernel<T, NTOK, G>, dim3(static_cast<unsigned>(d.groups), NTOK / 8), dim3(G), 0, stream, pdl, x,
+             ldx, M, static_cast<int>(w.cols), img);
   constexpr auto kernel = w4a16_wgmma_kernel<T, OutT, NTOK, CPG>;
   max_dynamic_smem_once<kernel>(kWgMaxSmem);
   // Clusters the device cannot hold at once would run as a second wave: on the
@@ -415,14 +409,12 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
     --g.ks;
     lowered = true;
   }
-  cfg.gridDim = dim3(static_cast<unsigned>(g.blocks), static_cast<unsigned>(g.ks));
-  cfg.blockDim = dim3(static_cast<unsigned>(g.nwg * 128));
-  cfg.dynamicSmemBytes = wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg));
-  attr[1] = cluster_attribute(1, static_cast<unsigned>(g.ks));
-  cfg.numAttrs = 2;  // always after its image kernel, unless its split was lowered
+  size_t smem = wg_smem_bytes<NTOK, CPG>(static_cast<int>(g.nwg));
+  cudaLaunchAttribute attr[2] = {pdl_attribute(), cluster_attribute(1, static_cast<unsigned>(g.ks))};
+  unsigned nattr = 2;  // always after its image kernel, unless its split was lowered
   if (lowered) {
     attr[0] = attr[1];
-    cfg.numAttrs = 1;
+    nattr = 1;
   } else {
     // Launched early, no more blocks on one SM than the even share
     // (even_share_smem), as long as all its clusters still fit. fp16 at groups
@@ -431,17 +423,18 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
     // first: o then gate|up took 68.1 us a pair, 51.2 with the share; fused
     // 8B stack at groups of 64, fp16, M = 25 3.54-3.58 -> 3.03-3.05 ms, M = 32
     // 3.62-3.64 -> 3.10-3.11 (session 48, docs/results/s48/even_share/).
-    const size_t even = even_share_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(g.nwg * 128),
-                                        cfg.dynamicSmemBytes, g.blocks * g.ks, sms, kWgMaxSmem);
-    if (even != cfg.dynamicSmemBytes &&
+    const size_t even = even_share_smem(reinterpret_cast<const void*>(kernel), static_cast<int>(g.nwg * 128), smem,
+                                        g.blocks * g.ks, sms, kWgMaxSmem);
+    if (even != smem &&
         (g.ks == 1 || g.blocks <= max_active_clusters<kernel>(static_cast<int>(g.nwg * 128), even, 1,
                                                               static_cast<unsigned>(g.ks))))
-      cfg.dynamicSmemBytes = even;
+      smem = even;
   }
-  NIBBLE_CUDA_CHECK(cudaLaunchKernelEx(
-      &cfg, kernel, static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()),
-      static_cast<const unsigned char*>(img), y, ldy, M, static_cast<int>(w.rows), static_cast<int>(d.tiles),
-      static_cast<int>(d.chunks), static_cast<int>(d.groups), static_cast<int>(d.groups_padded)));
+  launch_with(kernel, dim3(static_cast<unsigned>(g.blocks), static_cast<unsigned>(g.ks)),
+              dim3(static_cast<unsigned>(g.nwg * 128)), smem, stream, attr, nattr,
+              static_cast<const uint4*>(w.a.get()), static_cast<const uint2*>(w.b.get()),
+              static_cast<const unsigned char*>(img), y, ldy, M, static_cast<int>(w.rows), static_cast<int>(d.tiles),
+              static_cast<int>(d.chunks), static_cast<int>(d.groups), static_cast<int>(d.groups_padded));
 }
 
 // Passes of up to kWgPass tokens, each on the narrowest image that holds it.
