@@ -5,7 +5,7 @@
 # Q5_1, Q8_0 beside them. The GGUF files are written by
 # scripts/make_gguf_rivals.py (gguf-py's reference rounding, checked bit-exact
 # against llama-quantize's own files of stories260K first); nibble's by RTN and
-# GPTQ with the yardstick tables' calibration (scripts/fixture_setup.sh). Prints a
+# GPTQ (each also with --mse) with the yardstick tables' calibration (scripts/fixture_setup.sh). Prints a
 # markdown table and keeps the full eval report beside it.
 #
 #   scripts/gguf_table.sh qwen3     # qwen3-26M-linux (widths 512 / 1536: every block type fits)
@@ -21,10 +21,13 @@ python3 "$here/scripts/make_gguf_rivals.py" "$model" "$work/gguf" >&2
 cands=()
 for t in F32 Q8_0 Q5_1 Q5_0 Q4_1 Q4_0; do cands+=(--candidate "gguf:$work/gguf/$(basename "$model")-$t.gguf"); done
 for g in 32 64 128; do
-  for m in rtn gptq; do
-    # shellcheck disable=SC2086
-    "$nibble" quantize -q --method $m --format int4_g${g}_asym --model "$model" --out "$work/${m}_int4_g${g}_asym" \
-      --force $([ $m = gptq ] && echo $calib) > /dev/null
+  for m in rtn rtn-mse gptq gptq-mse; do
+    flags=()
+    case $m in *-mse) flags+=(--mse) ;; esac
+    # shellcheck disable=SC2206
+    case $m in gptq*) flags+=($calib) ;; esac
+    "$nibble" quantize -q --method "${m%-mse}" --format int4_g${g}_asym --model "$model" \
+      --out "$work/${m}_int4_g${g}_asym" --force "${flags[@]}" > /dev/null
     cands+=(--candidate "$work/${m}_int4_g${g}_asym")
   done
 done
@@ -41,6 +44,7 @@ for c in report["candidates"]:
         name = "llama.cpp " + name.rsplit("-", 1)[1][:-5] + " (gguf-py)"
     else:
         method, fmt = name.split("_", 1)
+        method = method.replace("-mse", " --mse")
         name = f"nibble {method} `{fmt}`"
     o = c["overall"]
     print(f"| {name} | {c['bits_per_weight']:.3f} | "
