@@ -49,21 +49,34 @@ bool flash_attention_supported(int64_t head_dim);
 // stream). Throws nibble::Error for an unsupported head dim or bad arguments.
 void flash_attention(const AttentionArgs& a, void* stream);
 
-// Tensor-core flash prefill in bf16 (the calibration forward's, where every
-// sequence starts at position 0): mma.m16n8k16 with bf16 inputs and fp32
-// accumulation, the softmax statistics in fp32, P rounded to bf16 for the
-// P·V product (FlashAttention-2's numerics). Head dims 64 and 128.
+// Tensor-core flash prefill in bf16 (the calibration forward's, and the
+// GPU forward's prefill through flash_attention_tc below): mma.m16n8k16 with
+// bf16 inputs and fp32 accumulation, the softmax statistics in fp32, P rounded
+// to bf16 for the P·V product (FlashAttention-2's numerics). Head dims 64 and
+// 128.
 struct AttentionBf16Args {
   const void* q = nullptr;  // bf16 [n, heads, head_dim], multiplied by scale · log2(e) (scores in log2 units)
-  const void* k = nullptr;  // bf16 [n, kv_heads, head_dim], the keys of positions 0 .. n-1
+  const void* k = nullptr;  // bf16 [p0 + n, kv_heads, head_dim], the keys of positions 0 .. p0+n-1
   const void* v = nullptr;  // bf16, same layout: the values
   void* out = nullptr;      // bf16 [n, ldo]: head h at columns h*head_dim .. (h+1)*head_dim-1
   int64_t ldo = 0;          // elements, even
-  int64_t n = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t n = 0, p0 = 0;    // queries at positions p0 .. p0+n-1
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
   int64_t window = 0;  // > 0: sliding window
 };
 bool flash_attention_bf16_supported(int64_t head_dim);
 void flash_attention_bf16(const AttentionBf16Args& a, void* stream);
+
+// The forward's prefill attention on tensor cores (GpuOptions::
+// tensor_core_prefill): the flash kernel's arguments (f32 q with RoPE applied,
+// the f32 or bf16 cache, bf16 output), computed as flash_attention_bf16 does
+// after q·scale·log2(e) and an f32 cache's rows 0 .. p0+n-1 are rounded to
+// bf16 into `scratch` (at least flash_attention_tc_scratch(a) bytes; a bf16
+// cache is read where it is). The numbers of a bf16 inference engine's
+// attention, not the CPU forward's fp32 ones. Head dims 64 and 128, bf16 out.
+bool flash_attention_tc_supported(const AttentionArgs& a);
+size_t flash_attention_tc_scratch(const AttentionArgs& a);
+void flash_attention_tc(const AttentionArgs& a, void* scratch, void* stream);
 
 // The one-block-per-(query, head) kernel (decode, and prefill of head dims the
 // flash kernel lacks): keeps one query's scores in shared memory, sized for

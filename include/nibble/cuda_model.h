@@ -38,6 +38,13 @@ struct GpuOptions {
   // supports the head dim (64, 128, 256); off, the row-wise kernel decode uses
   // (same values up to fp32 summation order; include/nibble/cuda_attention.h).
   bool flash_prefill = true;
+  // With flash_prefill: prefill attention on bf16 tensor cores
+  // (flash_attention_tc: q, k, v and the probabilities P rounded to bf16,
+  // fp32 scores, statistics and sums; what a bf16 inference engine computes)
+  // where the head dim is 64 or 128, 4× the fp32 kernel's rate at long
+  // prompts. Not with f32_linears, whose yardstick keeps the CPU forward's
+  // fp32 attention; off, prefill attention is fp32 as well.
+  bool tensor_core_prefill = true;
   // Decode runs no RMSNorm or SiLU kernel between the layers' int4 linears:
   // the o and down GEMVs add to the residual and write the next norm's input,
   // gate|up writes SiLU(gate)·up, each as the next GEMV's prepared input, and

@@ -178,10 +178,17 @@ class CpuGreedy : public Greedy {
 #ifdef NIBBLE_HAVE_CUDA
 // The prompt through the GPU forward, then the device-side greedy loop
 // (GpuModel::decode_greedy_run): one load for every problem, the cache
-// emptied between them.
+// emptied between them. A task scores the checkpoint, so prefill attention
+// stays fp32 as on the CPU (not GpuOptions::tensor_core_prefill's bf16).
+cuda::GpuOptions task_options() {
+  cuda::GpuOptions g;
+  g.tensor_core_prefill = false;
+  return g;
+}
 class GpuGreedy : public Greedy {
  public:
-  GpuGreedy(const ModelSource& src, int64_t max_tokens) : model_(cuda::GpuModel::load(src, max_tokens)) {}
+  GpuGreedy(const ModelSource& src, int64_t max_tokens)
+      : model_(cuda::GpuModel::load(src, max_tokens, task_options())) {}
   void run(const std::vector<int32_t>& prompt, int64_t budget, const std::function<bool(int32_t)>& on_token) override {
     const int64_t vocab = model_->config().vocab_size;
     model_->reset();

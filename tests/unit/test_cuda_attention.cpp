@@ -63,8 +63,8 @@ cuda::DeviceBuffer upload_bf16(const std::vector<float>& x) {
   return cuda::upload(b.data(), b.size() * 2);
 }
 
-// Runs `kernel` ("flash", "rowwise" or "split": split_attention, one query,
-// 7 key ranges) and returns the bf16 output as float
+// Runs `kernel` ("flash", "tc": flash_attention_tc, "rowwise" or "split":
+// split_attention, one query, 7 key ranges) and returns the bf16 output as float
 // [n, ldo]. The cache has spare rows past p0+n filled with NaN and the output
 // starts as NaN (bf16 0xFFFF) with padding columns: the kernel must read no
 // key past the last query's position and write nothing outside its columns.
@@ -98,7 +98,10 @@ std::vector<float> run_attention(const AttnCase& c, const AttnData& d, const std
     scratch = cuda::DeviceBuffer(cuda::kv_shared_attention_scratch_bytes(c.heads, c.kv_heads, c.head_dim));
     EXPECT_EQ(cudaMemset(scratch.get(), 0, scratch.bytes()), cudaSuccess);
   }
-  if (kernel == "flash")
+  if (kernel == "tc") {
+    scratch = cuda::DeviceBuffer(cuda::flash_attention_tc_scratch(a));
+    cuda::flash_attention_tc(a, scratch.get(), nullptr);
+  } else if (kernel == "flash")
     cuda::flash_attention(a, nullptr);
   else if (kernel == "split")
     cuda::split_attention(a, nullptr, 7, scratch.get(), nullptr);
@@ -486,6 +489,46 @@ TEST(Cuda, FlashAttentionBf16MatchesReference) {
   }
 }
 
+// The forward's prefill on tensor cores (flash_attention_tc, GpuOptions::
+// tensor_core_prefill): from f32 q and an f32 or bf16 cache, at p0 = 0 and
+// after cached positions (chunked prefill), GQA, sliding windows, hd 64 and
+// 128, plain and peaked scores. The reference is float64 attention on the
+// values the kernel computes with: q·scale·log2(e) (fp32 product) and the
+// cache rounded to bf16, as flash_attention_tc rounds them; the bound is
+// FlashAttentionBf16MatchesReference's. Cache rows past p0+n are NaN and the
+// output's padding columns must stay NaN.
+TEST(Cuda, FlashAttentionTensorCoresMatchReference) {
+  SKIP_WITHOUT_DEVICE();
+  const std::vector<AttnCase> cases = {
+      {2, 0, 4, 2, 64, 0, 1.0f, 1},       {64, 0, 4, 4, 64, 0, 1.0f, 1},     {129, 37, 6, 3, 128, 0, 1.0f, 1},
+      {77, 300, 32, 8, 128, 0, 4.0f, 1},  {191, 0, 8, 8, 128, 0, 4.0f, 1},   {150, 20, 6, 3, 128, 50, 1.0f, 1},
+      {130, 100, 4, 2, 64, 64, 4.0f, 1},  {65, 63, 2, 1, 64, 0, 1.0f, 1},    {700, 1500, 32, 8, 128, 0, 1.0f, 3},
+      {1100, 0, 4, 1, 128, 0, 4.0f, 5},
+  };
+  uint32_t seed = 900;
+  for (const AttnCase& c : cases) {
+    const int64_t ldo = c.heads * c.head_dim + 6;
+    const AttnData d = random_attention(c, seed++);
+    AttnData ref = bf16_cache(d);
+    const float qs = (1.0f / std::sqrt(static_cast<float>(c.head_dim))) * 1.4426950408889634f;
+    for (float& x : ref.q) x = round_to_bf16(x * qs);
+    for (const bool kv_bf16 : {false, true}) {
+      const auto got = run_attention(c, kv_bf16 ? bf16_cache(d) : d, "tc", ldo, kv_bf16);
+      check_attention(c, ref, got, ldo, std::string("tc ") + (kv_bf16 ? "bf16 cache " : "f32 cache ") + describe(c),
+                      /*bf16_kernel=*/true);
+    }
+  }
+  // Only a bf16 output, head dims 64 and 128, and no RoPE step or prepared output.
+  cuda::AttentionArgs a;
+  a.head_dim = 128;
+  EXPECT_TRUE(cuda::flash_attention_tc_supported(a));
+  a.out_f32 = true;
+  EXPECT_FALSE(cuda::flash_attention_tc_supported(a));
+  a.out_f32 = false;
+  a.head_dim = 256;
+  EXPECT_FALSE(cuda::flash_attention_tc_supported(a));
+}
+
 // Argument checks come before any CUDA call: this runs without a device too.
 TEST(Cuda, FlashAttentionRejectsUnsupportedHeadDim) {
   EXPECT_TRUE(cuda::flash_attention_supported(128));
@@ -531,15 +574,17 @@ void compare_logits(const Tensor& ref, const Tensor& got, double bound, LogitDif
 }
 
 // GpuModel prefill of a 1000-token prompt (qwen3-26M: head_dim 64, the flash
-// kernel; max_position_embeddings 1024) against the CPU forward: every
-// position's logits in one prefill, then the same tokens as two chunks
-// (600 + 400: the second chunk's queries attend to a cache the first wrote),
-// then 8 greedy decode steps (the row-wise kernel over the flash-prefilled
-// cache). Bounds as Cuda.GpuForward*: bf16 linear inputs, so max |Δ| within
-// 3 % of the row's largest |logit| and top-1 at >= 97 % of rows. Flash
-// against row-wise prefill on the GPU: the same fp32 attention summed in
-// another order, then rounded to bf16 for o_proj; 1 % (as fused vs separate
-// linears in Cuda.DecodeGraph*) is far above that and far below a wrong key.
+// kernel on tensor cores, GpuOptions::tensor_core_prefill; max_position_
+// embeddings 1024) against the CPU forward: every position's logits in one
+// prefill, then the same tokens as two chunks (600 + 400: the second chunk's
+// queries attend to a cache the first wrote), then 8 greedy decode steps
+// (decode attention over the flash-prefilled cache). Bounds as
+// Cuda.GpuForward*: bf16 linear inputs, so max |Δ| within 3 % of the row's
+// largest |logit| and top-1 at >= 97 % of rows; the fp32 flash kernel
+// (tensor_core_prefill off) to the same bounds. fp32 flash against row-wise
+// prefill on the GPU: the same fp32 attention summed in another order, then
+// rounded to bf16 for o_proj; 1 % (as fused vs separate linears in
+// Cuda.DecodeGraph*) is far above that and far below a wrong key.
 TEST(Cuda, FlashAttentionGpuModelLongPromptMatchesCpu) {
   SKIP_WITHOUT_DEVICE();
   const auto dir = test::model_dir("qwen3-26M-linux");
@@ -555,16 +600,20 @@ TEST(Cuda, FlashAttentionGpuModelLongPromptMatchesCpu) {
   prompt[0] = 1;
   const std::vector<int32_t> first(prompt.begin(), prompt.begin() + 600), second(prompt.begin() + 600, prompt.end());
 
+  ASSERT_TRUE(cuda::flash_attention_bf16_supported(c.head_dim));
   auto gpu = cuda::GpuModel::load(*src, n + steps);
-  cuda::GpuOptions rowwise_opts;
+  cuda::GpuOptions fp32_opts, rowwise_opts;
+  fp32_opts.tensor_core_prefill = false;
   rowwise_opts.flash_prefill = false;
+  auto fp32 = cuda::GpuModel::load(*src, n + steps, fp32_opts);
   auto rowwise = cuda::GpuModel::load(*src, n + steps, rowwise_opts);
   KVCache cache(c, n + steps);
   const Tensor ref = cpu->forward(prompt, cache, true);
-  LogitDiff whole, chunked, vs_rowwise, decode;
-  const Tensor got = gpu->forward(prompt, true);
+  LogitDiff whole, whole_fp32, chunked, vs_rowwise, decode;
+  const Tensor got = gpu->forward(prompt, true), got_fp32 = fp32->forward(prompt, true);
   compare_logits(ref, got, 0.03, whole, "prefill 1000");
-  compare_logits(rowwise->forward(prompt, true), got, 0.01, vs_rowwise, "flash vs row-wise prefill");
+  compare_logits(ref, got_fp32, 0.03, whole_fp32, "prefill 1000, fp32 flash");
+  compare_logits(rowwise->forward(prompt, true), got_fp32, 0.01, vs_rowwise, "fp32 flash vs row-wise prefill");
 
   gpu->reset();
   cache = KVCache(c, n + steps);
@@ -580,13 +629,15 @@ TEST(Cuda, FlashAttentionGpuModelLongPromptMatchesCpu) {
     compare_logits(lc, lg, 0.03, decode, "decode step " + std::to_string(step));
   }
   EXPECT_GE(whole.agree, whole.rows * 97 / 100);
+  EXPECT_GE(whole_fp32.agree, whole_fp32.rows * 97 / 100);
   EXPECT_GE(chunked.agree, chunked.rows * 97 / 100);
   EXPECT_GE(decode.agree, decode.rows * 3 / 4);
-  std::printf("[flash prefill] %s n=%d: vs CPU worst %.4f top-1 %d/%d; chunked 600+400 worst %.4f top-1 %d/%d; "
-              "decode after it worst %.4f top-1 %d/%d; flash vs row-wise worst %.2g top-1 %d/%d\n",
-              dir.filename().c_str(), n, whole.worst, whole.agree, whole.rows, chunked.worst, chunked.agree,
-              chunked.rows, decode.worst, decode.agree, decode.rows, vs_rowwise.worst, vs_rowwise.agree,
-              vs_rowwise.rows);
+  std::printf("[flash prefill] %s n=%d: tensor cores vs CPU worst %.4f top-1 %d/%d (fp32 flash: %.4f, %d/%d); "
+              "chunked 600+400 worst %.4f top-1 %d/%d; decode after it worst %.4f top-1 %d/%d; fp32 flash vs "
+              "row-wise worst %.2g top-1 %d/%d\n",
+              dir.filename().c_str(), n, whole.worst, whole.agree, whole.rows, whole_fp32.worst, whole_fp32.agree,
+              whole_fp32.rows, chunked.worst, chunked.agree, chunked.rows, decode.worst, decode.agree, decode.rows,
+              vs_rowwise.worst, vs_rowwise.agree, vs_rowwise.rows);
 }
 
 }  // namespace

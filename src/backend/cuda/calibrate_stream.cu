@@ -183,7 +183,7 @@ struct GpuLayerStream::State {
   }
   // Scratch for one chunk of rows.
   int64_t rows = 0;
-  DeviceBuffer x, xn, qkv, qf, kc, vc, qb, kb, vb, att, tmp, gu, h;
+  DeviceBuffer x, xn, qkv, qf, kc, vc, attn_tc, att, tmp, gu, h;
 
   void reserve(int64_t n) {
     if (n <= rows) return;
@@ -195,9 +195,12 @@ struct GpuLayerStream::State {
     qf = b(n * H * hd, 4);
     kc = b(n * KV * hd, 4);
     vc = b(n * KV * hd, 4);
-    qb = b(n * H * hd, 2);
-    kb = b(n * KV * hd, 2);
-    vb = b(n * KV * hd, 2);
+    AttentionArgs whole;  // flash_attention_tc's bf16 q, k and v of n rows, the most any sequence takes
+    whole.n = n;
+    whole.heads = H;
+    whole.kv_heads = KV;
+    whole.head_dim = hd;
+    attn_tc = DeviceBuffer(flash_attention_tc_scratch(whole));
     att = b(n * ldQ, 2);
     tmp = b(n * D, 4);
     gu = b(n * 2 * F, 4);
@@ -248,31 +251,6 @@ struct GpuLayerStream::State {
           qs, qs + H * hd, qs + (H + KV) * hd, QKV, f32(q_norm), f32(k_norm), eps, f32(inv_freq), H, KV, hd, 0,
           nullptr, qfs, kcs, vcs);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
-      if (bf16_attention && flash_attention_bf16_supported(hd)) {
-        // Tensor cores: q (in log2 units), k and v rounded to bf16, as a bf16
-        // model's calibration forward computes attention.
-        bf16* qbs = static_cast<bf16*>(qb.get()) + o * H * hd;
-        bf16* kbs = static_cast<bf16*>(kb.get()) + o * KV * hd;
-        bf16* vbs = static_cast<bf16*>(vb.get()) + o * KV * hd;
-        scaled_bf16_kernel<<<grid_for(len * H * hd, kThreads), kThreads>>>(qfs, len * H * hd,
-                                                                           scale * 1.4426950408889634f, qbs);
-        scaled_bf16_kernel<<<grid_for(len * KV * hd, kThreads), kThreads>>>(kcs, len * KV * hd, 1.0f, kbs);
-        scaled_bf16_kernel<<<grid_for(len * KV * hd, kThreads), kThreads>>>(vcs, len * KV * hd, 1.0f, vbs);
-        NIBBLE_CUDA_CHECK(cudaGetLastError());
-        AttentionBf16Args a;
-        a.q = qbs;
-        a.k = kbs;
-        a.v = vbs;
-        a.out = ab + o * ldQ;
-        a.ldo = ldQ;
-        a.n = len;
-        a.heads = H;
-        a.kv_heads = KV;
-        a.head_dim = hd;
-        a.window = window;
-        flash_attention_bf16(a, nullptr);
-        continue;
-      }
       AttentionArgs a;
       a.q = qfs;
       a.k = kcs;
@@ -286,7 +264,11 @@ struct GpuLayerStream::State {
       a.head_dim = hd;
       a.window = window;
       a.scale = scale;
-      if (flash_attention_supported(hd))
+      // Tensor cores: q (in log2 units), k and v rounded to bf16, as a bf16
+      // model's calibration forward computes attention.
+      if (bf16_attention && flash_attention_tc_supported(a))
+        flash_attention_tc(a, attn_tc.get(), nullptr);
+      else if (flash_attention_supported(hd))
         flash_attention(a, nullptr);
       else
         rowwise_attention(a, nullptr, len, nullptr);

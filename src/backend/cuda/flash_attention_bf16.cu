@@ -1,5 +1,6 @@
 // Tensor-core flash prefill attention in bf16 (include/nibble/cuda_attention.h,
-// flash_attention_bf16; docs/CUDA.md, "Flash prefill attention").
+// flash_attention_bf16 and flash_attention_tc; docs/CUDA.md, "Flash prefill
+// attention" and "Prefill attention on tensor cores").
 //
 // The FlashAttention-2 schedule on mma.m16n8k16 (bf16 in, fp32 accumulate).
 // One block of 4 warps computes a tile of Br = 64 queries of one head; each
@@ -19,6 +20,7 @@
 // matrix on distinct banks.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -86,7 +88,8 @@ __device__ inline void load_tile(bf16* tile, const bf16* base, int64_t stride, i
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     flash_bf16_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
-                      bf16* __restrict__ out, int64_t ldo, int64_t n, int64_t H, int64_t KV, int64_t window) {
+                      bf16* __restrict__ out, int64_t ldo, int64_t n, int64_t p0, int64_t H, int64_t KV,
+                      int64_t window) {
   using L = Bf16Layout<D>;
   constexpr int P = L::kPitch, KS = D / 16, DT = D / 8;  // k-steps of S, d-tiles of O
   extern __shared__ __align__(16) bf16 smb[];
@@ -95,8 +98,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t h = blockIdx.x, kvh = h / (H / KV), row = KV * D;
   const int64_t q0 = (static_cast<int64_t>(gridDim.y) - 1 - blockIdx.y) * kBr;  // the tile's first query
   const int64_t rows = n - q0 < kBr ? n - q0 : kBr;
-  const int64_t t_end = q0 + rows;  // keys up to the last query's position
-  const int64_t t_begin = window > 0 && q0 + 1 > window ? q0 + 1 - window : 0;
+  const int64_t first = p0 + q0;       // its position
+  const int64_t t_end = first + rows;  // keys up to the last query's position
+  const int64_t t_begin = window > 0 && first + 1 > window ? first + 1 - window : 0;
   const bf16* kbase = kc + kvh * D;
   const bf16* vbase = vc + kvh * D;
 
@@ -106,8 +110,8 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_commit();
 
   // This thread's rows: gid and gid + 8 of the warp's 16.
-  const int64_t pos0 = q0 + 16 * warp + gid, pos1 = pos0 + 8;
-  const int64_t warp_last = q0 + 16 * warp + 15;  // keys past it are masked for the whole warp
+  const int64_t pos0 = first + 16 * warp + gid, pos1 = pos0 + 8;
+  const int64_t warp_last = first + 16 * warp + 15;  // keys past it are masked for the whole warp
   unsigned qf[KS][4];
   float o[DT][4];
 #pragma unroll
@@ -231,6 +235,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// out[i] = bf16(in[i] · scale), fp32 product, round to nearest even.
+__global__ void scaled_round_kernel(const float* __restrict__ in, int64_t n, float scale, bf16* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i] * scale);
+}
+void scaled_round(const float* in, int64_t n, float scale, bf16* out, cudaStream_t stream) {
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+  scaled_round_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, n, scale, out);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+}
+size_t padded(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 template <int D>
 void launch(const AttentionBf16Args& a, cudaStream_t stream) {
   static const bool attribute_set = [] {
@@ -243,7 +259,7 @@ void launch(const AttentionBf16Args& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.heads), static_cast<unsigned>(tiles));
   flash_bf16_kernel<D><<<grid, kThreads, Bf16Layout<D>::bytes, stream>>>(
       static_cast<const bf16*>(a.q), static_cast<const bf16*>(a.k), static_cast<const bf16*>(a.v),
-      static_cast<bf16*>(a.out), a.ldo, a.n, a.heads, a.kv_heads, a.window);
+      static_cast<bf16*>(a.out), a.ldo, a.n, a.p0, a.heads, a.kv_heads, a.window);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -254,8 +270,8 @@ bool flash_attention_bf16_supported(int64_t head_dim) { return head_dim == 64 ||
 void flash_attention_bf16(const AttentionBf16Args& a, void* stream) {
   NIBBLE_CHECK(flash_attention_bf16_supported(a.head_dim), "flash_attention_bf16: head_dim {} is not 64 or 128",
                a.head_dim);
-  NIBBLE_CHECK(a.n > 0 && a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
-               "flash_attention_bf16: bad shape (n {}, heads {}, kv_heads {})", a.n, a.heads, a.kv_heads);
+  NIBBLE_CHECK(a.n > 0 && a.p0 >= 0 && a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
+               "flash_attention_bf16: bad shape (n {}, p0 {}, heads {}, kv_heads {})", a.n, a.p0, a.heads, a.kv_heads);
   NIBBLE_CHECK(a.ldo >= a.heads * a.head_dim && a.ldo % 2 == 0, "flash_attention_bf16: ldo {} (heads × head_dim = {})",
                a.ldo, a.heads * a.head_dim);
   NIBBLE_CHECK((a.n + kBr - 1) / kBr <= 65535 && a.heads <= 65535, "flash_attention_bf16: grid too large");
@@ -264,6 +280,50 @@ void flash_attention_bf16(const AttentionBf16Args& a, void* stream) {
     launch<64>(a, s);
   else
     launch<128>(a, s);
+}
+
+bool flash_attention_tc_supported(const AttentionArgs& a) {
+  return flash_attention_bf16_supported(a.head_dim) && !a.out_f32 && a.prepared == nullptr && a.rope_qkv == nullptr;
+}
+
+size_t flash_attention_tc_scratch(const AttentionArgs& a) {
+  const size_t q = padded(static_cast<size_t>(a.n * a.heads * a.head_dim) * sizeof(bf16));
+  if (a.kv_bf16) return q;
+  return q + 2 * padded(static_cast<size_t>((a.p0 + a.n) * a.kv_heads * a.head_dim) * sizeof(bf16));
+}
+
+void flash_attention_tc(const AttentionArgs& a, void* scratch, void* stream) {
+  NIBBLE_CHECK(flash_attention_tc_supported(a),
+               "flash_attention_tc: head_dim {} (64 or 128), a bf16 output and no RoPE step or prepared output",
+               a.head_dim);
+  NIBBLE_CHECK(a.n > 0 && a.p0 >= 0 && scratch != nullptr, "flash_attention_tc: bad arguments (n {}, p0 {})", a.n,
+               a.p0);
+  auto s = static_cast<cudaStream_t>(stream);
+  auto* base = static_cast<unsigned char*>(scratch);
+  auto* q = reinterpret_cast<bf16*>(base);
+  scaled_round(a.q, a.n * a.heads * a.head_dim, a.scale * 1.4426950408889634f, q, s);  // log2(e): exp2 units
+  AttentionBf16Args b;
+  b.q = q;
+  b.k = a.k;
+  b.v = a.v;
+  if (!a.kv_bf16) {  // the cache's rows 0 .. p0+n-1 as bf16
+    const int64_t kv = (a.p0 + a.n) * a.kv_heads * a.head_dim;
+    auto* k = reinterpret_cast<bf16*>(base + padded(static_cast<size_t>(a.n * a.heads * a.head_dim) * sizeof(bf16)));
+    auto* v = reinterpret_cast<bf16*>(reinterpret_cast<unsigned char*>(k) + padded(static_cast<size_t>(kv) * sizeof(bf16)));
+    scaled_round(static_cast<const float*>(a.k), kv, 1.0f, k, s);
+    scaled_round(static_cast<const float*>(a.v), kv, 1.0f, v, s);
+    b.k = k;
+    b.v = v;
+  }
+  b.out = a.out;
+  b.ldo = a.ldo;
+  b.n = a.n;
+  b.p0 = a.p0;
+  b.heads = a.heads;
+  b.kv_heads = a.kv_heads;
+  b.head_dim = a.head_dim;
+  b.window = a.window;
+  flash_attention_bf16(b, stream);
 }
 
 }  // namespace nibble::cuda

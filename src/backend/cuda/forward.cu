@@ -552,6 +552,7 @@ struct GpuModel::Impl {
   int64_t kv_shared_from = -1;
   bool kv_shared_now = false;  // what enqueue launches
   DeviceBuffer kv_shared_scratch;
+  DeviceBuffer attn_tc;  // prefill on tensor cores (flash_attention_tc): bf16 q, and k, v of an f32 cache
   // The embedding table as stored (f32, bf16 or fp16; other formats as f32);
   // f32 with f32_linears and a tied head, which uses it in place.
   DeviceBuffer embed, final_norm, inv_freq;
@@ -782,7 +783,12 @@ struct GpuModel::Impl {
       a.head_dim = hd;
       a.window = L.window;
       a.scale = scale;
-      if (n > 1 && opts.flash_prefill && flash_attention_supported(hd))
+      if (n > 1 && opts.flash_prefill && opts.tensor_core_prefill && !opts.f32_linears &&
+          flash_attention_tc_supported(a)) {
+        const size_t need = flash_attention_tc_scratch(a);
+        if (attn_tc.bytes() < need) attn_tc = DeviceBuffer(need);
+        flash_attention_tc(a, attn_tc.get(), stream);
+      } else if (n > 1 && opts.flash_prefill && flash_attention_supported(hd))
         flash_attention(a, stream);
       else if (split)
         split_attention(a, p0_dev, attn_splits, attn_part.get(), stream);
