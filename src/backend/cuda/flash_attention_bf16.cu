@@ -308,8 +308,9 @@ void flash_attention_tc(const AttentionArgs& a, void* scratch, void* stream) {
   b.v = a.v;
   if (!a.kv_bf16) {  // the cache's rows 0 .. p0+n-1 as bf16
     const int64_t kv = (a.p0 + a.n) * a.kv_heads * a.head_dim;
-    auto* k = reinterpret_cast<bf16*>(base + padded(static_cast<size_t>(a.n * a.heads * a.head_dim) * sizeof(bf16)));
-    auto* v = reinterpret_cast<bf16*>(reinterpret_cast<unsigned char*>(k) + padded(static_cast<size_t>(kv) * sizeof(bf16)));
+    const size_t q_bytes = padded(static_cast<size_t>(a.n * a.heads * a.head_dim) * sizeof(bf16));
+    auto* k = reinterpret_cast<bf16*>(base + q_bytes);
+    auto* v = reinterpret_cast<bf16*>(base + q_bytes + padded(static_cast<size_t>(kv) * sizeof(bf16)));
     scaled_round(static_cast<const float*>(a.k), kv, 1.0f, k, s);
     scaled_round(static_cast<const float*>(a.v), kv, 1.0f, v, s);
     b.k = k;
