@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # llama.cpp's legacy quantizations against nibble's at the same bits on one real
 # fixture, through the same forward and the same KL yardstick: Q4_0 (4.5 bits a
-# weight) against int4 g64 (4.5), Q4_1 (5.0) against int4 g32 (5.0), and Q5_0,
-# Q5_1, Q8_0 beside them. The GGUF files are written by
+# weight) against int4 g64 (4.5) and int4 g32 sym (4.5, Q4_0's layout), Q4_1
+# (5.0) against int4 g32 (5.0), and Q5_0, Q5_1, Q8_0 beside them. The GGUF files are written by
 # scripts/make_gguf_rivals.py (gguf-py's reference rounding, checked bit-exact
 # against llama-quantize's own files of stories260K first); nibble's by RTN and
 # GPTQ (each also with --mse) with the yardstick tables' calibration (scripts/fixture_setup.sh). Prints a
@@ -20,15 +20,16 @@ python3 "$here/scripts/make_gguf_rivals.py" --check-against "$shared/models/stor
 python3 "$here/scripts/make_gguf_rivals.py" "$model" "$work/gguf" >&2
 cands=()
 for t in F32 Q8_0 Q5_1 Q5_0 Q4_1 Q4_0; do cands+=(--candidate "gguf:$work/gguf/$(basename "$model")-$t.gguf"); done
-for g in 32 64 128; do
+# int4_g32_sym is Q4_0's own layout (symmetric codes, an fp16 scale per 32 inputs: 4.5 bits a weight).
+for fmt in int4_g32_asym int4_g64_asym int4_g128_asym int4_g32_sym; do
   for m in rtn rtn-mse gptq gptq-mse; do
     flags=()
     case $m in *-mse) flags+=(--mse) ;; esac
     # shellcheck disable=SC2206
     case $m in gptq*) flags+=($calib) ;; esac
-    "$nibble" quantize -q --method "${m%-mse}" --format int4_g${g}_asym --model "$model" \
-      --out "$work/${m}_int4_g${g}_asym" --force "${flags[@]}" > /dev/null
-    cands+=(--candidate "$work/${m}_int4_g${g}_asym")
+    "$nibble" quantize -q --method "${m%-mse}" --format $fmt --model "$model" \
+      --out "$work/${m}_$fmt" --force "${flags[@]}" > /dev/null
+    cands+=(--candidate "$work/${m}_$fmt")
   done
 done
 "$nibble" eval -q --reference "$model" "${cands[@]}" --corpus "$corpus" --ctx $ctx --chunks $chunks \
