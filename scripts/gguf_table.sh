@@ -2,11 +2,12 @@
 # llama.cpp's legacy quantizations against nibble's at the same bits on one real
 # fixture, through the same forward and the same KL yardstick: Q4_0 (4.5 bits a
 # weight) against int4 g64 (4.5) and int4 g32 sym (4.5, Q4_0's layout), Q4_1
-# (5.0) against int4 g32 (5.0), and Q5_0, Q5_1, Q8_0 beside them. The GGUF files are written by
-# scripts/make_gguf_rivals.py (gguf-py's reference rounding, checked bit-exact
-# against llama-quantize's own files of stories260K first); nibble's by RTN and
-# GPTQ (each also with --mse) with the yardstick tables' calibration (scripts/fixture_setup.sh). Prints a
-# markdown table and keeps the full eval report beside it.
+# (5.0) against int4 g32 (5.0), and Q5_0, Q5_1, Q8_0 beside them. The GGUF
+# files are written by scripts/make_gguf_rivals.py (gguf-py's reference
+# rounding, checked bit-exact against llama-quantize's own files of stories260K
+# first); nibble's by RTN and GPTQ, each also with --mse, with the yardstick
+# tables' calibration (scripts/fixture_setup.sh). Prints a markdown table and
+# keeps the full eval report beside it.
 #
 #   scripts/gguf_table.sh qwen3     # qwen3-26M-linux (widths 512 / 1536: every block type fits)
 #

@@ -247,6 +247,16 @@ void scaled_round(const float* in, int64_t n, float scale, bf16* out, cudaStream
 }
 size_t padded(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// flash_attention_tc's scratch: bf16 q (q_bytes), then an f32 cache's rows
+// 0 .. p0+n-1 of k and of v as bf16 (kv_bytes each; none for a bf16 cache).
+struct TcScratch {
+  size_t q_bytes, kv_bytes;
+  explicit TcScratch(const AttentionArgs& a)
+      : q_bytes(padded(static_cast<size_t>(a.n * a.heads * a.head_dim) * sizeof(bf16))),
+        kv_bytes(a.kv_bf16 ? 0 : padded(static_cast<size_t>((a.p0 + a.n) * a.kv_heads * a.head_dim) * sizeof(bf16))) {}
+  size_t bytes() const { return q_bytes + 2 * kv_bytes; }
+};
+
 template <int D>
 void launch(const AttentionBf16Args& a, cudaStream_t stream) {
   static const bool attribute_set = [] {
@@ -286,11 +296,7 @@ bool flash_attention_tc_supported(const AttentionArgs& a) {
   return flash_attention_bf16_supported(a.head_dim) && !a.out_f32 && a.prepared == nullptr && a.rope_qkv == nullptr;
 }
 
-size_t flash_attention_tc_scratch(const AttentionArgs& a) {
-  const size_t q = padded(static_cast<size_t>(a.n * a.heads * a.head_dim) * sizeof(bf16));
-  if (a.kv_bf16) return q;
-  return q + 2 * padded(static_cast<size_t>((a.p0 + a.n) * a.kv_heads * a.head_dim) * sizeof(bf16));
-}
+size_t flash_attention_tc_scratch(const AttentionArgs& a) { return TcScratch(a).bytes(); }
 
 void flash_attention_tc(const AttentionArgs& a, void* scratch, void* stream) {
   NIBBLE_CHECK(flash_attention_tc_supported(a),
@@ -308,9 +314,9 @@ void flash_attention_tc(const AttentionArgs& a, void* scratch, void* stream) {
   b.v = a.v;
   if (!a.kv_bf16) {  // the cache's rows 0 .. p0+n-1 as bf16
     const int64_t kv = (a.p0 + a.n) * a.kv_heads * a.head_dim;
-    const size_t q_bytes = padded(static_cast<size_t>(a.n * a.heads * a.head_dim) * sizeof(bf16));
-    auto* k = reinterpret_cast<bf16*>(base + q_bytes);
-    auto* v = reinterpret_cast<bf16*>(base + q_bytes + padded(static_cast<size_t>(kv) * sizeof(bf16)));
+    const TcScratch layout(a);
+    auto* k = reinterpret_cast<bf16*>(base + layout.q_bytes);
+    auto* v = reinterpret_cast<bf16*>(base + layout.q_bytes + layout.kv_bytes);
     scaled_round(static_cast<const float*>(a.k), kv, 1.0f, k, s);
     scaled_round(static_cast<const float*>(a.v), kv, 1.0f, v, s);
     b.k = k;

@@ -73,7 +73,8 @@ inline cudaLaunchAttribute cluster_attribute(unsigned blocks, unsigned blocks_y 
 }
 
 // Launches `kernel` by cudaLaunchKernelEx with the first `nattrs` of `attrs`
-// (the attributes above); every launch of the CUDA backend goes through here.
+// (the attributes above): the backend's launches with attributes all go
+// through here (plain ones use <<<...>>>).
 template <typename... KArgs, typename... Args>
 void launch_with(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                  cudaLaunchAttribute* attrs, unsigned nattrs, Args... args) {
