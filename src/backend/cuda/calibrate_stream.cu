@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/convert.h"
 #include "backend/cuda/forward_kernels.cuh"
 #include "backend/cuda/gptq_common.h"
 #include "nibble/arch.h"
@@ -40,11 +41,6 @@ constexpr int64_t kChunkTokens = 16384;
 constexpr int kThreads = 256;
 
 int64_t pad8(int64_t v) { return (v + 7) / 8 * 8; }  // bf16 rows of 16 bytes (cuBLAS alignment)
-
-__global__ void scaled_bf16_kernel(const float* __restrict__ in, int64_t n, float scale, bf16* __restrict__ out) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = __float2bfloat16_rn(in[i] * scale);
-}
 
 // A host tensor of a float dtype as f32 in device memory: uploaded as stored
 // (half the bytes for bf16 / fp16), widened on the device (widen_kernel,
@@ -151,9 +147,7 @@ struct Linear {
   void round_to_bf16() {
     const int64_t n = out * in;
     if (w16.bytes() != static_cast<size_t>(n) * 2) w16 = DeviceBuffer(static_cast<size_t>(n) * 2);
-    scaled_bf16_kernel<<<grid_for(n, kThreads), kThreads>>>(static_cast<const float*>(w32.get()), n, 1.0f,
-                                                            static_cast<bf16*>(w16.get()));
-    NIBBLE_CUDA_CHECK(cudaGetLastError());
+    scaled_round_bf16(static_cast<const float*>(w32.get()), n, 1.0f, static_cast<bf16*>(w16.get()), nullptr);
   }
 };
 

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/convert.h"
 #include "backend/cuda/w4a16_common.cuh"
 #include "nibble/cuda_attention.h"
 
@@ -235,16 +236,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// out[i] = bf16(in[i] · scale), fp32 product, round to nearest even.
-__global__ void scaled_round_kernel(const float* __restrict__ in, int64_t n, float scale, bf16* __restrict__ out) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(in[i] * scale);
-}
-void scaled_round(const float* in, int64_t n, float scale, bf16* out, cudaStream_t stream) {
-  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
-  scaled_round_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, n, scale, out);
-  NIBBLE_CUDA_CHECK(cudaGetLastError());
-}
 size_t padded(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // flash_attention_tc's scratch: bf16 q (q_bytes), then an f32 cache's rows
@@ -273,7 +264,19 @@ void launch(const AttentionBf16Args& a, cudaStream_t stream) {
   NIBBLE_CUDA_CHECK(cudaGetLastError());
 }
 
+__global__ void scaled_round_kernel(const float* __restrict__ in, int64_t n, float scale, bf16* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i] * scale);
+}
+
 }  // namespace
+
+void scaled_round_bf16(const float* in, int64_t n, float scale, bf16* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 4096);
+  scaled_round_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(in, n, scale, out);
+  NIBBLE_CUDA_CHECK(cudaGetLastError());
+}
 
 bool flash_attention_bf16_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
@@ -307,7 +310,7 @@ void flash_attention_tc(const AttentionArgs& a, void* scratch, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   auto* base = static_cast<unsigned char*>(scratch);
   auto* q = reinterpret_cast<bf16*>(base);
-  scaled_round(a.q, a.n * a.heads * a.head_dim, a.scale * 1.4426950408889634f, q, s);  // log2(e): exp2 units
+  scaled_round_bf16(a.q, a.n * a.heads * a.head_dim, a.scale * 1.4426950408889634f, q, s);  // log2(e): exp2 units
   AttentionBf16Args b;
   b.q = q;
   b.k = a.k;
@@ -317,8 +320,8 @@ void flash_attention_tc(const AttentionArgs& a, void* scratch, void* stream) {
     const TcScratch layout(a);
     auto* k = reinterpret_cast<bf16*>(base + layout.q_bytes);
     auto* v = reinterpret_cast<bf16*>(base + layout.q_bytes + layout.kv_bytes);
-    scaled_round(static_cast<const float*>(a.k), kv, 1.0f, k, s);
-    scaled_round(static_cast<const float*>(a.v), kv, 1.0f, v, s);
+    scaled_round_bf16(static_cast<const float*>(a.k), kv, 1.0f, k, s);
+    scaled_round_bf16(static_cast<const float*>(a.v), kv, 1.0f, v, s);
     b.k = k;
     b.v = v;
   }
