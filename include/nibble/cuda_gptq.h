@@ -94,8 +94,9 @@ GpuPreparedHessian prepare_hessian_device(const double* H, int64_t n, int64_t to
 // A CPU-prepared Hessian moved to the GPU (the sweep then sees exactly the CPU's U).
 GpuPreparedHessian upload(const quant::PreparedHessian& prepared, int64_t tokens = 0);
 
-// True when the GPU sweep implements the format (int4_asym, every group size
-// that divides the 128-column block). The message names what is supported.
+// True when the GPU sweep implements the format (int4_asym and int4_sym, every
+// group size that divides the 128-column block). The message names what is
+// supported.
 bool gptq_supports(const FormatChoice& format, std::string* why = nullptr);
 
 // quant::gptq on the GPU for w[rows, cols] (row-major f32, host memory):
@@ -112,6 +113,10 @@ quant::GptqResult gptq(const float* w, int64_t rows, int64_t cols, const GpuPrep
 quant::GptqResult gptq_device(const float* w, int64_t rows, int64_t cols, const GpuPreparedHessian& hessian,
                               const FormatChoice& format, bool mse, const quant::GptqOptions& options,
                               DeviceBuffer* dequant);
+
+// True when the GPU refinement implements the format (int4_asym at a group
+// size the sweep takes); the message names what is supported.
+bool refine_supports(const FormatChoice& format, std::string* why = nullptr);
 
 // GPTQ's --refine on the GPU (quant::refine's passes, for int4_asym). Its
 // objective A = H + λI on the live inputs (0 on a dead input's row and

@@ -207,36 +207,48 @@ TEST(Cuda, CalibrationStreamMatchesCpuInBf16) {
   }
 }
 
+// Both formats the GPU sweep implements: int4_asym, and int4_sym (the GPTQ
+// community's layout).
 TEST(Cuda, GptqOnGpuEndToEndMatchesCpuQuality) {
   SKIP_WITHOUT_DEVICE();
   TempDir tmp;
   const fs::path calib = test::write_stories_part(tmp, "calib.txt", 0, 96207);
   const fs::path eval_text = test::write_stories_part(tmp, "eval.txt", 96207, SIZE_MAX);
   const fs::path model = test::model_dir("stories260K");
-  QuantizeOptions g = test::gptq_options(calib, 32, 256, 64);
-  g.mse = true;
-  quantize_model(model, tmp / "cpu", g);
-  g.device = "cuda";
-  quantize_model(model, tmp / "gpu", g);
-  quantize_model(model, tmp / "gpu2", g);
-  QuantizeOptions r;
-  r.group_size = 64;
-  r.progress = false;
-  quantize_model(model, tmp / "rtn", r);
-  const double p_ref = test::ppl_of(model, eval_text, 256, 16), p_rtn = test::ppl_of(tmp / "rtn", eval_text, 256, 16),
-               p_cpu = test::ppl_of(tmp / "cpu", eval_text, 256, 16),
-               p_gpu = test::ppl_of(tmp / "gpu", eval_text, 256, 16);
-  std::printf("[ ppl ] reference %.4f, rtn %.4f, gptq cpu %.4f, gptq gpu %.4f\n", p_ref, p_rtn, p_cpu, p_gpu);
-  // Two equally good quantizations: the GPU run's loss is the CPU run's, up to
-  // a small part of what GPTQ takes off RTN's.
-  EXPECT_LT(std::abs(p_gpu - p_cpu), 0.15 * (p_rtn - p_ref));
-  EXPECT_LT(p_gpu, p_rtn - 0.25 * (p_rtn - p_ref));
-  // Deterministic: the same run twice gives the same bytes.
-  EXPECT_EQ(test::read_file(tmp / "gpu/model.safetensors"), test::read_file(tmp / "gpu2/model.safetensors"));
-  std::ifstream f(tmp / "gpu/nibble.json");
-  const auto j = nlohmann::json::parse(f);
-  EXPECT_EQ(j["options"]["device"], "cuda");
-  EXPECT_GT(j["tensors"]["model.layers.0.mlp.down_proj.weight"]["rel_error"].get<double>(), 0.0);
+  const double p_ref = test::ppl_of(model, eval_text, 256, 16);
+  for (const std::string format : {"int4_asym", "int4_sym"}) {
+    SCOPED_TRACE(format);
+    const fs::path out = tmp / format;
+    QuantizeOptions g = test::gptq_options(calib, 32, 256, 64);
+    g.format = format;
+    g.mse = true;
+    quantize_model(model, out / "cpu", g);
+    g.device = "cuda";
+    quantize_model(model, out / "gpu", g);
+    quantize_model(model, out / "gpu2", g);
+    QuantizeOptions r;
+    r.format = format;
+    r.group_size = 64;
+    r.progress = false;
+    quantize_model(model, out / "rtn", r);
+    const double p_rtn = test::ppl_of(out / "rtn", eval_text, 256, 16),
+                 p_cpu = test::ppl_of(out / "cpu", eval_text, 256, 16),
+                 p_gpu = test::ppl_of(out / "gpu", eval_text, 256, 16);
+    std::printf("[ ppl, %s ] reference %.4f, rtn %.4f, gptq cpu %.4f, gptq gpu %.4f\n", format.c_str(), p_ref, p_rtn,
+                p_cpu, p_gpu);
+    // Two equally good quantizations: the GPU run's loss is the CPU run's, up to
+    // a small part of what GPTQ takes off RTN's.
+    EXPECT_LT(std::abs(p_gpu - p_cpu), 0.15 * (p_rtn - p_ref));
+    EXPECT_LT(p_gpu, p_rtn - 0.25 * (p_rtn - p_ref));
+    // Deterministic: the same run twice gives the same bytes.
+    EXPECT_EQ(test::read_file(out / "gpu/model.safetensors"), test::read_file(out / "gpu2/model.safetensors"));
+    std::ifstream f(out / "gpu/nibble.json");
+    const auto j = nlohmann::json::parse(f);
+    EXPECT_EQ(j["options"]["device"], "cuda");
+    EXPECT_EQ(j["tensors"]["model.layers.0.mlp.down_proj.weight"]["format"], format == "int4_sym" ? "int4_g64_sym"
+                                                                                                   : "int4_g64_asym");
+    EXPECT_GT(j["tensors"]["model.layers.0.mlp.down_proj.weight"]["rel_error"].get<double>(), 0.0);
+  }
 }
 
 // nibble quantize --device cuda on llama.cpp's F32 file of stories260K

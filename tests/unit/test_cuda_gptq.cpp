@@ -215,6 +215,7 @@ TEST(Cuda, GptqSweepMatchesCpu) {
       {300, 384, 32, true, false, false},   {300, 384, 64, false, true, true},   {300, 384, 128, true, true, false},
       {64, 200, 32, true, false, true},  // a ragged last block and group
   };
+  for (const std::string family : {"int4_asym", "int4_sym"})
   for (const SweepCase& k : cases) {
     const int64_t T = 2 * k.cols;
     auto x = correlated_inputs(T, k.cols, 100 + k.cols);
@@ -224,9 +225,9 @@ TEST(Cuda, GptqSweepMatchesCpu) {
     const MatrixStats s = stats_of(x, T, k.cols);
     GptqOptions o;
     o.act_order = k.act_order;
-    const FormatChoice f = find_format("int4_asym", k.group);
+    const FormatChoice f = find_format(family, k.group);
     const GptqResult cpu = quant::gptq(w.data(), k.rows, k.cols, s, *quant::make_format_grid(f, k.mse), o);
-    const std::string what = fmt::format("{}x{} g{}{}{}{}", k.rows, k.cols, k.group, k.mse ? " mse" : "",
+    const std::string what = fmt::format("{} {}x{} g{}{}{}{}", family, k.rows, k.cols, k.group, k.mse ? " mse" : "",
                                          k.act_order ? " act-order" : "", k.dead ? " dead" : "");
     // The whole solve on the GPU, and the GPU sweep on the CPU's own U.
     const GptqResult gpu = cuda::gptq(w.data(), k.rows, k.cols, cuda::prepare_hessian(s, o), f, k.mse, o);
@@ -260,16 +261,18 @@ TEST(Cuda, GptqIdentityHessianBitExactWithCpu) {
   for (int64_t c = 0; c < 64; ++c) w[3 * C + c] = c % 3 ? -0.0f : 0.0f;  // mixed signed zeros
   for (int64_t c = 0; c < C; ++c) w[4 * C + c] = 0.125f;                 // a constant row (scale 0)
   for (int64_t c = 0; c < C; c += 17) w[5 * C + c] = 0.4f;               // outliers
+  for (int64_t c = 0; c < C; ++c) w[6 * C + c] *= 1e-4f;                 // int4_sym: f16 subnormal scales
   MatrixStats s(C);
   for (int64_t j = 0; j < C; ++j) s.H[j * C + j] = 1.0;
   s.tokens = 1;
+  for (const std::string family : {"int4_asym", "int4_sym"})
   for (int g : {32, 64, 128})
     for (bool mse : {false, true})
       for (bool act : {false, true}) {
-        SCOPED_TRACE(fmt::format("g={} mse={} act={}", g, mse, act));
+        SCOPED_TRACE(fmt::format("{} g={} mse={} act={}", family, g, mse, act));
         GptqOptions o;
         o.act_order = act;
-        const FormatChoice f = find_format("int4_asym", g);
+        const FormatChoice f = find_format(family, g);
         const quant::PreparedHessian prep = quant::prepare_hessian(s, o);
         const GptqResult cpu = quant::gptq(w.data(), R, C, prep, *quant::make_format_grid(f, mse), o);
         const GptqResult gpu = cuda::gptq(w.data(), R, C, cuda::upload(prep, 1), f, mse, o);
@@ -331,10 +334,24 @@ TEST(Cuda, GptqQuantizerDeviceCuda) {
   // Again on the same statistics (the prepared Hessian is reused).
   EXPECT_EQ(q->quantize(wt, &s, nullptr).codes, m.codes);
 
+  // int4_sym (the GPTQ community's layout) takes the same path.
+  const FormatChoice fs = find_format("int4_sym", 128);
+  quant::QuantizerConfig sym{fs, true, true, 0.01, "cuda"};
+  const QuantizedMatrix ms = quant::find_method("gptq").make(sym)->quantize(wt, &s, nullptr);
+  GptqOptions act;
+  act.act_order = true;
+  EXPECT_EQ(ms.codes, cuda::gptq(w.data(), R, C, cuda::prepare_hessian(s, act), fs, true, act).codes);
+  EXPECT_EQ(ms.format, fs.spec);
+
   quant::QuantizerConfig other{find_format("int8_channel_sym", 0), false, false, 0.01, "cuda"};
   const std::string e = test::error_of([&] { quant::find_method("gptq").make(other); });
-  EXPECT_NE(e.find("int4_asym"), std::string::npos) << e;
+  EXPECT_NE(e.find("int4_asym and int4_sym"), std::string::npos) << e;
   EXPECT_NE(e.find("--device cpu"), std::string::npos) << e;
+  // --refine on the GPU is int4_asym's only: refused when the quantizer is made, before any work.
+  quant::QuantizerConfig refine_sym{fs, true, false, 0.01, "cuda"};
+  refine_sym.refine = 30;
+  const std::string er = test::error_of([&] { quant::find_method("gptq").make(refine_sym); });
+  EXPECT_NE(er.find("--refine on the GPU supports int4_asym"), std::string::npos) << er;
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// GPTQ's column sweep on the GPU for int4_asym: one kernel per 128-column lazy
-// block, then the block's error onto every later column with cublasSgemm.
-// The CPU reference is gptq() in src/quant/gptq.cpp; the group fit and the
-// code choice are int4_asym's (src/formats/int4_asym.cpp) and fit_group_mse's.
+// GPTQ's column sweep on the GPU for int4_asym and int4_sym: one kernel per
+// 128-column lazy block, then the block's error onto every later column with
+// cublasSgemm. The CPU reference is gptq() in src/quant/gptq.cpp; the group fit
+// and the code choice are the format's (src/formats/int4_asym.cpp,
+// int4_sym.cpp; on the device gptq_int4.cuh) and fit_group_mse's.
 //
 // Layout: W is swept in the sweep order (Wp = W with its columns permuted,
 // dead columns zeroed), row-major [rows, cols]. Inside a block the rows are
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 
 #include "backend/cuda/gptq_common.h"
 #include "backend/cuda/gptq_int4.cuh"
@@ -42,23 +44,10 @@ constexpr unsigned kFull = 0xFFFFFFFFu;
 
 __constant__ float c_shrink[kMseSteps];
 
-// int4_asym's fit_group given the group's (min, max), with the shrink factor.
-// A non-finite range sets *bad (the CPU throws there).
-__device__ __forceinline__ Int4Params params_from_range(float lo, float hi, float shrink, int* bad) {
-  lo = __fmul_rn(lo, shrink);
-  hi = __fmul_rn(hi, shrink);
-  if (lo == 0.0f) lo = 0.0f;  // -0 -> +0
-  const float range = __fsub_rn(hi, lo);
-  if (!isfinite(range)) {
-    atomicExch(bad, 1);
-    return {0.0f, 0.0f};
-  }
-  return {round_bf16(__fdiv_rn(range, static_cast<float>(kLevels))), round_bf16(lo)};
-}
-
 // The parameters of one group held by a warp: element i of the group is
 // v[i / 32] of lane i % 32, the first n valid. Plain fit, or the --mse search.
-template <int R, bool kMse>
+// F: the format (gptq_int4::Asym or Sym).
+template <class F, int R, bool kMse>
 __device__ __forceinline__ Int4Params warp_fit(const float (&v)[R], int n, int lane, int* bad) {
   float lo = INFINITY, hi = -INFINITY;
 #pragma unroll
@@ -84,17 +73,17 @@ __device__ __forceinline__ Int4Params warp_fit(const float (&v)[R], int n, int l
       }
     }
   }
-  Int4Params best = params_from_range(lo, hi, 1.0f, bad);
+  Int4Params best = F::fit(lo, hi, 1.0f, bad);
   if constexpr (kMse) {
     double best_err = INFINITY;
     for (int k = 0; k < kMseSteps; ++k) {
-      const Int4Params p = params_from_range(lo, hi, c_shrink[k], bad);
+      const Int4Params p = F::fit(lo, hi, c_shrink[k], bad);
       double t[R];
 #pragma unroll
       for (int m = 0; m < R; ++m) {
         t[m] = 0.0;
         if (32 * m + lane < n) {
-          const double d = __dsub_rn(static_cast<double>(v[m]), static_cast<double>(decode(encode(v[m], p), p)));
+          const double d = __dsub_rn(static_cast<double>(v[m]), static_cast<double>(F::decode(F::encode(v[m], p), p)));
           t[m] = pow(fabs(d), 2.4);
         }
       }
@@ -114,7 +103,7 @@ __device__ __forceinline__ Int4Params warp_fit(const float (&v)[R], int n, int l
 
 // Static groups (act-order): every group of the original column order fitted
 // once on the original weights (dead columns zeroed). One warp per row.
-template <int R, bool kMse>
+template <class F, int R, bool kMse>
 __global__ void static_fit_kernel(const float* __restrict__ W, int64_t rows, int64_t cols, int g, int64_t gpr,
                                   float2* __restrict__ params, int* bad) {
   const int lane = threadIdx.x & 31;
@@ -126,7 +115,7 @@ __global__ void static_fit_kernel(const float* __restrict__ W, int64_t rows, int
     float v[R];
 #pragma unroll
     for (int m = 0; m < R; ++m) v[m] = 32 * m + lane < n ? W[row * cols + c0 + 32 * m + lane] : 0.0f;
-    const Int4Params p = warp_fit<R, kMse>(v, n, lane, bad);
+    const Int4Params p = warp_fit<F, R, kMse>(v, n, lane, bad);
     if (lane == 0) params[row * gpr + k] = make_float2(p.scale, p.min);
   }
 }
@@ -135,7 +124,7 @@ __global__ void static_fit_kernel(const float* __restrict__ W, int64_t rows, int
 // values at the original columns, the block's scaled errors Eb [rows, 128],
 // each row's cost, and (unless static) the group parameters as groups start.
 // G: the group size (a divisor of 128) for groups fitted during the sweep.
-template <int G, bool kStatic, bool kMse>
+template <class F, int G, bool kStatic, bool kMse>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
     sweep_block_kernel(const float* __restrict__ Wp, const float* __restrict__ U, const int* __restrict__ perm,
                        int64_t rows, int64_t cols, int64_t i1, int g, int64_t gpr, float2* __restrict__ params,
@@ -178,13 +167,13 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
         float gv[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) gv[r] = v[min(m + r, kPerLane - 1)];
-        p = warp_fit<R, kMse>(gv, min(G, nb - 32 * m), lane, bad);
+        p = warp_fit<F, R, kMse>(gv, min(G, nb - 32 * m), lane, bad);
         if (lane == 0) params[row * gpr + col / G] = make_float2(p.scale, p.min);
       }
       const float w = __shfl_sync(kFull, v[m], l);
       const float d = Us[j * kBlock + j];
-      const int code = encode(w, p);
-      const float q = decode(code, p);
+      const int code = F::encode(w, p);
+      const float q = F::decode(code, p);
       const float diff = __fsub_rn(w, q);
       const float e = __fdiv_rn(diff, d);
       if (lane == l) {
@@ -228,37 +217,39 @@ __global__ void permute_kernel(const float* __restrict__ W, const int* __restric
 using SweepKernel = void (*)(const float*, const float*, const int*, int64_t, int64_t, int64_t, int, int64_t, float2*,
                              uint8_t*, float*, float*, double*, int*);
 
-template <int G, bool kStatic, bool kMse>
+template <class F, int G, bool kStatic, bool kMse>
 SweepKernel sweep_kernel() {
   // 64 KiB of dynamic shared memory is over the default 48 KiB: opt in once.
   static const bool ready = [] {
-    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sweep_block_kernel<G, kStatic, kMse>,
+    NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(sweep_block_kernel<F, G, kStatic, kMse>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kBlock * kBlock * sizeof(float))));
     return true;
   }();
   (void)ready;
-  return sweep_block_kernel<G, kStatic, kMse>;
+  return sweep_block_kernel<F, G, kStatic, kMse>;
 }
 
+template <class F>
 SweepKernel pick_sweep(int g, bool static_groups, bool mse) {
-  if (static_groups) return mse ? sweep_kernel<32, true, true>() : sweep_kernel<32, true, false>();
+  if (static_groups) return mse ? sweep_kernel<F, 32, true, true>() : sweep_kernel<F, 32, true, false>();
   switch (g) {
-    case 32: return mse ? sweep_kernel<32, false, true>() : sweep_kernel<32, false, false>();
-    case 64: return mse ? sweep_kernel<64, false, true>() : sweep_kernel<64, false, false>();
-    case 128: return mse ? sweep_kernel<128, false, true>() : sweep_kernel<128, false, false>();
+    case 32: return mse ? sweep_kernel<F, 32, false, true>() : sweep_kernel<F, 32, false, false>();
+    case 64: return mse ? sweep_kernel<F, 64, false, true>() : sweep_kernel<F, 64, false, false>();
+    case 128: return mse ? sweep_kernel<F, 128, false, true>() : sweep_kernel<F, 128, false, false>();
   }
   NIBBLE_FAIL("gptq (cuda): group size {} does not divide the {}-column block", g, kBlock);
 }
 
+template <class F>
 void launch_static_fit(const float* W, int64_t rows, int64_t cols, int g, int64_t gpr, bool mse, float2* params,
                        int* bad) {
   const unsigned blocks = grid_for(rows, kRowsPerCta);
   const int threads = kRowsPerCta * 32;
   const int R = (g + 31) / 32;
 #define NIBBLE_STATIC_FIT(RR)                                                                                     \
-  (mse ? static_fit_kernel<RR, true><<<blocks, threads>>>(W, rows, cols, g, gpr, params, bad)                   \
-       : static_fit_kernel<RR, false><<<blocks, threads>>>(W, rows, cols, g, gpr, params, bad))
+  (mse ? static_fit_kernel<F, RR, true><<<blocks, threads>>>(W, rows, cols, g, gpr, params, bad)                \
+       : static_fit_kernel<F, RR, false><<<blocks, threads>>>(W, rows, cols, g, gpr, params, bad))
   if (R == 1)
     NIBBLE_STATIC_FIT(1);
   else if (R == 2)
@@ -285,13 +276,33 @@ void download_into(std::vector<T>& h, const DeviceBuffer& d, size_t count) {
   if (count) NIBBLE_CUDA_CHECK(cudaMemcpy(h.data(), d.get(), count * sizeof(T), cudaMemcpyDeviceToHost));
 }
 
+// The formats the sweep implements: one row each (gptq_int4.cuh holds their arithmetic).
+struct SweepFormat {
+  std::string_view family;
+  SweepKernel (*pick)(int g, bool static_groups, bool mse);
+  void (*static_fit)(const float* W, int64_t rows, int64_t cols, int g, int64_t gpr, bool mse, float2* params,
+                     int* bad);
+  const char* bad_group;  // what the CPU's fit_group throws on
+};
+constexpr SweepFormat kSweepFormats[] = {
+    {"int4_asym", pick_sweep<Asym>, launch_static_fit<Asym>, "a group's range max - min is not finite in fp32"},
+    {"int4_sym", pick_sweep<Sym>, launch_static_fit<Sym>, "a group's absmax / 7 is beyond the f16 range"},
+};
+
+const SweepFormat* sweep_format(const FormatChoice& f) {
+  if (f.spec == nullptr) return nullptr;
+  for (const SweepFormat& r : kSweepFormats)
+    if (r.family == f.spec->family) return &r;
+  return nullptr;
+}
+
 }  // namespace
 
 bool gptq_supports(const FormatChoice& f, std::string* why) {
-  const bool ok = f.spec && f.spec->family == "int4_asym" && f.group_size > 0 && kBlock % f.group_size == 0;
+  const bool ok = sweep_format(f) != nullptr && f.group_size > 0 && kBlock % f.group_size == 0;
   if (!ok && why)
-    *why = fmt::format("the GPU GPTQ sweep supports int4_asym with a group size dividing {} (32, 64, 128); "
-                       "{} is not supported on --device cuda (use --device cpu)",
+    *why = fmt::format("the GPU GPTQ sweep supports int4_asym and int4_sym with a group size dividing {} (32, 64, "
+                       "128); {} is not supported on --device cuda (use --device cpu)",
                        kBlock, f.spec ? f.canonical_name() : std::string("(no format)"));
   return ok;
 }
@@ -311,6 +322,7 @@ void sweep_device(float* w, int64_t rows, int64_t cols, const GpuPreparedHessian
                kBlock, opt.block_size);
   NIBBLE_CHECK(rows > 0 && cols > 0 && cols < (int64_t{1} << 31), "gptq (cuda): bad matrix shape [{}, {}]", rows,
                cols);
+  const SweepFormat& sf = *sweep_format(format);
   const int g = format.group_size;
   const int64_t gpr = (cols + g - 1) / g;
   // Groups lie inside a block (g divides 128); act-order fixes them up front.
@@ -337,7 +349,7 @@ void sweep_device(float* w, int64_t rows, int64_t cols, const GpuPreparedHessian
   zero_dead_kernel<<<grid_for(nn, kThreads), kThreads>>>(w, static_cast<const uint8_t*>(d_dead.get()), rows, cols);
   NIBBLE_CUDA_CHECK(cudaGetLastError());
   if (static_groups)
-    launch_static_fit(w, rows, cols, g, gpr, mse, static_cast<float2*>(params.get()), static_cast<int*>(bad.get()));
+    sf.static_fit(w, rows, cols, g, gpr, mse, static_cast<float2*>(params.get()), static_cast<int*>(bad.get()));
   DeviceBuffer Wp(static_cast<size_t>(nn) * sizeof(float));
   float* wp = static_cast<float*>(Wp.get());
   permute_kernel<<<grid_for(nn, kThreads), kThreads>>>(w, static_cast<const int*>(d_perm.get()), rows, cols, wp);
@@ -345,7 +357,7 @@ void sweep_device(float* w, int64_t rows, int64_t cols, const GpuPreparedHessian
 
   DeviceBuffer codes(static_cast<size_t>(nn)), dequant(static_cast<size_t>(nn) * sizeof(float));
   DeviceBuffer Eb(static_cast<size_t>(rows * kBlock) * sizeof(float));
-  const SweepKernel kernel = pick_sweep(g, static_groups, mse);
+  const SweepKernel kernel = sf.pick(g, static_groups, mse);
   const float* U = static_cast<const float*>(prep.U.get());
   cublasHandle_t h = gptq_cublas();
   NIBBLE_CUBLAS_CHECK(cublasSetStream(h, nullptr));
@@ -371,7 +383,7 @@ void sweep_device(float* w, int64_t rows, int64_t cols, const GpuPreparedHessian
   }
   int h_bad = 0;
   NIBBLE_CUDA_CHECK(cudaMemcpy(&h_bad, bad.get(), sizeof(int), cudaMemcpyDeviceToHost));
-  NIBBLE_CHECK(!h_bad, "gptq (cuda): a group's range max - min is not finite in fp32 ({} × {} matrix)", rows, cols);
+  NIBBLE_CHECK(!h_bad, "gptq (cuda): {} ({} × {} matrix)", sf.bad_group, rows, cols);
 
   download_into(res.codes, codes, static_cast<size_t>(nn));
   std::vector<float2> p2;

@@ -1,8 +1,10 @@
-// int4_asym's arithmetic on the GPU, shared by GPTQ's sweep (gptq.cu) and
+// The int4 formats' arithmetic on the GPU, shared by GPTQ's sweep (gptq.cu) and
 // its refinement (gptq_refine.cu): every operation is the CPU's
-// (src/formats/int4_asym.cpp) with the same rounding (explicit __f*_rn
-// intrinsics, so nvcc never contracts a multiply and an add into an FMA).
+// (src/formats/int4_asym.cpp, int4_sym.cpp) with the same rounding (explicit
+// __f*_rn intrinsics, so nvcc never contracts a multiply and an add into an FMA).
 #pragma once
+
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -10,6 +12,7 @@ namespace nibble::cuda::gptq_int4 {
 
 constexpr int kLevels = 15;  // int4 codes 0..15
 
+// A group's parameters: int4_asym's (scale, min); int4_sym's scale (min 0).
 struct Int4Params {
   float scale, min;
 };
@@ -20,6 +23,7 @@ __device__ __forceinline__ float round_bf16(float x) {
   return __uint_as_float(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
 }
 
+// int4_asym (the refinement's format): code = clamp(rne((w − min) / scale), 0, 15), w' = code·scale + min.
 __device__ __forceinline__ int encode(float w, Int4Params p) {
   if (p.scale == 0.0f) return 0;
   const float q = rintf(__fdiv_rn(__fsub_rn(w, p.min), p.scale));  // ties to even, like nearbyint
@@ -29,5 +33,47 @@ __device__ __forceinline__ int encode(float w, Int4Params p) {
 __device__ __forceinline__ float decode(int code, Int4Params p) {
   return __fadd_rn(__fmul_rn(static_cast<float>(code), p.scale), p.min);
 }
+
+// The formats the GPU sweep implements, each as its registry row's fit_group
+// (given the group's min and max, and the --mse shrink factor), encode and
+// decode. fit sets *bad where the CPU's fit_group throws.
+struct Asym {
+  // int4_asym.cpp: scale = bf16((max − min) / 15), min = bf16(min), both times the shrink factor first.
+  __device__ static __forceinline__ Int4Params fit(float lo, float hi, float shrink, int* bad) {
+    lo = __fmul_rn(lo, shrink);
+    hi = __fmul_rn(hi, shrink);
+    if (lo == 0.0f) lo = 0.0f;  // -0 -> +0
+    const float range = __fsub_rn(hi, lo);
+    if (!isfinite(range)) {
+      atomicExch(bad, 1);
+      return {0.0f, 0.0f};
+    }
+    return {round_bf16(__fdiv_rn(range, static_cast<float>(kLevels))), round_bf16(lo)};
+  }
+  __device__ static __forceinline__ int encode(float w, Int4Params p) { return gptq_int4::encode(w, p); }
+  __device__ static __forceinline__ float decode(int code, Int4Params p) { return gptq_int4::decode(code, p); }
+};
+
+struct Sym {
+  static constexpr int kZero = 8;
+  // int4_sym.cpp: scale = f16(absmax · shrink / 7); absmax = max(|min|, |max|), as abs_max() finds it.
+  __device__ static __forceinline__ Int4Params fit(float lo, float hi, float shrink, int* bad) {
+    const float amax = __fmul_rn(fmaxf(fabsf(lo), fabsf(hi)), shrink);
+    const float scale = __half2float(__float2half_rn(__fdiv_rn(amax, 7.0f)));  // IEEE round to nearest even
+    if (!isfinite(scale)) {
+      atomicExch(bad, 1);
+      return {0.0f, 0.0f};
+    }
+    return {scale, 0.0f};
+  }
+  __device__ static __forceinline__ int encode(float w, Int4Params p) {
+    if (p.scale == 0.0f) return kZero;  // an all-zero group
+    const float q = __fadd_rn(rintf(__fdiv_rn(w, p.scale)), static_cast<float>(kZero));
+    return static_cast<int>(fminf(fmaxf(q, 0.0f), static_cast<float>(kLevels)));
+  }
+  __device__ static __forceinline__ float decode(int code, Int4Params p) {
+    return __fmul_rn(static_cast<float>(code - kZero), p.scale);
+  }
+};
 
 }  // namespace nibble::cuda::gptq_int4

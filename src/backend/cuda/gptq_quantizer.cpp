@@ -59,6 +59,7 @@ class GpuGptqQuantizer final : public quant::Quantizer {
 std::unique_ptr<quant::Quantizer> make_gptq_quantizer(const quant::QuantizerConfig& c) {
   std::string why;
   NIBBLE_CHECK(gptq_supports(c.format, &why), "--device cuda: {}", why);
+  NIBBLE_CHECK(c.refine == 0 || refine_supports(c.format, &why), "--device cuda: {}", why);
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible (cudaGetDeviceCount found none); "
                                    "use --device cpu");
   return std::make_unique<GpuGptqQuantizer>(c);

@@ -383,11 +383,20 @@ DeviceBuffer refine_objective(const quant::MatrixStats& stats, const GpuPrepared
   return refine_objective(static_cast<const double*>(H.get()), hessian);
 }
 
+bool refine_supports(const FormatChoice& f, std::string* why) {
+  const bool ok = f.spec && f.spec->family == "int4_asym" && gptq_supports(f);
+  if (!ok && why)
+    *why = fmt::format("--refine on the GPU supports int4_asym with a group size dividing 128 (32, 64, 128); {} is "
+                       "not supported there (use --device cpu, or no --refine)",
+                       f.spec ? f.canonical_name() : std::string("(no format)"));
+  return ok;
+}
+
 quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float* dequant, const float* A,
                                   const GpuPreparedHessian& hessian, const FormatChoice& format, int passes) {
   NIBBLE_CHECK(passes >= 0, "--refine: the number of passes must be >= 0, found {}", passes);
   std::string why;
-  NIBBLE_CHECK(gptq_supports(format, &why), "refine (cuda): {}", why);
+  NIBBLE_CHECK(refine_supports(format, &why), "refine (cuda): {}", why);
   const int64_t rows = res.rows, cols = res.cols, nn = rows * cols;
   const int g = format.group_size;
   const int64_t gpr = (cols + g - 1) / g;
