@@ -215,34 +215,35 @@ TEST(Cuda, GptqSweepMatchesCpu) {
       {300, 384, 32, true, false, false},   {300, 384, 64, false, true, true},   {300, 384, 128, true, true, false},
       {64, 200, 32, true, false, true},  // a ragged last block and group
   };
-  for (const std::string family : {"int4_asym", "int4_sym"})
-  for (const SweepCase& k : cases) {
-    const int64_t T = 2 * k.cols;
-    auto x = correlated_inputs(T, k.cols, 100 + k.cols);
-    if (k.dead)
-      for (int64_t t = 0; t < T; ++t) x[t * k.cols + 3] = 0.0f;
-    const auto w = randn(k.rows * k.cols, 200 + k.rows, 0.02f);
-    const MatrixStats s = stats_of(x, T, k.cols);
-    GptqOptions o;
-    o.act_order = k.act_order;
-    const FormatChoice f = find_format(family, k.group);
-    const GptqResult cpu = quant::gptq(w.data(), k.rows, k.cols, s, *quant::make_format_grid(f, k.mse), o);
-    const std::string what = fmt::format("{} {}x{} g{}{}{}{}", family, k.rows, k.cols, k.group, k.mse ? " mse" : "",
-                                         k.act_order ? " act-order" : "", k.dead ? " dead" : "");
-    // The whole solve on the GPU, and the GPU sweep on the CPU's own U.
-    const GptqResult gpu = cuda::gptq(w.data(), k.rows, k.cols, cuda::prepare_hessian(s, o), f, k.mse, o);
-    expect_close_to_cpu(gpu, cpu, x, T, w, what + " (gpu U)");
-    const GptqResult same_u =
-        cuda::gptq(w.data(), k.rows, k.cols, cuda::upload(quant::prepare_hessian(s, o), T), f, k.mse, o);
-    expect_close_to_cpu(same_u, cpu, x, T, w, what + " (cpu U)");
-    // The dead input's weights were zeroed before the sweep: each one is the
-    // group's nearest value to 0, whatever the codes around it became.
-    if (k.dead)
-      for (int64_t r = 0; r < k.rows; ++r) {
-        const GroupParams& p = gpu.params[r * ((k.cols + k.group - 1) / k.group)];
-        const FormatSpec& fs = *f.spec;
-        ASSERT_EQ(gpu.dequant[r * k.cols + 3], fs.decode(fs.encode(0.0f, p), p)) << "row " << r;
-      }
+  for (const std::string family : {"int4_asym", "int4_sym"}) {
+    for (const SweepCase& k : cases) {
+      const int64_t T = 2 * k.cols;
+      auto x = correlated_inputs(T, k.cols, 100 + k.cols);
+      if (k.dead)
+        for (int64_t t = 0; t < T; ++t) x[t * k.cols + 3] = 0.0f;
+      const auto w = randn(k.rows * k.cols, 200 + k.rows, 0.02f);
+      const MatrixStats s = stats_of(x, T, k.cols);
+      GptqOptions o;
+      o.act_order = k.act_order;
+      const FormatChoice f = find_format(family, k.group);
+      const GptqResult cpu = quant::gptq(w.data(), k.rows, k.cols, s, *quant::make_format_grid(f, k.mse), o);
+      const std::string what = fmt::format("{} {}x{} g{}{}{}{}", family, k.rows, k.cols, k.group, k.mse ? " mse" : "",
+                                           k.act_order ? " act-order" : "", k.dead ? " dead" : "");
+      // The whole solve on the GPU, and the GPU sweep on the CPU's own U.
+      const GptqResult gpu = cuda::gptq(w.data(), k.rows, k.cols, cuda::prepare_hessian(s, o), f, k.mse, o);
+      expect_close_to_cpu(gpu, cpu, x, T, w, what + " (gpu U)");
+      const GptqResult same_u =
+          cuda::gptq(w.data(), k.rows, k.cols, cuda::upload(quant::prepare_hessian(s, o), T), f, k.mse, o);
+      expect_close_to_cpu(same_u, cpu, x, T, w, what + " (cpu U)");
+      // The dead input's weights were zeroed before the sweep: each one is the
+      // group's nearest value to 0, whatever the codes around it became.
+      if (k.dead)
+        for (int64_t r = 0; r < k.rows; ++r) {
+          const GroupParams& p = gpu.params[r * ((k.cols + k.group - 1) / k.group)];
+          const FormatSpec& fs = *f.spec;
+          ASSERT_EQ(gpu.dequant[r * k.cols + 3], fs.decode(fs.encode(0.0f, p), p)) << "row " << r;
+        }
+    }
   }
 }
 
@@ -265,29 +266,30 @@ TEST(Cuda, GptqIdentityHessianBitExactWithCpu) {
   MatrixStats s(C);
   for (int64_t j = 0; j < C; ++j) s.H[j * C + j] = 1.0;
   s.tokens = 1;
-  for (const std::string family : {"int4_asym", "int4_sym"})
-  for (int g : {32, 64, 128})
-    for (bool mse : {false, true})
-      for (bool act : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} g={} mse={} act={}", family, g, mse, act));
-        GptqOptions o;
-        o.act_order = act;
-        const FormatChoice f = find_format(family, g);
-        const quant::PreparedHessian prep = quant::prepare_hessian(s, o);
-        const GptqResult cpu = quant::gptq(w.data(), R, C, prep, *quant::make_format_grid(f, mse), o);
-        const GptqResult gpu = cuda::gptq(w.data(), R, C, cuda::upload(prep, 1), f, mse, o);
-        ASSERT_EQ(gpu.codes, cpu.codes);
-        ASSERT_EQ(std::memcmp(gpu.dequant.data(), cpu.dequant.data(), cpu.dequant.size() * 4), 0);
-        ASSERT_EQ(gpu.params.size(), cpu.params.size());
-        for (size_t k = 0; k < cpu.params.size(); ++k) {
-          ASSERT_EQ(std::memcmp(&gpu.params[k].scale, &cpu.params[k].scale, 4), 0) << k;
-          ASSERT_EQ(std::memcmp(&gpu.params[k].min, &cpu.params[k].min, 4), 0) << k;
+  for (const std::string family : {"int4_asym", "int4_sym"}) {
+    for (int g : {32, 64, 128})
+      for (bool mse : {false, true})
+        for (bool act : {false, true}) {
+          SCOPED_TRACE(fmt::format("{} g={} mse={} act={}", family, g, mse, act));
+          GptqOptions o;
+          o.act_order = act;
+          const FormatChoice f = find_format(family, g);
+          const quant::PreparedHessian prep = quant::prepare_hessian(s, o);
+          const GptqResult cpu = quant::gptq(w.data(), R, C, prep, *quant::make_format_grid(f, mse), o);
+          const GptqResult gpu = cuda::gptq(w.data(), R, C, cuda::upload(prep, 1), f, mse, o);
+          ASSERT_EQ(gpu.codes, cpu.codes);
+          ASSERT_EQ(std::memcmp(gpu.dequant.data(), cpu.dequant.data(), cpu.dequant.size() * 4), 0);
+          ASSERT_EQ(gpu.params.size(), cpu.params.size());
+          for (size_t k = 0; k < cpu.params.size(); ++k) {
+            ASSERT_EQ(std::memcmp(&gpu.params[k].scale, &cpu.params[k].scale, 4), 0) << k;
+            ASSERT_EQ(std::memcmp(&gpu.params[k].min, &cpu.params[k].min, 4), 0) << k;
+          }
+          EXPECT_NEAR(gpu.sweep_cost, cpu.sweep_cost, 1e-12 * cpu.sweep_cost);
+          // The GPU's own factorization of a diagonal matrix is exact too.
+          const quant::PreparedHessian gprep = cuda::prepare_hessian(s, o).to_host();
+          for (int64_t j = 0; j < C; ++j) ASSERT_EQ(gprep.U[j * C + j], prep.U[j * C + j]) << j;
         }
-        EXPECT_NEAR(gpu.sweep_cost, cpu.sweep_cost, 1e-12 * cpu.sweep_cost);
-        // The GPU's own factorization of a diagonal matrix is exact too.
-        const quant::PreparedHessian gprep = cuda::prepare_hessian(s, o).to_host();
-        for (int64_t j = 0; j < C; ++j) ASSERT_EQ(gprep.U[j * C + j], prep.U[j * C + j]) << j;
-      }
+  }
 }
 
 // The whole GPU path: H accumulated on the GPU (default precision, fp64), prepared
