@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nibble/act_quant.h"
@@ -126,6 +127,17 @@ int32_t device_sample(const float* logits, int64_t n, const SamplerConfig& c, ui
 bool samples_on_device(const SamplerConfig& s, int64_t vocab_limit);
 // The most ids top-k / top-p take on the device: 4096 per SM, up to 128 SMs (524288 on an H100 or H200).
 int64_t sample_filter_max_logits();
+
+// The quantized matrices of `src` (decoder linears and the head) that no
+// registered linear kernel takes: GpuModel::load holds them dequantized to
+// bf16 and runs them through cuBLAS (2 bytes a weight, a dense GEMV's
+// speed). Per format (canonical name, in name order): how many and their
+// weights. Host only: needs no device.
+struct DenseFallback {
+  std::string format;
+  int64_t matrices = 0, params = 0;
+};
+std::vector<DenseFallback> dense_fallbacks(const ModelSource& src);
 
 class GpuModel {
  public:

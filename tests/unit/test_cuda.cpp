@@ -1560,6 +1560,29 @@ TEST(Cuda, GpuForwardMatchesCpuOnStories) {
   check_gpu_forward(tmp.path() / "rtn", {1, 403, 407, 261, 378}, 100);
 }
 
+// Which quantized matrices the GPU forward holds dense: decided from the
+// checkpoint's metadata and the kernel registry alone (no device needed), as
+// `nibble run --device cuda`'s note says. int4_sym has no W4A16 kernel; int4_asym g64 has.
+TEST(Cuda, DenseFallbacksNameTheFormatsWithoutAKernel) {
+  const auto dir = test::model_dir("stories260K");
+  test::TempDir tmp("nibble-fallbacks");
+  QuantizeOptions q;
+  q.group_size = 64;
+  q.progress = false;
+  quantize_model(dir, tmp.path() / "asym", q);
+  q.format = "int4_sym";
+  const QuantizeResult sym = quantize_model(dir, tmp.path() / "sym", q);
+  EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source((tmp.path() / "asym").string())).empty());
+  const std::vector<cuda::DenseFallback> f = cuda::dense_fallbacks(*open_model_source((tmp.path() / "sym").string()));
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].format, "int4_g64_sym");
+  int64_t matrices = 0;
+  for (const TensorResult& t : sym.tensors) matrices += t.quantized;
+  EXPECT_EQ(f[0].matrices, matrices);
+  EXPECT_EQ(static_cast<uint64_t>(f[0].params), sym.quantized_params);
+  EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source(dir.string())).empty());  // plain weights: no format
+}
+
 TEST(Cuda, GpuForwardMatchesCpuOnQwen3) {
   SKIP_WITHOUT_DEVICE();
   const auto dir = test::model_dir("qwen3-26M-linux");

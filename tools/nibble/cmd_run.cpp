@@ -106,6 +106,24 @@ class Runner {
     (void)token, (void)limit, (void)steps, (void)sampler, (void)emit;
 #endif
   }
+  // For the GPU: a note on the quantized matrices that no kernel takes (held
+  // as bf16, so more memory and a slower decode than the format's bytes
+  // promise), or "".
+  std::string fallback_note() const {
+    std::string note;
+#ifdef NIBBLE_HAVE_CUDA
+    if (cuda_) {
+      std::vector<std::string> kernels;  // what the registry takes, for the note
+      for (const cuda::LinearKernel* k : cuda::linear_kernel_registry())
+        kernels.push_back(fmt::format("{} ({}) at groups of {}", k->name, k->format, fmt::join(k->group_sizes, ", ")));
+      for (const cuda::DenseFallback& f : cuda::dense_fallbacks(*src_))
+        note += fmt::format("note: {} matrices in {} ({:.1f} M weights) have no GPU kernel: they run dequantized to "
+                            "bf16 through cuBLAS (2 bytes a weight). GPU kernels: {}\n",
+                            f.matrices, f.format, f.params / 1e6, fmt::join(kernels, "; "));
+    }
+#endif
+    return note;
+  }
   // For the GPU: what nibble's buffers hold on the device (the model as
   // loaded, and the peak of the run so far), or "" on the CPU. Call it
   // before roofline(), whose bandwidth probe allocates 1 GiB.
@@ -221,6 +239,7 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
     }
     Sampler sampler(o->sampler);
     m.reserve(static_cast<int64_t>(ids.size()) + o->n, !o->no_cuda_graph);
+    if (!global.quiet) std::fprintf(stderr, "%s", m.fallback_note().c_str());
     std::printf("%s", m.tok().decode(ids, true).c_str());
     std::fflush(stdout);
 

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 
 #include "backend/cuda/act_quant.h"
@@ -1131,6 +1132,22 @@ void check_fits(const ModelSource& src, int64_t max_tokens, bool f32_tied, DType
                gib(total));
 }
 }  // namespace
+
+std::vector<DenseFallback> dense_fallbacks(const ModelSource& src) {
+  std::map<std::string, DenseFallback> by_format;
+  for (const std::string& n : src.names()) {
+    if (n == "model.embed_tokens.weight") continue;  // a table, not a linear
+    const TensorMeta meta = src.meta(n);
+    if (!meta.format || meta.shape.size() != 2 || kernel_of(meta) != nullptr) continue;
+    DenseFallback& f = by_format[meta.format->canonical_name()];
+    f.format = meta.format->canonical_name();
+    ++f.matrices;
+    f.params += meta.shape[0] * meta.shape[1];
+  }
+  std::vector<DenseFallback> out;
+  for (auto& [name, f] : by_format) out.push_back(f);
+  return out;
+}
 
 std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens, const GpuOptions& opts) {
   NIBBLE_CHECK(device_available(), "--device cuda: no CUDA device is visible");
