@@ -238,13 +238,17 @@ __global__ void __launch_bounds__(kThreads)
 
 size_t padded(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// flash_attention_tc's scratch: bf16 q (q_bytes), then an f32 cache's rows
-// 0 .. p0+n-1 of k and of v as bf16 (kv_bytes each; none for a bf16 cache).
+// flash_attention_tc's scratch: bf16 q (q_elems), then an f32 cache's rows
+// 0 .. p0+n-1 of k and of v as bf16 (kv_elems each; none for a bf16 cache),
+// each part padded to 256 bytes.
 struct TcScratch {
+  int64_t q_elems, kv_elems;
   size_t q_bytes, kv_bytes;
   explicit TcScratch(const AttentionArgs& a)
-      : q_bytes(padded(static_cast<size_t>(a.n * a.heads * a.head_dim) * sizeof(bf16))),
-        kv_bytes(a.kv_bf16 ? 0 : padded(static_cast<size_t>((a.p0 + a.n) * a.kv_heads * a.head_dim) * sizeof(bf16))) {}
+      : q_elems(a.n * a.heads * a.head_dim),
+        kv_elems(a.kv_bf16 ? 0 : (a.p0 + a.n) * a.kv_heads * a.head_dim),
+        q_bytes(padded(static_cast<size_t>(q_elems) * sizeof(bf16))),
+        kv_bytes(padded(static_cast<size_t>(kv_elems) * sizeof(bf16))) {}
   size_t bytes() const { return q_bytes + 2 * kv_bytes; }
 };
 
@@ -308,20 +312,19 @@ void flash_attention_tc(const AttentionArgs& a, void* scratch, void* stream) {
   NIBBLE_CHECK(a.n > 0 && a.p0 >= 0 && scratch != nullptr, "flash_attention_tc: bad arguments (n {}, p0 {})", a.n,
                a.p0);
   auto s = static_cast<cudaStream_t>(stream);
+  const TcScratch layout(a);
   auto* base = static_cast<unsigned char*>(scratch);
   auto* q = reinterpret_cast<bf16*>(base);
-  scaled_round_bf16(a.q, a.n * a.heads * a.head_dim, a.scale * 1.4426950408889634f, q, s);  // log2(e): exp2 units
+  scaled_round_bf16(a.q, layout.q_elems, a.scale * 1.4426950408889634f, q, s);  // log2(e): exp2 units
   AttentionBf16Args b;
   b.q = q;
   b.k = a.k;
   b.v = a.v;
   if (!a.kv_bf16) {  // the cache's rows 0 .. p0+n-1 as bf16
-    const int64_t kv = (a.p0 + a.n) * a.kv_heads * a.head_dim;
-    const TcScratch layout(a);
     auto* k = reinterpret_cast<bf16*>(base + layout.q_bytes);
     auto* v = reinterpret_cast<bf16*>(base + layout.q_bytes + layout.kv_bytes);
-    scaled_round_bf16(static_cast<const float*>(a.k), kv, 1.0f, k, s);
-    scaled_round_bf16(static_cast<const float*>(a.v), kv, 1.0f, v, s);
+    scaled_round_bf16(static_cast<const float*>(a.k), layout.kv_elems, 1.0f, k, s);
+    scaled_round_bf16(static_cast<const float*>(a.v), layout.kv_elems, 1.0f, v, s);
     b.k = k;
     b.v = v;
   }

@@ -1095,8 +1095,9 @@ void GpuModel::set_bf16_inputs(bool on) {
 }
 
 namespace {
-// One layer's key (or value) cache: f32 [positions, kv_heads · head_dim].
-// One layer's key (or value) cache.
+constexpr const char* kEmbed = "model.embed_tokens.weight";  // held as a table, not as a linear
+
+// One layer's key (or value) cache: [positions, kv_heads · head_dim] of `kv`.
 size_t kv_cache_bytes(const ModelConfig& c, int64_t positions, DType kv) {
   return static_cast<size_t>(positions * c.num_kv_heads * c.head_dim) * dtype_size(kv);
 }
@@ -1114,7 +1115,6 @@ DType embed_device_dtype(DType stored, bool f32_tied) {
 // too large fails at once, by name, rather than layers into its load.
 void check_fits(const ModelSource& src, int64_t max_tokens, bool f32_tied, DType kv_dtype) {
   const ModelConfig& c = src.config();
-  const std::string kEmbed = "model.embed_tokens.weight";
   uint64_t weights = 0;
   for (const std::string& n : src.names())
     if (n != kEmbed) weights += src.meta(n).stored_bytes;
@@ -1136,11 +1136,12 @@ void check_fits(const ModelSource& src, int64_t max_tokens, bool f32_tied, DType
 std::vector<DenseFallback> dense_fallbacks(const ModelSource& src) {
   std::map<std::string, DenseFallback> by_format;
   for (const std::string& n : src.names()) {
-    if (n == "model.embed_tokens.weight") continue;  // a table, not a linear
+    if (n == kEmbed) continue;
     const TensorMeta meta = src.meta(n);
     if (!meta.format || meta.shape.size() != 2 || kernel_of(meta) != nullptr) continue;
-    DenseFallback& f = by_format[meta.format->canonical_name()];
-    f.format = meta.format->canonical_name();
+    const std::string format = meta.format->canonical_name();
+    DenseFallback& f = by_format[format];
+    f.format = format;
     ++f.matrices;
     f.params += meta.shape[0] * meta.shape[1];
   }
@@ -1176,7 +1177,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tok
   m.ldQ = pad8(c.num_heads * c.head_dim);
   m.ldF = pad8(c.intermediate_size);
   const bool f32 = opts.f32_linears;
-  Tensor embed = src.load("model.embed_tokens.weight");
+  Tensor embed = src.load(kEmbed);
   m.embed_dtype = embed_device_dtype(embed.dtype(), f32 && c.tie_word_embeddings);
   if (embed.dtype() != m.embed_dtype) embed = embed.to_f32();
   m.embed = upload(embed);
