@@ -230,6 +230,13 @@ const LinearKernel* find_linear_kernel(std::string_view format, int group_size);
 // each weight once to the activation type, fl16(code·scale + min).
 bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act);
 
+// int4_sym's parts (FORMAT.md §7.1: codes, f16 scale) as int4_asym's (§3), which
+// is how int4_sym's registry row runs on the w4a16 kernels: the same codes, scale
+// = bf16_rne(f16 scale), min = −8·scale (exact). Each weight (c − 8)·s then moves
+// by at most 2⁻⁸·|(c − 8)·s|, the bound of rounding the weight itself to bf16
+// (what the dense path, dequantize_to_bf16_device, does). Host only.
+std::vector<Tensor> int4_sym_as_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
+
 // The w4a16 layout built on the host (tests, and what upload does on the device):
 // codes [ceil(rows/16)][ceil(cols/64)][32 lanes] × 16 bytes, scale/min pairs
 // [ceil(rows/16)][padded groups][8] × 8 bytes. docs/CUDA.md defines both.

@@ -67,6 +67,28 @@ QuantizedMatrix random_int4_matrix(std::mt19937& rng, int64_t rows, int64_t cols
 std::vector<Tensor> random_int4_parts(std::mt19937& rng, int64_t rows, int64_t cols, int g) {
   return find_format("int4_asym", g).spec->pack(random_int4_matrix(rng, rows, cols, g));
 }
+// An all-zero matrix of int4_sym with groups of g.
+QuantizedMatrix zero_int4_sym(int64_t rows, int64_t cols, int g) {
+  QuantizedMatrix q;
+  q.format = find_format("int4_sym", g).spec;
+  q.group_size = g;
+  q.rows = rows;
+  q.cols = cols;
+  q.codes.assign(static_cast<size_t>(rows * cols), 0);
+  q.params.resize(static_cast<size_t>(rows * q.groups_per_row()));
+  return q;
+}
+// The same for int4_sym: random codes and f16 scales, most of them with more
+// significant bits than bf16 holds (the upload rounds them: int4_sym_as_asym).
+std::vector<Tensor> random_int4_sym_parts(std::mt19937& rng, int64_t rows, int64_t cols, int g) {
+  const FormatChoice f = find_format("int4_sym", g);
+  QuantizedMatrix q = zero_int4_sym(rows, cols, g);
+  std::uniform_int_distribution<int> code(0, 15);
+  std::uniform_real_distribution<float> scale(0.002f, 0.02f);
+  for (auto& c : q.codes) c = static_cast<uint8_t>(code(rng));
+  for (auto& p : q.params) p.scale = f16_to_f32(f32_to_f16(scale(rng)));
+  return f.spec->pack(q);
+}
 
 // Ŵ as the W4A16 kernels use it: exact (fp32 c·s + m) or rounded once to 16
 // bits, fl16(c·s + m) (fused), as cuda::w4a16_exact_weights says for the call.
@@ -138,12 +160,16 @@ double w4a16_tolerance(double r, double mag, bool exact) {
 // plus fp32 accumulation, 1e-5 of Σ|x·w|, and for the exact-weight path the
 // cancellation in s·Σ(128 + c)x − 128·s·Σx, 3e-5 of Σ|x·w| (derivation in
 // src/backend/cuda/w4a16.cu).
-void check_w4a16(const GemmCase& tc, cuda::Act act, const std::vector<int>& ms, bool pdl, uint32_t seed) {
+// int4_sym (`sym`): its registry row, on the weights its upload makes
+// (int4_sym_as_asym; Cuda.Int4SymAsAsym* holds that conversion to FORMAT.md).
+void check_w4a16(const GemmCase& tc, cuda::Act act, const std::vector<int>& ms, bool pdl, uint32_t seed,
+                 bool sym = false) {
   std::mt19937 rng(seed);
-  const auto parts = random_int4_parts(rng, tc.N, tc.K, tc.g);
-  const cuda::LinearKernel* k = cuda::find_linear_kernel("int4_asym", tc.g);
+  const auto file_parts = sym ? random_int4_sym_parts(rng, tc.N, tc.K, tc.g) : random_int4_parts(rng, tc.N, tc.K, tc.g);
+  const auto parts = sym ? cuda::int4_sym_as_asym(file_parts, tc.N, tc.K, tc.g) : file_parts;
+  const cuda::LinearKernel* k = cuda::find_linear_kernel(sym ? "int4_sym" : "int4_asym", tc.g);
   ASSERT_NE(k, nullptr);
-  const cuda::DeviceLinear dw = k->upload(parts, tc.N, tc.K, tc.g);
+  const cuda::DeviceLinear dw = k->upload(file_parts, tc.N, tc.K, tc.g);
   const int64_t Mmax = *std::max_element(ms.begin(), ms.end());
   const int64_t ldx = (tc.K + 7) / 8 * 8 + 8, ldy = tc.N + 3;  // padded leading dimensions
   std::vector<uint16_t> x;
@@ -202,7 +228,49 @@ TEST(Cuda, W4A16RegistryRows) {
   EXPECT_NE(cuda::find_linear_kernel("int4_asym", 128), nullptr);
   EXPECT_NE(cuda::find_linear_kernel("int4_asym", 32), nullptr);
   EXPECT_EQ(cuda::find_linear_kernel("int4_asym", 256), nullptr);
+  for (int g : {32, 64, 128}) EXPECT_NE(cuda::find_linear_kernel("int4_sym", g), nullptr) << g;
+  EXPECT_EQ(cuda::find_linear_kernel("mxfp4", 32), nullptr);
   EXPECT_EQ(cuda::find_linear_kernel("no_such_format", 128), nullptr);
+}
+
+// int4_sym's parts as the W4A16 kernels take them (no device needed): the
+// codes unchanged; each f16 scale rounded once to bf16 (nearest, ties to
+// even), the min −8 times it. Worked scales: f16 0x2C00 = 2⁻⁴ is a bf16 value;
+// 0x2C01 = 2⁻⁴(1 + 2⁻¹⁰) and 0x2C04 = 2⁻⁴(1 + 2⁻⁸) round down (the latter a tie,
+// to the even 0x3D80); 0x2C05 = 2⁻⁴(1 + 5·2⁻¹⁰) rounds up to 2⁻⁴(1 + 2⁻⁷) = bf16
+// 0x3D81; 0x0001 = 2⁻²⁴ (an f16 subnormal) is bf16 0x3380; 0 stays 0. Then
+// every decoded weight against FORMAT.md's (c − 8)·s: within 2⁻⁸ of it.
+TEST(Cuda, Int4SymAsAsymRoundsEachScaleOnce) {
+  const int64_t rows = 2, cols = 192;
+  const int g = 32;
+  const FormatChoice sym = find_format("int4_sym", g), asym = find_format("int4_asym", g);
+  QuantizedMatrix q = zero_int4_sym(rows, cols, g);
+  for (size_t i = 0; i < q.codes.size(); ++i) q.codes[i] = static_cast<uint8_t>((i * 7 + i / 5) % 16);
+  const uint16_t f16[12] = {0x2C00, 0x2C01, 0x2C04, 0x2C05, 0x0001, 0x0000,
+                            0x1A3F, 0x7BFF, 0x2E66, 0x3555, 0x0155, 0x2C06};
+  for (size_t i = 0; i < q.params.size(); ++i) q.params[i].scale = f16_to_f32(f16[i]);
+  const auto parts = sym.spec->pack(q);
+  const auto conv = cuda::int4_sym_as_asym(parts, rows, cols, g);
+  ASSERT_EQ(conv.size(), 3u);
+  EXPECT_EQ(std::memcmp(conv[0].raw(), parts[0].raw(), parts[0].nbytes()), 0);
+  const auto* sc = static_cast<const uint16_t*>(conv[1].raw());
+  const auto* mn = static_cast<const uint16_t*>(conv[2].raw());
+  EXPECT_EQ(sc[0], 0x3D80);
+  EXPECT_EQ(sc[1], 0x3D80);
+  EXPECT_EQ(sc[2], 0x3D80);
+  EXPECT_EQ(sc[3], 0x3D81);
+  EXPECT_EQ(sc[4], 0x3380);
+  EXPECT_EQ(sc[5], 0x0000);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(bf16_to_f32(mn[i]), -8.0f * bf16_to_f32(sc[i])) << i;
+  const QuantizedMatrix a = asym.spec->unpack(conv, rows, cols, g);
+  std::vector<float> want(static_cast<size_t>(rows * cols)), got(want.size());
+  dequantize(q, want.data());
+  dequantize(a, got.data());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float s = f16_to_f32(f16[i / g]);
+    EXPECT_LE(std::fabs(got[i] - want[i]), std::ldexp(std::fabs(want[i]), -8)) << i;
+    EXPECT_EQ(got[i], (static_cast<int>(q.codes[i]) - 8) * round_to_bf16(s)) << i;
+  }
 }
 
 // The GEMV's warps per tile (one_wave_warps) on the Llama-3-8B shapes, worked
@@ -471,6 +539,21 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
   check_w4a16({72, 4160, 64}, cuda::Act::BF16, {270}, true, 18);
   check_w4a16({40, 4096, 128}, cuda::Act::F16, {300}, false, 19);        // fp16 stays on the kernel
   check_w4a16({72, 4160, 32}, cuda::Act::BF16, {200}, false, 20);        // groups of 32: two per chunk
+}
+
+// int4_sym's row: the same kernels on the parameters its upload rounds
+// (int4_sym_as_asym), every dispatch path: the integer GEMV (1 token), the
+// small-M kernel (2..16, 17..24), wgmma (33, 64; bf16 130), dequantize +
+// cuBLAS (bf16 beyond 256), the general kernel (groups of 32), both activation
+// types, a ragged last group and chunk.
+TEST(Cuda, W4A16Int4SymRow) {
+  SKIP_WITHOUT_DEVICE();
+  for (auto act : {cuda::Act::BF16, cuda::Act::F16}) {
+    check_w4a16({40, 4096, 128}, act, {1, 2, 7, 16, 17, 24, 33, 64}, false, 40, true);
+    check_w4a16({56, 4160, 64}, act, {1, 5, 16, 20, 64}, true, 41, true);
+    check_w4a16({24, 4100, 32}, act, {1, 9, 64}, false, 42, true);
+  }
+  check_w4a16({72, 4096, 128}, cuda::Act::BF16, {130, 260}, false, 43, true);
 }
 
 // One token on a grid of several waves (as the head's): 70008 rows are 4376
@@ -1558,11 +1641,16 @@ TEST(Cuda, GpuForwardMatchesCpuOnStories) {
   quantize_model(dir, tmp.path() / "rtn", q);
   check_gpu_forward(tmp.path() / "rtn", prompt_ids(40, 512, 2), 24);
   check_gpu_forward(tmp.path() / "rtn", {1, 403, 407, 261, 378}, 100);
+  // int4_sym: the same kernels, on its scales rounded to bf16 at load (int4_sym_as_asym).
+  q.format = "int4_sym";
+  quantize_model(dir, tmp.path() / "sym", q);
+  check_gpu_forward(tmp.path() / "sym", prompt_ids(40, 512, 6), 24);
+  check_gpu_forward(tmp.path() / "sym", {1, 403, 407, 261, 378}, 100);
 }
 
 // Which quantized matrices the GPU forward holds dense: decided from the
 // checkpoint's metadata and the kernel registry alone (no device needed), as
-// `nibble run --device cuda`'s note says. int4_sym has no W4A16 kernel; int4_asym g64 has.
+// `nibble run --device cuda`'s note says. mxfp4 has no W4A16 kernel; int4_asym and int4_sym g64 have.
 TEST(Cuda, DenseFallbacksNameTheFormatsWithoutAKernel) {
   const auto dir = test::model_dir("stories260K");
   test::TempDir tmp("nibble-fallbacks");
@@ -1571,15 +1659,20 @@ TEST(Cuda, DenseFallbacksNameTheFormatsWithoutAKernel) {
   q.progress = false;
   quantize_model(dir, tmp.path() / "asym", q);
   q.format = "int4_sym";
-  const QuantizeResult sym = quantize_model(dir, tmp.path() / "sym", q);
+  quantize_model(dir, tmp.path() / "sym", q);
+  q.format = "mxfp4";
+  q.group_size = 32;
+  const QuantizeResult mx = quantize_model(dir, tmp.path() / "mxfp4", q);
   EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source((tmp.path() / "asym").string())).empty());
-  const std::vector<cuda::DenseFallback> f = cuda::dense_fallbacks(*open_model_source((tmp.path() / "sym").string()));
+  EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source((tmp.path() / "sym").string())).empty());
+  const std::vector<cuda::DenseFallback> f =
+      cuda::dense_fallbacks(*open_model_source((tmp.path() / "mxfp4").string()));
   ASSERT_EQ(f.size(), 1u);
-  EXPECT_EQ(f[0].format, "int4_g64_sym");
+  EXPECT_EQ(f[0].format, "mxfp4");
   int64_t matrices = 0;
-  for (const TensorResult& t : sym.tensors) matrices += t.quantized;
+  for (const TensorResult& t : mx.tensors) matrices += t.quantized;
   EXPECT_EQ(f[0].matrices, matrices);
-  EXPECT_EQ(static_cast<uint64_t>(f[0].params), sym.quantized_params);
+  EXPECT_EQ(static_cast<uint64_t>(f[0].params), mx.quantized_params);
   EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source(dir.string())).empty());  // plain weights: no format
 }
 
@@ -1594,6 +1687,9 @@ TEST(Cuda, GpuForwardMatchesCpuOnQwen3) {
   // A KV cache of 70000 positions, beyond the row-wise decode kernel's shared
   // memory: decode runs the split-over-keys attention (and its prepared output).
   check_gpu_forward(tmp.path() / "rtn", prompt_ids(48, 2000, 5), 16, 70000);
+  q.format = "int4_sym";  // its scales rounded to bf16 at load (int4_sym_as_asym)
+  quantize_model(dir, tmp.path() / "sym", q);
+  check_gpu_forward(tmp.path() / "sym", prompt_ids(48, 2000, 7), 16);
 }
 
 }  // namespace

@@ -380,6 +380,14 @@ void w4a16_chain(const GemvCall* calls, int count, unsigned* sync, void* stream,
 const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
                           &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
 
+// int4_sym runs on the same kernels: its parameters become int4_asym's at
+// upload (int4_sym_as_asym) and the weight is an int4_asym weight from then on.
+DeviceLinear w4a16_upload_sym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
+  return w4a16_upload(int4_sym_as_asym(parts, rows, cols, group_size), rows, cols, group_size);
+}
+const LinearKernel kW4A16Sym{"int4_sym", "w4a16_mma", {32, 64, 128}, &w4a16_upload_sym, &w4a16_gemm,
+                             &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
+
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   check_parts(parts, rows, cols, group_size);
   const Dims d = dims_of(rows, cols, group_size);
@@ -566,7 +574,7 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
 }  // namespace
 
 const std::vector<const LinearKernel*>& linear_kernel_registry() {
-  static const std::vector<const LinearKernel*> rows = {&kW4A16};
+  static const std::vector<const LinearKernel*> rows = {&kW4A16, &kW4A16Sym};
   return rows;
 }
 
@@ -575,6 +583,20 @@ const LinearKernel* find_linear_kernel(std::string_view format, int group_size) 
     if (k->format == format && std::find(k->group_sizes.begin(), k->group_sizes.end(), group_size) != k->group_sizes.end())
       return k;
   return nullptr;
+}
+
+std::vector<Tensor> int4_sym_as_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
+  nibble::check_parts(find_format("int4_sym", group_size), parts, rows, cols);
+  const Tensor sc = parts[1].contiguous();
+  const int64_t n = sc.numel();
+  Tensor scale = Tensor::empty(DType::BF16, sc.shape()), min = Tensor::empty(DType::BF16, sc.shape());
+  const auto* s16 = static_cast<const uint16_t*>(sc.raw());
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t b = f32_to_bf16(f16_to_f32(s16[i]));  // f16 → f32 is exact: one rounding
+    scale.data_mut<uint16_t>()[i] = b;
+    min.data_mut<uint16_t>()[i] = f32_to_bf16(-8.0f * bf16_to_f32(b));  // exact: 8 times a bf16 value
+  }
+  return {parts[0], scale, min};
 }
 
 W4A16HostLayout w4a16_layout_host(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
