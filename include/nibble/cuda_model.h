@@ -1,6 +1,7 @@
 // The Llama-family forward pass on an NVIDIA GPU (CUDA builds only; see
-// docs/CUDA.md). Linears of a format with a CUDA kernel (int4_asym: w4a16_mma)
-// stay packed on the device; everything else is held as bf16 and runs through
+// docs/CUDA.md). Linears of a format with a CUDA kernel (int4_asym and int4_sym:
+// w4a16_mma; also a rival's linears such a format holds exactly,
+// ModelSource::exact_format) stay packed on the device; everything else is held as bf16 and runs through
 // cuBLAS. Inputs of linears are bf16 (f32 in decode when every linear takes
 // f32 single-token inputs: the integer W4A16 GEMV); their outputs, the
 // residual stream, norms, RoPE and attention are fp32, and so is the KV cache

@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,17 @@ class RivalScheme {
   // The activation quantizer the scheme's linears run with (act_quant.h), or
   // empty: ModelSource::activation_quant.
   virtual std::string activation_quant() const { return {}; }
+  // The linear in a nibble format whose values are exactly dequantize()'s, or
+  // nullopt: 4-bit codes around a zero point of 8 in groups of 32, 64 or 128
+  // inputs in input order are int4_sym where every scale is an f16 value, or
+  // int4_asym (min = −8·scale) where every scale is a bf16 value. Reads the
+  // zeros, group indices and scales, not the codes.
+  virtual std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const {
+    (void)prefix, (void)raw;
+    return std::nullopt;
+  }
+  // Its parts in that format (FORMAT.md); an error where exact_format is nullopt.
+  virtual std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const;
 };
 
 // The scheme a quantization_config names by its "quant_method" (gptq, awq,
@@ -84,6 +96,10 @@ class RivalSource final : public ModelSource {
   // Only the scheme's quantized linears: one the checkpoint stores plain
   // (skipped by the tool) runs with exact inputs.
   bool activations_quantized(const std::string& prefix) const override;
+  // The scheme's exact_format / exact_parts for a quantized linear (decided
+  // once per linear), meta().format for a plain tensor.
+  std::optional<FormatChoice> exact_format(const std::string& name) const override;
+  std::vector<Tensor> exact_parts(const std::string& name) const override;
 
  private:
   struct Entry {
@@ -97,6 +113,8 @@ class RivalSource final : public ModelSource {
   std::unique_ptr<RivalScheme> scheme_;
   std::map<std::string, Entry> entries_;
   std::vector<std::string> order_;
+  mutable std::mutex exact_mutex_;
+  mutable std::map<std::string, std::optional<FormatChoice>> exact_;  // exact_format's answers so far
 };
 
 }  // namespace nibble

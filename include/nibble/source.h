@@ -58,6 +58,12 @@ class ModelSource : public TensorSource {
   // The stored parts of a matrix whose meta().format is set (a format the
   // kernels run directly). Sources without such matrices never get asked.
   virtual std::vector<Tensor> parts(const std::string& name) const;
+  // The matrix `name` in a nibble format whose values are exactly load(name)'s,
+  // for kernels that take packed weights (the GPU forward), or nullopt (dense):
+  // by default meta().format; a rival's linear re-encoded without loss where it
+  // can be (RivalSource). exact_parts gives its parts where it is set.
+  virtual std::optional<FormatChoice> exact_format(const std::string& name) const { return meta(name).format; }
+  virtual std::vector<Tensor> exact_parts(const std::string& name) const { return parts(name); }
   // Checks that every tensor the config implies is present with its shape
   // (errors name describe() and the tensor).
   virtual void validate_against_config() const;

@@ -17,6 +17,7 @@
 #include "nibble/arch.h"
 #include "nibble/dtype.h"
 #include "nibble/error.h"
+#include "nibble/format.h"
 #include "nibble/regex.h"
 #include "io/json_file.h"
 
@@ -109,6 +110,56 @@ std::vector<std::string> required_parts(const TensorSource& raw, const std::stri
   return p;
 }
 
+// The nibble format that holds 4-bit codes around a zero point of 8 with these
+// scales (any shape; groups of `group` inputs in input order) exactly:
+// int4_sym where every scale is an f16 value, int4_asym (min = −8·scale, exact)
+// where every one is a bf16 value, else nullopt (RivalScheme::exact_format).
+std::optional<FormatChoice> sym4_format(const Tensor& scales_f32, int64_t group) {
+  if (group != 32 && group != 64 && group != 128) return std::nullopt;
+  const float* s = scales_f32.data<float>();
+  bool f16 = true, bf16 = true;
+  for (int64_t i = 0; i < scales_f32.numel() && (f16 || bf16); ++i) {
+    f16 = f16 && f16_to_f32(f32_to_f16(s[i])) == s[i];
+    bf16 = bf16 && round_to_bf16(s[i]) == s[i];
+  }
+  if (f16) return find_format("int4_sym", static_cast<int>(group));
+  if (bf16) return find_format("int4_asym", static_cast<int>(group));
+  return std::nullopt;
+}
+
+// The parts in `f` (sym4_format's answer) of codes [out, in] (0..15, the
+// weight (code − 8)·scale) with scale(n, g) of output n's group g.
+template <typename ScaleFn>
+std::vector<Tensor> pack_sym4(const FormatChoice& f, std::vector<uint8_t> codes, int64_t out, int64_t in,
+                              const ScaleFn& scale) {
+  QuantizedMatrix q;
+  q.format = f.spec;
+  q.group_size = f.group_size;
+  q.rows = out;
+  q.cols = in;
+  q.codes = std::move(codes);
+  const int64_t groups = q.groups_per_row();
+  q.params.resize(static_cast<size_t>(out * groups));
+  const bool asym = f.spec->family == "int4_asym";
+  for (int64_t n = 0; n < out; ++n)
+    for (int64_t g = 0; g < groups; ++g) {
+      GroupParams& p = q.params[static_cast<size_t>(n * groups + g)];
+      p.scale = scale(n, g);
+      if (asym) p.min = -8.0f * p.scale;
+    }
+  return f.spec->pack(q);
+}
+
+// Whether the group indices (g_idx, when stored) are k / group_size for every input k: groups in input order.
+bool groups_in_order(const TensorSource& raw, const std::string& g_idx_name, int64_t in, int64_t group_size) {
+  if (!raw.contains(g_idx_name)) return true;
+  const Tensor t = raw.load(g_idx_name).to_f32();
+  if (t.numel() != in) return false;
+  for (int64_t k = 0; k < in; ++k)
+    if (t.data<float>()[k] != static_cast<float>(k / group_size)) return false;
+  return true;
+}
+
 // The config's fields, named in errors as "<where>: quantization_config".
 io::JsonFields fields_of(const json& q, const std::string& where) { return {where + ": quantization_config", q}; }
 
@@ -180,20 +231,7 @@ class GptqScheme final : public RivalScheme {
     const Tensor s = floats_of(raw, prefix + ".scales", {n_groups, out});
     const std::vector<int32_t> g = groups_of(raw, prefix + ".g_idx", in, gs, n_groups);
     const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
-    const uint32_t* z = static_cast<const uint32_t*>(qz.raw());
-    // v1 zeros: the word plus one in every field (2, 4, 8 bits), or each field plus one (3 bits).
-    const bool whole_words = 32 % bits_ == 0;
-    uint32_t ones = 0;
-    if (v1_ && whole_words)
-      for (int f = 0; f < 32 / bits_; ++f) ones |= 1u << (f * bits_);
-    const uint32_t field_plus = v1_ && !whole_words ? 1 : 0, mask = (1u << bits_) - 1;
-    // zeros[g, n], unpacked once.
-    std::vector<float> zero(static_cast<size_t>(n_groups * out));
-    for (int64_t r = 0; r < n_groups; ++r) {
-      auto word = [&](int64_t w) { return z[r * qz.size(1) + w] + ones; };
-      for (int64_t n = 0; n < out; ++n)
-        zero[r * out + n] = static_cast<float>((field(word, n) + field_plus) & mask);
-    }
+    const std::vector<float> zero = zeros_of(qz, out);
     Tensor w = Tensor::empty(DType::F32, {out, in});
     float* dst = w.data_mut<float>();
     const float* sc = s.data<float>();
@@ -207,8 +245,55 @@ class GptqScheme final : public RivalScheme {
     }
     return w;
   }
+  std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const override {
+    if (bits_ != 4 || group_size_ <= 0 || !raw.contains(prefix + ".qweight")) return std::nullopt;
+    const Shape& qs = raw.meta(prefix + ".qweight").shape;
+    if (qs.size() != 2) return std::nullopt;
+    const int64_t in = qs[0] * 8, out = qs[1], n_groups = (in + group_size_ - 1) / group_size_;
+    const Tensor qz = words_of(raw, prefix + ".qzeros", "GPTQ zeros");
+    if (qz.size(0) != n_groups || qz.size(1) * 8 != out) return std::nullopt;
+    for (float z : zeros_of(qz, out))
+      if (z != 8.0f) return std::nullopt;
+    if (!groups_in_order(raw, prefix + ".g_idx", in, group_size_)) return std::nullopt;
+    return sym4_format(floats_of(raw, prefix + ".scales", {n_groups, out}), group_size_);
+  }
+  std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
+    const std::optional<FormatChoice> f = exact_format(prefix, raw);
+    NIBBLE_CHECK(f, "{}: GPTQ linear '{}' has no exact nibble format", raw.describe(), prefix);
+    const Tensor qw = words_of(raw, prefix + ".qweight", "GPTQ codes");
+    const int64_t in = qw.size(0) * 8, out = qw.size(1), n_groups = (in + group_size_ - 1) / group_size_;
+    const Tensor sc = floats_of(raw, prefix + ".scales", {n_groups, out});
+    const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
+    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n) {
+      auto word = [&](int64_t i) { return q[i * out + n]; };
+      for (int64_t k = 0; k < in; ++k) codes[n * in + k] = static_cast<uint8_t>(field(word, k));
+    }
+    const float* s = sc.data<float>();
+    return pack_sym4(*f, std::move(codes), out, in, [&](int64_t n, int64_t g) { return s[g * out + n]; });
+  }
 
  private:
+  // zeros[g, n] of qzeros [groups, out·bits/32]: v1 zeros are the word plus
+  // one in every field (2, 4, 8 bits), or each field plus one (3 bits).
+  std::vector<float> zeros_of(const Tensor& qz, int64_t out) const {
+    const uint32_t* z = static_cast<const uint32_t*>(qz.raw());
+    const bool whole_words = 32 % bits_ == 0;
+    uint32_t ones = 0;
+    if (v1_ && whole_words)
+      for (int f = 0; f < 32 / bits_; ++f) ones |= 1u << (f * bits_);
+    const uint32_t field_plus = v1_ && !whole_words ? 1 : 0, mask = (1u << bits_) - 1;
+    const int64_t n_groups = qz.size(0);
+    std::vector<float> zero(static_cast<size_t>(n_groups * out));
+    for (int64_t r = 0; r < n_groups; ++r) {
+      auto word = [&](int64_t w) { return z[r * qz.size(1) + w] + ones; };
+      for (int64_t n = 0; n < out; ++n)
+        zero[r * out + n] = static_cast<float>((field(word, n) + field_plus) & mask);
+    }
+    return zero;
+  }
+
   // Field `index` of a packed run: the continuous bit stream, or the planar layout.
   template <class WordFn>
   uint32_t field(const WordFn& word, int64_t index) const {
@@ -578,6 +663,50 @@ class CompressedTensorsScheme final : public RivalScheme {
       }
     }
     return w;
+  }
+  // pack-quantized 4-bit codes (the field is q + 8) with zero points absent or all 0, scales [out, groups].
+  std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const override {
+    const std::string packed = prefix + ".weight_packed";
+    if (!raw.contains(packed) || raw.meta(packed).dtype != DType::I32 || raw.contains(prefix + ".compressed") ||
+        !raw.contains(prefix + ".weight_shape") || !raw.contains(prefix + ".weight_scale") ||
+        raw.meta(prefix + ".weight_scale").dtype == DType::U8)
+      return std::nullopt;
+    const Shape& ps = raw.meta(packed).shape;
+    const Tensor shape_t = raw.load(prefix + ".weight_shape").to_f32();
+    if (ps.size() != 2 || shape_t.numel() != 2 || shape_t.data<float>()[0] != static_cast<float>(ps[0]))
+      return std::nullopt;
+    const int64_t out = ps[0], in = static_cast<int64_t>(shape_t.data<float>()[1]);
+    int bits = 0;  // as dequantize finds it: the narrowest width that fills the packed words
+    for (int b = 1; b <= 8 && !bits; ++b)
+      if ((in * b + 31) / 32 == ps[1]) bits = b;
+    if (bits != 4) return std::nullopt;
+    const Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
+    const int64_t scols = scale.dim() == 2 ? scale.size(1) : 1;
+    if (scale.numel() != out * scols) return std::nullopt;
+    const int64_t gs = (in + scols - 1) / scols;
+    if ((in + gs - 1) / gs != scols || !groups_in_order(raw, prefix + ".weight_g_idx", in, gs)) return std::nullopt;
+    if (raw.contains(prefix + ".weight_zero_point"))
+      for (float z : zero_points(raw, prefix, bits, out, scols))
+        if (z != 0.0f) return std::nullopt;
+    return sym4_format(scale, gs);
+  }
+  std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
+    const std::optional<FormatChoice> f = exact_format(prefix, raw);
+    NIBBLE_CHECK(f, "{}: compressed-tensors linear '{}' has no exact nibble format", raw.describe(), prefix);
+    const Tensor packed = words_of(raw, prefix + ".weight_packed", "compressed-tensors codes");
+    const int64_t out = packed.size(0), wpr = packed.size(1);
+    const int64_t in = static_cast<int64_t>(raw.load(prefix + ".weight_shape").to_f32().data<float>()[1]);
+    const Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
+    const int64_t scols = scale.numel() / out;
+    const uint32_t* p = static_cast<const uint32_t*>(packed.raw());
+    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n) {
+      auto word = [&](int64_t i) { return p[n * wpr + i]; };
+      for (int64_t k = 0; k < in; ++k) codes[n * in + k] = static_cast<uint8_t>(stream_field(word, k, 4));
+    }
+    const float* s = scale.data<float>();
+    return pack_sym4(*f, std::move(codes), out, in, [&](int64_t n, int64_t g) { return s[n * scols + g]; });
   }
 
  private:
@@ -971,6 +1100,12 @@ class AutoRoundScheme final : public RivalScheme {
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
     return inner_->dequantize(prefix, raw);
   }
+  std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const override {
+    return inner_->exact_format(prefix, raw);
+  }
+  std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
+    return inner_->exact_parts(prefix, raw);
+  }
 
  private:
   std::string packing_;
@@ -1119,6 +1254,28 @@ bool RivalSource::activations_quantized(const std::string& prefix) const {
 }
 
 TensorMeta RivalSource::meta(const std::string& name) const { return entry(name).meta; }
+
+std::vector<Tensor> RivalScheme::exact_parts(const std::string& prefix, const TensorSource& raw) const {
+  NIBBLE_FAIL("{}: {} linear '{}' has no exact nibble format", raw.describe(), describe(), prefix);
+}
+
+std::optional<FormatChoice> RivalSource::exact_format(const std::string& name) const {
+  const Entry& e = entry(name);
+  if (e.prefix.empty()) return e.meta.format;
+  std::lock_guard<std::mutex> lock(exact_mutex_);
+  auto it = exact_.find(name);
+  if (it == exact_.end()) it = exact_.emplace(name, scheme_->exact_format(e.prefix, *raw_)).first;
+  return it->second;
+}
+
+std::vector<Tensor> RivalSource::exact_parts(const std::string& name) const {
+  const Entry& e = entry(name);
+  const std::optional<FormatChoice> f = exact_format(name);
+  NIBBLE_CHECK(f && !e.prefix.empty(), "{}: '{}' has no exact nibble format", describe(), name);
+  std::vector<Tensor> parts = scheme_->exact_parts(e.prefix, *raw_);
+  check_parts(*f, parts, e.meta.shape[0], e.meta.shape[1]);
+  return parts;
+}
 
 Tensor RivalSource::load(const std::string& name) const {
   const Entry& e = entry(name);

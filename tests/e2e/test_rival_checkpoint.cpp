@@ -18,6 +18,7 @@
 #include "nibble/act_quant.h"
 #include "nibble/checkpoint_writer.h"
 #include "nibble/dtype.h"
+#include "nibble/format.h"
 #include "nibble/model.h"
 #include "nibble/rival.h"
 #include "test_util.h"
@@ -82,6 +83,37 @@ TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
   // hf: names plain checkpoints only.
   EXPECT_NE(test::error_of([&] { open_model_source("hf:" + (tmp / "gptq").string()); }).find("quantized (gptq)"),
             std::string::npos);
+}
+
+// A symmetric GPTQ checkpoint (zeros of 8, f16 scales, no act-order) is
+// int4_sym exactly: every linear's exact_format (what the GPU forward's W4A16
+// kernels take) is int4_g128_sym and its parts give the weight load() does, bit
+// for bit. The asymmetric one's linears have no exact format (its zeros vary);
+// plain tensors keep theirs (none).
+TEST(RivalCheckpoint, SymmetricGptqLinearsAreInt4SymExactly) {
+  test::TempDir tmp;
+  test::write_gptq_qwen3(tmp / "sym", /*zero_bias=*/false, /*sym=*/true);
+  test::write_gptq_qwen3(tmp / "asym", /*zero_bias=*/false, /*sym=*/false);
+  const auto sym = open_model_source((tmp / "sym" / "gptq").string());
+  const auto asym = open_model_source((tmp / "asym" / "gptq").string());
+  int linears = 0;
+  for (const std::string& name : sym->names()) {
+    if (!test::is_linear_weight(name)) {
+      EXPECT_FALSE(sym->exact_format(name).has_value()) << name;
+      continue;
+    }
+    ++linears;
+    const std::optional<FormatChoice> f = sym->exact_format(name);
+    ASSERT_TRUE(f.has_value()) << name;
+    EXPECT_EQ(f->canonical_name(), "int4_g128_sym") << name;
+    const TensorMeta m = sym->meta(name);
+    const Tensor got = dequantize_parts(*f, sym->exact_parts(name), m.shape[0], m.shape[1]), want = sym->load(name);
+    ASSERT_EQ(got.shape(), want.shape()) << name;
+    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << name;
+    EXPECT_FALSE(asym->exact_format(name).has_value()) << name;
+  }
+  EXPECT_EQ(linears, 7 * sym->config().num_layers);
+  EXPECT_THROW(asym->exact_parts("model.layers.0.mlp.up_proj.weight"), Error);
 }
 
 // qwen3-26M-linux's linears as bitsandbytes' Linear8bitLt stores them (I8

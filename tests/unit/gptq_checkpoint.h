@@ -29,11 +29,13 @@ inline bool is_linear_weight(const std::string& name) {
   return false;
 }
 
-// GPTQ v1 parts of w [out, in] (groups of 128, min/max RTN) and the weight they define, f32 [out, in].
+// GPTQ v1 parts of w [out, in] (groups of 128, min/max RTN; with `sym`, zero
+// point 8 and scale absmax / 7, GPTQ's sym=True layout) and the weight they
+// define, f32 [out, in].
 struct GptqPacked {
   Tensor qweight, qzeros, scales, dequantized;
 };
-inline GptqPacked pack_gptq_v1(const Tensor& w32) {
+inline GptqPacked pack_gptq_v1(const Tensor& w32, bool sym = false) {
   const int64_t out = w32.size(0), in = w32.size(1), gs = 128, groups = in / gs;
   const float* w = w32.data<float>();
   GptqPacked p;
@@ -50,9 +52,10 @@ inline GptqPacked pack_gptq_v1(const Tensor& w32) {
       float mn = 0, mx = 0;
       for (int64_t k = g * gs; k < (g + 1) * gs; ++k)
         mn = std::min(mn, w[n * in + k]), mx = std::max(mx, w[n * in + k]);
-      const uint16_t s16 = f32_to_f16(std::max((mx - mn) / 15.0f, 1e-6f));
+      const float step = sym ? std::max(mx, -mn) / 7.0f : (mx - mn) / 15.0f;
+      const uint16_t s16 = f32_to_f16(std::max(step, 1e-6f));
       const float s = f16_to_f32(s16);
-      const uint32_t z = static_cast<uint32_t>(std::clamp(std::nearbyint(-mn / s), 0.0f, 15.0f));
+      const uint32_t z = sym ? 8u : static_cast<uint32_t>(std::clamp(std::nearbyint(-mn / s), 0.0f, 15.0f));
       sc[g * out + n] = s16;
       qz[g * (out / 8) + n / 8] |= z << (4 * (n % 8));
       for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
@@ -80,10 +83,10 @@ inline void write_checkpoint_dir(const std::filesystem::path& dir,
   std::filesystem::copy_file(model_dir("qwen3-26M-linux") / "tokenizer.json", dir / "tokenizer.json");
 }
 
-// Writes dir/gptq (the GPTQ v1 checkpoint; with `zero_bias`, the all-zero fp16
+// Writes dir/gptq (the GPTQ v1 checkpoint, symmetric with `sym`; with `zero_bias`, the all-zero fp16
 // bias old AutoGPTQ releases stored for every linear) and dir/plain (the same
 // model with each linear as the f32 weight its codes define).
-inline void write_gptq_qwen3(const std::filesystem::path& dir, bool zero_bias) {
+inline void write_gptq_qwen3(const std::filesystem::path& dir, bool zero_bias, bool sym = false) {
   const auto base = CheckpointDir::open(model_dir("qwen3-26M-linux"));
   std::vector<std::pair<std::string, Tensor>> rival, plain;
   for (const std::string& name : base->names()) {
@@ -93,7 +96,7 @@ inline void write_gptq_qwen3(const std::filesystem::path& dir, bool zero_bias) {
       plain.emplace_back(name, t);
       continue;
     }
-    const GptqPacked p = pack_gptq_v1(t.to_f32());
+    const GptqPacked p = pack_gptq_v1(t.to_f32(), sym);
     const std::string prefix = name.substr(0, name.size() - 7);
     rival.emplace_back(prefix + ".qweight", p.qweight);
     rival.emplace_back(prefix + ".qzeros", p.qzeros);
@@ -105,7 +108,7 @@ inline void write_gptq_qwen3(const std::filesystem::path& dir, bool zero_bias) {
   nlohmann::json cfg = nlohmann::json::parse(cf);
   write_checkpoint_dir(dir / "plain", plain, cfg);
   cfg["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4},         {"group_size", 128},
-                                {"sym", false},           {"desc_act", false}, {"checkpoint_format", "gptq"}};
+                                {"sym", sym},             {"desc_act", false}, {"checkpoint_format", "gptq"}};
   write_checkpoint_dir(dir / "gptq", rival, cfg);
 }
 

@@ -18,6 +18,7 @@
 #include "nibble/model.h"
 #include "nibble/source.h"
 #include "test_util.h"
+#include "unit/gptq_checkpoint.h"
 #include "nibble/format.h"
 #include "nibble/dtype.h"
 #include "nibble/quantizer.h"
@@ -1561,7 +1562,7 @@ TEST(Cuda, GemvChainMatchesSingleCalls) {
 // the row-wise attention kernel can: decode then splits attention over the keys).
 void check_gpu_forward(const std::filesystem::path& dir, const std::vector<int32_t>& prompt, int decode_steps,
                        int64_t cache_positions = 0) {
-  auto src = CheckpointDir::open(dir);
+  auto src = open_model_source(dir.string());
   auto cpu = Model::load(*src);
   const ModelConfig& c = cpu->config();
   const int64_t total = static_cast<int64_t>(prompt.size()) + decode_steps;
@@ -1690,6 +1691,24 @@ TEST(Cuda, GpuForwardMatchesCpuOnQwen3) {
   q.format = "int4_sym";  // its scales rounded to bf16 at load (int4_sym_as_asym)
   quantize_model(dir, tmp.path() / "sym", q);
   check_gpu_forward(tmp.path() / "sym", prompt_ids(48, 2000, 7), 16);
+}
+
+// A symmetric GPTQ checkpoint (zeros of 8, f16 scales, no act-order) runs on
+// the W4A16 kernels: RivalSource re-encodes its linears as int4_sym exactly
+// (ModelSource::exact_format), so nothing is held dense and a decode step reads
+// the packed bytes, not bf16's; the logits agree with the CPU forward's.
+TEST(Cuda, GpuForwardRunsSymmetricGptqOnTheW4A16Kernels) {
+  SKIP_WITHOUT_DEVICE();
+  test::TempDir tmp("nibble-gpu-gptq");
+  test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/false, /*sym=*/true);
+  const auto rival = open_model_source((tmp.path() / "gptq").string());
+  EXPECT_TRUE(cuda::dense_fallbacks(*rival).empty());
+  const auto plain = CheckpointDir::open(tmp.path() / "plain");
+  const size_t packed = cuda::GpuModel::load(*rival, 64)->decode_weight_bytes();
+  const size_t dense = cuda::GpuModel::load(*plain, 64)->decode_weight_bytes();
+  std::printf("[gptq on the gpu] decode weight bytes: %zu packed, %zu as bf16\n", packed, dense);
+  EXPECT_LT(packed, dense * 6 / 10);  // the linears at 4.25 bits instead of 16; the embedding, norms alike
+  check_gpu_forward(tmp.path() / "gptq", prompt_ids(48, 2000, 8), 16);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <fstream>
 
 #include "nibble/act_quant.h"
+#include "nibble/checkpoint_writer.h"
+#include "nibble/format.h"
 #include "nibble/dtype.h"
 #include "nibble/error.h"
 #include "nibble/rival.h"
@@ -81,24 +83,98 @@ TEST_P(RivalVector, DequantizesAsTheLibraryDoes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector,
-                         ::testing::Values("gptq_b4_g32_asym_v1", "gptq_b4_g64_asym_v2", "gptq_b4_g64_sym_actorder_v1",
-                                           "gptq_b8_g128_asym_v1", "gptq_b2_g32_asym_v1", "gptq_b4_channel_asym_v1",
-                                           "gptq_b3_g32_asym_v1", "gptq_b3_g64_asym_v2", "gptq_b3_g64_sym_actorder_v1",
-                                           "gptq_p_b5_g32_asym", "gptq_p_b6_g64_sym_actorder", "gptq_p_b7_g128_asym",
-                                           "gptq_p_b3_g64_asym",
-                                           "awq_g64", "awq_g128", "awq_gemv_g64", "awq_gemv_g128", "awq_g64_64x384", "awq_g128_64x384",
-                                           "awq_gemv_g64_40x384", "awq_gemv_g128_40x384", "awq_gemv_fast_g64",
-                                           "awq_gemv_fast_g128_40x384", "ct_w4a16_group_sym", "ct_w4a16_group_asym",
-                                           "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16",
-                                           "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block",
-                                           "ct_nvfp4", "ct_mxfp4", "ct_mxfp6", "ct_mxfp8", "ct_sparse24_bf16",
-                                           "ct_sparse_bitmask_f16", "ct_sparse24_fp8_channel",
-                                           "ct_sparse24_int8_channel_asym", "ct_sparse_bitmask_int8_channel",
-                                           "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged",
-                                           "bnb_nf4_f16_b128", "bnb_int8", "ar_gptq_sym_b4_g128", "ar_gptq_asym_b4_g32",
-                                           "ar_asym_b4_g64", "ar_asym_b2_g32", "ar_awq_g64"),
+#define NIBBLE_RIVAL_VECTORS \
+  "gptq_b4_g32_asym_v1", "gptq_b4_g64_asym_v2", "gptq_b4_g64_sym_actorder_v1", \
+  "gptq_b8_g128_asym_v1", "gptq_b2_g32_asym_v1", "gptq_b4_channel_asym_v1", \
+  "gptq_b3_g32_asym_v1", "gptq_b3_g64_asym_v2", "gptq_b3_g64_sym_actorder_v1", \
+  "gptq_p_b5_g32_asym", "gptq_p_b6_g64_sym_actorder", "gptq_p_b7_g128_asym", \
+  "gptq_p_b3_g64_asym", \
+  "awq_g64", "awq_g128", "awq_gemv_g64", "awq_gemv_g128", "awq_g64_64x384", "awq_g128_64x384", \
+  "awq_gemv_g64_40x384", "awq_gemv_g128_40x384", "awq_gemv_fast_g64", \
+  "awq_gemv_fast_g128_40x384", "ct_w4a16_group_sym", "ct_w4a16_group_asym", \
+  "ct_w8a16_channel_sym", "ct_w8_channel_asym", "ct_w4_channel_asym_bf16", \
+  "ct_int8_channel", "ct_fp8_tensor", "ct_fp8_channel", "ct_fp8_block", \
+  "ct_nvfp4", "ct_mxfp4", "ct_mxfp6", "ct_mxfp8", "ct_sparse24_bf16", \
+  "ct_sparse_bitmask_f16", "ct_sparse24_fp8_channel", \
+  "ct_sparse24_int8_channel_asym", "ct_sparse_bitmask_int8_channel", \
+  "bnb_nf4_dq_bf16", "bnb_fp4_bf16_ragged", \
+  "bnb_nf4_f16_b128", "bnb_int8", "ar_gptq_sym_b4_g128", "ar_gptq_asym_b4_g32", \
+  "ar_asym_b4_g64", "ar_asym_b2_g32", "ar_awq_g64"
+INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector, ::testing::Values(NIBBLE_RIVAL_VECTORS),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+// Rival linears that a nibble format holds exactly (RivalScheme::exact_format,
+// which the GPU forward's W4A16 kernels take): their parts give dequantize()'s
+// values bit for bit. Among the libraries' vectors only auto-round's symmetric
+// GPTQ layout qualifies: zeros of 8, f16 scales, no g_idx. The others have
+// other zeros, act-order groups, f32 scales, other widths or other layouts.
+void expect_exact(const RivalScheme& scheme, const TensorSource& file, const std::string& want,
+                  const std::string& what) {
+  const std::optional<FormatChoice> f = scheme.exact_format("layer", file);
+  ASSERT_TRUE(f.has_value()) << what;
+  EXPECT_EQ(f->canonical_name(), want) << what;
+  const Tensor ref = scheme.dequantize("layer", file);
+  const std::vector<Tensor> parts = scheme.exact_parts("layer", file);
+  const Tensor got = dequantize_parts(*f, parts, ref.size(0), ref.size(1));
+  ASSERT_EQ(got.shape(), ref.shape()) << what;
+  EXPECT_EQ(std::memcmp(got.raw(), ref.raw(), ref.nbytes()), 0) << what;
+}
+
+TEST(Rival, ExactFormatsGiveTheSchemesValues) {
+  int exact = 0;
+  for (const char* name : {NIBBLE_RIVAL_VECTORS}) {
+    const Vector v = open_vector(name);
+    if (std::string(name) == "ar_gptq_sym_b4_g128") {
+      expect_exact(*v.scheme, *v.file, "int4_g128_sym", name);
+      ++exact;
+    } else {
+      EXPECT_FALSE(v.scheme->exact_format("layer", *v.file).has_value()) << name;
+      EXPECT_THROW(v.scheme->exact_parts("layer", *v.file), Error) << name;
+    }
+  }
+  EXPECT_EQ(exact, 1);
+  // compressed-tensors' symmetric W4A16 (its vector stores f32 scales) with the
+  // scales a bf16 or fp16 model stores. Rounded to f16 they are int4_sym's; so
+  // are bf16 values in f16's normal range (8 significant bits of f16's 11);
+  // bf16 values far below it (scaled by 2^-30) are int4_asym's (min = -8 *
+  // scale); values neither holds (f32, nudged by 2^-20) have no exact format.
+  const Vector ct = open_vector("ct_w4a16_group_sym");
+  const json q = json::parse(ct.file->metadata().at("quantization_config"));
+  test::TempDir tmp("nibble-rival-exact");
+  struct Case {
+    const char* tag;
+    DType dt;
+    float mul;
+    const char* want;  // "": none
+  };
+  for (const Case& c : {Case{"f16", DType::F16, 1.0f, "int4_g128_sym"}, Case{"bf16", DType::BF16, 1.0f, "int4_g128_sym"},
+                        Case{"bf16-tiny", DType::BF16, 0x1p-30f, "int4_g128_asym"},
+                        Case{"f32", DType::F32, 1.0f + 0x1p-20f, ""}}) {
+    const fs::path dir = tmp.path() / c.tag;
+    fs::create_directories(dir);
+    std::vector<io::OutputUnit> plan;
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const std::string& n : ct.file->names()) {
+      Tensor t = ct.file->load(n);
+      if (n == "layer.weight_scale") {
+        Tensor r = t.to_f32().contiguous();
+        for (int64_t i = 0; i < r.numel(); ++i) r.data_mut<float>()[i] *= c.mul;
+        t = r.to(c.dt);
+      }
+      plan.push_back({n, {{n, t.dtype(), t.shape()}}, ""});
+      tensors.emplace_back(n, t);
+    }
+    io::ShardedWriter w(dir, plan, uint64_t{1} << 40, {});
+    for (const auto& [n, t] : tensors) w.write(n, t);
+    w.finish();
+    const auto file = CheckpointDir::open_file(dir / "model.safetensors");
+    const auto scheme = make_rival_scheme(q, dir.string());
+    if (*c.want == '\0')
+      EXPECT_FALSE(scheme->exact_format("layer", *file).has_value()) << c.tag;
+    else
+      expect_exact(*scheme, *file, c.want, c.tag);
+  }
+}
 
 // LLM.int8's activations (bnb_int8_matmul: a Linear8bitLt run by
 // bitsandbytes on an input with outlier columns): the checkpoint declares

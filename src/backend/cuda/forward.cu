@@ -205,6 +205,13 @@ struct GpuLinear {
 const LinearKernel* kernel_of(const TensorMeta& meta) {
   return meta.format ? find_linear_kernel(meta.format->spec->family, meta.format->group_size) : nullptr;
 }
+// meta(name) with the format the kernels may take it in (ModelSource::exact_format: a rival's linear re-encoded
+// without loss, where it can be); its parts come from exact_parts.
+TensorMeta packed_meta(const ModelSource& src, const std::string& name) {
+  TensorMeta m = src.meta(name);
+  m.format = src.exact_format(name);
+  return m;
+}
 
 // Tensors of one dtype and the same trailing dims, stacked along dim 0.
 Tensor concat_rows(const std::vector<Tensor>& ts) {
@@ -279,7 +286,7 @@ GpuLinear f32_linear(const ModelSource& src, const std::vector<std::string>& nam
 // f32: GpuOptions::f32_linears.
 GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix, bool f32) {
   const std::string wname = prefix + ".weight";
-  const TensorMeta meta = src.meta(wname);
+  const TensorMeta meta = f32 ? src.meta(wname) : packed_meta(src, wname);
   NIBBLE_CHECK(meta.shape.size() == 2, "{}: expected a matrix, found shape {}", wname, shape_str(meta.shape));
   GpuLinear l;
   l.out = meta.shape[0];
@@ -287,7 +294,7 @@ GpuLinear load_linear_gpu(const ModelSource& src, const std::string& prefix, boo
   if (f32)  // every format's f32 values, as the CPU forward computes with them
     l = f32_linear(src, {wname});
   else if (const LinearKernel* k = kernel_of(meta))
-    l.packed = k->upload(src.parts(wname), l.out, l.in, meta.format->group_size);
+    l.packed = k->upload(src.exact_parts(wname), l.out, l.in, meta.format->group_size);
   else
     l.dense = upload_bf16(src.load(wname));  // any other format: dequantized once (the registry's fallback)
   if (src.contains(prefix + ".bias")) l.bias = upload(src.load(prefix + ".bias").to_f32());
@@ -303,7 +310,7 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
                                     bool f32) {
   std::vector<TensorMeta> metas;
   for (const std::string& p : prefixes) {
-    metas.push_back(src.meta(p + ".weight"));
+    metas.push_back(f32 ? src.meta(p + ".weight") : packed_meta(src, p + ".weight"));
     NIBBLE_CHECK(metas.back().shape.size() == 2, "{}.weight: expected a matrix, found shape {}", p,
                  shape_str(metas.back().shape));
   }
@@ -315,7 +322,7 @@ std::vector<GpuLinear> load_linears(const ModelSource& src, const std::vector<st
   std::vector<std::vector<Tensor>> parts;
   if (fuse && k0 != nullptr)
     for (size_t i = 0; i < prefixes.size() && fuse; ++i) {
-      parts.push_back(src.parts(prefixes[i] + ".weight"));
+      parts.push_back(src.exact_parts(prefixes[i] + ".weight"));
       for (const Tensor& t : parts.back()) fuse = fuse && !t.shape().empty() && t.shape()[0] == metas[i].shape[0];
       fuse = fuse && same_layout(parts[0], parts.back());
     }
@@ -1137,7 +1144,7 @@ std::vector<DenseFallback> dense_fallbacks(const ModelSource& src) {
   std::map<std::string, DenseFallback> by_format;
   for (const std::string& n : src.names()) {
     if (n == kEmbed) continue;
-    const TensorMeta meta = src.meta(n);
+    const TensorMeta meta = packed_meta(src, n);
     if (!meta.format || meta.shape.size() != 2 || kernel_of(meta) != nullptr) continue;
     const std::string format = meta.format->canonical_name();
     DenseFallback& f = by_format[format];
