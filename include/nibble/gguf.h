@@ -257,6 +257,8 @@ class GgufSource final : public ModelSource {
   TensorMeta meta(const std::string& name) const override;
   Tensor load(const std::string& name) const override;
   void check_loadable() const override;
+  // The ggml type of a tensor stored in a block type ("Q4_K").
+  std::string foreign_format(const std::string& name) const override;
 
  private:
   struct Entry {

@@ -100,6 +100,8 @@ class RivalSource final : public ModelSource {
   // once per linear), meta().format for a plain tensor.
   std::optional<FormatChoice> exact_format(const std::string& name) const override;
   std::vector<Tensor> exact_parts(const std::string& name) const override;
+  // The scheme's describe() for its quantized linears.
+  std::string foreign_format(const std::string& name) const override;
 
  private:
   struct Entry {

@@ -64,6 +64,13 @@ class ModelSource : public TensorSource {
   // can be (RivalSource). exact_parts gives its parts where it is set.
   virtual std::optional<FormatChoice> exact_format(const std::string& name) const { return meta(name).format; }
   virtual std::vector<Tensor> exact_parts(const std::string& name) const { return parts(name); }
+  // How `name` is stored when it is quantized in a layout that is not a nibble
+  // format and that load() dequantizes (a rival's scheme, "GPTQ 4-bit g128 asym
+  // (v1 zeros)"; a ggml block type, "Q4_K"), else "".
+  virtual std::string foreign_format(const std::string& name) const {
+    (void)name;
+    return {};
+  }
   // Checks that every tensor the config implies is present with its shape
   // (errors name describe() and the tensor).
   virtual void validate_against_config() const;

@@ -313,6 +313,11 @@ bool GgufSource::is_plain(const std::string& name) const {
   return plain_dtype(file_.info(entry(name).gguf_name).type).has_value();
 }
 
+std::string GgufSource::foreign_format(const std::string& name) const {
+  const uint32_t type = file_.info(entry(name).gguf_name).type;
+  return plain_dtype(type) ? std::string() : io::ggml_type_name(type);
+}
+
 Tensor GgufSource::load(const std::string& name) const {
   const Entry& e = entry(name);
   const io::GgufTensorInfo& t = file_.info(e.gguf_name);

@@ -1268,6 +1268,10 @@ std::optional<FormatChoice> RivalSource::exact_format(const std::string& name) c
   return it->second;
 }
 
+std::string RivalSource::foreign_format(const std::string& name) const {
+  return entry(name).prefix.empty() ? std::string() : scheme_->describe();
+}
+
 std::vector<Tensor> RivalSource::exact_parts(const std::string& name) const {
   const Entry& e = entry(name);
   const std::optional<FormatChoice> f = exact_format(name);

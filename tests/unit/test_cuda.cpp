@@ -1675,6 +1675,23 @@ TEST(Cuda, DenseFallbacksNameTheFormatsWithoutAKernel) {
   EXPECT_EQ(f[0].matrices, matrices);
   EXPECT_EQ(static_cast<uint64_t>(f[0].params), mx.quantized_params);
   EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source(dir.string())).empty());  // plain weights: no format
+  // Layouts load() dequantizes are named as their source names them: a GGUF's
+  // ggml block type (Q8_0: 6 linears of each of 5 layers and the head, `nibble
+  // inspect` lists them; down_proj, 172 inputs, is F16; the embedding is not a linear),
+  // an asymmetric GPTQ checkpoint's scheme (its symmetric twin is int4_sym
+  // exactly, ModelSource::exact_format, so it has none).
+  const auto q8 = cuda::dense_fallbacks(*open_model_source((dir / "gguf" / "stories260K-Q8_0.gguf").string()));
+  ASSERT_EQ(q8.size(), 1u);
+  EXPECT_EQ(q8[0].format, "Q8_0");
+  EXPECT_EQ(q8[0].matrices, 31);
+  test::write_gptq_qwen3(tmp.path() / "gptq-asym", /*zero_bias=*/false, /*sym=*/false);
+  test::write_gptq_qwen3(tmp.path() / "gptq-sym", /*zero_bias=*/false, /*sym=*/true);
+  const auto ga = cuda::dense_fallbacks(*open_model_source((tmp.path() / "gptq-asym" / "gptq").string()));
+  ASSERT_EQ(ga.size(), 1u);
+  EXPECT_EQ(ga[0].format, "GPTQ 4-bit g128 asym (v1 zeros)");
+  const auto gs = open_model_source((tmp.path() / "gptq-sym" / "gptq").string());
+  EXPECT_EQ(ga[0].matrices, 7 * gs->config().num_layers);
+  EXPECT_TRUE(cuda::dense_fallbacks(*gs).empty());
 }
 
 TEST(Cuda, GpuForwardMatchesCpuOnQwen3) {

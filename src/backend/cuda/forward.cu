@@ -1145,8 +1145,9 @@ std::vector<DenseFallback> dense_fallbacks(const ModelSource& src) {
   for (const std::string& n : src.names()) {
     if (n == kEmbed) continue;
     const TensorMeta meta = packed_meta(src, n);
-    if (!meta.format || meta.shape.size() != 2 || kernel_of(meta) != nullptr) continue;
-    const std::string format = meta.format->canonical_name();
+    if (meta.shape.size() != 2 || kernel_of(meta) != nullptr) continue;
+    const std::string format = meta.format ? meta.format->canonical_name() : src.foreign_format(n);
+    if (format.empty()) continue;  // plain weights
     DenseFallback& f = by_format[format];
     f.format = format;
     ++f.matrices;
