@@ -114,11 +114,11 @@ quant::GptqResult gptq_device(const float* w, int64_t rows, int64_t cols, const 
                               const FormatChoice& format, bool mse, const quant::GptqOptions& options,
                               DeviceBuffer* dequant);
 
-// True when the GPU refinement implements the format (int4_asym at a group
-// size the sweep takes); the message names what is supported.
+// True when the GPU refinement implements the format (int4_asym and int4_sym
+// at a group size the sweep takes); the message names what is supported.
 bool refine_supports(const FormatChoice& format, std::string* why = nullptr);
 
-// GPTQ's --refine on the GPU (quant::refine's passes, for int4_asym). Its
+// GPTQ's --refine on the GPU (quant::refine's passes, for int4_asym and int4_sym). Its
 // objective A = H + λI on the live inputs (0 on a dead input's row and
 // column), f32 [cols, cols] in device memory, from H in device memory (fp64,
 // symmetric) or from the CPU statistics:

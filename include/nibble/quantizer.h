@@ -25,7 +25,7 @@ struct QuantizerConfig {
   // Where the method runs: "cpu", or "cuda" (GPTQ on int4_asym and int4_sym; needs a
   // CUDA build and a visible device, checked when the quantizer is made).
   std::string device = "cpu";
-  // GPTQ: passes of quant::refine after the sweep (0: none; --device cuda: int4_asym).
+  // GPTQ: passes of quant::refine after the sweep (0: none; --device cuda: int4_asym, int4_sym).
   int refine = 0;
 };
 

@@ -349,11 +349,11 @@ TEST(Cuda, GptqQuantizerDeviceCuda) {
   const std::string e = test::error_of([&] { quant::find_method("gptq").make(other); });
   EXPECT_NE(e.find("int4_asym and int4_sym"), std::string::npos) << e;
   EXPECT_NE(e.find("--device cpu"), std::string::npos) << e;
-  // --refine on the GPU is int4_asym's only: refused when the quantizer is made, before any work.
-  quant::QuantizerConfig refine_sym{fs, true, false, 0.01, "cuda"};
-  refine_sym.refine = 30;
-  const std::string er = test::error_of([&] { quant::find_method("gptq").make(refine_sym); });
-  EXPECT_NE(er.find("--refine on the GPU supports int4_asym"), std::string::npos) << er;
+  // --refine's formats on the GPU, and its message for the others.
+  std::string why;
+  EXPECT_TRUE(cuda::refine_supports(fs, &why));
+  EXPECT_FALSE(cuda::refine_supports(find_format("nvfp4", 0), &why));
+  EXPECT_NE(why.find("--refine on the GPU supports int4_asym and int4_sym"), std::string::npos) << why;
 }
 
 }  // namespace

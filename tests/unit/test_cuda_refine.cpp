@@ -94,70 +94,72 @@ TEST(Cuda, RefineMatchesTheCpuAndReachesACoordinateMinimum) {
     int group;
     bool mse;
   };
-  for (const Case& k : {Case{48, 384, 128, false}, Case{40, 300, 32, true}, Case{33, 200, 64, false}}) {
-    const std::string what = fmt::format("{}x{} g{}{}", k.rows, k.cols, k.group, k.mse ? " mse" : "");
-    SCOPED_TRACE(what);
-    const MatrixStats st = correlated_stats(3 * k.cols, k.cols, 40 + k.cols);
-    const auto w = randn(k.rows * k.cols, 50 + k.rows, 0.02f);
-    const FormatChoice f = find_format("int4_asym", k.group);
-    const auto grid = quant::make_format_grid(f, k.mse);
-    const GptqOptions o;
-    const quant::PreparedHessian prep = quant::prepare_hessian(st, o);
-    ASSERT_EQ(prep.dead_columns, 1);
-    const GptqResult start = quant::gptq(w.data(), k.rows, k.cols, prep, *grid, o);
-    const Objective obj{st, prep, w, k.cols};
-    const double f0 = obj.total(start.dequant, k.rows);
+  for (const std::string family : {"int4_asym", "int4_sym"}) {
+    for (const Case& k : {Case{48, 384, 128, false}, Case{40, 300, 32, true}, Case{33, 200, 64, false}}) {
+      const std::string what = fmt::format("{} {}x{} g{}{}", family, k.rows, k.cols, k.group, k.mse ? " mse" : "");
+      SCOPED_TRACE(what);
+      const MatrixStats st = correlated_stats(3 * k.cols, k.cols, 40 + k.cols);
+      const auto w = randn(k.rows * k.cols, 50 + k.rows, 0.02f);
+      const FormatChoice f = find_format(family, k.group);
+      const auto grid = quant::make_format_grid(f, k.mse);
+      const GptqOptions o;
+      const quant::PreparedHessian prep = quant::prepare_hessian(st, o);
+      ASSERT_EQ(prep.dead_columns, 1);
+      const GptqResult start = quant::gptq(w.data(), k.rows, k.cols, prep, *grid, o);
+      const Objective obj{st, prep, w, k.cols};
+      const double f0 = obj.total(start.dequant, k.rows);
 
-    GptqResult cpu = start;
-    const quant::RefineReport rc = quant::refine(cpu, w.data(), st, prep, *grid, 100);
-    ASSERT_LT(rc.passes, 100);
+      GptqResult cpu = start;
+      const quant::RefineReport rc = quant::refine(cpu, w.data(), st, prep, *grid, 100);
+      ASSERT_LT(rc.passes, 100);
 
-    GptqResult gpu = start;
-    const cuda::GpuPreparedHessian gp = cuda::upload(prep, 3 * k.cols);
-    const cuda::DeviceBuffer A = cuda::refine_objective(st, gp);
-    const cuda::DeviceBuffer w_dev = cuda::upload(w.data(), w.size() * sizeof(float));
-    cuda::DeviceBuffer dq = cuda::upload(start.dequant.data(), start.dequant.size() * sizeof(float));
-    const quant::RefineReport rg =
-        cuda::refine_device(gpu, static_cast<const float*>(w_dev.get()), static_cast<float*>(dq.get()),
-                            static_cast<const float*>(A.get()), gp, f, 100);
-    ASSERT_LT(rg.passes, 100) << "did not converge";
+      GptqResult gpu = start;
+      const cuda::GpuPreparedHessian gp = cuda::upload(prep, 3 * k.cols);
+      const cuda::DeviceBuffer A = cuda::refine_objective(st, gp);
+      const cuda::DeviceBuffer w_dev = cuda::upload(w.data(), w.size() * sizeof(float));
+      cuda::DeviceBuffer dq = cuda::upload(start.dequant.data(), start.dequant.size() * sizeof(float));
+      const quant::RefineReport rg =
+          cuda::refine_device(gpu, static_cast<const float*>(w_dev.get()), static_cast<float*>(dq.get()),
+                              static_cast<const float*>(A.get()), gp, f, 100);
+      ASSERT_LT(rg.passes, 100) << "did not converge";
 
-    // The report against the reference, and the values are the stored codes decoded
-    // (gpu.dequant was updated from the device buffer).
-    const std::vector<float> back = decoded(gpu, f);
-    EXPECT_EQ(back, gpu.dequant);
-    const double f1 = obj.total(back, k.rows);
-    EXPECT_NEAR(rg.cost_before, f0, 1e-4 * f0);
-    EXPECT_NEAR(rg.cost_after, f1, 1e-4 * f0);
-    EXPECT_LT(f1, 0.97 * f0);
-    EXPECT_GT(rg.code_changes, 0);
-    EXPECT_GT(rg.group_refits, 0);
+      // The report against the reference, and the values are the stored codes decoded
+      // (gpu.dequant was updated from the device buffer).
+      const std::vector<float> back = decoded(gpu, f);
+      EXPECT_EQ(back, gpu.dequant);
+      const double f1 = obj.total(back, k.rows);
+      EXPECT_NEAR(rg.cost_before, f0, 1e-4 * f0);
+      EXPECT_NEAR(rg.cost_after, f1, 1e-4 * f0);
+      EXPECT_LT(f1, 0.97 * f0);
+      EXPECT_GT(rg.code_changes, 0);
+      EXPECT_GT(rg.group_refits, 0);
 
-    // A coordinate minimum of the reference objective.
-    const int64_t gpr = (k.cols + k.group - 1) / k.group;
-    for (int64_t r = 0; r < k.rows; ++r) {
-      const float* q = &back[r * k.cols];
-      const double tol = 1e-5 * obj.row(q, r);
-      const auto g = obj.grad(q, r);
-      for (int64_t j = 0; j < k.cols; ++j) {
-        if (prep.dead[j]) continue;
-        const GroupParams& p = gpu.params[r * gpr + j / k.group];
-        for (int c = 0; c < 16; ++c) {
-          const double d = static_cast<double>(f.spec->decode(static_cast<uint8_t>(c), p)) - q[j];
-          ASSERT_GE(2 * d * g[j] + d * d * obj.a(j, j), -tol) << "row " << r << " input " << j << " code " << c;
+      // A coordinate minimum of the reference objective.
+      const int64_t gpr = (k.cols + k.group - 1) / k.group;
+      for (int64_t r = 0; r < k.rows; ++r) {
+        const float* q = &back[r * k.cols];
+        const double tol = 1e-5 * obj.row(q, r);
+        const auto g = obj.grad(q, r);
+        for (int64_t j = 0; j < k.cols; ++j) {
+          if (prep.dead[j]) continue;
+          const GroupParams& p = gpu.params[r * gpr + j / k.group];
+          for (int c = 0; c < 16; ++c) {
+            const double d = static_cast<double>(f.spec->decode(static_cast<uint8_t>(c), p)) - q[j];
+            ASSERT_GE(2 * d * g[j] + d * d * obj.a(j, j), -tol) << "row " << r << " input " << j << " code " << c;
+          }
         }
       }
-    }
 
-    // Where the CPU lands: the same objective to within a small fraction of
-    // what the refinement gained, and nearly every code the same.
-    EXPECT_NEAR(rg.cost_after, rc.cost_after, 0.02 * (f0 - rc.cost_after));
-    int64_t same = 0;
-    for (size_t i = 0; i < gpu.codes.size(); ++i) same += gpu.codes[i] == cpu.codes[i];
-    const double frac = static_cast<double>(same) / static_cast<double>(gpu.codes.size());
-    EXPECT_GT(frac, 0.98) << "codes equal to the CPU's: " << frac;
-    std::printf("[ refine ] %s: f %.6g -> cpu %.6g (%d passes) gpu %.6g (%d passes), codes equal %.4f%%\n",
-                what.c_str(), f0, rc.cost_after, rc.passes, rg.cost_after, rg.passes, 100 * frac);
+      // Where the CPU lands: the same objective to within a small fraction of
+      // what the refinement gained, and nearly every code the same.
+      EXPECT_NEAR(rg.cost_after, rc.cost_after, 0.02 * (f0 - rc.cost_after));
+      int64_t same = 0;
+      for (size_t i = 0; i < gpu.codes.size(); ++i) same += gpu.codes[i] == cpu.codes[i];
+      const double frac = static_cast<double>(same) / static_cast<double>(gpu.codes.size());
+      EXPECT_GT(frac, 0.98) << "codes equal to the CPU's: " << frac;
+      std::printf("[ refine ] %s: f %.6g -> cpu %.6g (%d passes) gpu %.6g (%d passes), codes equal %.4f%%\n",
+                  what.c_str(), f0, rc.cost_after, rc.passes, rg.cost_after, rg.passes, 100 * frac);
+    }
   }
 }
 
@@ -170,24 +172,27 @@ TEST(Cuda, RefineIsAGptqOptionOnTheGpu) {
   const auto w = randn(R * C, 4, 0.02f);
   Tensor wt = Tensor::zeros(DType::F32, {R, C});
   std::memcpy(wt.data_mut<float>(), w.data(), w.size() * 4);
-  const FormatChoice f = find_format("int4_asym", 128);
-  quant::QuantizerConfig c{f, true, true, 0.01, "cuda", 0};
-  quant::QuantizeInfo plain_info, refined_info;
-  const QuantizedMatrix plain = quant::find_method("gptq").make(c)->quantize(wt, &st, &plain_info);
-  c.refine = 20;
-  const QuantizedMatrix refined = quant::find_method("gptq").make(c)->quantize(wt, &st, &refined_info);
-  EXPECT_EQ(plain_info.refine.passes, 0);
-  EXPECT_GT(refined_info.refine.code_changes, 0);
-  std::vector<float> a(static_cast<size_t>(R * C)), b(a.size());
-  dequantize(plain, a.data());
-  dequantize(refined, b.data());
-  GptqOptions o;
-  o.act_order = true;
-  const quant::PreparedHessian prep = quant::prepare_hessian(st, o);
-  const Objective obj{st, prep, w, C};
-  EXPECT_NEAR(obj.total(a, R), refined_info.refine.cost_before, 1e-4 * refined_info.refine.cost_before);
-  EXPECT_NEAR(obj.total(b, R), refined_info.refine.cost_after, 1e-4 * refined_info.refine.cost_before);
-  EXPECT_LT(obj.total(b, R), obj.total(a, R));
+  for (const std::string family : {"int4_asym", "int4_sym"}) {
+    SCOPED_TRACE(family);
+    const FormatChoice f = find_format(family, 128);
+    quant::QuantizerConfig c{f, true, true, 0.01, "cuda", 0};
+    quant::QuantizeInfo plain_info, refined_info;
+    const QuantizedMatrix plain = quant::find_method("gptq").make(c)->quantize(wt, &st, &plain_info);
+    c.refine = 20;
+    const QuantizedMatrix refined = quant::find_method("gptq").make(c)->quantize(wt, &st, &refined_info);
+    EXPECT_EQ(plain_info.refine.passes, 0);
+    EXPECT_GT(refined_info.refine.code_changes, 0);
+    std::vector<float> a(static_cast<size_t>(R * C)), b(a.size());
+    dequantize(plain, a.data());
+    dequantize(refined, b.data());
+    GptqOptions o;
+    o.act_order = true;
+    const quant::PreparedHessian prep = quant::prepare_hessian(st, o);
+    const Objective obj{st, prep, w, C};
+    EXPECT_NEAR(obj.total(a, R), refined_info.refine.cost_before, 1e-4 * refined_info.refine.cost_before);
+    EXPECT_NEAR(obj.total(b, R), refined_info.refine.cost_after, 1e-4 * refined_info.refine.cost_before);
+    EXPECT_LT(obj.total(b, R), obj.total(a, R));
+  }
 }
 
 // nibble quantize --device cuda --refine: the GPU calibration flow refines

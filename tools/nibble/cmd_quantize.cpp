@@ -66,7 +66,7 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
   cmd->add_option("--refine", opt->refine,
                   "GPTQ: after the sweep, up to N passes of coordinate descent over the codes, each followed by a "
                   "least-squares refit of every group's scale (and min), against GPTQ's own objective (0: off; 30 is a "
-                  "good choice; --device cuda: int4_asym)")
+                  "good choice; --device cuda: int4_asym, int4_sym)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--device", opt->device,

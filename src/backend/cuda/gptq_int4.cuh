@@ -36,8 +36,11 @@ __device__ __forceinline__ float decode(int code, Int4Params p) {
 
 // The formats the GPU sweep implements, each as its registry row's fit_group
 // (given the group's min and max, and the --mse shrink factor), encode and
-// decode. fit sets *bad where the CPU's fit_group throws.
+// decode. fit sets *bad where the CPU's fit_group throws. For --refine:
+// code_value (decode = code_value · scale + min, FormatSpec::affine) and store
+// (AffineParams::store: the parameters rounded as the format stores them).
 struct Asym {
+  static constexpr bool kHasMin = true;
   // int4_asym.cpp: scale = bf16((max − min) / 15), min = bf16(min), both times the shrink factor first.
   __device__ static __forceinline__ Int4Params fit(float lo, float hi, float shrink, int* bad) {
     lo = __fmul_rn(lo, shrink);
@@ -52,9 +55,17 @@ struct Asym {
   }
   __device__ static __forceinline__ int encode(float w, Int4Params p) { return gptq_int4::encode(w, p); }
   __device__ static __forceinline__ float decode(int code, Int4Params p) { return gptq_int4::decode(code, p); }
+  __device__ static __forceinline__ float code_value(int code) { return static_cast<float>(code); }
+  // Both rounded to bf16, a zero min stored as +0.
+  __device__ static __forceinline__ Int4Params store(double scale, double min) {
+    Int4Params p{round_bf16(__double2float_rn(scale)), round_bf16(__double2float_rn(min))};
+    if (p.min == 0.0f) p.min = 0.0f;
+    return p;
+  }
 };
 
 struct Sym {
+  static constexpr bool kHasMin = false;
   static constexpr int kZero = 8;
   // int4_sym.cpp: scale = f16(absmax · shrink / 7); absmax = max(|min|, |max|), as abs_max() finds it.
   __device__ static __forceinline__ Int4Params fit(float lo, float hi, float shrink, int* bad) {
@@ -73,6 +84,11 @@ struct Sym {
   }
   __device__ static __forceinline__ float decode(int code, Int4Params p) {
     return __fmul_rn(static_cast<float>(code - kZero), p.scale);
+  }
+  __device__ static __forceinline__ float code_value(int code) { return static_cast<float>(code - kZero); }
+  // The scale to f32, then to f16 (int4_sym.cpp's affine_store); no min.
+  __device__ static __forceinline__ Int4Params store(double scale, double) {
+    return {__half2float(__float2half_rn(__double2float_rn(scale))), 0.0f};
   }
 };
 

@@ -1,7 +1,8 @@
-// GPTQ's --refine on the GPU for int4_asym. The reference is quant::refine
+// GPTQ's --refine on the GPU for int4_asym and int4_sym (each kernel takes the
+// format's arithmetic, gptq_int4.cuh, as a template parameter). The reference is quant::refine
 // (src/quant/refine.cpp), whose header comment gives the math: per pass a
 // coordinate descent over every live weight, then a least-squares refit of each
-// group's (scale, min), both against f(Q) = Σ_rows (q − w)ᵀ A (q − w) with
+// group's scale (and min), both against f(Q) = Σ_rows (q − w)ᵀ A (q − w) with
 // A = H + λI on the live inputs, and each row's gradient E = (Q − W) A kept
 // up to date.
 //
@@ -28,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/gptq_common.h"
@@ -44,19 +46,13 @@ constexpr int kWarps = 8;    // rows per block of the coordinate descent
 constexpr int kRefitWarps = 16;  // rows per block of the refit (they share A_GG in shared memory)
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
-// int4_asym's AffineParams::store: both rounded to bf16, a zero min stored as +0.
-__device__ __forceinline__ Int4Params affine_store(double scale, double min) {
-  Int4Params p{round_bf16(__double2float_rn(scale)), round_bf16(__double2float_rn(min))};
-  if (p.min == 0.0f) p.min = 0.0f;
-  return p;
-}
-
-// refine.cpp's smallest_gap for int4_asym: the decoded values rise with the
-// code (scale ≥ 0), so the sorted list is the codes' order.
+// refine.cpp's smallest_gap: the decoded values rise with the code (scale ≥ 0),
+// so the sorted list is the codes' order.
+template <class F>
 __device__ __forceinline__ float smallest_gap(Int4Params p) {
-  float best = INFINITY, prev = decode(0, p);
+  float best = INFINITY, prev = F::decode(0, p);
   for (int c = 1; c <= kLevels; ++c) {
-    const float v = decode(c, p);
+    const float v = F::decode(c, p);
     if (v > prev) best = fminf(best, __fsub_rn(v, prev));
     prev = v;
   }
@@ -97,10 +93,11 @@ __global__ void objective_value_kernel(const float* __restrict__ E, const float*
   if ((threadIdx.x & 31) == 0) atomicAdd(out, s);
 }
 
-// Per group: the smallest gap of its values (per row) and 1ᵀ A_GG 1.
+// Per group: the smallest gap of its values (per row).
+template <class F>
 __global__ void gap_kernel(const float2* __restrict__ params, int64_t n, float* __restrict__ gap) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) gap[i] = smallest_gap({params[i].x, params[i].y});
+  if (i < n) gap[i] = smallest_gap<F>({params[i].x, params[i].y});
 }
 // (A_GG 1)_j for every input j of group G, summed over the group's inputs in order (as the CPU's group_row_sum).
 __global__ void group_row_sum_kernel(const float* __restrict__ A, int64_t cols, int g, double* __restrict__ out) {
@@ -132,6 +129,7 @@ struct Rows {
 };
 
 // One pass of the coordinate descent over every active row.
+template <class F>
 __global__ void __launch_bounds__(kWarps * 32) descent_kernel(Rows s, const float* __restrict__ A,
                                                               const uint8_t* __restrict__ dead,
                                                               const uint8_t* __restrict__ active,
@@ -174,8 +172,8 @@ __global__ void __launch_bounds__(kWarps * 32) descent_kernel(Rows s, const floa
         // The screen and the step of refine.cpp, operation for operation.
         if (fabsf(ej) < __fmul_rn(__fmul_rn(0.49f, ajj), gap[k])) continue;
         const Int4Params p{params[k].x, params[k].y};
-        const int c = encode(__fsub_rn(qj, __fdiv_rn(ej, ajj)), p);
-        const float v = decode(c, p), delta = __fsub_rn(v, qj);
+        const int c = F::encode(__fsub_rn(qj, __fdiv_rn(ej, ajj)), p);
+        const float v = F::decode(c, p), delta = __fsub_rn(v, qj);
         if (delta == 0.0f ||
             !(__fadd_rn(__fmul_rn(__fmul_rn(2.0f, delta), ej), __fmul_rn(__fmul_rn(delta, delta), ajj)) < 0.0f))
           continue;
@@ -241,7 +239,9 @@ __device__ inline void group_product(const float* s_A, int n, int lane, const fl
 
 // The refit of group k in every active row. A kept refit sets took[row] and
 // leaves the change of the group's values in dq[row, :n] (0 on dead inputs).
-// The block's rows share A_GG (n × n f32, dynamic shared memory).
+// The block's rows share A_GG (n × n f32, dynamic shared memory). Without a
+// min (F::kHasMin false) the scale alone: Δs = −cᵀe / cᵀA c.
+template <class F>
 __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t k, const float* __restrict__ A,
                                                             const uint8_t* __restrict__ dead,
                                                             const double* __restrict__ row_sum,
@@ -263,7 +263,8 @@ __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t
   const float* e = s.E + row * cols + c0;
   float* q = s.Q + row * cols + c0;
   const uint8_t* code = s.codes + row * cols + c0;
-  float ev[4], qv[4], cval[4];
+  float ev[4], qv[4], cval[4];  // cval: the codes' values (F::code_value)
+  int cv[4];
   bool live[4];
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
@@ -271,7 +272,8 @@ __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t
     live[m] = i < n && !dead[c0 + i];
     ev[m] = i < n ? e[i] : 0.0f;
     qv[m] = i < n ? q[i] : 0.0f;
-    cval[m] = i < n ? static_cast<float>(code[i]) : 0.0f;
+    cv[m] = i < n ? code[i] : 0;
+    cval[m] = i < n ? F::code_value(cv[m]) : 0.0f;
   }
   // cᵀe and 1ᵀe over the live inputs; u = A_GG c, and r = A_GG 1 from the row sums (a dead input's A entries are 0).
   double ce = 0, oe = 0, u[4] = {0, 0, 0, 0};
@@ -295,12 +297,19 @@ __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t
   cA1 = warp_sum(cA1);
   const double c11 = ones_form[k];
   const float2 p0 = s.params[row * s.gpr + k];
-  const double det = cAc * c11 - cA1 * cA1;
-  if (!(det > 0)) return;  // one distinct code: the pair is not determined
-  const double ds = (-ce * c11 + oe * cA1) / det, dm = (-oe * cAc + ce * cA1) / det;
-  const double s0 = p0.x, m0 = p0.y;
-  const Int4Params np = affine_store(s0 + ds, m0 + dm);
-  const double s1 = np.scale, m1 = np.min;
+  double ds, dm = 0;
+  if constexpr (F::kHasMin) {
+    const double det = cAc * c11 - cA1 * cA1;
+    if (!(det > 0)) return;  // one distinct code: the pair is not determined
+    ds = (-ce * c11 + oe * cA1) / det;
+    dm = (-oe * cAc + ce * cA1) / det;
+  } else {
+    if (!(cAc > 0)) return;  // every code's value is 0
+    ds = -ce / cAc;
+  }
+  const double s0 = p0.x, m0 = F::kHasMin ? p0.y : 0.0;
+  const Int4Params np = F::store(s0 + ds, m0 + dm);
+  const double s1 = np.scale, m1 = F::kHasMin ? np.min : 0.0;
   if (!(s1 > 0) || !isfinite(s1) || !isfinite(m1) || (s1 == s0 && m1 == m0)) return;
   const double s_ = s1 - s0, m_ = m1 - m0;
   if (!(2 * (s_ * ce + m_ * oe) + s_ * s_ * cAc + 2 * s_ * m_ * cA1 + m_ * m_ * c11 < 0)) return;
@@ -309,7 +318,7 @@ __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t
   double df = 0;
 #pragma unroll
   for (int m = 0; m < 4; ++m) {
-    dq[m] = live[m] ? __fsub_rn(decode(static_cast<int>(cval[m]), np), qv[m]) : 0.0f;
+    dq[m] = live[m] ? __fsub_rn(F::decode(cv[m], np), qv[m]) : 0.0f;
     df += 2.0 * dq[m] * ev[m];
   }
   double adq[4] = {0, 0, 0, 0};
@@ -323,13 +332,13 @@ __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t
   for (int m = 0; m < 4; ++m) {
     const int i = 32 * m + lane;
     if (i < n) {
-      q[i] = decode(static_cast<int>(cval[m]), np);
+      q[i] = F::decode(cv[m], np);
       dq_out[row * s.g + i] = dq[m];
     }
   }
   if (lane == 0) {
     s.params[row * s.gpr + k] = make_float2(np.scale, np.min);
-    s.gap[row * s.gpr + k] = smallest_gap(np);
+    s.gap[row * s.gpr + k] = smallest_gap<F>(np);
     took[row] = 1;
     changed[row] = 1;
     atomicAdd(refits, 1ull);
@@ -362,6 +371,25 @@ unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 4096));
 }
 
+// The formats the refinement implements: one row each (gptq_int4.cuh holds their arithmetic).
+struct RefineFormat {
+  std::string_view family;
+  decltype(&gap_kernel<Asym>) gap;
+  decltype(&descent_kernel<Asym>) descent;
+  decltype(&refit_kernel<Asym>) refit;
+};
+constexpr RefineFormat kRefineFormats[] = {
+    {"int4_asym", gap_kernel<Asym>, descent_kernel<Asym>, refit_kernel<Asym>},
+    {"int4_sym", gap_kernel<Sym>, descent_kernel<Sym>, refit_kernel<Sym>},
+};
+
+const RefineFormat* refine_format(const FormatChoice& f) {
+  if (f.spec == nullptr) return nullptr;
+  for (const RefineFormat& r : kRefineFormats)
+    if (r.family == f.spec->family) return &r;
+  return nullptr;
+}
+
 }  // namespace
 
 DeviceBuffer refine_objective(const double* H, const GpuPreparedHessian& hessian) {
@@ -384,10 +412,10 @@ DeviceBuffer refine_objective(const quant::MatrixStats& stats, const GpuPrepared
 }
 
 bool refine_supports(const FormatChoice& f, std::string* why) {
-  const bool ok = f.spec && f.spec->family == "int4_asym" && gptq_supports(f);
+  const bool ok = refine_format(f) != nullptr && gptq_supports(f);
   if (!ok && why)
-    *why = fmt::format("--refine on the GPU supports int4_asym with a group size dividing 128 (32, 64, 128); {} is "
-                       "not supported there (use --device cpu, or no --refine)",
+    *why = fmt::format("--refine on the GPU supports int4_asym and int4_sym with a group size dividing 128 (32, 64, "
+                       "128); {} is not supported there (use --device cpu, or no --refine)",
                        f.spec ? f.canonical_name() : std::string("(no format)"));
   return ok;
 }
@@ -397,6 +425,7 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
   NIBBLE_CHECK(passes >= 0, "--refine: the number of passes must be >= 0, found {}", passes);
   std::string why;
   NIBBLE_CHECK(refine_supports(format, &why), "refine (cuda): {}", why);
+  const RefineFormat& rf = *refine_format(format);
   const int64_t rows = res.rows, cols = res.cols, nn = rows * cols;
   const int g = format.group_size;
   const int64_t gpr = (cols + g - 1) / g;
@@ -436,7 +465,7 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
     NIBBLE_CUDA_CHECK(cudaGetLastError());
   };
   value(0);
-  gap_kernel<<<blocks_for(rows * gpr, 256), 256>>>(static_cast<const float2*>(params.get()), rows * gpr,
+  rf.gap<<<blocks_for(rows * gpr, 256), 256>>>(static_cast<const float2*>(params.get()), rows * gpr,
                                                    static_cast<float*>(gap.get()));
   NIBBLE_CUDA_CHECK(cudaGetLastError());
   group_row_sum_kernel<<<blocks_for(cols, 256), 256>>>(A, cols, g, static_cast<double*>(row_sums.get()));
@@ -467,7 +496,7 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
   const unsigned row_blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   const unsigned refit_blocks = static_cast<unsigned>((rows + kRefitWarps - 1) / kRefitWarps);
   const size_t refit_smem = static_cast<size_t>(g) * g * sizeof(float);
-  NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(refit_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  NIBBLE_CUDA_CHECK(cudaFuncSetAttribute(rf.refit, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(refit_smem)));
   std::vector<uint8_t> host_changed(static_cast<size_t>(rows));
   int pass = 0;
@@ -476,11 +505,11 @@ quant::RefineReport refine_device(quant::GptqResult& res, const float* w, float*
     NIBBLE_CUDA_CHECK(cudaMemset(changed.get(), 0, changed.bytes()));
     auto* act = static_cast<const uint8_t*>(active.get());
     auto* chg = static_cast<uint8_t*>(changed.get());
-    descent_kernel<<<row_blocks, kWarps * 32>>>(s, A, dead_p, act, chg, ctr);
+    rf.descent<<<row_blocks, kWarps * 32>>>(s, A, dead_p, act, chg, ctr);
     NIBBLE_CUDA_CHECK(cudaGetLastError());
     for (int64_t k = 0; k < gpr; ++k) {
       const int n = static_cast<int>(std::min<int64_t>(g, cols - k * g));
-      refit_kernel<<<refit_blocks, kRefitWarps * 32, static_cast<size_t>(n) * n * sizeof(float)>>>(
+      rf.refit<<<refit_blocks, kRefitWarps * 32, static_cast<size_t>(n) * n * sizeof(float)>>>(
           s, k, A, dead_p, static_cast<const double*>(row_sums.get()), static_cast<const double*>(ones.get()), act, chg, static_cast<uint8_t*>(took.get()),
           static_cast<float*>(dq.get()), ctr + 1);
       NIBBLE_CUDA_CHECK(cudaGetLastError());
