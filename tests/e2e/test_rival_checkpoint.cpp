@@ -114,6 +114,13 @@ TEST(RivalCheckpoint, SymmetricGptqLinearsAreInt4SymExactly) {
   }
   EXPECT_EQ(linears, 7 * sym->config().num_layers);
   EXPECT_THROW(asym->exact_parts("model.layers.0.mlp.up_proj.weight"), Error);
+  // nibble inspect says which: "rival:int4_g128_sym" for the symmetric linears, "rival" for the others.
+  for (const char* which : {"sym", "asym"}) {
+    const auto r = test::run_command(test::nibble_bin() + " inspect " + (tmp / which / "gptq").string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string line = r.out.substr(r.out.find("model.layers.0.mlp.up_proj.weight"), 80);
+    EXPECT_NE(line.find(std::string(which) == "sym" ? "rival:int4_g128_sym" : "rival "), std::string::npos) << line;
+  }
 }
 
 // qwen3-26M-linux's linears as bitsandbytes' Linear8bitLt stores them (I8

@@ -20,12 +20,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// "stored as" for a tensor: its nibble format or dtype; for a GGUF file, the ggml type it is stored in.
+// "stored as" for a tensor: its nibble format or dtype; for a GGUF file's block types, the ggml type; for a rival's
+// quantized linear "rival" (its scheme is in the header), "rival:FORMAT" where that nibble format holds it exactly
+// (ModelSource::exact_format: the GPU's W4A16 kernels take it).
 std::string stored_as(const ModelSource& src, const std::string& name, const TensorMeta& m) {
-  if (const auto* g = dynamic_cast<const GgufSource*>(&src))
-    return io::ggml_type_name(g->file().info(g->gguf_name(name)).type);
-  if (const auto* r = dynamic_cast<const RivalSource*>(&src))
-    if (r->stored_parts(name).size() > 1) return "rival";  // its scheme is in the header
+  const std::string foreign = src.foreign_format(name);
+  if (!foreign.empty() && dynamic_cast<const RivalSource*>(&src)) {
+    const std::optional<FormatChoice> exact = src.exact_format(name);
+    return exact ? "rival:" + exact->canonical_name() : "rival";
+  }
+  if (!foreign.empty()) return foreign;
   return m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
 }
 
@@ -46,7 +50,9 @@ void print_header(const ModelSource& src) {
   }
   if (const auto* r = dynamic_cast<const RivalSource*>(&src)) {
     std::printf("a rival's quantized (or pruned) checkpoint: each of its quantized or sparse linears is listed as "
-                "'rival' (%s), its bytes all its stored parts\n", r->scheme().describe().c_str());
+                "'rival' (%s), or 'rival:FORMAT' where that nibble format holds its values exactly (the GPU's W4A16 "
+                "kernels then take it), its bytes all its stored parts\n",
+                r->scheme().describe().c_str());
     return;
   }
   const auto* dir = dynamic_cast<const CheckpointDir*>(&src);
@@ -101,14 +107,14 @@ void print_metadata(const ModelSource& src) {
 
 void print_summary(const ModelSource& src) {
   print_header(src);
-  std::printf("\n%-48s %-16s %-14s %12s %8s\n", "tensor", "stored as", "shape", "bytes", "bits/w");
+  std::printf("\n%-48s %-19s %-14s %12s %8s\n", "tensor", "stored as", "shape", "bytes", "bits/w");
   uint64_t params = 0, bytes = 0, qparams = 0, qbytes = 0;
   size_t nq = 0;
   for (const std::string& name : src.names()) {
     const TensorMeta m = src.meta(name);
     const uint64_t n = static_cast<uint64_t>(shape_numel(m.shape));
     const std::string stored = stored_as(src, name, m);
-    std::printf("%-48s %-16s %-14s %12s %8.3f\n", name.c_str(), stored.c_str(), shape_str(m.shape).c_str(),
+    std::printf("%-48s %-19s %-14s %12s %8.3f\n", name.c_str(), stored.c_str(), shape_str(m.shape).c_str(),
                 human_bytes(m.stored_bytes).c_str(), n ? 8.0 * m.stored_bytes / n : 0.0);
     params += n;
     bytes += m.stored_bytes;
