@@ -19,6 +19,7 @@
 #include "nibble/error.h"
 #include "nibble/format.h"
 #include "nibble/regex.h"
+#include "formats/common.h"
 #include "io/json_file.h"
 
 namespace nibble {
@@ -132,14 +133,9 @@ std::optional<FormatChoice> sym4_format(const Tensor& scales_f32, int64_t group)
 template <typename ScaleFn>
 std::vector<Tensor> pack_sym4(const FormatChoice& f, std::vector<uint8_t> codes, int64_t out, int64_t in,
                               const ScaleFn& scale) {
-  QuantizedMatrix q;
-  q.format = f.spec;
-  q.group_size = f.group_size;
-  q.rows = out;
-  q.cols = in;
+  QuantizedMatrix q = formats::empty_matrix(*f.spec, out, in, f.group_size);
   q.codes = std::move(codes);
   const int64_t groups = q.groups_per_row();
-  q.params.resize(static_cast<size_t>(out * groups));
   const bool asym = f.spec->family == "int4_asym";
   for (int64_t n = 0; n < out; ++n)
     for (int64_t g = 0; g < groups; ++g) {

@@ -12,6 +12,8 @@
 
 #include "backend/cuda/sample_filter.h"
 #include "backend/cuda/w4a16_gemv.h"
+#include "formats/common.h"
+#include "formats/registry_rows.h"
 #include "nibble/convert.h"
 #include "nibble/cuda.h"
 #include "nibble/cuda_model.h"
@@ -70,14 +72,7 @@ std::vector<Tensor> random_int4_parts(std::mt19937& rng, int64_t rows, int64_t c
 }
 // An all-zero matrix of int4_sym with groups of g.
 QuantizedMatrix zero_int4_sym(int64_t rows, int64_t cols, int g) {
-  QuantizedMatrix q;
-  q.format = find_format("int4_sym", g).spec;
-  q.group_size = g;
-  q.rows = rows;
-  q.cols = cols;
-  q.codes.assign(static_cast<size_t>(rows * cols), 0);
-  q.params.resize(static_cast<size_t>(rows * q.groups_per_row()));
-  return q;
+  return formats::empty_matrix(formats::kInt4Sym, rows, cols, g);
 }
 // The same for int4_sym: random codes and f16 scales, most of them with more
 // significant bits than bf16 holds (the upload rounds them: int4_sym_as_asym).

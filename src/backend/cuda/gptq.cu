@@ -289,12 +289,7 @@ constexpr SweepFormat kSweepFormats[] = {
     {"int4_sym", pick_sweep<Sym>, launch_static_fit<Sym>, "a group's absmax / 7 is beyond the f16 range"},
 };
 
-const SweepFormat* sweep_format(const FormatChoice& f) {
-  if (f.spec == nullptr) return nullptr;
-  for (const SweepFormat& r : kSweepFormats)
-    if (r.family == f.spec->family) return &r;
-  return nullptr;
-}
+const SweepFormat* sweep_format(const FormatChoice& f) { return format_row(kSweepFormats, f); }
 
 }  // namespace
 

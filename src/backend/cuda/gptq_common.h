@@ -1,11 +1,15 @@
-// What the two halves of the GPU GPTQ (gptq_hessian.cu: H and U; gptq.cu: the
-// sweep) share: the process's cuBLAS / cuSOLVER handles and their status checks.
+// What the parts of the GPU GPTQ (gptq_hessian.cu: H and U; gptq.cu: the
+// sweep; gptq_refine.cu) share: the process's cuBLAS / cuSOLVER handles and
+// their status checks, and the lookup of their per-format tables.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cusolverDn.h>
 
+#include <cstddef>
+
 #include "backend/cuda/check.h"
+#include "nibble/format.h"
 
 #define NIBBLE_CUBLAS_CHECK(call)                                                                     \
   do {                                                                                                \
@@ -26,6 +30,16 @@ namespace nibble::cuda {
 // TF32), which the agreement with the CPU needs.
 cublasHandle_t gptq_cublas();
 cusolverDnHandle_t gptq_cusolver();
+
+// The row of a per-format table (gptq.cu's sweep, gptq_refine.cu's
+// refinement: rows with a `family`) for f's format family, or nullptr.
+template <class Row, size_t N>
+const Row* format_row(const Row (&rows)[N], const FormatChoice& f) {
+  if (f.spec == nullptr) return nullptr;
+  for (const Row& r : rows)
+    if (r.family == f.spec->family) return &r;
+  return nullptr;
+}
 
 // Elements processed per thread block of the elementwise kernels.
 inline unsigned grid_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }

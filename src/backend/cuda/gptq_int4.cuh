@@ -23,17 +23,6 @@ __device__ __forceinline__ float round_bf16(float x) {
   return __uint_as_float(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
 }
 
-// int4_asym (the refinement's format): code = clamp(rne((w − min) / scale), 0, 15), w' = code·scale + min.
-__device__ __forceinline__ int encode(float w, Int4Params p) {
-  if (p.scale == 0.0f) return 0;
-  const float q = rintf(__fdiv_rn(__fsub_rn(w, p.min), p.scale));  // ties to even, like nearbyint
-  return static_cast<int>(fminf(fmaxf(q, 0.0f), static_cast<float>(kLevels)));
-}
-
-__device__ __forceinline__ float decode(int code, Int4Params p) {
-  return __fadd_rn(__fmul_rn(static_cast<float>(code), p.scale), p.min);
-}
-
 // The formats the GPU sweep implements, each as its registry row's fit_group
 // (given the group's min and max, and the --mse shrink factor), encode and
 // decode. fit sets *bad where the CPU's fit_group throws. For --refine:
@@ -53,8 +42,15 @@ struct Asym {
     }
     return {round_bf16(__fdiv_rn(range, static_cast<float>(kLevels))), round_bf16(lo)};
   }
-  __device__ static __forceinline__ int encode(float w, Int4Params p) { return gptq_int4::encode(w, p); }
-  __device__ static __forceinline__ float decode(int code, Int4Params p) { return gptq_int4::decode(code, p); }
+  // code = clamp(rne((w − min) / scale), 0, 15), w' = code·scale + min.
+  __device__ static __forceinline__ int encode(float w, Int4Params p) {
+    if (p.scale == 0.0f) return 0;
+    const float q = rintf(__fdiv_rn(__fsub_rn(w, p.min), p.scale));  // ties to even, like nearbyint
+    return static_cast<int>(fminf(fmaxf(q, 0.0f), static_cast<float>(kLevels)));
+  }
+  __device__ static __forceinline__ float decode(int code, Int4Params p) {
+    return __fadd_rn(__fmul_rn(static_cast<float>(code), p.scale), p.min);
+  }
   __device__ static __forceinline__ float code_value(int code) { return static_cast<float>(code); }
   // Both rounded to bf16, a zero min stored as +0.
   __device__ static __forceinline__ Int4Params store(double scale, double min) {

@@ -383,12 +383,7 @@ constexpr RefineFormat kRefineFormats[] = {
     {"int4_sym", gap_kernel<Sym>, descent_kernel<Sym>, refit_kernel<Sym>},
 };
 
-const RefineFormat* refine_format(const FormatChoice& f) {
-  if (f.spec == nullptr) return nullptr;
-  for (const RefineFormat& r : kRefineFormats)
-    if (r.family == f.spec->family) return &r;
-  return nullptr;
-}
+const RefineFormat* refine_format(const FormatChoice& f) { return format_row(kRefineFormats, f); }
 
 }  // namespace
 
