@@ -259,6 +259,10 @@ class GgufSource final : public ModelSource {
   void check_loadable() const override;
   // The ggml type of a tensor stored in a block type ("Q4_K").
   std::string foreign_format(const std::string& name) const override;
+  // A matrix in a block type that a nibble format holds exactly, for the GPU's W4A16 kernels: Q4_0 is int4_g32_sym
+  // (the same codes around 8, the same f16 scales, q/k rows unpermuted like load()'s); else nullopt.
+  std::optional<FormatChoice> exact_format(const std::string& name) const override;
+  std::vector<Tensor> exact_parts(const std::string& name) const override;
 
  private:
   struct Entry {

@@ -104,6 +104,47 @@ Tensor unpermute_rows(const Tensor& t, int64_t heads) {
   return out;
 }
 
+// Q4_0 blocks (18 bytes per 32 inputs: f16 d, then qs[16] with input j in the
+// low nibble of qs[j] and input j + 16 in its high nibble; x = (q − 8)·d) of a
+// [rows, cols] matrix as int4_sym g32's parts: the codes re-ordered to input 2t
+// in the low nibble of byte t, d's f16 bits as the group's scale. int4_sym's
+// (code − 8)·scale in fp32 is ggml's dequantized value.
+std::vector<Tensor> q4_0_as_int4_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQK = 32, kBlockBytes = 18;
+  const int64_t nb = cols / kQK;
+  Tensor codes = Tensor::empty(DType::U8, {rows, cols / 2});
+  Tensor scales = Tensor::empty(DType::F16, {rows, nb});
+  auto* c = static_cast<uint8_t*>(codes.raw_mut());
+  auto* s = static_cast<uint16_t*>(scales.raw_mut());
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    std::memcpy(&s[i], b, 2);
+    const uint8_t* qs = b + 2;
+    auto code = [&](int64_t e) { return e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4; };
+    for (int64_t t = 0; t < kQK / 2; ++t)
+      c[i * (kQK / 2) + t] = static_cast<uint8_t>(code(2 * t) | code(2 * t + 1) << 4);
+  }
+  return {codes, scales};
+}
+
+// ggml block types that a nibble format holds exactly (GgufSource::exact_format): one row each.
+struct ExactBlockType {
+  GgmlType type;
+  std::string_view family;
+  int group;
+  std::vector<Tensor> (*parts)(const uint8_t* blocks, int64_t rows, int64_t cols);
+};
+constexpr ExactBlockType kExactBlockTypes[] = {
+    {GgmlType::Q4_0, "int4_sym", 32, q4_0_as_int4_sym},
+};
+
+const ExactBlockType* exact_block_type(const io::GgufTensorInfo& t) {
+  if (t.ne.size() != 2) return nullptr;
+  for (const ExactBlockType& r : kExactBlockTypes)
+    if (static_cast<uint32_t>(r.type) == t.type && t.ne[0] % r.group == 0) return &r;
+  return nullptr;
+}
+
 // The stored dtype of a plain (unquantized) GGUF tensor; nullopt for block types.
 std::optional<DType> plain_dtype(uint32_t type) {
   switch (static_cast<GgmlType>(type)) {
@@ -316,6 +357,26 @@ bool GgufSource::is_plain(const std::string& name) const {
 std::string GgufSource::foreign_format(const std::string& name) const {
   const uint32_t type = file_.info(entry(name).gguf_name).type;
   return plain_dtype(type) ? std::string() : io::ggml_type_name(type);
+}
+
+std::optional<FormatChoice> GgufSource::exact_format(const std::string& name) const {
+  const ExactBlockType* r = exact_block_type(file_.info(entry(name).gguf_name));
+  if (r == nullptr) return std::nullopt;
+  return find_format(r->family, r->group);
+}
+
+std::vector<Tensor> GgufSource::exact_parts(const std::string& name) const {
+  const Entry& e = entry(name);
+  const io::GgufTensorInfo& t = file_.info(e.gguf_name);
+  const ExactBlockType* r = exact_block_type(t);
+  NIBBLE_CHECK(r != nullptr, "{}: '{}' ({}) has no exact nibble format", describe(), e.gguf_name,
+               io::ggml_type_name(t.type));
+  const int64_t rows = t.ne[1], cols = t.ne[0];
+  std::vector<Tensor> parts = r->parts(file_.data(t), rows, cols);
+  if (e.unpermute_heads > 0)
+    for (Tensor& p : parts) p = unpermute_rows(p, e.unpermute_heads);
+  check_parts(find_format(r->family, r->group), parts, rows, cols);
+  return parts;
 }
 
 Tensor GgufSource::load(const std::string& name) const {

@@ -1693,6 +1693,12 @@ TEST(Cuda, DenseFallbacksNameTheFormatsWithoutAKernel) {
   EXPECT_EQ(km[0].matrices, 28);
   EXPECT_EQ(km[1].format, "Q8_0");
   EXPECT_EQ(km[1].matrices, 3);
+  // llama.cpp's Q4_0 file: its Q4_0 linears are int4_g32_sym exactly (GgufSource::exact_format); down_proj (F16) and
+  // the head (Q8_0) stay dense.
+  const auto q40 = cuda::dense_fallbacks(*open_model_source((dir / "gguf" / "stories260K-Q4_0.gguf").string()));
+  ASSERT_EQ(q40.size(), 1u);
+  EXPECT_EQ(q40[0].format, "Q8_0");
+  EXPECT_EQ(q40[0].matrices, 1);
   test::write_gptq_qwen3(tmp.path() / "gptq-asym", /*zero_bias=*/false, /*sym=*/false);
   test::write_gptq_qwen3(tmp.path() / "gptq-sym", /*zero_bias=*/false, /*sym=*/true);
   const auto ga = cuda::dense_fallbacks(*open_model_source((tmp.path() / "gptq-asym" / "gptq").string()));
@@ -1735,6 +1741,23 @@ TEST(Cuda, GpuForwardRunsSymmetricGptqOnTheW4A16Kernels) {
   std::printf("[gptq on the gpu] decode weight bytes: %zu packed, %zu as bf16\n", packed, dense);
   EXPECT_LT(packed, dense * 6 / 10);  // the linears at 4.25 bits instead of 16; the embedding, norms alike
   check_gpu_forward(tmp.path() / "gptq", prompt_ids(48, 2000, 8), 16, 0, true);  // f16 scales, rounded
+}
+
+// llama.cpp's Q4_0 GGUF of stories260K runs its Q4_0 linears on the W4A16
+// kernels (int4_g32_sym exactly, then int4_sym_as_asym's bf16 scales): a decode
+// step reads fewer bytes than with them dequantized, and the logits and greedy
+// tokens agree with the CPU forward's on ggml's exact values.
+TEST(Cuda, GpuForwardRunsQ4_0GgufOnTheW4A16Kernels) {
+  SKIP_WITHOUT_DEVICE();
+  const auto gguf = test::model_dir("stories260K") / "gguf";
+  const auto q40 = open_model_source((gguf / "stories260K-Q4_0.gguf").string());
+  const auto f32 = open_model_source((gguf / "stories260K-F32.gguf").string());
+  const size_t packed = cuda::GpuModel::load(*q40, 64)->decode_weight_bytes();
+  const size_t dense = cuda::GpuModel::load(*f32, 64)->decode_weight_bytes();
+  std::printf("[q4_0 on the gpu] decode weight bytes: %zu packed, %zu as bf16\n", packed, dense);
+  EXPECT_LT(packed, dense);
+  check_gpu_forward(gguf / "stories260K-Q4_0.gguf", prompt_ids(40, 512, 9), 24, 0, true);
+  check_gpu_forward(gguf / "stories260K-Q4_0.gguf", {1, 403, 407, 261, 378}, 100, 0, true);
 }
 
 }  // namespace

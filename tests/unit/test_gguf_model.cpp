@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <numbers>
@@ -380,6 +381,36 @@ TEST(GgufSource, UnloadableTypeIsReportedBeforeAnyLoad) {
   EXPECT_EQ(gguf->load("model.layers.1.mlp.up_proj.weight").shape(), (std::vector<int64_t>{96, 64}));
   write_synth({}, tmp / "hf", tmp / "ok.gguf");
   EXPECT_EQ(test::error_of([&] { GgufSource::open(tmp / "ok.gguf")->check_loadable(); }), "(no error)");
+}
+
+// llama.cpp's Q4_0 (x = (q − 8)·d, f16 d per 32 inputs) is int4_g32_sym
+// exactly: exact_parts of every Q4_0 matrix of its stories260K file dequantize
+// through nibble's int4_sym to ggml's own values bit for bit, q and k rows
+// unpermuted as load() does (llama, 8 and 4 heads). The other block types
+// have no exact format; Q4_K_M's file has none.
+TEST(GgufSource, Q4_0MatricesAreInt4SymExactly) {
+  const auto gguf = GgufSource::open(stories() / "gguf" / "stories260K-Q4_0.gguf");
+  const FormatChoice sym = find_format("int4_g32_sym");
+  int exact = 0;
+  for (const std::string& n : gguf->names()) {
+    const std::optional<FormatChoice> f = gguf->exact_format(n);
+    if (gguf->foreign_format(n) != "Q4_0") {
+      EXPECT_FALSE(f) << n;
+      EXPECT_NE(test::error_of([&] { gguf->exact_parts(n); }).find("has no exact nibble format"), std::string::npos);
+      continue;
+    }
+    ASSERT_TRUE(f) << n;
+    EXPECT_EQ(f->canonical_name(), "int4_g32_sym");
+    const TensorMeta m = gguf->meta(n);
+    const Tensor w = dequantize_parts(sym, gguf->exact_parts(n), m.shape[0], m.shape[1]);
+    const Tensor ref = gguf->load(n);
+    ASSERT_EQ(w.shape(), ref.shape()) << n;
+    EXPECT_EQ(std::memcmp(w.raw(), ref.raw(), ref.nbytes()), 0) << n;
+    ++exact;
+  }
+  EXPECT_EQ(exact, 1 + 5 * 6);  // the embedding; q, k, v, o, gate, up of 5 layers (down_proj, 172 wide, is F16)
+  const auto km = GgufSource::open(stories() / "gguf" / "stories260K-Q4_K_M.gguf");
+  for (const std::string& n : km->names()) EXPECT_FALSE(km->exact_format(n)) << n;
 }
 
 // ---------------------------------------------------------------- perplexity

@@ -21,16 +21,14 @@ namespace fs = std::filesystem;
 namespace {
 
 // "stored as" for a tensor: its nibble format or dtype; for a GGUF file's block types, the ggml type; for a rival's
-// quantized linear "rival" (its scheme is in the header), "rival:FORMAT" where that nibble format holds it exactly
-// (ModelSource::exact_format: the GPU's W4A16 kernels take it).
+// quantized linear "rival" (its scheme is in the header). Either is followed by ":FORMAT" where that nibble format
+// holds the values exactly (ModelSource::exact_format: the GPU's W4A16 kernels take it), "Q4_0:int4_g32_sym".
 std::string stored_as(const ModelSource& src, const std::string& name, const TensorMeta& m) {
-  const std::string foreign = src.foreign_format(name);
-  if (!foreign.empty() && dynamic_cast<const RivalSource*>(&src)) {
-    const std::optional<FormatChoice> exact = src.exact_format(name);
-    return exact ? "rival:" + exact->canonical_name() : "rival";
-  }
-  if (!foreign.empty()) return foreign;
-  return m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
+  std::string foreign = src.foreign_format(name);
+  if (foreign.empty()) return m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
+  if (dynamic_cast<const RivalSource*>(&src)) foreign = "rival";
+  const std::optional<FormatChoice> exact = src.exact_format(name);
+  return exact ? foreign + ":" + exact->canonical_name() : foreign;
 }
 
 // A nibble format, or a GGUF block type (stored as something other than the dtype it loads as).
@@ -46,6 +44,12 @@ void print_header(const ModelSource& src) {
     std::printf("GGUF v%u, %s, %s; tokenizer %s%s%s, %zu tokens\n", f.version(),
                 f.get_string("general.architecture", "?").c_str(), f.get_string("general.name", "unnamed").c_str(),
                 v.model.empty() ? "none" : v.model.c_str(), v.pre.empty() ? "" : "/", v.pre.c_str(), v.tokens.size());
+    for (const std::string& n : src.names())
+      if (src.exact_format(n)) {
+        std::printf("a block type listed as TYPE:FORMAT is that nibble format exactly (the GPU's W4A16 kernels take "
+                    "those linears as stored)\n");
+        break;
+      }
     return;
   }
   if (const auto* r = dynamic_cast<const RivalSource*>(&src)) {
