@@ -116,6 +116,7 @@ std::vector<Tensor> q4_0_as_int4_sym(const uint8_t* blocks, int64_t rows, int64_
   Tensor scales = Tensor::empty(DType::F16, {rows, nb});
   auto* c = static_cast<uint8_t*>(codes.raw_mut());
   auto* s = static_cast<uint16_t*>(scales.raw_mut());
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * nb; ++i) {
     const uint8_t* b = blocks + i * kBlockBytes;
     std::memcpy(&s[i], b, 2);
