@@ -18,13 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifndef NIBBLE_HD
-#if defined(__CUDACC__)
-#define NIBBLE_HD __host__ __device__
-#else
-#define NIBBLE_HD
-#endif
-#endif
+#include "nibble/hd.h"
 
 namespace nibble::sampling {
 

@@ -21,6 +21,7 @@
 #include "nibble/error.h"
 #include "nibble/gptq.h"
 #include "quant/refine_forms.h"
+#include "quant/refine_step.h"
 
 namespace nibble::quant {
 
@@ -156,18 +157,10 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
           ce += code_value[code[j]] * e[j];
           oe += e[j];
         }
-        const double cAc = forms.cAc(r, k), cA1 = forms.cA1(r, k), c11 = forms.ones(k);
+        const RefitSums sums{ce, oe, forms.cAc(r, k), forms.cA1(r, k), forms.ones(k)};
         GroupParams& p = res.params[r * gpr + k];
         double ds = 0, dm = 0;
-        if (with_min) {
-          const double det = cAc * c11 - cA1 * cA1;
-          if (!(det > 0)) continue;  // one distinct code: the pair is not determined
-          ds = (-ce * c11 + oe * cA1) / det;
-          dm = (-oe * cAc + ce * cA1) / det;
-        } else {
-          if (!(cAc > 0)) continue;  // every code's value is 0
-          ds = -ce / cAc;
-        }
+        if (!refit_step(sums, with_min, ds, dm)) continue;
         const double s0 = affine->scale(p), m0 = with_min ? p.min : 0.0;
         const GroupParams np = affine->store(p, s0 + ds, m0 + dm);
         const double s1 = affine->scale(np), m1 = with_min ? np.min : 0.0;
@@ -175,7 +168,7 @@ RefineReport refine(GptqResult& res, const float* w, const MatrixStats& stats, c
         // The change of f for the stored parameters, from the quadratic form
         // (exact up to the rounding of decode): a cheap screen...
         const double s_ = s1 - s0, m_ = m1 - m0;
-        if (!(2 * (s_ * ce + m_ * oe) + s_ * s_ * cAc + 2 * s_ * m_ * cA1 + m_ * m_ * c11 < 0)) continue;
+        if (!(refit_model_change(sums, s_, m_) < 0)) continue;
         // ...then exactly, on the values decode gives.
         double df = 0;
         for (int64_t j = c0; j < c1; ++j) {

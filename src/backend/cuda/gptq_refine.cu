@@ -35,6 +35,7 @@
 #include "backend/cuda/gptq_common.h"
 #include "backend/cuda/gptq_int4.cuh"
 #include "nibble/cuda_gptq.h"
+#include "quant/refine_step.h"
 
 namespace nibble::cuda {
 namespace {
@@ -295,24 +296,16 @@ __global__ void __launch_bounds__(kRefitWarps * 32) refit_kernel(Rows s, int64_t
   oe = warp_sum(oe);
   cAc = warp_sum(cAc);
   cA1 = warp_sum(cA1);
-  const double c11 = ones_form[k];
+  const quant::RefitSums sums{ce, oe, cAc, cA1, ones_form[k]};
   const float2 p0 = s.params[row * s.gpr + k];
-  double ds, dm = 0;
-  if constexpr (F::kHasMin) {
-    const double det = cAc * c11 - cA1 * cA1;
-    if (!(det > 0)) return;  // one distinct code: the pair is not determined
-    ds = (-ce * c11 + oe * cA1) / det;
-    dm = (-oe * cAc + ce * cA1) / det;
-  } else {
-    if (!(cAc > 0)) return;  // every code's value is 0
-    ds = -ce / cAc;
-  }
+  double ds, dm;
+  if (!quant::refit_step(sums, F::kHasMin, ds, dm)) return;
   const double s0 = p0.x, m0 = F::kHasMin ? p0.y : 0.0;
   const Int4Params np = F::store(s0 + ds, m0 + dm);
   const double s1 = np.scale, m1 = F::kHasMin ? np.min : 0.0;
   if (!(s1 > 0) || !isfinite(s1) || !isfinite(m1) || (s1 == s0 && m1 == m0)) return;
   const double s_ = s1 - s0, m_ = m1 - m0;
-  if (!(2 * (s_ * ce + m_ * oe) + s_ * s_ * cAc + 2 * s_ * m_ * cA1 + m_ * m_ * c11 < 0)) return;
+  if (!(quant::refit_model_change(sums, s_, m_) < 0)) return;
   // The change of f on the values decode gives: 2 dqᵀe + dqᵀ A_GG dq.
   float dq[4];
   double df = 0;
