@@ -12,7 +12,7 @@ OUT=$1
 source scripts/devrun-env.sh
 tar -xJf old.tar.xz
 t0=$(date +%s)
-timeout 150 devrun/bin/nibble_tests --gtest_filter='Cuda.W4A16*:Cuda.GemvFusion*:Cuda.DecodeMatchesCpuAtHeadDim128:Cuda.GpuForwardRunsQ4_0*:Cuda.GemvChain*' >"$OUT/tests.txt" 2>&1
+timeout 200 devrun/bin/nibble_tests --gtest_filter='Cuda.Refine*:Cuda.W4A16*:Cuda.GemvFusion*:Cuda.DecodeMatchesCpuAtHeadDim128:Cuda.GpuForwardRunsQ4_0*:Cuda.GemvChain*' >"$OUT/tests.txt" 2>&1
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|^\[q4_0|^\[gpu forward\] stories|^\[decode graph\]" "$OUT/tests.txt" | cut -c1-160
 echo "tests done at $(( $(date +%s) - t0 )) s"
 L=/tmp/nibble-l8b
