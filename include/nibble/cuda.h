@@ -73,7 +73,7 @@ DeviceBuffer upload_bf16(const Tensor& t);
 
 // Activation types of the W4A16 kernels (fp32 accumulation inside): bf16 and
 // fp16 for any M; F32 for single-token calls (M = 1) of kernels whose
-// `single_token_f32` says so (w4a16_mma with groups of 64 or 128).
+// `single_token_f32` says so (w4a16_mma with groups of 32, 64 or 128).
 enum class Act { BF16, F16, F32 };
 
 // A linear layer's weight resident on the GPU in a kernel's own layout, made
@@ -123,7 +123,7 @@ struct GemvFusion {
   //  * swiglu: rows [0, F) are gate, [F, 2F) up (F = rows / 2, a multiple of
   //    16); SiLU(gate) · up (width F) becomes `prep_out`.
   // Either way `prep_out` is the next GEMV's prepared activation (groups of
-  // prep_group, 64 or 128), `stage` f32 scratch of the output width, and
+  // prep_group, 32, 64 or 128), `stage` f32 scratch of the output width, and
   // `tickets` ceil(width / 128) counters, zero before the call and after it.
   float* residual = nullptr;
   const float* norm_w = nullptr;

@@ -23,7 +23,7 @@ struct AttentionArgs {
   bool out_f32 = false;      // out is f32 instead (ldo a multiple of 4 for the flash kernel)
   // Row-wise kernel, one query, head_dim a multiple of 128: instead of `out`,
   // write the output as the single-token W4A16 GEMV's prepared activation
-  // (src/backend/cuda/w4a16_prep.cuh) with this group size (64 or 128).
+  // (src/backend/cuda/w4a16_prep.cuh) with this group size (32, 64 or 128).
   void* prepared = nullptr;
   int prep_group = 0;
   // Row-wise kernel, one query, head_dim <= 256: q, k and v of the new

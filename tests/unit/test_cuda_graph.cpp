@@ -236,7 +236,7 @@ TEST(Cuda, DecodeMatchesCpuAtHeadDim128) {
   test::TempDir tmp("nibble-gpu-o");
   synth_hd128(tmp.path() / "bf16", false);
   synth_hd128(tmp.path() / "bf16-tied", true);
-  for (int group : {128, 64}) {
+  for (int group : {128, 64, 32}) {
     QuantizeOptions q;
     q.group_size = group;
     const auto dir = tmp.path() / ("rtn" + std::to_string(group));

@@ -457,8 +457,8 @@ struct GemvChainer {
   // Takes the call (true), or sends what it holds and leaves the call to the caller (false).
   bool add(const GpuLinear& l, const void* prepared, size_t bytes, float* y, const GemvFusion* f) {
     const DeviceLinear& w = l.packed;
-    if (!on || w.kernel == nullptr || w.kernel->gemv_chain == nullptr || l.bias.bytes() > 0 ||
-        w.cols > kGemvChainMaxCols || (f != nullptr && f->fuses_argmax())) {
+    if (!on || w.kernel == nullptr || w.kernel->gemv_chain == nullptr || !w4a16_gemv_chain_applies(w.group_size) ||
+        l.bias.bytes() > 0 || w.cols > kGemvChainMaxCols || (f != nullptr && f->fuses_argmax())) {
       flush();
       return false;
     }
@@ -903,10 +903,22 @@ struct GpuModel::Impl {
   // layer's int4 linears take prepared inputs and have the kernel's prepare
   // step (o, where attention does not write its prepared input), o, gate|up
   // and down have no bias, gate|up is one linear of 2F rows with F a multiple
-  // of 16, and the norm's sums of squares fit GemvFusion::kMaxParts.
+  // of 16, the norm's sums of squares fit GemvFusion::kMaxParts, and groups
+  // of 32 are all or none of the prepared inputs (a GEMV writes a prepared
+  // output in groups of 32 only where its own groups are 32: prep_warp_store).
   bool fusion_applies() const {
     const int64_t D = c.hidden_size, F = c.intermediate_size;
     if (!norm_prep_supported(D) || (D + w4a16::kTileRows - 1) / w4a16::kTileRows > GemvFusion::kMaxParts) return false;
+    int with32 = 0, other = 0;
+    auto count = [&](int group) { (group == 32 ? with32 : other) += group != 0; };
+    count(prep_head);
+    for (const GpuLayer& L : layers) {
+      count(L.prep_qkv);
+      count(L.prep_gate_up);
+      count(L.prep_down);
+      count(prepared_group(&L.o, 1));
+    }
+    if (with32 > 0 && other > 0) return false;
     for (const GpuLayer& L : layers) {
       if (!L.prep_qkv || !L.prep_gate_up || !L.prep_down || L.gate_up.size() != 1) return false;
       const GpuLinear &gu = L.gate_up[0], &o = L.o, &down = L.down;
@@ -1477,9 +1489,9 @@ void rowwise_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t ma
   NIBBLE_CHECK(a.head_dim > 0 && a.head_dim % 4 == 0, "rowwise_attention: head_dim {} is not a multiple of 4",
                a.head_dim);
   NIBBLE_CHECK(a.prepared == nullptr || (a.n == 1 && a.head_dim % w4a16::kPrepInputs == 0 &&
-                                         (a.prep_group == 64 || a.prep_group == 128)),
-               "rowwise_attention: a prepared output needs one query, head_dim a multiple of 128 and groups of 64 "
-               "or 128 (n {}, head_dim {}, group {})", a.n, a.head_dim, a.prep_group);
+                                         w4a16_gemv_applies(a.prep_group)),
+               "rowwise_attention: a prepared output needs one query, head_dim a multiple of 128 and groups of 32, "
+               "64 or 128 (n {}, head_dim {}, group {})", a.n, a.head_dim, a.prep_group);
   NIBBLE_CHECK(p0_dev != nullptr || a.p0 + a.n <= max_positions,
                "rowwise_attention: {} + {} positions exceed the {} it is sized for", a.p0, a.n, max_positions);
   const size_t smem = attention_smem(a.head_dim, max_positions);
@@ -1562,8 +1574,8 @@ void decode_attention(const AttentionArgs& a, const int32_t* p0_dev, int64_t max
                "decode_attention: one query, heads a multiple of kv_heads (n {}, heads {}, kv_heads {})", a.n, a.heads,
                a.kv_heads);
   NIBBLE_CHECK(a.prepared == nullptr || (a.head_dim % w4a16::kPrepInputs == 0 &&
-                                         (a.prep_group == 64 || a.prep_group == 128)),
-               "decode_attention: a prepared output needs head_dim a multiple of 128 and groups of 64 or 128");
+                                         w4a16_gemv_applies(a.prep_group)),
+               "decode_attention: a prepared output needs head_dim a multiple of 128 and groups of 32, 64 or 128");
   NIBBLE_CHECK(p0_dev != nullptr || a.p0 + 1 <= max_positions,
                "decode_attention: position {} is past the {} it is sized for", a.p0, max_positions);
   const size_t smem = decode_attention_smem(a.head_dim);  // under the 48 KB a launch gets without asking
@@ -1621,8 +1633,8 @@ void kv_shared_attention(const AttentionArgs& a, const int32_t* p0_dev, void* sc
                "head_dim {}, heads {}, kv_heads {})",
                a.n, a.head_dim, a.heads, a.kv_heads);
   NIBBLE_CHECK(a.prepared == nullptr || (a.head_dim % w4a16::kPrepInputs == 0 &&
-                                         (a.prep_group == 64 || a.prep_group == 128)),
-               "kv_shared_attention: a prepared output needs head_dim a multiple of 128 and groups of 64 or 128");
+                                         w4a16_gemv_applies(a.prep_group)),
+               "kv_shared_attention: a prepared output needs head_dim a multiple of 128 and groups of 32, 64 or 128");
   NIBBLE_CHECK(scratch != nullptr, "kv_shared_attention: no scratch");
   const int R = kv_shared_ranks(a.kv_heads);
   auto* part = static_cast<float*>(scratch);
@@ -1651,8 +1663,8 @@ void split_attention(const AttentionArgs& a, const int32_t* p0_dev, int splits, 
                kSplitMaxSplits);
   NIBBLE_CHECK(a.rope_qkv == nullptr, "split_attention: the RoPE step is the row-wise kernel's");
   NIBBLE_CHECK(a.prepared == nullptr || (a.head_dim % w4a16::kPrepInputs == 0 &&
-                                         (a.prep_group == 64 || a.prep_group == 128)),
-               "split_attention: a prepared output needs head_dim a multiple of 128 and groups of 64 or 128");
+                                         w4a16_gemv_applies(a.prep_group)),
+               "split_attention: a prepared output needs head_dim a multiple of 128 and groups of 32, 64 or 128");
   const auto st = static_cast<cudaStream_t>(stream);
   auto* part = static_cast<float*>(scratch);
   const float qscale = a.scale * 1.4426950408889634f;  // log2(e): scores in log2 units for exp2

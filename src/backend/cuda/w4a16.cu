@@ -3,7 +3,7 @@
 // dispatch (w4a16_gemm) and the general kernel.
 //
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, x and y bf16 or fp16, fp32 accumulation.
-// Dispatch: M = 1 with groups of 64/128 takes the integer GEMV
+// Dispatch: M = 1 takes the integer GEMV
 // (w4a16_gemv.cu); bf16 calls with M > 64 dequantize the weight and run
 // cuBLAS, except up to 256 tokens on sm_90 GPUs; other calls with groups of
 // 64/128 take the small-M kernel (w4a16_small_m.cu), which sends more than 16
@@ -562,7 +562,7 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
     NIBBLE_CUDA_CHECK(cudaFreeAsync(wb, s));
     return;
   }
-  NIBBLE_CHECK(act != Act::F32, "w4a16: f32 activations need M = 1 and a group size of 64 or 128 (M {}, group {})", M,
+  NIBBLE_CHECK(act != Act::F32, "w4a16: f32 activations need M = 1 (M {}, group {})", M,
                w.group_size);
   if (w4a16_small_m_applies(w.group_size, M))  // M >= 2, groups of 64 / 128 (w4a16_small_m.cu)
     return w4a16_small_m(w, x, M, ldx, act, y, ldy, f32_out, s, pdl, device_sm_count());

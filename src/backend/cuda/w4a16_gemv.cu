@@ -1,7 +1,7 @@
 // The single-token W4A16 GEMV with integer dot products.
 //
-// y = Ŵ·x for one token, Ŵ = int4_asym (code·scale + min per group of 64 or
-// 128 inputs), x bf16 or fp16. Decode reads every weight byte once, so the
+// y = Ŵ·x for one token, Ŵ = int4_asym (code·scale + min per group of 32, 64
+// or 128 inputs), x bf16 or fp16. Decode reads every weight byte once, so the
 // kernel must spend few instructions per byte; the mma kernel (w4a16.cu)
 // decodes each nibble to a 16-bit float and needs a second mma for Σx, about
 // 75 warp instructions per 512 bytes. Here:
@@ -15,7 +15,8 @@
 //    nibbles: w & 0x0F0F0F0F is 4 codes of row gid and w & 0xF0F0F0F0 is 16×
 //    4 codes of row gid + 8 at the same inputs, so one AND per 4 weights gives
 //    the u8 A fragment of mma.m16n8k32.u8.s8 (rows gid + 8 come out 16× and
-//    are shifted back, exactly). The three planes are the mma's B columns 0..2.
+//    are shifted back, exactly). The three planes are the mma's B columns 0..2
+//    (groups of 32: 0..2 and 3..5 for a chunk's two groups).
 //  * Per chunk of 16 rows × 64 inputs (512 bytes, one 16-byte load per lane):
 //    8 ANDs and 2 integer mmas. Per group the int32 sums give
 //    Σ x·(c·s + m) = s·d·(65536·A + 256·B + C) + m·Σx exactly up to fp32
@@ -135,6 +136,8 @@ __device__ __forceinline__ unsigned long long ld_mail(const unsigned long long* 
 // and its sums of squares); then the ticket of the rows' unit of 128 outputs,
 // and the last to arrive (ticket reset for the next call) prepares the unit;
 // or, with a mailbox, the handoff below.
+// With32: the prepared output may have groups of 32 (prep_warp_store).
+template <bool With32>
 __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, bool row_lane, float a, float bu,
                                                float res, float norm_w) {
   const int lane = threadIdx.x & 31;
@@ -197,7 +200,7 @@ __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, boo
       for (int i = 0; i < 4; ++i) vals[i] = __uint_as_float(static_cast<uint32_t>(w[i]));
     }
     __syncwarp();
-    prep_warp_store(vals, unit, f.prep_group, f.prep_out, f.width);
+    prep_warp_store<With32>(vals, unit, f.prep_group, f.prep_out, f.width);
     return;
   }
   // The ticket (acquire-release: this warp's writes above go before it; the
@@ -220,7 +223,7 @@ __device__ __forceinline__ void fused_rows_out(const FuseArgs& f, int64_t b, boo
       const int c = unit * kPrepInputs + 4 * lane + i;
       v4[i] = c < f.width ? __ldcg(f.stage + c) : 0.0f;
     }
-    prep_warp_store(v4, unit, f.prep_group, f.prep_out, f.width);
+    prep_warp_store<With32>(v4, unit, f.prep_group, f.prep_out, f.width);
   }
 }
 
@@ -272,8 +275,8 @@ __device__ __forceinline__ void block_argmax(const FuseArgsArgmax& f, unsigned l
 // warp's `tile`, in the lanes of tig 0 and 1) are summed in a fixed order and
 // written to y (plain) or as the fused output (warp 0). `red`: nwarps × 16
 // floats of shared memory. Every thread of the block calls it. Argmax (plain
-// outputs): greedy decode's key (block_argmax).
-template <bool Argmax, typename OutT>
+// outputs): greedy decode's key (block_argmax). With32: fused_rows_out's.
+template <bool Argmax, bool With32, typename OutT>
 __device__ __forceinline__ void gemv_item_out(const KernelFuseArgs<Argmax>& f, OutT* __restrict__ y, int N, int64_t b,
                                               int64_t tile, int nwarps, int wpt, float out_lo, float out_hi,
                                               float scale, bool row_lane, float res, float norm_w, float* red) {
@@ -329,24 +332,33 @@ __device__ __forceinline__ void gemv_item_out(const KernelFuseArgs<Argmax>& f, O
         bu *= scale;
       }
     }
-    fused_rows_out(f, b, row_lane, a, bu, res, norm_w);
+    fused_rows_out<With32>(f, b, row_lane, a, bu, res, norm_w);
   }
 }
 
 // One block per 16-row tile (swiglu: per pair of tiles, gate tile b and up
-// tile b + gridDim.x); a tile's `wpt` warps take interleaved groups. CPG
-// chunks per group (1: groups of 64, 2: groups of 128), S ring stages per warp.
+// tile b + gridDim.x); a tile's `wpt` warps take interleaved units of
+// max(G, 64) inputs: CPG chunks per unit (2 for groups of 128, else 1), GPU
+// groups per unit (2 for groups of 32, else 1). S ring stages per warp.
+// Groups of 32 (session 78): a chunk's two groups take the B columns 0..2
+// (planes a, b, c of inputs 0..31, the lanes of tig 0, 1) and 3..5 (inputs
+// 32..63, tig 2, 3), zeros elsewhere, so one mma pair gives both groups' sums
+// (w4a16_prep.cuh: tig t holds the chunk's inputs 16t .. 16t + 15). The
+// accumulator's columns 4, 5 are in the lanes of tig 2, added in after the
+// main loop (gemv_item_out adds tig 1 only).
 // `early`: the dependent launch is triggered once the ring's first stages are
 // issued, else after the main loop (w4a16_gemv_prepared says why). `Lean`:
 // the instantiation held to 64 registers (no spill), so that 32 warps fit on
 // an SM (launch_gemv says which grids take it). `Argmax`: greedy decode's
 // argmax over the plain output (GemvFusion::argmax_*; the head's instantiation).
-template <typename OutT, int CPG, int S, bool Lean = false, bool Argmax = false>
+template <typename OutT, int G, int S, bool Lean = false, bool Argmax = false>
 __global__ void __launch_bounds__(512, Lean ? 2 : 1)
     w4a16_gemv_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const uint4* __restrict__ frags,
-                      const float2* __restrict__ ginfo, OutT* __restrict__ y, int N, int chunks, int groups,
+                      const float2* __restrict__ ginfo, OutT* __restrict__ y, int N, int chunks, int units,
                       int groups_padded, int wpt, KernelFuseArgs<Argmax> f, bool early) {
   static_assert((S & (S - 1)) == 0 && S >= 2, "ring stages: a power of two");
+  static_assert(G == 32 || G == 64 || G == 128, "groups of 32, 64 or 128");
+  constexpr int CPG = gemv_chunks_per_unit(G), GPU = gemv_groups_per_unit(G);
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int sub = warp / wpt, wi = warp - sub * wpt;  // the warp's tile in the block, its index there
@@ -356,28 +368,30 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
   // (first group wi), advanced by running pointers (no per-group index
   // arithmetic in the loop).
   const uint4* cp = codes + tile * chunks * 32 + lane + static_cast<int64_t>(wi) * CPG * 32;
-  const uint2* mp = meta + tile * groups_padded * 8 + gid + wi * 8;
+  const uint2* mp = meta + tile * groups_padded * 8 + gid + wi * GPU * 8;
   // The lane's slots: stage st, chunk u of the codes at rq + (st·CPG + u)·512,
-  // its scale/min entry at rm + st·256 (shared-window addresses).
+  // its scale/min entry of the unit's group h at rm + (st·GPU + h)·256
+  // (shared-window addresses).
   uint32_t rq = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (warp * S * CPG * 32 + lane) * 16;
   uint32_t rm = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + nwarps * S * CPG * 32 * 16 +
-                (warp * S * 32 + lane) * 8;
+                (warp * S * GPU * 32 + lane) * 8;
   // Kept in registers: without this the compiler recomputes these addresses
   // from the block index and size in every iteration of the main loop (246
   // instead of 136 instructions per group; the GEMV ran 10-30 % slower).
   asm volatile("" : "+l"(cp), "+l"(mp), "+r"(rq), "+r"(rm));
 
-  // The ring is filled in order: the warp's groups wi, wi + wpt, ... into
+  // The ring is filled in order: the warp's units wi, wi + wpt, ... into
   // stages 0, 1, ..., S - 1, 0, ...
-  const int iters = wi < groups ? (groups - wi + wpt - 1) / wpt : 0;
-  int g_in = wi, st_in = 0;  // the next group to issue, its stage
-  const int64_t cp_step = static_cast<int64_t>(wpt) * CPG * 32, mp_step = static_cast<int64_t>(wpt) * 8;
-  auto issue = [&]() {  // the warp's next group into its stage (nothing past the last group)
-    if (g_in < groups) {
+  const int iters = wi < units ? (units - wi + wpt - 1) / wpt : 0;
+  int g_in = wi, st_in = 0;  // the next unit to issue, its stage
+  const int64_t cp_step = static_cast<int64_t>(wpt) * CPG * 32, mp_step = static_cast<int64_t>(wpt) * GPU * 8;
+  auto issue = [&]() {  // the warp's next unit into its stage (nothing past the last unit)
+    if (g_in < units) {
 #pragma unroll
       for (int u = 0; u < CPG; ++u)
         if (u == 0 || g_in * CPG + u < chunks) cp_async16_s(rq + (st_in * CPG + u) * 512, cp + u * 32);
-      cp_async8_s(rm + st_in * 256, mp);
+#pragma unroll
+      for (int h = 0; h < GPU; ++h) cp_async8_s(rm + (st_in * GPU + h) * 256, mp + h * 8);
     }
     g_in += wpt;
     cp += cp_step;
@@ -401,36 +415,43 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
   if (row_lane && f.mode == kResidual) res = f.residual[r];
 
   // Lanes of column 2tig (d0, d2) and 2tig + 1 (d1, d3): columns 0, 1, 2 are
-  // planes a, b, c; columns 3..7 are zero.
+  // planes a, b, c; columns 3..7 are zero (groups of 32: columns 3, 4, 5 are
+  // the second group's planes a, b, c; GemvLanes32).
   const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
   const float c_min = tig == 0 ? 1.0f : 0.0f;  // the min term is added once per row
+  const GemvLanes32 l32(tig);
   float out_lo = 0.0f, out_hi = 0.0f;  // rows gid, gid + 8
-  // The activation of the warp's next group is loaded one group ahead: the
-  // lane's B fragment, plane gid (columns 0..2; lanes of gid 3..7 hold zeros).
-  // Two buffers, used in turn by the loop unrolled by two (no copies).
-  const bool b_lane = gid < 3;
-  const uint4* x_in = frags + gid * 4 + tig + static_cast<int64_t>(wi) * CPG * 12;
-  const float2* gi_in = ginfo + wi;
+  // The activation of the warp's next unit is loaded one unit ahead: the
+  // lane's B fragment, plane gid (columns 0..2; lanes of gid 3..7 hold zeros;
+  // groups of 32: plane gid % 3 of tig 0, 1 in gid 0..2 and of tig 2, 3 in
+  // gid 3..5). Two buffers, used in turn by the loop unrolled by two (no copies).
+  const bool b_lane = GPU == 1 ? gid < 3 : gid < 6 && (gid < 3) == (tig < 2);
+  const uint4* x_in = frags + (GPU == 2 ? gid % 3 : gid) * 4 + tig + static_cast<int64_t>(wi) * CPG * 12;
+  using GroupInfo = std::conditional_t<GPU == 2, float4, float2>;  // (d, Σx) of the unit's groups
+  const GroupInfo* gi_in = reinterpret_cast<const GroupInfo*>(ginfo) + wi;
   const int64_t x_step = static_cast<int64_t>(wpt) * CPG * 12;
   uint4 xa[CPG], xb[CPG];
-  float2 ga = make_float2(0.0f, 0.0f), gb = ga;
-  auto load_x = [&](uint4 (&xf)[CPG], float2& gi) {  // the next group's input
+  GroupInfo ga{}, gb{};
+  auto load_x = [&](uint4 (&xf)[CPG], GroupInfo& gi) {  // the next unit's input
 #pragma unroll
     for (int u = 0; u < CPG; ++u) xf[u] = b_lane ? __ldg(x_in + u * 12) : make_uint4(0, 0, 0, 0);
     gi = __ldg(gi_in);
     x_in += x_step;
     gi_in += wpt;
   };
-  // One group from stage st: its int32 sums into the lane's outputs. A
+  // One unit from stage st: its int32 sums into the lane's outputs. A
   // ragged last chunk (past K) multiplies its stale ring codes by the zeros
   // the prepared input holds there.
-  auto group = [&](int st, const uint4 (&xf)[CPG], float2 gi) {
+  auto group = [&](int st, const uint4 (&xf)[CPG], GroupInfo gi) {
     uint4 q[CPG];
 #pragma unroll
     for (int u = 0; u < CPG; ++u) q[u] = lds128(rq + (st * CPG + u) * 512);
     int32_t acc[4];
     group_sums<CPG>(q, xf, acc);
-    group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
+    if constexpr (GPU == 2)
+      group_combine32(acc, lds64(rm + st * 512), lds64(rm + st * 512 + 256), gi, l32, out_lo, out_hi);
+    else
+      group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
   };
   if (iters > 0) load_x(xa, ga);
   // The input's 1 / rms (GemvFusion), in warp 0, which writes the outputs;
@@ -457,8 +478,13 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
     group(i & (S - 1), xa, ga);
   }
   grid_dependents_launch();  // a no-op where `early` triggered it already
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
-  gemv_item_out<Argmax>(f, y, N, blockIdx.x, tile, nwarps, wpt, out_lo, out_hi, scale, row_lane, res, norm_w, red);
+  if constexpr (GPU == 2) {  // tig 2 holds the second group's columns 4, 5: to tig 0 (gemv_item_out adds tig 1)
+    out_lo += __shfl_xor_sync(0xFFFFFFFFu, out_lo, 2);
+    out_hi += __shfl_xor_sync(0xFFFFFFFFu, out_hi, 2);
+  }
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * gemv_stage_bytes(G));
+  gemv_item_out<Argmax, G == 32>(f, y, N, blockIdx.x, tile, nwarps, wpt, out_lo, out_hi, scale, row_lane, res, norm_w,
+                                 red);
 }
 
 // A chain of GEMVs in one persistent launch (LinearKernel::gemv_chain).
@@ -623,7 +649,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) w4a16_chain_kernel(const __g
           if (lane < kTileRows && row < P.N) P.y[row] = a * scale;
         } else {
           const float res = row_lane && f.mode == kResidual ? __ldcg(f.residual + r) : 0.0f;
-          fused_rows_out(f, b, row_lane, a * scale, bu * scale, res, norm_w);
+          fused_rows_out<false>(f, b, row_lane, a * scale, bu * scale, res, norm_w);
         }
       }
       bar_sync(kBarEpi, kChainEpi * 32);  // both epilogue warps are done with call c
@@ -756,7 +782,11 @@ FuseArgs fuse_args(const DeviceLinear& w, const GemvFusion* fz) {
     NIBBLE_CHECK(w.rows % (2 * kTileRows) == 0, "w4a16 gemv: swiglu needs rows = 2F with F a multiple of 16 (rows {})",
                  w.rows);
   a.width = static_cast<int>(fz->swiglu ? w.rows / 2 : w.rows);
-  NIBBLE_CHECK(w4a16_gemv_applies(fz->prep_group), "w4a16 gemv: fused output group {} (64 or 128)", fz->prep_group);
+  NIBBLE_CHECK(w4a16_gemv_applies(fz->prep_group), "w4a16 gemv: fused output group {} (32, 64 or 128)",
+               fz->prep_group);
+  NIBBLE_CHECK(fz->prep_group != 32 || w.group_size == 32,
+               "w4a16 gemv: a fused output in groups of 32 needs the GEMV's own groups to be 32 (found {})",
+               w.group_size);
   NIBBLE_CHECK(fz->prep_out != nullptr && fz->prep_bytes >= prep_bytes(a.width),
                "w4a16 gemv: fused output needs {} bytes of prepared activation ({} given)", prep_bytes(a.width),
                fz->prep_bytes);
@@ -787,12 +817,13 @@ FuseArgsArgmax fuse_args_argmax(const DeviceLinear& w, const GemvFusion& fz) {
   return a;
 }
 
-template <typename OutT, int CPG>
+template <typename OutT, int G>
 void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStream_t stream, bool pdl, int sms,
                  bool deep, const GemvFusion* fz, bool early) {
+  constexpr int CPG = gemv_chunks_per_unit(G);
   FuseArgs fa = fuse_args(w, fz);
   const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, chunks = (w.cols + kChunk - 1) / kChunk;
-  const int64_t groups = (chunks + CPG - 1) / CPG;
+  const int64_t units = (chunks + CPG - 1) / CPG;
   const int64_t groups_padded = (chunks * kChunk + w.group_size - 1) / w.group_size;
   const int tpb = fa.mode == kSwiglu ? 2 : 1;
   const int stages = deep ? kDeepStages : kStages;
@@ -802,31 +833,31 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   // docs/results/s66/). Plain outputs keep main's 70-72 registers: for every grid, the stack's o, down and the
   // kernels after them got slower (prepared stack 1.473 → 1.506 ms, q|k|v after down 5.62 → 6.04 µs).
   const bool lean = !deep && fa.mode == kResidual;
-  auto kernel = deep   ? w4a16_gemv_kernel<OutT, CPG, kDeepStages>
-                : lean ? w4a16_gemv_kernel<OutT, CPG, kStages, true>
-                       : w4a16_gemv_kernel<OutT, CPG, kStages>;
-  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages>>(device_smem_cap(110 << 10));
-  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kStages, true>>(device_smem_cap(110 << 10));
-  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, CPG, kDeepStages>>(device_smem_cap(200 << 10));
+  auto kernel = deep   ? w4a16_gemv_kernel<OutT, G, kDeepStages>
+                : lean ? w4a16_gemv_kernel<OutT, G, kStages, true>
+                       : w4a16_gemv_kernel<OutT, G, kStages>;
+  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, G, kStages>>(device_smem_cap(110 << 10));
+  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, G, kStages, true>>(device_smem_cap(110 << 10));
+  max_dynamic_smem_once<w4a16_gemv_kernel<OutT, G, kDeepStages>>(device_smem_cap(200 << 10));
   // Greedy decode's argmax (the head): the 64-register instantiation with the
   // argmax, whatever the grid (f32 outputs only).
   const bool argmax = fz != nullptr && fz->fuses_argmax();
   NIBBLE_CHECK(!argmax || (std::is_same_v<OutT, float> && !deep), "w4a16 gemv: the argmax needs f32 outputs, no deep ring");
-  auto am_kernel = w4a16_gemv_kernel<float, CPG, kStages, true, true>;
-  if (argmax) max_dynamic_smem_once<w4a16_gemv_kernel<float, CPG, kStages, true, true>>(device_smem_cap(110 << 10));
+  auto am_kernel = w4a16_gemv_kernel<float, G, kStages, true, true>;
+  if (argmax) max_dynamic_smem_once<w4a16_gemv_kernel<float, G, kStages, true, true>>(device_smem_cap(110 << 10));
   const void* config_kernel = argmax ? reinterpret_cast<const void*>(am_kernel) : reinterpret_cast<const void*>(kernel);
   // Warps per tile: at most 16 (8 where a block takes two tiles) and at most
-  // one per group; as many as keep the whole grid resident at once
+  // one per unit; as many as keep the whole grid resident at once
   // (one_wave_warps), else ~32 resident per SM over the grid.
-  const size_t smem_warp = stages * stage_bytes(CPG) + kTileRows * 4;
-  const int64_t most = std::min<int64_t>(16 / tpb, groups);
-  int64_t warps = one_wave_warps(config_kernel, tiles / tpb, most, groups, tpb, smem_warp, sms);
+  const size_t smem_warp = stages * gemv_stage_bytes(G) + kTileRows * 4;
+  const int64_t most = std::min<int64_t>(16 / tpb, units);
+  int64_t warps = one_wave_warps(config_kernel, tiles / tpb, most, units, tpb, smem_warp, sms);
   if (warps == 0) {
     warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(tiles, 1), 1, most);
     fa.mail = nullptr;  // the mailbox needs every block resident at once (fused_rows_out)
     // Several waves (the head: one-warp blocks): at main's 72 registers (f32 outputs) 28 such blocks fit on an SM,
     // at 64 all 32 do. The 8B head took 103.0-103.5 → 94.9-95.0 µs on an H100 (session 65, docs/results/s65/).
-    if (!deep && !argmax) kernel = w4a16_gemv_kernel<OutT, CPG, kStages, true>;
+    if (!deep && !argmax) kernel = w4a16_gemv_kernel<OutT, G, kStages, true>;
   }
   const size_t smem = static_cast<size_t>(tpb * warps) * smem_warp;
   const dim3 grid(static_cast<unsigned>(tiles / tpb)), block(static_cast<unsigned>(tpb * warps * 32));
@@ -838,28 +869,30 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   if constexpr (std::is_same_v<OutT, float>)
     if (argmax) {
       launch_pdl(am_kernel, grid, block, smem, stream, pdl, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
-                 static_cast<int>(chunks), static_cast<int>(groups), static_cast<int>(groups_padded),
+                 static_cast<int>(chunks), static_cast<int>(units), static_cast<int>(groups_padded),
                  static_cast<int>(warps), fuse_args_argmax(w, *fz), early);
       return;
     }
   launch_pdl(kernel, grid, block, smem, stream, pdl, codes, meta, frags, ginfo, y, static_cast<int>(w.rows),
-             static_cast<int>(chunks), static_cast<int>(groups), static_cast<int>(groups_padded),
+             static_cast<int>(chunks), static_cast<int>(units), static_cast<int>(groups_padded),
              static_cast<int>(warps), fa, early);
 }
 
 void launch_gemv_out(const DeviceLinear& w, const void* prepared, void* y, bool f32_out, cudaStream_t s, bool pdl,
                      int sms, Act out, bool early, bool deep = false, const GemvFusion* fz = nullptr) {
   // y is f32, or the activation type (fp32 for f32 activations).
+  auto by_group = [&](auto* typed_y) {
+    using OutT = std::remove_pointer_t<decltype(typed_y)>;
+    if (w.group_size == 32) launch_gemv<OutT, 32>(w, prepared, typed_y, s, pdl, sms, deep, fz, early);
+    else if (w.group_size == 64) launch_gemv<OutT, 64>(w, prepared, typed_y, s, pdl, sms, deep, fz, early);
+    else launch_gemv<OutT, 128>(w, prepared, typed_y, s, pdl, sms, deep, fz, early);
+  };
   if (f32_out || out == Act::F32)
-    w.group_size == 64 ? launch_gemv<float, 1>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep, fz, early)
-                       : launch_gemv<float, 2>(w, prepared, static_cast<float*>(y), s, pdl, sms, deep, fz, early);
+    by_group(static_cast<float*>(y));
   else if (out == Act::BF16)
-    w.group_size == 64
-        ? launch_gemv<__nv_bfloat16, 1>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep, fz, early)
-        : launch_gemv<__nv_bfloat16, 2>(w, prepared, static_cast<__nv_bfloat16*>(y), s, pdl, sms, deep, fz, early);
+    by_group(static_cast<__nv_bfloat16*>(y));
   else
-    w.group_size == 64 ? launch_gemv<__half, 1>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz, early)
-                       : launch_gemv<__half, 2>(w, prepared, static_cast<__half*>(y), s, pdl, sms, deep, fz, early);
+    by_group(static_cast<__half*>(y));
 }
 
 template <int CPG>
@@ -951,7 +984,8 @@ size_t even_share_smem(const void* kernel, int threads, size_t smem, int64_t blo
   });
 }
 
-bool w4a16_gemv_applies(int group_size) { return group_size == 64 || group_size == 128; }
+bool w4a16_gemv_applies(int group_size) { return group_size == 32 || group_size == 64 || group_size == 128; }
+bool w4a16_gemv_chain_applies(int group_size) { return group_size == 64 || group_size == 128; }
 
 size_t w4a16_gemv_scratch_bytes(int64_t cols) { return prep_bytes(cols); }
 
@@ -979,6 +1013,7 @@ void w4a16_gemv_chain(const GemvCall* calls, int count, unsigned* sync, cudaStre
   NIBBLE_CHECK(count >= 1 && count <= kGemvChainMax, "w4a16 gemv chain: {} calls (1 to {})", count, kGemvChainMax);
   NIBBLE_CHECK(sync != nullptr, "w4a16 gemv chain: no sync counters");
   const int group = calls[0].w->group_size;
+  NIBBLE_CHECK(w4a16_gemv_chain_applies(group), "w4a16 gemv chain: groups of 64 or 128 only (found {})", group);
   for (int c = 0; c < count; ++c) {
     NIBBLE_CHECK(calls[c].w->group_size == group, "w4a16 gemv chain: call {} has group {}, call 0 {}", c,
                  calls[c].w->group_size, group);

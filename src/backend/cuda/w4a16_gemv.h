@@ -1,5 +1,5 @@
 // The M = 1 W4A16 kernel with integer dot products (w4a16_gemv.cu), used by
-// the w4a16_mma registry row for single-token calls with group size 64 or 128,
+// the w4a16_mma registry row for single-token calls with group size 32, 64 or 128,
 // and the kernel for M >= 2 (w4a16_small_m.cu).
 // Internal to the CUDA backend.
 #pragma once
@@ -37,6 +37,8 @@ class Memo {
 
 // Whether the integer GEMV serves this group size.
 bool w4a16_gemv_applies(int group_size);
+// Whether LinearKernel::gemv_chain takes calls of this group size (64 or 128).
+bool w4a16_gemv_chain_applies(int group_size);
 // Bytes of the per-linear scratch (the prepared activation) for an input width.
 size_t w4a16_gemv_scratch_bytes(int64_t cols);
 // y[1, rows] = x[1, cols] · Ŵᵀ; w.scratch holds the prepared activation, so a

@@ -1001,7 +1001,7 @@ bool w4a16_three_tiles_exact(int64_t rows, int64_t cols, int group_size, int sms
 }
 
 bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act) {
-  if (w.group_size < 64) return false;  // groups of 32: the general kernel (w4a16.cu), rounded
+  if (w.group_size < 64) return M == 1;  // groups of 32: the integer GEMV, else the general kernel (rounded)
   if (M <= 16) return true;             // the integer GEMV and the small-M kernels
   return !w4a16_wgmma_applies(w, M, act) && small_m_exact(w.rows, w.cols, w.group_size, M, device_sm_count());
 }
