@@ -340,12 +340,15 @@ __device__ __forceinline__ void gemv_item_out(const KernelFuseArgs<Argmax>& f, O
 // tile b + gridDim.x); a tile's `wpt` warps take interleaved units of
 // max(G, 64) inputs: CPG chunks per unit (2 for groups of 128, else 1), GPU
 // groups per unit (2 for groups of 32, else 1). S ring stages per warp.
-// Groups of 32 (session 78): a chunk's two groups take the B columns 0..2
-// (planes a, b, c of inputs 0..31, the lanes of tig 0, 1) and 3..5 (inputs
+// Groups of 32 (sessions 78-79): a chunk's two groups take the B columns 0..2
+// (planes a, b, c of inputs 0..31, the lanes of tig 0, 1) and 4..6 (inputs
 // 32..63, tig 2, 3), zeros elsewhere, so one mma pair gives both groups' sums
-// (w4a16_prep.cuh: tig t holds the chunk's inputs 16t .. 16t + 15). The
-// accumulator's columns 4, 5 are in the lanes of tig 2, added in after the
-// main loop (gemv_item_out adds tig 1 only).
+// (w4a16_prep.cuh: tig t holds the chunk's inputs 16t .. 16t + 15), and the
+// accumulator of a lane of tig t holds group t / 2 alone, with groups of 64's
+// column constants for tig t % 2. So each lane streams and combines only its
+// own group's scale/min entry and (d, Σx): the loop is groups of 64's. The
+// sums of tig 2, 3 are added in after the main loop (gemv_item_out adds tig 1
+// to tig 0 only).
 // `early`: the dependent launch is triggered once the ring's first stages are
 // issued, else after the main loop (w4a16_gemv_prepared says why). `Lean`:
 // the instantiation held to 64 registers (no spill), so that 32 warps fit on
@@ -368,13 +371,14 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
   // (first group wi), advanced by running pointers (no per-group index
   // arithmetic in the loop).
   const uint4* cp = codes + tile * chunks * 32 + lane + static_cast<int64_t>(wi) * CPG * 32;
-  const uint2* mp = meta + tile * groups_padded * 8 + gid + wi * GPU * 8;
+  const int own = GPU == 2 ? tig >> 1 : 0;  // the lane's group in the unit
+  const uint2* mp = meta + tile * groups_padded * 8 + gid + (wi * GPU + own) * 8;
   // The lane's slots: stage st, chunk u of the codes at rq + (st·CPG + u)·512,
-  // its scale/min entry of the unit's group h at rm + (st·GPU + h)·256
-  // (shared-window addresses).
+  // its scale/min entry (of its own group) at rm + st·256 (shared-window
+  // addresses).
   uint32_t rq = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (warp * S * CPG * 32 + lane) * 16;
   uint32_t rm = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + nwarps * S * CPG * 32 * 16 +
-                (warp * S * GPU * 32 + lane) * 8;
+                (warp * S * 32 + lane) * 8;
   // Kept in registers: without this the compiler recomputes these addresses
   // from the block index and size in every iteration of the main loop (246
   // instead of 136 instructions per group; the GEMV ran 10-30 % slower).
@@ -390,8 +394,7 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
 #pragma unroll
       for (int u = 0; u < CPG; ++u)
         if (u == 0 || g_in * CPG + u < chunks) cp_async16_s(rq + (st_in * CPG + u) * 512, cp + u * 32);
-#pragma unroll
-      for (int h = 0; h < GPU; ++h) cp_async8_s(rm + (st_in * GPU + h) * 256, mp + h * 8);
+      cp_async8_s(rm + st_in * 256, mp);
     }
     g_in += wpt;
     cp += cp_step;
@@ -415,43 +418,40 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
   if (row_lane && f.mode == kResidual) res = f.residual[r];
 
   // Lanes of column 2tig (d0, d2) and 2tig + 1 (d1, d3): columns 0, 1, 2 are
-  // planes a, b, c; columns 3..7 are zero (groups of 32: columns 3, 4, 5 are
-  // the second group's planes a, b, c; GemvLanes32).
-  const float c_even = tig == 0 ? 65536.0f : tig == 1 ? 1.0f : 0.0f, c_odd = tig == 0 ? 256.0f : 0.0f;
-  const float c_min = tig == 0 ? 1.0f : 0.0f;  // the min term is added once per row
-  const GemvLanes32 l32(tig);
+  // planes a, b, c; columns 3..7 are zero (groups of 32: columns 4, 5, 6 are
+  // the second group's planes a, b, c, so tig 2, 3 are tig 0, 1 of it).
+  const int ct = GPU == 2 ? tig & 1 : tig;  // the lane's tig within its group's columns
+  const float c_even = ct == 0 ? 65536.0f : ct == 1 ? 1.0f : 0.0f, c_odd = ct == 0 ? 256.0f : 0.0f;
+  const float c_min = ct == 0 ? 1.0f : 0.0f;  // the min term is added once per row and group
   float out_lo = 0.0f, out_hi = 0.0f;  // rows gid, gid + 8
   // The activation of the warp's next unit is loaded one unit ahead: the
   // lane's B fragment, plane gid (columns 0..2; lanes of gid 3..7 hold zeros;
-  // groups of 32: plane gid % 3 of tig 0, 1 in gid 0..2 and of tig 2, 3 in
-  // gid 3..5). Two buffers, used in turn by the loop unrolled by two (no copies).
-  const bool b_lane = GPU == 1 ? gid < 3 : gid < 6 && (gid < 3) == (tig < 2);
-  const uint4* x_in = frags + (GPU == 2 ? gid % 3 : gid) * 4 + tig + static_cast<int64_t>(wi) * CPG * 12;
-  using GroupInfo = std::conditional_t<GPU == 2, float4, float2>;  // (d, Σx) of the unit's groups
-  const GroupInfo* gi_in = reinterpret_cast<const GroupInfo*>(ginfo) + wi;
+  // groups of 32: plane gid % 4 of tig 0, 1 in gid 0..2 and of tig 2, 3 in
+  // gid 4..6), and the (d, Σx) of the lane's own group. Two buffers, used in
+  // turn by the loop unrolled by two (no copies).
+  const bool b_lane = GPU == 1 ? gid < 3 : (gid & 3) < 3 && (gid >> 2) == own;
+  const uint4* x_in = frags + (GPU == 2 ? gid & 3 : gid) * 4 + tig + static_cast<int64_t>(wi) * CPG * 12;
+  const float2* gi_in = ginfo + wi * GPU + own;
   const int64_t x_step = static_cast<int64_t>(wpt) * CPG * 12;
   uint4 xa[CPG], xb[CPG];
-  GroupInfo ga{}, gb{};
-  auto load_x = [&](uint4 (&xf)[CPG], GroupInfo& gi) {  // the next unit's input
+  float2 ga = make_float2(0.0f, 0.0f), gb = ga;
+  auto load_x = [&](uint4 (&xf)[CPG], float2& gi) {  // the next unit's input
 #pragma unroll
     for (int u = 0; u < CPG; ++u) xf[u] = b_lane ? __ldg(x_in + u * 12) : make_uint4(0, 0, 0, 0);
     gi = __ldg(gi_in);
     x_in += x_step;
-    gi_in += wpt;
+    gi_in += wpt * GPU;
   };
   // One unit from stage st: its int32 sums into the lane's outputs. A
   // ragged last chunk (past K) multiplies its stale ring codes by the zeros
   // the prepared input holds there.
-  auto group = [&](int st, const uint4 (&xf)[CPG], GroupInfo gi) {
+  auto group = [&](int st, const uint4 (&xf)[CPG], float2 gi) {
     uint4 q[CPG];
 #pragma unroll
     for (int u = 0; u < CPG; ++u) q[u] = lds128(rq + (st * CPG + u) * 512);
     int32_t acc[4];
     group_sums<CPG>(q, xf, acc);
-    if constexpr (GPU == 2)
-      group_combine32(acc, lds64(rm + st * 512), lds64(rm + st * 512 + 256), gi, l32, out_lo, out_hi);
-    else
-      group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
+    group_combine(acc, lds64(rm + st * 256), gi.x, gi.y, c_even, c_odd, c_min, out_lo, out_hi);
   };
   if (iters > 0) load_x(xa, ga);
   // The input's 1 / rms (GemvFusion), in warp 0, which writes the outputs;
@@ -478,7 +478,7 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
     group(i & (S - 1), xa, ga);
   }
   grid_dependents_launch();  // a no-op where `early` triggered it already
-  if constexpr (GPU == 2) {  // tig 2 holds the second group's columns 4, 5: to tig 0 (gemv_item_out adds tig 1)
+  if constexpr (GPU == 2) {  // tig 2, 3 hold the second group's sums: to tig 0, 1 (gemv_item_out adds tig 1)
     out_lo += __shfl_xor_sync(0xFFFFFFFFu, out_lo, 2);
     out_hi += __shfl_xor_sync(0xFFFFFFFFu, out_hi, 2);
   }

@@ -60,44 +60,13 @@ __device__ __forceinline__ void group_combine(const int32_t (&acc)[4], uint2 sm,
 
 // The GEMV's unit of work: max(G, 64) inputs, CPG chunks of 64 and GPU groups
 // (groups of G = 32, 64 or 128), and a warp's ring stage for one unit: the
-// lane's 16 bytes of codes per chunk and its 8-byte scale/min entry per group.
+// lane's 16 bytes of codes per chunk and the 8-byte scale/min entry of its
+// group (groups of 32: the lanes of tig 0, 1 take the unit's first group,
+// tig 2, 3 its second).
 __host__ __device__ constexpr int gemv_chunks_per_unit(int g) { return g == 128 ? 2 : 1; }
 __host__ __device__ constexpr int gemv_groups_per_unit(int g) { return g == 32 ? 2 : 1; }
 __host__ __device__ constexpr size_t gemv_stage_bytes(int g) {
-  return static_cast<size_t>(gemv_chunks_per_unit(g)) * 32 * 16 + static_cast<size_t>(gemv_groups_per_unit(g)) * 32 * 8;
-}
-
-// Groups of 32: what lane tig's accumulator columns 2tig and 2tig + 1 hold.
-// Columns 0, 1, 2 are the chunk's first group's planes a, b, c (weights
-// 65536, 256, 1), columns 3, 4, 5 its second group's; 6, 7 are zero. Each
-// group's min term is added once per row (tig 0: the first, tig 2: the second).
-struct GemvLanes32 {
-  float c_even, c_odd, c_min;
-  bool even_second, odd_second, min_second;
-  __device__ explicit GemvLanes32(int tig)
-      : c_even(tig == 0 ? 65536.0f : tig == 1 ? 1.0f : tig == 2 ? 256.0f : 0.0f),
-        c_odd(tig == 0 ? 256.0f : tig == 1 ? 65536.0f : tig == 2 ? 1.0f : 0.0f),
-        c_min(tig == 0 || tig == 2 ? 1.0f : 0.0f),
-        even_second(tig >= 2),
-        odd_second(tig >= 1),
-        min_second(tig >= 2) {}
-};
-
-// group_combine for a chunk of two groups of 32: sa, sb their scale/min
-// entries (rows gid, gid + 8), gi their (d, Σx): (gi.x, gi.y) and (gi.z, gi.w).
-__device__ __forceinline__ void group_combine32(const int32_t (&acc)[4], uint2 sa, uint2 sb, float4 gi,
-                                                const GemvLanes32& l, float& out_lo, float& out_hi) {
-  auto row = [&](uint32_t a, uint32_t b, int32_t even, int32_t odd, float& out) {
-    const float ds_a = w4a16::bf16_bits_to_float(a & 0xFFFFu) * gi.x;
-    const float ds_b = w4a16::bf16_bits_to_float(b & 0xFFFFu) * gi.z;
-    const float m = l.min_second ? w4a16::bf16_bits_to_float(b >> 16) * gi.w
-                                 : w4a16::bf16_bits_to_float(a >> 16) * gi.y;
-    out = fmaf(l.even_second ? ds_b : ds_a, l.c_even * static_cast<float>(even),
-               fmaf(l.odd_second ? ds_b : ds_a, l.c_odd * static_cast<float>(odd), fmaf(l.c_min, m, out)));
-  };
-  row(sa.x, sb.x, acc[0], acc[1], out_lo);
-  // Rows gid + 8 are 16× (their nibbles were not shifted down): exact shift.
-  row(sa.y, sb.y, acc[2] >> 4, acc[3] >> 4, out_hi);
+  return static_cast<size_t>(gemv_chunks_per_unit(g)) * 32 * 16 + 32 * 8;
 }
 
 }  // namespace nibble::cuda
