@@ -128,6 +128,18 @@ std::optional<FormatChoice> sym4_format(const Tensor& scales_f32, int64_t group)
   return std::nullopt;
 }
 
+// A linear's exact nibble format (sym4_format's answer) with the scales it was
+// decided on, which exact_parts then packs (each read from the file once).
+struct Sym4Choice {
+  FormatChoice format;
+  Tensor scales;
+};
+std::optional<Sym4Choice> sym4_choice(Tensor scales_f32, int64_t group) {
+  std::optional<FormatChoice> f = sym4_format(scales_f32, group);
+  if (!f) return std::nullopt;
+  return Sym4Choice{*f, std::move(scales_f32)};
+}
+
 // The parts in `f` (sym4_format's answer) of codes [out, in] (0..15, the
 // weight (code − 8)·scale) with scale(n, g) of output n's group g.
 template <typename ScaleFn>
@@ -242,6 +254,30 @@ class GptqScheme final : public RivalScheme {
     return w;
   }
   std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const override {
+    std::optional<Sym4Choice> c = exact_choice(prefix, raw);
+    if (!c) return std::nullopt;
+    return c->format;
+  }
+  std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
+    const std::optional<Sym4Choice> c = exact_choice(prefix, raw);
+    NIBBLE_CHECK(c, "{}: GPTQ linear '{}' has no exact nibble format", raw.describe(), prefix);
+    const Tensor qw = words_of(raw, prefix + ".qweight", "GPTQ codes");
+    const int64_t in = qw.size(0) * 8, out = qw.size(1);
+    const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
+    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n) {
+      auto word = [&](int64_t i) { return q[i * out + n]; };
+      for (int64_t k = 0; k < in; ++k) codes[n * in + k] = static_cast<uint8_t>(field(word, k));
+    }
+    const float* s = c->scales.data<float>();
+    return pack_sym4(c->format, std::move(codes), out, in, [&](int64_t n, int64_t g) { return s[g * out + n]; });
+  }
+
+ private:
+  // exact_format's answer and the scales it read: 4-bit codes, every zero 8,
+  // groups in input order.
+  std::optional<Sym4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) const {
     if (bits_ != 4 || group_size_ <= 0 || !raw.contains(prefix + ".qweight")) return std::nullopt;
     const Shape& qs = raw.meta(prefix + ".qweight").shape;
     if (qs.size() != 2) return std::nullopt;
@@ -251,26 +287,9 @@ class GptqScheme final : public RivalScheme {
     for (float z : zeros_of(qz, out))
       if (z != 8.0f) return std::nullopt;
     if (!groups_in_order(raw, prefix + ".g_idx", in, group_size_)) return std::nullopt;
-    return sym4_format(floats_of(raw, prefix + ".scales", {n_groups, out}), group_size_);
-  }
-  std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
-    const std::optional<FormatChoice> f = exact_format(prefix, raw);
-    NIBBLE_CHECK(f, "{}: GPTQ linear '{}' has no exact nibble format", raw.describe(), prefix);
-    const Tensor qw = words_of(raw, prefix + ".qweight", "GPTQ codes");
-    const int64_t in = qw.size(0) * 8, out = qw.size(1), n_groups = (in + group_size_ - 1) / group_size_;
-    const Tensor sc = floats_of(raw, prefix + ".scales", {n_groups, out});
-    const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
-    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < out; ++n) {
-      auto word = [&](int64_t i) { return q[i * out + n]; };
-      for (int64_t k = 0; k < in; ++k) codes[n * in + k] = static_cast<uint8_t>(field(word, k));
-    }
-    const float* s = sc.data<float>();
-    return pack_sym4(*f, std::move(codes), out, in, [&](int64_t n, int64_t g) { return s[g * out + n]; });
+    return sym4_choice(floats_of(raw, prefix + ".scales", {n_groups, out}), group_size_);
   }
 
- private:
   // zeros[g, n] of qzeros [groups, out·bits/32]: v1 zeros are the word plus
   // one in every field (2, 4, 8 bits), or each field plus one (3 bits).
   std::vector<float> zeros_of(const Tensor& qz, int64_t out) const {
@@ -662,6 +681,31 @@ class CompressedTensorsScheme final : public RivalScheme {
   }
   // pack-quantized 4-bit codes (the field is q + 8) with zero points absent or all 0, scales [out, groups].
   std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const override {
+    std::optional<Sym4Choice> c = exact_choice(prefix, raw);
+    if (!c) return std::nullopt;
+    return c->format;
+  }
+  std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
+    const std::optional<Sym4Choice> c = exact_choice(prefix, raw);
+    NIBBLE_CHECK(c, "{}: compressed-tensors linear '{}' has no exact nibble format", raw.describe(), prefix);
+    const Tensor packed = words_of(raw, prefix + ".weight_packed", "compressed-tensors codes");
+    const int64_t out = packed.size(0), wpr = packed.size(1);
+    const int64_t in = static_cast<int64_t>(raw.load(prefix + ".weight_shape").to_f32().data<float>()[1]);
+    const int64_t scols = c->scales.numel() / out;
+    const uint32_t* p = static_cast<const uint32_t*>(packed.raw());
+    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < out; ++n) {
+      auto word = [&](int64_t i) { return p[n * wpr + i]; };
+      for (int64_t k = 0; k < in; ++k) codes[n * in + k] = static_cast<uint8_t>(stream_field(word, k, 4));
+    }
+    const float* s = c->scales.data<float>();
+    return pack_sym4(c->format, std::move(codes), out, in, [&](int64_t n, int64_t g) { return s[n * scols + g]; });
+  }
+
+ private:
+  // exact_format's answer and the scales it read.
+  static std::optional<Sym4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) {
     const std::string packed = prefix + ".weight_packed";
     if (!raw.contains(packed) || raw.meta(packed).dtype != DType::I32 || raw.contains(prefix + ".compressed") ||
         !raw.contains(prefix + ".weight_shape") || !raw.contains(prefix + ".weight_scale") ||
@@ -676,7 +720,7 @@ class CompressedTensorsScheme final : public RivalScheme {
     for (int b = 1; b <= 8 && !bits; ++b)
       if ((in * b + 31) / 32 == ps[1]) bits = b;
     if (bits != 4) return std::nullopt;
-    const Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
+    Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
     const int64_t scols = scale.dim() == 2 ? scale.size(1) : 1;
     if (scale.numel() != out * scols) return std::nullopt;
     const int64_t gs = (in + scols - 1) / scols;
@@ -684,28 +728,9 @@ class CompressedTensorsScheme final : public RivalScheme {
     if (raw.contains(prefix + ".weight_zero_point"))
       for (float z : zero_points(raw, prefix, bits, out, scols))
         if (z != 0.0f) return std::nullopt;
-    return sym4_format(scale, gs);
-  }
-  std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
-    const std::optional<FormatChoice> f = exact_format(prefix, raw);
-    NIBBLE_CHECK(f, "{}: compressed-tensors linear '{}' has no exact nibble format", raw.describe(), prefix);
-    const Tensor packed = words_of(raw, prefix + ".weight_packed", "compressed-tensors codes");
-    const int64_t out = packed.size(0), wpr = packed.size(1);
-    const int64_t in = static_cast<int64_t>(raw.load(prefix + ".weight_shape").to_f32().data<float>()[1]);
-    const Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
-    const int64_t scols = scale.numel() / out;
-    const uint32_t* p = static_cast<const uint32_t*>(packed.raw());
-    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < out; ++n) {
-      auto word = [&](int64_t i) { return p[n * wpr + i]; };
-      for (int64_t k = 0; k < in; ++k) codes[n * in + k] = static_cast<uint8_t>(stream_field(word, k, 4));
-    }
-    const float* s = scale.data<float>();
-    return pack_sym4(*f, std::move(codes), out, in, [&](int64_t n, int64_t g) { return s[n * scols + g]; });
+    return sym4_choice(std::move(scale), gs);
   }
 
- private:
   // weight_zero_point as F32 [rows, cols]: with `packed_bits` (pack-quantized
   // weights) I32 bit streams of that width down each column, else plain integers.
   static std::vector<float> zero_points(const TensorSource& raw, const std::string& prefix, int packed_bits,
