@@ -16,7 +16,7 @@
 //    4 codes of row gid + 8 at the same inputs, so one AND per 4 weights gives
 //    the u8 A fragment of mma.m16n8k32.u8.s8 (rows gid + 8 come out 16× and
 //    are shifted back, exactly). The three planes are the mma's B columns 0..2
-//    (groups of 32: 0..2 and 3..5 for a chunk's two groups).
+//    (groups of 32: 0..2 and 4..6 for a chunk's two groups).
 //  * Per chunk of 16 rows × 64 inputs (512 bytes, one 16-byte load per lane):
 //    8 ANDs and 2 integer mmas. Per group the int32 sums give
 //    Σ x·(c·s + m) = s·d·(65536·A + 256·B + C) + m·Σx exactly up to fp32
