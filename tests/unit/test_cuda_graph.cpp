@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "nibble/cuda_model.h"
 #include "nibble/error.h"
 #include "nibble/model.h"
+#include "nibble/safetensors.h"
 #include "nibble/sampler.h"
 #include "nibble/source.h"
 #include "nibble/synth.h"
@@ -248,6 +250,53 @@ TEST(Cuda, DecodeMatchesCpuAtHeadDim128) {
     EXPECT_LE(worst, 0.01) << dir;
     std::printf("[decode graph] %s: GPU vs CPU worst row %.4f\n", dir.filename().c_str(), worst);
   }
+}
+
+// One layer in groups of 128 and the other in groups of 32 (a checkpoint
+// put together from two: `nibble quantize` writes one format per run, but the
+// reader takes a format per tensor). A GEMV writes a prepared output in
+// groups of 32 only where its own groups are 32 (prep_warp_store), so decode
+// runs without GemvFusion (fusion_applies), and still agrees with the CPU as
+// DecodeMatchesCpuAtHeadDim128's single-group copies do (1 %).
+TEST(Cuda, DecodeWithGroupsOf32And128InOneModel) {
+  SKIP_WITHOUT_DEVICE();
+  test::TempDir tmp("nibble-gpu-mixed");
+  synth_hd128(tmp.path() / "bf16", false);
+  for (int group : {128, 32}) {
+    QuantizeOptions q;
+    q.group_size = group;
+    q.progress = false;
+    quantize_model(tmp.path() / "bf16", tmp.path() / ("rtn" + std::to_string(group)), q);
+  }
+  const auto mixed = tmp.path() / "mixed";
+  std::filesystem::copy(tmp.path() / "rtn128", mixed, std::filesystem::copy_options::recursive);
+  const auto a = io::SafetensorsFile::open(tmp.path() / "rtn128" / "model.safetensors");
+  const auto b = io::SafetensorsFile::open(tmp.path() / "rtn32" / "model.safetensors");
+  // Layer 1's tensors (its linears' parts and their entries in nibble.tensors) from the groups-of-32 copy.
+  auto in_layer1 = [](const std::string& name) { return name.rfind("model.layers.1.", 0) == 0; };
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const io::TensorInfo& t : a.tensors()) tensors.emplace_back(t.name, (in_layer1(t.name) ? b : a).tensor(t.name));
+  std::map<std::string, std::string> meta = a.metadata();
+  nlohmann::json formats = nlohmann::json::parse(meta.at(kMetaTensors));
+  const nlohmann::json formats32 = nlohmann::json::parse(b.metadata().at(kMetaTensors));
+  int moved = 0;
+  for (auto& [name, desc] : formats.items())
+    if (in_layer1(name)) {
+      desc = formats32.at(name);
+      ++moved;
+    }
+  ASSERT_EQ(moved, 7);  // q, k, v, o, gate, up, down
+  meta[kMetaTensors] = formats.dump();
+  std::filesystem::remove(mixed / "model.safetensors");
+  io::save_safetensors(mixed / "model.safetensors", tensors, meta);
+
+  auto src = CheckpointDir::open(mixed);
+  EXPECT_EQ(src->meta("model.layers.1.mlp.down_proj.weight").format->group_size, 32);
+  EXPECT_EQ(src->meta("model.layers.0.mlp.down_proj.weight").format->group_size, 128);
+  EXPECT_FALSE(cuda::GpuModel::load(*src, 8, {})->decode_fused());
+  const double worst = decode_vs_cpu(mixed, 1000, {});
+  EXPECT_LE(worst, 0.01);
+  std::printf("[decode graph] groups of 128 and 32 in one model: unfused; GPU vs CPU worst row %.4f\n", worst);
 }
 
 // Decode on a bf16 KV cache (GpuOptions::kv_dtype, `run --device cuda --kv
