@@ -114,8 +114,14 @@ std::vector<std::string> required_parts(const TensorSource& raw, const std::stri
 // The nibble format that holds 4-bit codes around a zero point of 8 with these
 // scales (any shape; groups of `group` inputs in input order) exactly:
 // int4_sym where every scale is an f16 value, int4_asym (min = −8·scale, exact)
-// where every one is a bf16 value, else nullopt (RivalScheme::exact_format).
-std::optional<FormatChoice> sym4_format(const Tensor& scales_f32, int64_t group) {
+// where every one is a bf16 value, else nullopt (RivalScheme::exact_format);
+// with the scales it was decided on, which exact_parts then packs (each read
+// from the file once).
+struct Sym4Choice {
+  FormatChoice format;
+  Tensor scales;
+};
+std::optional<Sym4Choice> sym4_choice(Tensor scales_f32, int64_t group) {
   if (group != 32 && group != 64 && group != 128) return std::nullopt;
   const float* s = scales_f32.data<float>();
   bool f16 = true, bf16 = true;
@@ -123,24 +129,11 @@ std::optional<FormatChoice> sym4_format(const Tensor& scales_f32, int64_t group)
     f16 = f16 && f16_to_f32(f32_to_f16(s[i])) == s[i];
     bf16 = bf16 && round_to_bf16(s[i]) == s[i];
   }
-  if (f16) return find_format("int4_sym", static_cast<int>(group));
-  if (bf16) return find_format("int4_asym", static_cast<int>(group));
-  return std::nullopt;
+  if (!f16 && !bf16) return std::nullopt;
+  return Sym4Choice{find_format(f16 ? "int4_sym" : "int4_asym", static_cast<int>(group)), std::move(scales_f32)};
 }
 
-// A linear's exact nibble format (sym4_format's answer) with the scales it was
-// decided on, which exact_parts then packs (each read from the file once).
-struct Sym4Choice {
-  FormatChoice format;
-  Tensor scales;
-};
-std::optional<Sym4Choice> sym4_choice(Tensor scales_f32, int64_t group) {
-  std::optional<FormatChoice> f = sym4_format(scales_f32, group);
-  if (!f) return std::nullopt;
-  return Sym4Choice{*f, std::move(scales_f32)};
-}
-
-// The parts in `f` (sym4_format's answer) of codes [out, in] (0..15, the
+// The parts in `f` (sym4_choice's format) of codes [out, in] (0..15, the
 // weight (code − 8)·scale) with scale(n, g) of output n's group g.
 template <typename ScaleFn>
 std::vector<Tensor> pack_sym4(const FormatChoice& f, std::vector<uint8_t> codes, int64_t out, int64_t in,

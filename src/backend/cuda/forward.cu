@@ -909,24 +909,17 @@ struct GpuModel::Impl {
   bool fusion_applies() const {
     const int64_t D = c.hidden_size, F = c.intermediate_size;
     if (!norm_prep_supported(D) || (D + w4a16::kTileRows - 1) / w4a16::kTileRows > GemvFusion::kMaxParts) return false;
-    int with32 = 0, other = 0;
-    auto count = [&](int group) { (group == 32 ? with32 : other) += group != 0; };
-    count(prep_head);
-    for (const GpuLayer& L : layers) {
-      count(L.prep_qkv);
-      count(L.prep_gate_up);
-      count(L.prep_down);
-      count(prepared_group(&L.o, 1));
-    }
-    if (with32 > 0 && other > 0) return false;
+    bool with32 = prep_head == 32, other = prep_head != 0 && prep_head != 32;  // the groups of the prepared inputs
     for (const GpuLayer& L : layers) {
       if (!L.prep_qkv || !L.prep_gate_up || !L.prep_down || L.gate_up.size() != 1) return false;
       const GpuLinear &gu = L.gate_up[0], &o = L.o, &down = L.down;
       if (gu.out != 2 * F || F % w4a16::kTileRows != 0) return false;
       if (gu.bias.bytes() || o.bias.bytes() || down.bias.bytes()) return false;
-      if (prepared_group(&o, 1) == 0 || (!L.prep_o && o.packed.kernel->prepare == nullptr)) return false;
+      const int o_group = prepared_group(&o, 1);
+      if (o_group == 0 || (!L.prep_o && o.packed.kernel->prepare == nullptr)) return false;
+      for (const int g : {L.prep_qkv, L.prep_gate_up, L.prep_down, o_group}) (g == 32 ? with32 : other) = true;
     }
-    return true;
+    return !(with32 && other);
   }
 
   // forward()'s argument checks: ids in the vocabulary, room in the cache.

@@ -482,7 +482,7 @@ __global__ void __launch_bounds__(512, Lean ? 2 : 1)
     out_lo += __shfl_xor_sync(0xFFFFFFFFu, out_lo, 2);
     out_hi += __shfl_xor_sync(0xFFFFFFFFu, out_hi, 2);
   }
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * gemv_stage_bytes(G));
+  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * stage_bytes(CPG));
   gemv_item_out<Argmax, G == 32>(f, y, N, blockIdx.x, tile, nwarps, wpt, out_lo, out_hi, scale, row_lane, res, norm_w,
                                  red);
 }
@@ -849,7 +849,7 @@ void launch_gemv(const DeviceLinear& w, const void* prepared, OutT* y, cudaStrea
   // Warps per tile: at most 16 (8 where a block takes two tiles) and at most
   // one per unit; as many as keep the whole grid resident at once
   // (one_wave_warps), else ~32 resident per SM over the grid.
-  const size_t smem_warp = stages * gemv_stage_bytes(G) + kTileRows * 4;
+  const size_t smem_warp = stages * stage_bytes(CPG) + kTileRows * 4;
   const int64_t most = std::min<int64_t>(16 / tpb, units);
   int64_t warps = one_wave_warps(config_kernel, tiles / tpb, most, units, tpb, smem_warp, sms);
   if (warps == 0) {

@@ -59,14 +59,11 @@ __device__ __forceinline__ void group_combine(const int32_t (&acc)[4], uint2 sm,
 }
 
 // The GEMV's unit of work: max(G, 64) inputs, CPG chunks of 64 and GPU groups
-// (groups of G = 32, 64 or 128), and a warp's ring stage for one unit: the
-// lane's 16 bytes of codes per chunk and the 8-byte scale/min entry of its
-// group (groups of 32: the lanes of tig 0, 1 take the unit's first group,
-// tig 2, 3 its second).
+// (groups of G = 32, 64 or 128). A warp's ring stage for one unit is
+// stage_bytes(CPG) at every G: the lane's 16 bytes of codes per chunk and the
+// 8-byte scale/min entry of its group (groups of 32: the lanes of tig 0, 1
+// take the unit's first group, tig 2, 3 its second).
 __host__ __device__ constexpr int gemv_chunks_per_unit(int g) { return g == 128 ? 2 : 1; }
 __host__ __device__ constexpr int gemv_groups_per_unit(int g) { return g == 32 ? 2 : 1; }
-__host__ __device__ constexpr size_t gemv_stage_bytes(int g) {
-  return static_cast<size_t>(gemv_chunks_per_unit(g)) * 32 * 16 + 32 * 8;
-}
 
 }  // namespace nibble::cuda
