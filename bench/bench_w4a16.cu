@@ -584,8 +584,9 @@ int main(int argc, char** argv) {
       };
       std::vector<const DeviceLinear*> all;
       for (const DeviceLinear& l : w) all.push_back(&l);
-      if (k->gemv_chain != nullptr && g_group != 32)  // the chains take groups of 64/128
-        report("M=1 chains of 8", time_captured(s, reps, [&] { chains(all); }));
+      // The chains take groups of 64/128 (w4a16_gemv_chain_applies).
+      const bool chains_apply = k->gemv_chain != nullptr && g_group != 32;
+      if (chains_apply) report("M=1 chains of 8", time_captured(s, reps, [&] { chains(all); }));
       // The reference for the rows above: the same weights read by one
       // plain kernel each, at 4 (whole SMs) and 2 (room for the next) blocks of
       // 16 warps per SM.
@@ -629,7 +630,7 @@ int main(int argc, char** argv) {
              for (const DeviceLinear* l : same)
                k->gemv_prepared(*l, l->scratch.get(), l->scratch.bytes(), y.get(), s, true, false, nullptr);
            }));
-        if (k->gemv_chain != nullptr) pr("chains of 8", time_captured(s, reps, [&] { chains(same); }));
+        if (chains_apply) pr("chains of 8", time_captured(s, reps, [&] { chains(same); }));
         for (int bps : {4, 2}) {
           const std::string what = "read-only " + std::to_string(bps);
           pr(what.c_str(), time_captured(s, reps, [&] {

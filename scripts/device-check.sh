@@ -90,12 +90,12 @@ if [ "${1:-}" = "--bundle" ]; then
     # (Cuda.GptqOnGpuQuantizesTheHeadAndResumes draws 8 windows of 128 tokens: 100 KB of linux-calib.txt is enough.)
     cp "$SHARED/data/corpora/tinystories-valid-sample.txt" devrun/data/corpora/
     head -c 100000 "$SHARED/data/corpora/linux-calib.txt" >devrun/data/corpora/linux-calib.txt
-    # The GPU gsm8k test's problems, and three of llama.cpp's files of stories260K (GGUF tokenizer, dequantize, Q4_0 on
-    # the W4A16 kernels).
+    # The GPU gsm8k test's problems, and four of llama.cpp's files of stories260K (GGUF tokenizer, dequantize, Q4_0 and
+    # Q4_1 on the W4A16 kernels).
     head -n 50 "$SHARED/data/corpora/gsm8k-test.jsonl" >devrun/data/corpora/gsm8k-test.jsonl
     mkdir -p devrun/models/stories260K/gguf
     cp "$SHARED/models/stories260K/gguf/stories260K-F32.gguf" "$SHARED/models/stories260K/gguf/stories260K-Q4_K_M.gguf" \
-       "$SHARED/models/stories260K/gguf/stories260K-Q4_0.gguf" \
+       "$SHARED/models/stories260K/gguf/stories260K-Q4_0.gguf" "$SHARED/models/stories260K/gguf/stories260K-Q4_1.gguf" \
       devrun/models/stories260K/gguf/
     # The eval check's corpus: the first 250 KB of linux-eval.txt (about 60 000 tokens: the check scores 40 chunks
     # of 512, the tests read 60 KB) keeps the bundle small.

@@ -237,6 +237,13 @@ bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act);
 // (what the dense path, dequantize_to_bf16_device, does). Host only.
 std::vector<Tensor> int4_sym_as_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size);
 
+// int4_asym_f32's parts (FORMAT.md §7.8: codes, fp32 scale and min) as
+// int4_asym's, for its registry row: the same codes, each scale and each min
+// rounded once to bf16 (nearest, ties to even). A weight c·s + m then moves by
+// at most 2⁻⁸·(c·|s| + |m|) ≤ 2⁻⁸·(15·|s| + |m|). Host only.
+std::vector<Tensor> int4_asym_f32_as_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols,
+                                          int group_size);
+
 // The w4a16 layout built on the host (tests, and what upload does on the device):
 // codes [ceil(rows/16)][ceil(cols/64)][32 lanes] × 16 bytes, scale/min pairs
 // [ceil(rows/16)][padded groups][8] × 8 bytes. docs/CUDA.md defines both.

@@ -69,6 +69,10 @@ std::string ggml_dequantizable_types();
 // n or src_bytes do not fit the block size.
 void ggml_dequantize(uint32_t type_id, const uint8_t* src, size_t src_bytes, float* dst, int64_t n);
 
+// Q4_K/Q5_K: the 6-bit scale `sc` and min `mn` of sub-block j (0..7) from a
+// super-block's 12 packed scale bytes.
+void ggml_k_scale_min(int j, const uint8_t* scales, int& sc, int& mn);
+
 // ---------------------------------------------------------------- metadata
 
 enum class GgufType : uint32_t {
@@ -260,7 +264,9 @@ class GgufSource final : public ModelSource {
   // The ggml type of a tensor stored in a block type ("Q4_K").
   std::string foreign_format(const std::string& name) const override;
   // A matrix in a block type that a nibble format holds exactly, for the GPU's W4A16 kernels: Q4_0 is int4_g32_sym
-  // (the same codes around 8, the same f16 scales, q/k rows unpermuted like load()'s); else nullopt.
+  // (the same codes around 8, the same f16 scales); Q4_1 is int4_g32_asym_f32 (scale d, min m); Q4_K is
+  // int4_g32_asym_f32 with a group per sub-block of 32 (scale d·sc, min −dmin·mn, each the fp32 product ggml forms).
+  // q/k rows are unpermuted like load()'s, and the parts dequantize to load()'s values bit for bit; else nullopt.
   std::optional<FormatChoice> exact_format(const std::string& name) const override;
   std::vector<Tensor> exact_parts(const std::string& name) const override;
 

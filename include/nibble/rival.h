@@ -47,10 +47,14 @@ class RivalScheme {
   // empty: ModelSource::activation_quant.
   virtual std::string activation_quant() const { return {}; }
   // The linear in a nibble format whose values are exactly dequantize()'s, or
-  // nullopt: 4-bit codes around a zero point of 8 in groups of 32, 64 or 128
-  // inputs in input order are int4_sym where every scale is an f16 value, or
-  // int4_asym (min = −8·scale) where every scale is a bf16 value. Reads the
-  // zeros, group indices and scales, not the codes.
+  // nullopt: 4-bit codes with a scale and a zero point (or min) per group of
+  // 32, 64 or 128 inputs in input order (GPTQ, AWQ, compressed-tensors'
+  // pack-quantized; auto-round through them) where, in every group, the
+  // format decodes each of the 16 codes to the scheme's value bit for bit. The
+  // first that does of int4_sym (zero points of 8, f16 scales), int4_asym
+  // (bf16 scale and min = −z·scale) and int4_asym_f32 (f32 scale and min: any
+  // zero points with 16-bit scales; f32 scales mostly not, fl(q·s) + fl(−z·s)
+  // missing fl((q − z)·s)). Reads the zeros, group indices and scales, not the codes.
   virtual std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const {
     (void)prefix, (void)raw;
     return std::nullopt;
@@ -61,7 +65,7 @@ class RivalScheme {
 
 // The scheme a quantization_config names by its "quant_method" (gptq, awq,
 // compressed-tensors). Throws naming `where` for another method or settings
-// nibble cannot read (GPTQ at 5-7 bits outside the planar layout, AWQ's GEMV-fast layout, ...).
+// nibble cannot read (GPTQ at 5-7 bits outside the planar layout, AWQ at other than 4 bits, ...).
 std::unique_ptr<RivalScheme> make_rival_scheme(const nlohmann::json& quantization_config, const std::string& where);
 
 // The quant_method values make_rival_scheme reads, comma-separated (its

@@ -7,6 +7,7 @@ namespace nibble::formats {
 
 extern const FormatSpec kInt4Asym;          // int4_asym.cpp
 extern const FormatSpec kInt4Sym;           // int4_sym.cpp
+extern const FormatSpec kInt4AsymF32;       // int4_asym.cpp
 extern const FormatSpec kInt8ChannelSym;    // int8_channel.cpp
 extern const FormatSpec kIntTensorAsym[7];  // int_tensor.cpp: int2 .. int8, in order of bits
 extern const FormatSpec kFp8E4m3Tensor;     // fp8.cpp

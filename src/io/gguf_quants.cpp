@@ -40,6 +40,19 @@
 
 namespace nibble::io {
 
+// Bytes 0-3 hold the low 6 bits of scales 0-3, bytes 4-7 those of mins
+// 0-3; for j >= 4 the low 4 bits sit in the nibbles of bytes 8-11 (scale low,
+// min high) and the top 2 bits in the spare top bits of bytes 0-7.
+void ggml_k_scale_min(int j, const uint8_t* s, int& sc, int& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
 namespace {
 
 constexpr int64_t kQK = 32;    // block size of the legacy types (QK4_0, QK8_0, ...)
@@ -139,20 +152,6 @@ void deq_iq4_nl(const uint8_t* b, int64_t nb, float* y) {
   }
 }
 
-// Q4_K/Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed
-// bytes. Bytes 0-3 hold the low 6 bits of scales 0-3, bytes 4-7 those of mins
-// 0-3; for j >= 4 the low 4 bits sit in the nibbles of bytes 8-11 (scale low,
-// min high) and the top 2 bits in the spare top bits of bytes 0-7.
-inline void k_scale_min(int j, const uint8_t* s, int& sc, int& mn) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    mn = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // Q4_K and Q5_K share the super-block arithmetic; qh is null for Q4_K.
 // Per 64 elements: the first 32 are the low nibbles of 32 qs bytes (sub-block
 // 2k), the next 32 the high nibbles (sub-block 2k+1); Q5_K's 5th bit of
@@ -160,8 +159,8 @@ inline void k_scale_min(int j, const uint8_t* s, int& sc, int& mn) {
 inline void deq_k_super(const uint8_t* scales, const uint8_t* qh, const uint8_t* qs, float d, float dmin, float* y) {
   for (int k = 0; k < 4; ++k) {
     int sc1, m1, sc2, m2;
-    k_scale_min(2 * k, scales, sc1, m1);
-    k_scale_min(2 * k + 1, scales, sc2, m2);
+    ggml_k_scale_min(2 * k, scales, sc1, m1);
+    ggml_k_scale_min(2 * k + 1, scales, sc2, m2);
     const float d1 = d * static_cast<float>(sc1), min1 = dmin * static_cast<float>(m1);
     const float d2 = d * static_cast<float>(sc2), min2 = dmin * static_cast<float>(m2);
     const uint8_t* q = qs + 32 * k;

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "nibble/arch.h"
+#include "nibble/dtype.h"
 #include "nibble/error.h"
 #include "nibble/gguf.h"
 #include "nibble/model.h"
@@ -104,6 +105,27 @@ Tensor unpermute_rows(const Tensor& t, int64_t heads) {
   return out;
 }
 
+// The 32 codes of a Q4_0 / Q4_1 block's qs[16] (input j in the low nibble of
+// qs[j], input j + 16 in its high nibble) in nibble order: input 2t in the low
+// nibble of out[t].
+void legacy_block_codes(const uint8_t* qs, uint8_t* out) {
+  auto code = [&](int e) { return e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4; };
+  for (int t = 0; t < 16; ++t) out[t] = static_cast<uint8_t>(code(2 * t) | code(2 * t + 1) << 4);
+}
+
+// int4_asym_f32 g32's parts of a [rows, cols] matrix, to be filled.
+struct AsymF32Parts {
+  Tensor codes, scales, mins;
+  AsymF32Parts(int64_t rows, int64_t cols)
+      : codes(Tensor::empty(DType::U8, {rows, cols / 2})),
+        scales(Tensor::empty(DType::F32, {rows, cols / 32})),
+        mins(Tensor::empty(DType::F32, {rows, cols / 32})) {}
+  uint8_t* c() { return static_cast<uint8_t*>(codes.raw_mut()); }
+  float* s() { return scales.data_mut<float>(); }
+  float* m() { return mins.data_mut<float>(); }
+  std::vector<Tensor> parts() { return {codes, scales, mins}; }
+};
+
 // Q4_0 blocks (18 bytes per 32 inputs: f16 d, then qs[16] with input j in the
 // low nibble of qs[j] and input j + 16 in its high nibble; x = (q − 8)·d) of a
 // [rows, cols] matrix as int4_sym g32's parts: the codes re-ordered to input 2t
@@ -120,29 +142,91 @@ std::vector<Tensor> q4_0_as_int4_sym(const uint8_t* blocks, int64_t rows, int64_
   for (int64_t i = 0; i < rows * nb; ++i) {
     const uint8_t* b = blocks + i * kBlockBytes;
     std::memcpy(&s[i], b, 2);
-    const uint8_t* qs = b + 2;
-    auto code = [&](int64_t e) { return e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4; };
-    for (int64_t t = 0; t < kQK / 2; ++t)
-      c[i * (kQK / 2) + t] = static_cast<uint8_t>(code(2 * t) | code(2 * t + 1) << 4);
+    legacy_block_codes(b + 2, c + i * (kQK / 2));
   }
   return {codes, scales};
 }
 
-// ggml block types that a nibble format holds exactly (GgufSource::exact_format): one row each.
+// Q4_1 blocks (20 bytes per 32 inputs: f16 d, f16 m, then qs[16] nibbled as
+// Q4_0's; x = q·d + m) as int4_asym_f32 g32's parts: the same codes in
+// int4_asym_f32's nibble order, f32(d) as the scale and f32(m) as the min, so
+// code·scale + min is ggml's q·d + m, the same two fp32 operations.
+std::vector<Tensor> q4_1_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQK = 32, kBlockBytes = 20;
+  AsymF32Parts out(rows, cols);
+  uint8_t* c = out.c();
+  float *s = out.s(), *m = out.m();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * (cols / kQK); ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    s[i] = f16_to_f32(static_cast<uint16_t>(b[0] | b[1] << 8));
+    m[i] = f16_to_f32(static_cast<uint16_t>(b[2] | b[3] << 8));
+    legacy_block_codes(b + 4, c + i * (kQK / 2));
+  }
+  return out.parts();
+}
+
+// Q4_K super-blocks (144 bytes per 256 inputs: f16 d, f16 dmin, 12 bytes of
+// 6-bit scales sc and mins mn for 8 sub-blocks of 32, qs[128]; in each 64
+// inputs, sub-block 2k is the low nibbles of qs[32k .. 32k+31] and 2k+1 their
+// high nibbles; x = (d·sc)·q − dmin·mn) as int4_asym_f32 g32's parts, one
+// group per sub-block: scale = d·sc and min = −(dmin·mn), each the fp32 product
+// ggml's dequantizer forms (gguf_quants.cpp's deq_k_super), so code·scale + min
+// is its (d·sc)·q − dmin·mn: the product commutes and a + (−b) is a − b in IEEE.
+// A min of −0 (mn = 0) is kept: with d < 0, (d·sc)·0 − 0 is −0, as is −0 + (−0),
+// where + (+0) would give +0.
+std::vector<Tensor> q4_k_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQKK = 256, kSub = 32, kBlockBytes = 144;
+  const int64_t nb = cols / kQKK;
+  AsymF32Parts out(rows, cols);
+  uint8_t* c = out.c();
+  float *s = out.s(), *m = out.m();
+  // Super-block i is groups 8i .. 8i+7 and code bytes 128i .. 128i+127 (rows
+  // are whole super-blocks).
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    const float d = f16_to_f32(static_cast<uint16_t>(b[0] | b[1] << 8));
+    const float dmin = f16_to_f32(static_cast<uint16_t>(b[2] | b[3] << 8));
+    const uint8_t* qs = b + 16;
+    for (int j = 0; j < kQKK / kSub; ++j) {
+      int sc, mn;
+      io::ggml_k_scale_min(j, b + 4, sc, mn);
+      s[i * 8 + j] = d * static_cast<float>(sc);
+      m[i * 8 + j] = -(dmin * static_cast<float>(mn));
+      const uint8_t* q = qs + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      uint8_t* dst = c + i * (kQKK / 2) + j * (kSub / 2);
+      for (int t = 0; t < kSub / 2; ++t)
+        dst[t] = static_cast<uint8_t>(((q[2 * t] >> shift) & 0x0F) | (((q[2 * t + 1] >> shift) & 0x0F) << 4));
+    }
+  }
+  return out.parts();
+}
+
+// ggml block types that a nibble format holds exactly (GgufSource::exact_format), one row each:
+//   Q4_0 -> int4_g32_sym       (codes around 8, d's f16 bits as the scale)
+//   Q4_1 -> int4_g32_asym_f32  (scale d, min m)
+//   Q4_K -> int4_g32_asym_f32  (a group per sub-block of 32: scale d·sc, min −dmin·mn)
+// `block` is ggml's block (Q4_K: super-block) size, which ne[0] must be a
+// multiple of; `group` is the nibble format's group size.
 struct ExactBlockType {
   GgmlType type;
+  int64_t block;
   std::string_view family;
   int group;
   std::vector<Tensor> (*parts)(const uint8_t* blocks, int64_t rows, int64_t cols);
 };
 constexpr ExactBlockType kExactBlockTypes[] = {
-    {GgmlType::Q4_0, "int4_sym", 32, q4_0_as_int4_sym},
+    {GgmlType::Q4_0, 32, "int4_sym", 32, q4_0_as_int4_sym},
+    {GgmlType::Q4_1, 32, "int4_asym_f32", 32, q4_1_as_int4_asym_f32},
+    {GgmlType::Q4_K, 256, "int4_asym_f32", 32, q4_k_as_int4_asym_f32},
 };
 
 const ExactBlockType* exact_block_type(const io::GgufTensorInfo& t) {
   if (t.ne.size() != 2) return nullptr;
   for (const ExactBlockType& r : kExactBlockTypes)
-    if (static_cast<uint32_t>(r.type) == t.type && t.ne[0] % r.group == 0) return &r;
+    if (static_cast<uint32_t>(r.type) == t.type && t.ne[0] % r.block == 0) return &r;
   return nullptr;
 }
 

@@ -8,6 +8,8 @@
 #include "nibble/rival.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cctype>
 #include <cmath>
 #include <initializer_list>
@@ -111,45 +113,97 @@ std::vector<std::string> required_parts(const TensorSource& raw, const std::stri
   return p;
 }
 
-// The nibble format that holds 4-bit codes around a zero point of 8 with these
-// scales (any shape; groups of `group` inputs in input order) exactly:
-// int4_sym where every scale is an f16 value, int4_asym (min = −8·scale, exact)
-// where every one is a bf16 value, else nullopt (RivalScheme::exact_format);
-// with the scales it was decided on, which exact_parts then packs (each read
-// from the file once).
-struct Sym4Choice {
-  FormatChoice format;
-  Tensor scales;
+// s·(q − z) in f32: a weight of GPTQ (GPTQModel's TorchLinear) and AWQ's GEMM
+// and GEMV layouts (AutoAWQ), which round it to fp16 after.
+inline float scaled_offset(float s, uint32_t q, float z) { return s * (static_cast<float>(q) - z); }
+
+// Rivals' 4-bit affine linears in nibble formats, exactly (RivalScheme::exact_format).
+// A scheme gives each group of `group` inputs in input order (32, 64 or 128) as
+// its scale s and the value its own dequantize computes for each of the 16
+// codes: s·(q − z), (q − 8 − z)·s (compressed-tensors), q·s + m (AWQ's
+// GEMV-fast). A format holds the linear where for every group its decode of
+// every code, from the parameters it would store for scale s and min = the
+// value of code 0 (which code 0 decodes to), is that value bit for bit; the
+// first of int4_sym ((q − 8)·s, f16 s: zero points of 8), int4_asym (q·s + min,
+// bf16 pairs) and int4_asym_f32 (the same in f32) that does, else none (the
+// linear stays dense). With f16 or bf16 scales the products are exact and
+// int4_asym_f32 always holds s·(q − z); with f32 scales fl(q·s) + fl(−z·s) can
+// miss fl((q − z)·s), which the check finds. Checking all 16 codes, not the
+// stored ones, decides without reading the codes.
+struct Affine4Group {
+  float scale = 0.0f;
+  std::array<float, 16> value{};  // the scheme's weight for each code
 };
-std::optional<Sym4Choice> sym4_choice(Tensor scales_f32, int64_t group) {
-  if (group != 32 && group != 64 && group != 128) return std::nullopt;
-  const float* s = scales_f32.data<float>();
-  bool f16 = true, bf16 = true;
-  for (int64_t i = 0; i < scales_f32.numel() && (f16 || bf16); ++i) {
-    f16 = f16 && f16_to_f32(f32_to_f16(s[i])) == s[i];
-    bf16 = bf16 && round_to_bf16(s[i]) == s[i];
-  }
-  if (!f16 && !bf16) return std::nullopt;
-  return Sym4Choice{find_format(f16 ? "int4_sym" : "int4_asym", static_cast<int>(group)), std::move(scales_f32)};
+// exact_format's answer with the parameters it was decided on, which
+// exact_parts then packs (each scale and zero tensor read from the file once).
+struct Affine4Choice {
+  FormatChoice format;
+  int64_t out = 0, in = 0;
+  std::vector<GroupParams> params;  // [out, groups] as `format` stores them
+};
+
+// The parameters `f` stores for a scale and a min (f's own rounding: f16, bf16 or none).
+GroupParams affine4_stored(const FormatSpec& f, const GroupParams& raw) {
+  return f.affine->store(GroupParams{}, raw.scale, raw.min);
 }
 
-// The parts in `f` (sym4_choice's format) of codes [out, in] (0..15, the
-// weight (code − 8)·scale) with scale(n, g) of output n's group g.
-template <typename ScaleFn>
-std::vector<Tensor> pack_sym4(const FormatChoice& f, std::vector<uint8_t> codes, int64_t out, int64_t in,
-                              const ScaleFn& scale) {
-  QuantizedMatrix q = formats::empty_matrix(*f.spec, out, in, f.group_size);
-  q.codes = std::move(codes);
-  const int64_t groups = q.groups_per_row();
-  const bool asym = f.spec->family == "int4_asym";
-  for (int64_t n = 0; n < out; ++n)
-    for (int64_t g = 0; g < groups; ++g) {
-      GroupParams& p = q.params[static_cast<size_t>(n * groups + g)];
-      p.scale = scale(n, g);
-      if (asym) p.min = -8.0f * p.scale;
+// The choice for a linear [out, in] whose group g of output n is group_of(n, g) (an Affine4Group).
+template <typename GroupFn>
+std::optional<Affine4Choice> affine4_choice(int64_t out, int64_t in, int64_t group, const GroupFn& group_of) {
+  if (group != 32 && group != 64 && group != 128) return std::nullopt;
+  static constexpr const char* kFamilies[3] = {"int4_sym", "int4_asym", "int4_asym_f32"};  // preferred first
+  std::array<const FormatSpec*, 3> spec{};
+  for (int f = 0; f < 3; ++f) spec[f] = find_format(kFamilies[f], static_cast<int>(group)).spec;
+  const int64_t groups = ceil_div(in, group);
+  Affine4Choice c{{}, out, in, std::vector<GroupParams>(static_cast<size_t>(out * groups))};
+  bool ok0 = true, ok1 = true, ok2 = true;
+#pragma omp parallel for schedule(static) reduction(&& : ok0, ok1, ok2)
+  for (int64_t n = 0; n < out; ++n) {
+    bool* ok[3] = {&ok0, &ok1, &ok2};
+    for (int64_t g = 0; g < groups && (ok0 || ok1 || ok2); ++g) {
+      const Affine4Group a = group_of(n, g);
+      GroupParams& raw = c.params[static_cast<size_t>(n * groups + g)];
+      raw.scale = a.scale;
+      raw.min = a.value[0];
+      for (int f = 0; f < 3; ++f) {
+        if (!*ok[f]) continue;
+        const GroupParams p = affine4_stored(*spec[f], raw);
+        for (uint8_t q = 0; q < 16 && *ok[f]; ++q)
+          *ok[f] = std::bit_cast<uint32_t>(spec[f]->decode(q, p)) == std::bit_cast<uint32_t>(a.value[q]);
+      }
     }
-  return f.spec->pack(q);
+  }
+  if (!ok0 && !ok1 && !ok2) return std::nullopt;
+  c.format = {spec[ok0 ? 0 : ok1 ? 1 : 2], static_cast<int>(group)};
+  for (GroupParams& p : c.params) p = affine4_stored(*c.format.spec, p);
+  return c;
 }
+
+// The choice's parts, with code(n, k) (0..15) the code of output n's input k.
+template <typename CodeFn>
+std::vector<Tensor> pack_affine4(Affine4Choice c, const CodeFn& code) {
+  QuantizedMatrix q = formats::empty_matrix(*c.format.spec, c.out, c.in, c.format.group_size);
+  q.params = std::move(c.params);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < c.out; ++n)
+    for (int64_t k = 0; k < c.in; ++k) q.codes[static_cast<size_t>(n * c.in + k)] = static_cast<uint8_t>(code(n, k));
+  return c.format.spec->pack(q);
+}
+
+// A scheme whose 4-bit affine linears a nibble format may hold exactly:
+// exact_format is exact_choice's format (each scheme's exact_parts packs that
+// choice with its codes).
+class Affine4Scheme : public RivalScheme {
+ public:
+  std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const final {
+    const std::optional<Affine4Choice> c = exact_choice(prefix, raw);
+    if (!c) return std::nullopt;
+    return c->format;
+  }
+
+ protected:
+  virtual std::optional<Affine4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) const = 0;
+};
 
 // Whether the group indices (g_idx, when stored) are k / group_size for every input k: groups in input order.
 bool groups_in_order(const TensorSource& raw, const std::string& g_idx_name, int64_t in, int64_t group_size) {
@@ -183,7 +237,7 @@ int64_t group_size_from(const json& v, const std::string& where) {
 // GPTQModel's planar layout ("gptq_p", 2-8 bits, zeros as they are) keeps
 // the same tensors and shapes but stores each run of 32 codes as `bits` words
 // of bit planes (planar_field below), so that no code straddles two words.
-class GptqScheme final : public RivalScheme {
+class GptqScheme final : public Affine4Scheme {
  public:
   GptqScheme(const json& q, const std::string& where) {
     const io::JsonFields f = fields_of(q, where);
@@ -241,46 +295,42 @@ class GptqScheme final : public RivalScheme {
       auto word = [&](int64_t i) { return q[i * out + n]; };
       for (int64_t k = 0; k < in; ++k) {
         const int64_t gi = g[k];
-        dst[n * in + k] = sc[gi * out + n] * (static_cast<float>(field(word, k)) - zero[gi * out + n]);
+        dst[n * in + k] = scaled_offset(sc[gi * out + n], field(word, k), zero[gi * out + n]);
       }
     }
     return w;
   }
-  std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const override {
-    std::optional<Sym4Choice> c = exact_choice(prefix, raw);
-    if (!c) return std::nullopt;
-    return c->format;
-  }
   std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
-    const std::optional<Sym4Choice> c = exact_choice(prefix, raw);
+    std::optional<Affine4Choice> c = exact_choice(prefix, raw);
     NIBBLE_CHECK(c, "{}: GPTQ linear '{}' has no exact nibble format", raw.describe(), prefix);
     const Tensor qw = words_of(raw, prefix + ".qweight", "GPTQ codes");
-    const int64_t in = qw.size(0) * 8, out = qw.size(1);
     const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
-    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < out; ++n) {
-      auto word = [&](int64_t i) { return q[i * out + n]; };
-      for (int64_t k = 0; k < in; ++k) codes[n * in + k] = static_cast<uint8_t>(field(word, k));
-    }
-    const float* s = c->scales.data<float>();
-    return pack_sym4(c->format, std::move(codes), out, in, [&](int64_t n, int64_t g) { return s[g * out + n]; });
+    const int64_t out = c->out;
+    return pack_affine4(std::move(*c), [&](int64_t n, int64_t k) {
+      return field([&](int64_t i) { return q[i * out + n]; }, k);
+    });
   }
 
  private:
-  // exact_format's answer and the scales it read: 4-bit codes, every zero 8,
-  // groups in input order.
-  std::optional<Sym4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) const {
+  // exact_format's answer and the parameters it read: 4-bit codes, groups in
+  // input order, each group's weights scaled_offset(s, q, z) as dequantize has them.
+  std::optional<Affine4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) const override {
     if (bits_ != 4 || group_size_ <= 0 || !raw.contains(prefix + ".qweight")) return std::nullopt;
-    const Shape& qs = raw.meta(prefix + ".qweight").shape;
+    const Shape qs = raw.meta(prefix + ".qweight").shape;
     if (qs.size() != 2) return std::nullopt;
-    const int64_t in = qs[0] * 8, out = qs[1], n_groups = (in + group_size_ - 1) / group_size_;
+    const int64_t in = qs[0] * 8, out = qs[1], n_groups = ceil_div(in, group_size_);
     const Tensor qz = words_of(raw, prefix + ".qzeros", "GPTQ zeros");
     if (qz.size(0) != n_groups || qz.size(1) * 8 != out) return std::nullopt;
-    for (float z : zeros_of(qz, out))
-      if (z != 8.0f) return std::nullopt;
     if (!groups_in_order(raw, prefix + ".g_idx", in, group_size_)) return std::nullopt;
-    return sym4_choice(floats_of(raw, prefix + ".scales", {n_groups, out}), group_size_);
+    const std::vector<float> zero = zeros_of(qz, out);
+    const Tensor s = floats_of(raw, prefix + ".scales", {n_groups, out});
+    const float* sc = s.data<float>();
+    return affine4_choice(out, in, group_size_, [&](int64_t n, int64_t g) {
+      Affine4Group a;
+      a.scale = sc[g * out + n];
+      for (uint32_t q = 0; q < 16; ++q) a.value[q] = scaled_offset(a.scale, q, zero[g * out + n]);
+      return a;
+    });
   }
 
   // zeros[g, n] of qzeros [groups, out·bits/32]: v1 zeros are the word plus
@@ -358,7 +408,7 @@ class GptqScheme final : public RivalScheme {
 // codes of rows 4m..4m+3 over inputs in blocks of 64; scales and qzeros fp16
 // [≥ groups, out], the zeros stored as −scale · zero; w[n, k] = code · scale +
 // zero (dequantize_gemv_fast gives the code order).
-class AwqScheme final : public RivalScheme {
+class AwqScheme final : public Affine4Scheme {
  public:
   AwqScheme(const json& q, const std::string& where) {
     const io::JsonFields f = fields_of(q, where);
@@ -388,111 +438,152 @@ class AwqScheme final : public RivalScheme {
     return required_parts(raw, prefix, {".qweight", ".qzeros", ".scales"}, "AWQ");
   }
   Tensor dequantize(const std::string& prefix, const TensorSource& raw) const override {
+    const Tensor qw = codes_of(prefix, raw);
+    const Stored st = stored(prefix, raw, qw.shape());
+    const Codes code = codes_view(qw);
+    Tensor w = Tensor::empty(DType::F32, {st.out, st.in});
+    float* dst = w.data_mut<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < st.out; ++n)
+      for (int64_t g = 0; g * st.gs < st.in; ++g) {
+        const std::pair<float, float> p = st.params(n, g);
+        const int64_t end = std::min(st.in, (g + 1) * st.gs);
+        for (int64_t k = g * st.gs; k < end; ++k) dst[n * st.in + k] = value(p, code(n, k));
+      }
+    return w;
+  }
+  std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
+    std::optional<Affine4Choice> c = exact_choice(prefix, raw);
+    NIBBLE_CHECK(c, "{}: AWQ linear '{}' has no exact nibble format", raw.describe(), prefix);
+    const Tensor qw = codes_of(prefix, raw);
+    const Codes code = codes_view(qw);
+    return pack_affine4(std::move(*c), code);
+  }
+
+ private:
+  enum class Layout { Gemm, Gemv, GemvFast };
+  static constexpr int kInterleave[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // GEMM: the nibble holding output 8j+i
+
+  Tensor codes_of(const std::string& prefix, const TensorSource& raw) const {
     const Tensor qw = layout_ == Layout::GemvFast
                           ? words_of(raw, prefix + ".qweight", "AWQ codes (GEMV-fast layout)", DType::I16)
                           : words_of(raw, prefix + ".qweight", "AWQ codes");
     NIBBLE_CHECK(qw.numel() > 0, "{}: '{}.qweight' {} holds no weights", raw.describe(), prefix,
                  shape_str(qw.shape()));
-    if (layout_ == Layout::GemvFast) return dequantize_gemv_fast(prefix, raw, qw);
-    const Tensor qz = words_of(raw, prefix + ".qzeros", "AWQ zeros");
-    return layout_ == Layout::Gemv ? dequantize_gemv(prefix, raw, qw, qz) : dequantize_gemm(prefix, raw, qw, qz);
+    return qw;
   }
 
- private:
-  Tensor dequantize_gemm(const std::string& prefix, const TensorSource& raw, const Tensor& qw, const Tensor& qz) const {
-    static constexpr int kInterleave[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble holding output 8j+i
-    const int64_t in = qw.size(0), out = qw.size(1) * 8;
-    const int64_t gs = group_size_ > 0 ? group_size_ : in;
-    const int64_t n_groups = qz.size(0);
-    NIBBLE_CHECK(qz.size(1) == qw.size(1) && n_groups == (in + gs - 1) / gs,
-                 "{}: '{}.qzeros' should be [{}, {}] for {} inputs in groups of {}, found {}", raw.describe(), prefix,
-                 (in + gs - 1) / gs, qw.size(1), in, gs, shape_str(qz.shape()));
-    const Tensor s = floats_of(raw, prefix + ".scales", {n_groups, out});
-    const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
-    const uint32_t* z = static_cast<const uint32_t*>(qz.raw());
-    const float* sc = s.data<float>();
-    auto field = [](uint32_t word, int64_t i) { return static_cast<float>((word >> (4 * kInterleave[i])) & 15u); };
-    Tensor w = Tensor::empty(DType::F32, {out, in});
-    float* dst = w.data_mut<float>();
-    const int64_t words = qw.size(1);
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < in; ++k) {
-      const int64_t g = k / gs;
-      for (int64_t j = 0; j < words; ++j)
-        for (int64_t i = 0; i < 8; ++i) {
-          const int64_t n = 8 * j + i;
-          dst[n * in + k] = sc[g * out + n] * (field(q[k * words + j], i) - field(z[g * words + j], i));
-        }
+  // The code of output n's input k in qweight (contiguous).
+  struct Codes {
+    Layout layout;
+    const void* words;
+    int64_t row;  // words per row of qweight
+    uint32_t operator()(int64_t n, int64_t k) const {
+      if (layout == Layout::Gemm)
+        return (static_cast<const uint32_t*>(words)[k * row + n / 8] >> (4 * kInterleave[n % 8])) & 15u;
+      if (layout == Layout::Gemv) return (static_cast<const uint32_t*>(words)[n * row + k / 8] >> (4 * (k % 8))) & 15u;
+      // AutoAWQ's pack_intweight for the GEMV-fast kernel, undone. Within each
+      // block of 32 inputs the codes are permuted: input 8u + 2h + v (u, h < 4,
+      // v < 2) goes to position 8h + 4v + u. Then rows 4m..4m+3 are interleaved
+      // per block of 64 positions: position t of row 4m + r becomes nibble f % 4
+      // of I16 word f / 4 of the block in row m of qweight, f = 64r + t.
+      const int64_t i = k % 32, u = i / 8, h = i % 8 / 2, v = i % 2;
+      const int64_t pos = k - i + 8 * h + 4 * v + u;  // the code's position in row n after the permutation
+      const int64_t f = n % 4 * 64 + pos % 64;
+      return (static_cast<const uint16_t*>(words)[n / 4 * row + pos - pos % 64 + f / 4] >> (4 * (f % 4))) & 15u;
     }
-    return w;
+  };
+  Codes codes_view(const Tensor& qw) const { return {layout_, qw.raw(), qw.size(1)}; }
+
+  // A linear's zeros and scales, checked against its codes' shape `qs`: each
+  // group's scale and its zero z (GEMM, GEMV) or min m (GEMV-fast).
+  struct Stored {
+    Layout layout = Layout::Gemm;
+    int64_t out = 0, in = 0, gs = 0;
+    Tensor zeros, scales;  // GEMM and GEMV zeros as packed I32 words, GEMV-fast's mins as F32
+    const float* sc = nullptr;
+    const void* z = nullptr;
+    int64_t srow = 0, zrow = 0;  // scales and zeros per row
+    std::pair<float, float> params(int64_t n, int64_t g) const {
+      if (layout == Layout::GemvFast) return {sc[g * out + n], static_cast<const float*>(z)[g * out + n]};
+      const uint32_t* w = static_cast<const uint32_t*>(z);
+      if (layout == Layout::Gemm)
+        return {sc[g * out + n], static_cast<float>((w[g * zrow + n / 8] >> (4 * kInterleave[n % 8])) & 15u)};
+      return {sc[n * srow + g], static_cast<float>((w[n * zrow + g / 8] >> (4 * (g % 8))) & 15u)};
+    }
+  };
+  Stored stored(const std::string& prefix, const TensorSource& raw, const Shape& qs) const {
+    Stored st;
+    st.layout = layout_;
+    if (layout_ == Layout::Gemm) {
+      st.in = qs[0], st.out = qs[1] * 8;
+      st.gs = group_size_ > 0 ? group_size_ : st.in;
+      st.zeros = words_of(raw, prefix + ".qzeros", "AWQ zeros");
+      const int64_t n_groups = st.zeros.size(0);
+      NIBBLE_CHECK(st.zeros.size(1) == qs[1] && n_groups == ceil_div(st.in, st.gs),
+                   "{}: '{}.qzeros' should be [{}, {}] for {} inputs in groups of {}, found {}", raw.describe(), prefix,
+                   ceil_div(st.in, st.gs), qs[1], st.in, st.gs, shape_str(st.zeros.shape()));
+      st.scales = floats_of(raw, prefix + ".scales", {n_groups, st.out});
+    } else if (layout_ == Layout::Gemv) {
+      st.out = qs[0], st.in = qs[1] * 8;
+      st.gs = group_size_ > 0 ? group_size_ : st.in;
+      NIBBLE_CHECK(st.in % st.gs == 0, "{}: '{}.qweight' holds {} inputs, not a whole number of groups of {}",
+                   raw.describe(), prefix, st.in, st.gs);
+      const int64_t n_groups = st.in / st.gs;
+      st.zeros = words_of(raw, prefix + ".qzeros", "AWQ zeros");
+      NIBBLE_CHECK(st.zeros.size(0) == st.out && st.zeros.size(1) * 8 >= n_groups,
+                   "{}: '{}.qzeros' should be [{}, at least {}] for {} groups (GEMV layout), found {}", raw.describe(),
+                   prefix, st.out, ceil_div(n_groups, int64_t{8}), n_groups, shape_str(st.zeros.shape()));
+      st.scales = floats_of(raw, prefix + ".scales", {});
+      NIBBLE_CHECK(st.scales.dim() == 2 && st.scales.size(0) == st.out && st.scales.size(1) >= n_groups,
+                   "{}: '{}.scales' should be [{}, at least {}] (GEMV layout), found {}", raw.describe(), prefix,
+                   st.out, n_groups, shape_str(st.scales.shape()));
+    } else {
+      st.out = qs[0] * 4, st.in = qs[1];
+      st.gs = group_size_ > 0 ? group_size_ : st.in;
+      NIBBLE_CHECK(st.in % 64 == 0 && st.in % st.gs == 0,
+                   "{}: '{}.qweight' holds {} inputs, not a whole number of blocks of 64 and of groups of {} "
+                   "(GEMV-fast layout)",
+                   raw.describe(), prefix, st.in, st.gs);
+      const int64_t n_groups = st.in / st.gs;
+      st.scales = floats_of(raw, prefix + ".scales", {});
+      st.zeros = floats_of(raw, prefix + ".qzeros", {});
+      for (const auto& [t, part] :
+           {std::pair<const Tensor&, const char*>{st.scales, "scales"}, {st.zeros, "qzeros"}})
+        NIBBLE_CHECK(t.dim() == 2 && t.size(0) >= n_groups && t.size(1) == st.out,
+                     "{}: '{}.{}' should be [at least {}, {}] (GEMV-fast layout), found {}", raw.describe(), prefix,
+                     part, n_groups, st.out, shape_str(t.shape()));
+    }
+    st.sc = st.scales.data<float>();
+    st.z = st.zeros.raw();
+    st.srow = st.scales.size(1);
+    st.zrow = st.zeros.size(1);
+    return st;
   }
 
-  Tensor dequantize_gemv(const std::string& prefix, const TensorSource& raw, const Tensor& qw, const Tensor& qz) const {
-    const int64_t out = qw.size(0), in = qw.size(1) * 8;
-    const int64_t gs = group_size_ > 0 ? group_size_ : in;
-    NIBBLE_CHECK(in % gs == 0, "{}: '{}.qweight' holds {} inputs, not a whole number of groups of {}", raw.describe(),
-                 prefix, in, gs);
-    const int64_t n_groups = in / gs;
-    NIBBLE_CHECK(qz.size(0) == out && qz.size(1) * 8 >= n_groups,
-                 "{}: '{}.qzeros' should be [{}, at least {}] for {} groups (GEMV layout), found {}", raw.describe(),
-                 prefix, out, ceil_div(n_groups, int64_t{8}), n_groups, shape_str(qz.shape()));
-    const Tensor s = floats_of(raw, prefix + ".scales", {});
-    NIBBLE_CHECK(s.dim() == 2 && s.size(0) == out && s.size(1) >= n_groups,
-                 "{}: '{}.scales' should be [{}, at least {}] (GEMV layout), found {}", raw.describe(), prefix, out,
-                 n_groups, shape_str(s.shape()));
-    const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
-    const uint32_t* z = static_cast<const uint32_t*>(qz.raw());
-    const float* sc = s.data<float>();
-    const int64_t qwords = qw.size(1), zwords = qz.size(1), scols = s.size(1);
-    auto nibble = [](uint32_t word, int64_t i) { return static_cast<float>((word >> (4 * (i % 8))) & 15u); };
-    Tensor w = Tensor::empty(DType::F32, {out, in});
-    float* dst = w.data_mut<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < out; ++n)
-      for (int64_t k = 0; k < in; ++k) {
-        const int64_t g = k / gs;
-        dst[n * in + k] = sc[n * scols + g] * (nibble(q[n * qwords + k / 8], k) - nibble(z[n * zwords + g / 8], g));
-      }
-    return w;
+  // The weight of code q in a group with parameters p, as AutoAWQ computes it: s·(q − z), or q·s + m (GEMV-fast).
+  float value(std::pair<float, float> p, uint32_t q) const {
+    if (layout_ == Layout::GemvFast) return static_cast<float>(q) * p.first + p.second;
+    return scaled_offset(p.first, q, p.second);
   }
 
-  // AutoAWQ's pack_intweight for the GEMV-fast kernel, undone. Within each
-  // block of 32 inputs the codes are permuted: input 8u + 2h + v (u, h < 4,
-  // v < 2) goes to position 8h + 4v + u. Then rows 4m..4m+3 are interleaved
-  // per block of 64 positions: position t of row 4m + r becomes nibble f % 4
-  // of I16 word f / 4 of the block in row m of qweight, f = 64r + t.
-  Tensor dequantize_gemv_fast(const std::string& prefix, const TensorSource& raw, const Tensor& qw) const {
-    const int64_t out = qw.size(0) * 4, in = qw.size(1);
-    const int64_t gs = group_size_ > 0 ? group_size_ : in;
-    NIBBLE_CHECK(in % 64 == 0 && in % gs == 0,
-                 "{}: '{}.qweight' holds {} inputs, not a whole number of blocks of 64 and of groups of {} (GEMV-fast "
-                 "layout)",
-                 raw.describe(), prefix, in, gs);
-    const int64_t n_groups = in / gs;
-    const Tensor s = floats_of(raw, prefix + ".scales", {}), z = floats_of(raw, prefix + ".qzeros", {});
-    for (const auto& [t, part] : {std::pair<const Tensor&, const char*>{s, "scales"}, {z, "qzeros"}})
-      NIBBLE_CHECK(t.dim() == 2 && t.size(0) >= n_groups && t.size(1) == out,
-                   "{}: '{}.{}' should be [at least {}, {}] (GEMV-fast layout), found {}", raw.describe(), prefix, part,
-                   n_groups, out, shape_str(t.shape()));
-    const uint16_t* q = static_cast<const uint16_t*>(qw.raw());
-    const float* sc = s.data<float>();
-    const float* zr = z.data<float>();
-    Tensor w = Tensor::empty(DType::F32, {out, in});
-    float* dst = w.data_mut<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < out; ++n)
-      for (int64_t k = 0; k < in; ++k) {
-        const int64_t i = k % 32, u = i / 8, h = i % 8 / 2, v = i % 2;
-        const int64_t pos = k - i + 8 * h + 4 * v + u;  // the code's position in row n after the permutation
-        const int64_t f = n % 4 * 64 + pos % 64;
-        const uint32_t code = (q[n / 4 * in + pos - pos % 64 + f / 4] >> (4 * (f % 4))) & 15u;
-        const int64_t g = k / gs;
-        dst[n * in + k] = static_cast<float>(code) * sc[g * out + n] + zr[g * out + n];
-      }
-    return w;
+  // exact_format's answer and the parameters it read (qweight's shape, not its codes).
+  std::optional<Affine4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) const override {
+    if (group_size_ <= 0 || !raw.contains(prefix + ".qweight")) return std::nullopt;
+    const TensorMeta m = raw.meta(prefix + ".qweight");
+    if (m.dtype != (layout_ == Layout::GemvFast ? DType::I16 : DType::I32) || m.shape.size() != 2 ||
+        shape_numel(m.shape) == 0)
+      return std::nullopt;
+    const Stored st = stored(prefix, raw, m.shape);
+    return affine4_choice(st.out, st.in, st.gs, [&](int64_t n, int64_t g) {
+      const std::pair<float, float> p = st.params(n, g);
+      Affine4Group a;
+      a.scale = p.first;
+      for (uint32_t q = 0; q < 16; ++q) a.value[q] = value(p, q);
+      return a;
+    });
   }
 
-  enum class Layout { Gemm, Gemv, GemvFast };
   int64_t group_size_ = 128;
   Layout layout_ = Layout::Gemm;
 };
@@ -518,7 +609,7 @@ class AwqScheme final : public RivalScheme {
 // scales [out, groups] (group or channel), [1] (tensor) or, for block
 // quantization, [⌈out/bo⌉, ⌈in/bi⌉] (block_structure of the config group
 // whose targets match the linear, else the block implied by the shapes).
-class CompressedTensorsScheme final : public RivalScheme {
+class CompressedTensorsScheme final : public Affine4Scheme {
  public:
   CompressedTensorsScheme(const json& q, const std::string& where) {
     const io::JsonFields f = fields_of(q, where);
@@ -667,61 +758,62 @@ class CompressedTensorsScheme final : public RivalScheme {
       const int64_t r = n / row_block;
       for (int64_t k = 0; k < in; ++k) {
         const int64_t i = r * scols + g[k];
-        dst[n * in + k] = (c[n * in + k] - (zero.empty() ? 0.0f : zero[i])) * s[i];
+        dst[n * in + k] = int_value(c[n * in + k], zero.empty() ? 0.0f : zero[i], s[i]);
       }
     }
     return w;
   }
-  // pack-quantized 4-bit codes (the field is q + 8) with zero points absent or all 0, scales [out, groups].
-  std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const override {
-    std::optional<Sym4Choice> c = exact_choice(prefix, raw);
-    if (!c) return std::nullopt;
-    return c->format;
-  }
+  // pack-quantized 4-bit codes (the field is q + 8), zero points or none, scales [out, groups].
   std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
-    const std::optional<Sym4Choice> c = exact_choice(prefix, raw);
+    std::optional<Affine4Choice> c = exact_choice(prefix, raw);
     NIBBLE_CHECK(c, "{}: compressed-tensors linear '{}' has no exact nibble format", raw.describe(), prefix);
     const Tensor packed = words_of(raw, prefix + ".weight_packed", "compressed-tensors codes");
-    const int64_t out = packed.size(0), wpr = packed.size(1);
-    const int64_t in = static_cast<int64_t>(raw.load(prefix + ".weight_shape").to_f32().data<float>()[1]);
-    const int64_t scols = c->scales.numel() / out;
+    const int64_t wpr = packed.size(1);
     const uint32_t* p = static_cast<const uint32_t*>(packed.raw());
-    std::vector<uint8_t> codes(static_cast<size_t>(out * in));
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < out; ++n) {
-      auto word = [&](int64_t i) { return p[n * wpr + i]; };
-      for (int64_t k = 0; k < in; ++k) codes[n * in + k] = static_cast<uint8_t>(stream_field(word, k, 4));
-    }
-    const float* s = c->scales.data<float>();
-    return pack_sym4(c->format, std::move(codes), out, in, [&](int64_t n, int64_t g) { return s[n * scols + g]; });
+    return pack_affine4(std::move(*c), [&](int64_t n, int64_t k) {
+      return stream_field([&](int64_t i) { return p[n * wpr + i]; }, k, 4);
+    });
   }
 
  private:
-  // exact_format's answer and the scales it read.
-  static std::optional<Sym4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) {
+  // An integer weight: (c − zero) · scale in f32, c the code less 2^(bits−1) (compressed-tensors' dequantize).
+  static float int_value(float c, float zero, float scale) { return (c - zero) * scale; }
+
+  // exact_format's answer and the parameters it read.
+  std::optional<Affine4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) const override {
     const std::string packed = prefix + ".weight_packed";
     if (!raw.contains(packed) || raw.meta(packed).dtype != DType::I32 || raw.contains(prefix + ".compressed") ||
         !raw.contains(prefix + ".weight_shape") || !raw.contains(prefix + ".weight_scale") ||
         raw.meta(prefix + ".weight_scale").dtype == DType::U8)
       return std::nullopt;
-    const Shape& ps = raw.meta(packed).shape;
+    const Shape ps = raw.meta(packed).shape;
     const Tensor shape_t = raw.load(prefix + ".weight_shape").to_f32();
     if (ps.size() != 2 || shape_t.numel() != 2 || shape_t.data<float>()[0] != static_cast<float>(ps[0]))
       return std::nullopt;
-    const int64_t out = ps[0], in = static_cast<int64_t>(shape_t.data<float>()[1]);
+    const float dim_in = shape_t.data<float>()[1];  // as dequantize checks it
+    if (!(dim_in >= 1.0f && dim_in <= 32.0f * static_cast<float>(ps[1]) && dim_in == std::floor(dim_in)))
+      return std::nullopt;
+    const int64_t out = ps[0], in = static_cast<int64_t>(dim_in);
     int bits = 0;  // as dequantize finds it: the narrowest width that fills the packed words
     for (int b = 1; b <= 8 && !bits; ++b)
       if ((in * b + 31) / 32 == ps[1]) bits = b;
     if (bits != 4) return std::nullopt;
-    Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
+    const Tensor scale = floats_of(raw, prefix + ".weight_scale", {});
     const int64_t scols = scale.dim() == 2 ? scale.size(1) : 1;
     if (scale.numel() != out * scols) return std::nullopt;
     const int64_t gs = (in + scols - 1) / scols;
     if ((in + gs - 1) / gs != scols || !groups_in_order(raw, prefix + ".weight_g_idx", in, gs)) return std::nullopt;
-    if (raw.contains(prefix + ".weight_zero_point"))
-      for (float z : zero_points(raw, prefix, bits, out, scols))
-        if (z != 0.0f) return std::nullopt;
-    return sym4_choice(std::move(scale), gs);
+    std::vector<float> zero;
+    if (raw.contains(prefix + ".weight_zero_point")) zero = zero_points(raw, prefix, bits, out, scols);
+    const float* s = scale.data<float>();
+    return affine4_choice(out, in, gs, [&](int64_t n, int64_t g) {
+      const int64_t i = n * scols + g;
+      Affine4Group a;
+      a.scale = s[i];
+      for (uint32_t q = 0; q < 16; ++q)
+        a.value[q] = int_value(static_cast<float>(q) - 8.0f, zero.empty() ? 0.0f : zero[i], s[i]);
+      return a;
+    });
   }
 
   // weight_zero_point as F32 [rows, cols]: with `packed_bits` (pack-quantized

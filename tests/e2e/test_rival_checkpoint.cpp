@@ -85,42 +85,49 @@ TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
             std::string::npos);
 }
 
-// A symmetric GPTQ checkpoint (zeros of 8, f16 scales, no act-order) is
-// int4_sym exactly: every linear's exact_format (what the GPU forward's W4A16
-// kernels take) is int4_g128_sym and its parts give the weight load() does, bit
-// for bit. The asymmetric one's linears have no exact format (its zeros vary);
-// plain tensors keep theirs (none).
-TEST(RivalCheckpoint, SymmetricGptqLinearsAreInt4SymExactly) {
-  test::TempDir tmp;
-  test::write_gptq_qwen3(tmp / "sym", /*zero_bias=*/false, /*sym=*/true);
-  test::write_gptq_qwen3(tmp / "asym", /*zero_bias=*/false, /*sym=*/false);
-  const auto sym = open_model_source((tmp / "sym" / "gptq").string());
-  const auto asym = open_model_source((tmp / "asym" / "gptq").string());
+// Every linear of the GPTQ checkpoint test::write_gptq_qwen3 wrote at `dir`
+// has exact format `want` (what the GPU forward's W4A16 kernels take), and its
+// parts give the weight load() does, bit for bit; plain tensors keep theirs
+// (none). nibble inspect lists the linears as "rival:<want>".
+void expect_exact_linears(const fs::path& dir, const std::string& want) {
+  const auto src = open_model_source((dir / "gptq").string());
   int linears = 0;
-  for (const std::string& name : sym->names()) {
+  for (const std::string& name : src->names()) {
     if (!test::is_linear_weight(name)) {
-      EXPECT_FALSE(sym->exact_format(name).has_value()) << name;
+      EXPECT_FALSE(src->exact_format(name).has_value()) << name;
       continue;
     }
     ++linears;
-    const std::optional<FormatChoice> f = sym->exact_format(name);
+    const std::optional<FormatChoice> f = src->exact_format(name);
     ASSERT_TRUE(f.has_value()) << name;
-    EXPECT_EQ(f->canonical_name(), "int4_g128_sym") << name;
-    const TensorMeta m = sym->meta(name);
-    const Tensor got = dequantize_parts(*f, sym->exact_parts(name), m.shape[0], m.shape[1]), want = sym->load(name);
-    ASSERT_EQ(got.shape(), want.shape()) << name;
-    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << name;
-    EXPECT_FALSE(asym->exact_format(name).has_value()) << name;
+    EXPECT_EQ(f->canonical_name(), want) << name;
+    const TensorMeta m = src->meta(name);
+    const Tensor got = dequantize_parts(*f, src->exact_parts(name), m.shape[0], m.shape[1]), w = src->load(name);
+    ASSERT_EQ(got.shape(), w.shape()) << name;
+    EXPECT_EQ(std::memcmp(got.raw(), w.raw(), w.nbytes()), 0) << name;
   }
-  EXPECT_EQ(linears, 7 * sym->config().num_layers);
-  EXPECT_THROW(asym->exact_parts("model.layers.0.mlp.up_proj.weight"), Error);
-  // nibble inspect says which: "rival:int4_g128_sym" for the symmetric linears, "rival" for the others.
-  for (const char* which : {"sym", "asym"}) {
-    const auto r = test::run_command(test::nibble_bin() + " inspect " + (tmp / which / "gptq").string());
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::string line = r.out.substr(r.out.find("model.layers.0.mlp.up_proj.weight"), 80);
-    EXPECT_NE(line.find(std::string(which) == "sym" ? "rival:int4_g128_sym" : "rival "), std::string::npos) << line;
-  }
+  EXPECT_EQ(linears, 7 * src->config().num_layers);
+  const auto r = test::run_command(test::nibble_bin() + " inspect " + (dir / "gptq").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string line = r.out.substr(r.out.find("model.layers.0.mlp.up_proj.weight"), 80);
+  EXPECT_NE(line.find("rival:" + want + " "), std::string::npos) << line;
+}
+
+// A symmetric GPTQ checkpoint (zeros of 8, f16 scales, no act-order) is
+// int4_sym exactly.
+TEST(RivalCheckpoint, SymmetricGptqLinearsAreInt4SymExactly) {
+  test::TempDir tmp;
+  test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/false, /*sym=*/true);
+  expect_exact_linears(tmp.path(), "int4_g128_sym");
+}
+
+// An asymmetric one (zeros that vary per group, f16 scales): s·(q − z) is
+// q·s + (−z·s) with every product exact, in f32, so int4_asym_f32 holds it
+// (int4_sym's zero is 8, and −z·s is no bf16 value for int4_asym).
+TEST(RivalCheckpoint, AsymmetricGptqLinearsAreInt4AsymF32Exactly) {
+  test::TempDir tmp;
+  test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/false, /*sym=*/false);
+  expect_exact_linears(tmp.path(), "int4_g128_asym_f32");
 }
 
 // qwen3-26M-linux's linears as bitsandbytes' Linear8bitLt stores them (I8

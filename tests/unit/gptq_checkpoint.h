@@ -29,9 +29,10 @@ inline bool is_linear_weight(const std::string& name) {
   return false;
 }
 
-// GPTQ v1 parts of w [out, in] (groups of 128, min/max RTN; with `sym`, zero
-// point 8 and scale absmax / 7, GPTQ's sym=True layout) and the weight they
-// define, f32 [out, in].
+// GPTQ v1 parts of w [out, in] (groups of 128, min/max RTN: f16 scale
+// (max − min) / 15 and a zero point per group, round(−min / scale); with `sym`,
+// zero point 8 and scale absmax / 7, GPTQ's sym=True layout) and the weight
+// they define, f32 [out, in].
 struct GptqPacked {
   Tensor qweight, qzeros, scales, dequantized;
 };

@@ -86,6 +86,35 @@ std::vector<Tensor> random_int4_sym_parts(std::mt19937& rng, int64_t rows, int64
   return f.spec->pack(q);
 }
 
+// The same for int4_asym_f32: random codes, fp32 scales and mins with more
+// significant bits than bf16 holds (the upload rounds them: int4_asym_f32_as_asym).
+std::vector<Tensor> random_int4_f32_parts(std::mt19937& rng, int64_t rows, int64_t cols, int g) {
+  const FormatChoice f = find_format("int4_asym_f32", g);
+  QuantizedMatrix q = formats::empty_matrix(formats::kInt4AsymF32, rows, cols, g);
+  std::uniform_int_distribution<int> code(0, 15);
+  std::uniform_real_distribution<float> scale(0.002f, 0.02f), mn(-0.2f, 0.05f);
+  for (auto& c : q.codes) c = static_cast<uint8_t>(code(rng));
+  for (auto& p : q.params) p = {scale(rng), mn(rng)};
+  return f.spec->pack(q);
+}
+// A registry row's stored parts and the int4_asym parts its upload makes.
+struct RowParts {
+  std::vector<Tensor> file, asym;
+};
+RowParts random_row_parts(std::string_view family, std::mt19937& rng, int64_t rows, int64_t cols, int g) {
+  RowParts p;
+  if (family == "int4_sym") {
+    p.file = random_int4_sym_parts(rng, rows, cols, g);
+    p.asym = cuda::int4_sym_as_asym(p.file, rows, cols, g);
+  } else if (family == "int4_asym_f32") {
+    p.file = random_int4_f32_parts(rng, rows, cols, g);
+    p.asym = cuda::int4_asym_f32_as_asym(p.file, rows, cols, g);
+  } else {
+    p.file = p.asym = random_int4_parts(rng, rows, cols, g);
+  }
+  return p;
+}
+
 // Ŵ as the W4A16 kernels use it: exact (fp32 c·s + m) or rounded once to 16
 // bits, fl16(c·s + m) (fused), as cuda::w4a16_exact_weights says for the call.
 std::vector<float> weights_kernel(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int g,
@@ -156,14 +185,16 @@ double w4a16_tolerance(double r, double mag, bool exact) {
 // plus fp32 accumulation, 1e-5 of Σ|x·w|, and for the exact-weight path the
 // cancellation in s·Σ(128 + c)x − 128·s·Σx, 3e-5 of Σ|x·w| (derivation in
 // src/backend/cuda/w4a16.cu).
-// int4_sym (`sym`): its registry row, on the weights its upload makes
-// (int4_sym_as_asym; Cuda.Int4SymAsAsym* holds that conversion to FORMAT.md).
+// Another family (int4_sym, int4_asym_f32): its registry row, on the weights
+// its upload makes (int4_sym_as_asym, int4_asym_f32_as_asym; Cuda.Int4*AsAsym*
+// hold those conversions to FORMAT.md).
 void check_w4a16(const GemmCase& tc, cuda::Act act, const std::vector<int>& ms, bool pdl, uint32_t seed,
-                 bool sym = false) {
+                 std::string_view family = "int4_asym") {
   std::mt19937 rng(seed);
-  const auto file_parts = sym ? random_int4_sym_parts(rng, tc.N, tc.K, tc.g) : random_int4_parts(rng, tc.N, tc.K, tc.g);
-  const auto parts = sym ? cuda::int4_sym_as_asym(file_parts, tc.N, tc.K, tc.g) : file_parts;
-  const cuda::LinearKernel* k = cuda::find_linear_kernel(sym ? "int4_sym" : "int4_asym", tc.g);
+  const RowParts rp = random_row_parts(family, rng, tc.N, tc.K, tc.g);
+  const auto& file_parts = rp.file;
+  const auto& parts = rp.asym;
+  const cuda::LinearKernel* k = cuda::find_linear_kernel(family, tc.g);
   ASSERT_NE(k, nullptr);
   const cuda::DeviceLinear dw = k->upload(file_parts, tc.N, tc.K, tc.g);
   const int64_t Mmax = *std::max_element(ms.begin(), ms.end());
@@ -225,6 +256,7 @@ TEST(Cuda, W4A16RegistryRows) {
   EXPECT_NE(cuda::find_linear_kernel("int4_asym", 32), nullptr);
   EXPECT_EQ(cuda::find_linear_kernel("int4_asym", 256), nullptr);
   for (int g : {32, 64, 128}) EXPECT_NE(cuda::find_linear_kernel("int4_sym", g), nullptr) << g;
+  for (int g : {32, 64, 128}) EXPECT_NE(cuda::find_linear_kernel("int4_asym_f32", g), nullptr) << g;
   EXPECT_EQ(cuda::find_linear_kernel("mxfp4", 32), nullptr);
   EXPECT_EQ(cuda::find_linear_kernel("no_such_format", 128), nullptr);
 }
@@ -266,6 +298,54 @@ TEST(Cuda, Int4SymAsAsymRoundsEachScaleOnce) {
     const float s = f16_to_f32(f16[i / g]);
     EXPECT_LE(std::fabs(got[i] - want[i]), std::ldexp(std::fabs(want[i]), -8)) << i;
     EXPECT_EQ(got[i], (static_cast<int>(q.codes[i]) - 8) * round_to_bf16(s)) << i;
+  }
+}
+
+// int4_asym_f32's parts as the W4A16 kernels take them (no device needed):
+// the codes unchanged, each fp32 scale and min rounded once to bf16 (nearest,
+// ties to even). Worked values: 0x3D888889 (fl(1/15)) rounds up to 0x3D89;
+// 0x3F808000 is a tie and stays at the even 0x3F80; 0x3F818000 is a tie and
+// goes to the even 0x3F82; 0xBE99999A (fl(-0.3)) rounds to 0xBE9A; 0x3F7FFFFF
+// carries into the exponent, 0x3F80; -0 stays -0. Then every decoded weight:
+// exactly c·bf16(s) + bf16(m), and within 2⁻⁸·(15·|s| + |m|) of FORMAT.md's.
+TEST(Cuda, Int4AsymF32AsAsymRoundsEachParameterOnce) {
+  const int64_t rows = 2, cols = 192;
+  const int g = 32;
+  const FormatChoice f32 = find_format("int4_asym_f32", g), asym = find_format("int4_asym", g);
+  QuantizedMatrix q = formats::empty_matrix(formats::kInt4AsymF32, rows, cols, g);
+  for (size_t i = 0; i < q.codes.size(); ++i) q.codes[i] = static_cast<uint8_t>((i * 7 + i / 5) % 16);
+  const uint32_t bits[12][2] = {{0x3D888889, 0xBE99999A}, {0x3F808000, 0x3F818000}, {0x3F818000, 0x80000000},
+                                {0x3F7FFFFF, 0x00000000}, {0x3C23D70A, 0xBDCCCCCD}, {0x3B03126F, 0x3D4CCCCD},
+                                {0x3A83126F, 0xBE4CCCCD}, {0x3C8F5C29, 0x3CA3D70A}, {0x3BA3D70A, 0xBF000001},
+                                {0x3D4CCCCD, 0x3E800000}, {0x00000000, 0xBC23D70A}, {0x3C75C28F, 0x3E19999A}};
+  auto as_f32 = [](uint32_t b) {
+    float v;
+    std::memcpy(&v, &b, 4);
+    return v;
+  };
+  for (size_t i = 0; i < q.params.size(); ++i) q.params[i] = {as_f32(bits[i][0]), as_f32(bits[i][1])};
+  const auto parts = f32.spec->pack(q);
+  const auto conv = cuda::int4_asym_f32_as_asym(parts, rows, cols, g);
+  ASSERT_EQ(conv.size(), 3u);
+  EXPECT_EQ(std::memcmp(conv[0].raw(), parts[0].raw(), parts[0].nbytes()), 0);
+  const auto* sc = static_cast<const uint16_t*>(conv[1].raw());
+  const auto* mn = static_cast<const uint16_t*>(conv[2].raw());
+  EXPECT_EQ(sc[0], 0x3D89);
+  EXPECT_EQ(mn[0], 0xBE9A);
+  EXPECT_EQ(sc[1], 0x3F80);
+  EXPECT_EQ(mn[1], 0x3F82);
+  EXPECT_EQ(sc[2], 0x3F82);
+  EXPECT_EQ(mn[2], 0x8000);
+  EXPECT_EQ(sc[3], 0x3F80);
+  EXPECT_EQ(mn[3], 0x0000);
+  const QuantizedMatrix a = asym.spec->unpack(conv, rows, cols, g);
+  std::vector<float> want(static_cast<size_t>(rows * cols)), got(want.size());
+  dequantize(q, want.data());
+  dequantize(a, got.data());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float s = as_f32(bits[i / g][0]), m = as_f32(bits[i / g][1]);
+    EXPECT_LE(std::fabs(got[i] - want[i]), std::ldexp(15.0f * std::fabs(s) + std::fabs(m), -8)) << i;
+    EXPECT_EQ(got[i], static_cast<float>(q.codes[i]) * round_to_bf16(s) + round_to_bf16(m)) << i;
   }
 }
 
@@ -543,11 +623,24 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
 TEST(Cuda, W4A16Int4SymRow) {
   SKIP_WITHOUT_DEVICE();
   for (auto act : {cuda::Act::BF16, cuda::Act::F16}) {
-    check_w4a16({40, 4096, 128}, act, {1, 2, 7, 16, 17, 24, 33, 64}, false, 40, true);
-    check_w4a16({56, 4160, 64}, act, {1, 5, 16, 20, 64}, true, 41, true);
-    check_w4a16({24, 4100, 32}, act, {1, 9, 64}, false, 42, true);
+    check_w4a16({40, 4096, 128}, act, {1, 2, 7, 16, 17, 24, 33, 64}, false, 40, "int4_sym");
+    check_w4a16({56, 4160, 64}, act, {1, 5, 16, 20, 64}, true, 41, "int4_sym");
+    check_w4a16({24, 4100, 32}, act, {1, 9, 64}, false, 42, "int4_sym");
   }
-  check_w4a16({72, 4096, 128}, cuda::Act::BF16, {130, 260}, false, 43, true);
+  check_w4a16({72, 4096, 128}, cuda::Act::BF16, {130, 260}, false, 43, "int4_sym");
+}
+
+// int4_asym_f32's row (AWQ, asymmetric GPTQ, Q4_1 and Q4_K linears): the same
+// kernels on the parameters its upload rounds (int4_asym_f32_as_asym), every
+// dispatch path as above.
+TEST(Cuda, W4A16Int4AsymF32Row) {
+  SKIP_WITHOUT_DEVICE();
+  for (auto act : {cuda::Act::BF16, cuda::Act::F16}) {
+    check_w4a16({40, 4096, 128}, act, {1, 2, 7, 16, 17, 24, 33, 64}, false, 44, "int4_asym_f32");
+    check_w4a16({56, 4160, 64}, act, {1, 5, 16, 20, 64}, true, 45, "int4_asym_f32");
+    check_w4a16({24, 4100, 32}, act, {1, 9, 64}, false, 46, "int4_asym_f32");
+  }
+  check_w4a16({72, 4096, 128}, cuda::Act::BF16, {130, 260}, false, 47, "int4_asym_f32");
 }
 
 // One token on a grid of several waves (as the head's): 70008 rows are 4376
@@ -1682,9 +1775,9 @@ TEST(Cuda, DenseFallbacksNameTheFormatsWithoutAKernel) {
   // Layouts load() dequantizes are named as their source names them: a GGUF's
   // ggml block types (llama.cpp's Q4_K_M of this model, as `nibble inspect`
   // lists it: 28 linears in Q5_0, the head and 2 v_proj in Q8_0; down_proj, 172
-  // inputs, F16; the embedding is not a linear), an asymmetric GPTQ
-  // checkpoint's scheme (its symmetric twin is int4_sym exactly,
-  // ModelSource::exact_format, so it has none).
+  // inputs, F16; the embedding is not a linear). GPTQ checkpoints have none:
+  // the symmetric one is int4_sym exactly, the asymmetric one int4_asym_f32
+  // (ModelSource::exact_format).
   const auto km = cuda::dense_fallbacks(*open_model_source((dir / "gguf" / "stories260K-Q4_K_M.gguf").string()));
   ASSERT_EQ(km.size(), 2u);
   EXPECT_EQ(km[0].format, "Q5_0");
@@ -1693,18 +1786,19 @@ TEST(Cuda, DenseFallbacksNameTheFormatsWithoutAKernel) {
   EXPECT_EQ(km[1].matrices, 3);
   // llama.cpp's Q4_0 file: its Q4_0 linears are int4_g32_sym exactly (GgufSource::exact_format); down_proj (F16) and
   // the head (Q8_0) stay dense.
-  const auto q40 = cuda::dense_fallbacks(*open_model_source((dir / "gguf" / "stories260K-Q4_0.gguf").string()));
-  ASSERT_EQ(q40.size(), 1u);
-  EXPECT_EQ(q40[0].format, "Q8_0");
-  EXPECT_EQ(q40[0].matrices, 1);
-  test::write_gptq_qwen3(tmp.path() / "gptq-asym", /*zero_bias=*/false, /*sym=*/false);
-  test::write_gptq_qwen3(tmp.path() / "gptq-sym", /*zero_bias=*/false, /*sym=*/true);
-  const auto ga = cuda::dense_fallbacks(*open_model_source((tmp.path() / "gptq-asym" / "gptq").string()));
-  ASSERT_EQ(ga.size(), 1u);
-  EXPECT_EQ(ga[0].format, "GPTQ 4-bit g128 asym (v1 zeros)");
-  const auto gs = open_model_source((tmp.path() / "gptq-sym" / "gptq").string());
-  EXPECT_EQ(ga[0].matrices, 7 * gs->config().num_layers);
-  EXPECT_TRUE(cuda::dense_fallbacks(*gs).empty());
+  // So are its Q4_1 linears (int4_g32_asym_f32 exactly).
+  for (const char* type : {"Q4_0", "Q4_1"}) {
+    const auto q4 = cuda::dense_fallbacks(
+        *open_model_source((dir / "gguf" / fmt::format("stories260K-{}.gguf", type)).string()));
+    ASSERT_EQ(q4.size(), 1u) << type;
+    EXPECT_EQ(q4[0].format, "Q8_0");
+    EXPECT_EQ(q4[0].matrices, 1);
+  }
+  for (bool sym : {false, true}) {
+    const auto out = tmp.path() / (sym ? "gptq-sym" : "gptq-asym");
+    test::write_gptq_qwen3(out, /*zero_bias=*/false, sym);
+    EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source((out / "gptq").string())).empty()) << sym;
+  }
 }
 
 TEST(Cuda, GpuForwardMatchesCpuOnQwen3) {
@@ -1723,39 +1817,51 @@ TEST(Cuda, GpuForwardMatchesCpuOnQwen3) {
   check_gpu_forward(tmp.path() / "sym", prompt_ids(48, 2000, 7), 16, 0, true);
 }
 
-// A symmetric GPTQ checkpoint (zeros of 8, f16 scales, no act-order) runs on
-// the W4A16 kernels: RivalSource re-encodes its linears as int4_sym exactly
-// (ModelSource::exact_format), so nothing is held dense and a decode step reads
-// the packed bytes, not bf16's; the logits agree with the CPU forward's.
-TEST(Cuda, GpuForwardRunsSymmetricGptqOnTheW4A16Kernels) {
+// GPTQ checkpoints (f16 scales, no act-order) run on the W4A16 kernels:
+// RivalSource re-encodes a symmetric one's linears (zeros of 8) as int4_sym and
+// an asymmetric one's as int4_asym_f32, exactly (ModelSource::exact_format), so
+// nothing is held dense and a decode step reads the packed bytes, not bf16's;
+// the logits agree with the CPU forward's.
+TEST(Cuda, GpuForwardRunsGptqOnTheW4A16Kernels) {
   SKIP_WITHOUT_DEVICE();
-  test::TempDir tmp("nibble-gpu-gptq");
-  test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/false, /*sym=*/true);
-  const auto rival = open_model_source((tmp.path() / "gptq").string());
-  EXPECT_TRUE(cuda::dense_fallbacks(*rival).empty());
-  const auto plain = CheckpointDir::open(tmp.path() / "plain");
-  const size_t packed = cuda::GpuModel::load(*rival, 64)->decode_weight_bytes();
-  const size_t dense = cuda::GpuModel::load(*plain, 64)->decode_weight_bytes();
-  std::printf("[gptq on the gpu] decode weight bytes: %zu packed, %zu as bf16\n", packed, dense);
-  EXPECT_LT(packed, dense * 6 / 10);  // the linears at 4.25 bits instead of 16; the embedding, norms alike
-  check_gpu_forward(tmp.path() / "gptq", prompt_ids(48, 2000, 8), 16, 0, true);  // f16 scales, rounded
+  for (bool sym : {true, false}) {
+    SCOPED_TRACE(sym ? "sym" : "asym");
+    test::TempDir tmp("nibble-gpu-gptq");
+    test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/false, sym);
+    const auto rival = open_model_source((tmp.path() / "gptq").string());
+    EXPECT_TRUE(cuda::dense_fallbacks(*rival).empty());
+    const auto plain = CheckpointDir::open(tmp.path() / "plain");
+    const size_t packed = cuda::GpuModel::load(*rival, 64)->decode_weight_bytes();
+    const size_t dense = cuda::GpuModel::load(*plain, 64)->decode_weight_bytes();
+    std::printf("[gptq %s on the gpu] decode weight bytes: %zu packed, %zu as bf16\n", sym ? "sym" : "asym", packed,
+                dense);
+    EXPECT_LT(packed, dense * 6 / 10);  // the linears at 4.25 bits instead of 16; the embedding, norms alike
+    // f16 scales (and mins) rounded to bf16 at load
+    check_gpu_forward(tmp.path() / "gptq", prompt_ids(48, 2000, sym ? 8 : 10), 16, 0, true);
+  }
 }
 
-// llama.cpp's Q4_0 GGUF of stories260K runs its Q4_0 linears on the W4A16
-// kernels (int4_g32_sym exactly, then int4_sym_as_asym's bf16 scales): a decode
-// step reads fewer bytes than with them dequantized, and the logits and greedy
-// tokens agree with the CPU forward's on ggml's exact values.
-TEST(Cuda, GpuForwardRunsQ4_0GgufOnTheW4A16Kernels) {
+// llama.cpp's Q4_0 and Q4_1 GGUFs of stories260K run their 4-bit linears on the
+// W4A16 kernels (int4_g32_sym and int4_g32_asym_f32 exactly, then their bf16
+// parameters at load): a decode step reads fewer bytes than with them
+// dequantized, and the logits and greedy tokens agree with the CPU forward's
+// on ggml's exact values.
+TEST(Cuda, GpuForwardRunsQ4GgufOnTheW4A16Kernels) {
   SKIP_WITHOUT_DEVICE();
   const auto gguf = test::model_dir("stories260K") / "gguf";
-  const auto q40 = open_model_source((gguf / "stories260K-Q4_0.gguf").string());
   const auto f32 = open_model_source((gguf / "stories260K-F32.gguf").string());
-  const size_t packed = cuda::GpuModel::load(*q40, 64)->decode_weight_bytes();
   const size_t dense = cuda::GpuModel::load(*f32, 64)->decode_weight_bytes();
-  std::printf("[q4_0 on the gpu] decode weight bytes: %zu packed, %zu as bf16\n", packed, dense);
-  EXPECT_LT(packed, dense);
-  check_gpu_forward(gguf / "stories260K-Q4_0.gguf", prompt_ids(40, 512, 9), 24, 0, true);
-  check_gpu_forward(gguf / "stories260K-Q4_0.gguf", {1, 403, 407, 261, 378}, 100, 0, true);
+  int seed = 9;
+  for (const char* type : {"Q4_0", "Q4_1"}) {
+    SCOPED_TRACE(type);
+    const auto file = gguf / fmt::format("stories260K-{}.gguf", type);
+    const auto src = open_model_source(file.string());
+    const size_t packed = cuda::GpuModel::load(*src, 64)->decode_weight_bytes();
+    std::printf("[%s on the gpu] decode weight bytes: %zu packed, %zu as bf16\n", type, packed, dense);
+    EXPECT_LT(packed, dense);
+    check_gpu_forward(file, prompt_ids(40, 512, seed++), 24, 0, true);
+    check_gpu_forward(file, {1, 403, 407, 261, 378}, 100, 0, true);
+  }
 }
 
 }  // namespace

@@ -52,6 +52,29 @@ TEST(FormatExamples, Int4SymG32) {
   EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int4_g128_sym"), 4096, 4096), 4.125);
 }
 
+// FORMAT.md §7.8: §3's arithmetic with fp32 parameters (bf16 would move both).
+TEST(FormatExamples, Int4AsymF32G32) {
+  const Worked r = run(find_format("int4_asym_f32", 32), {-0.3f, 0.7f, 0.0f, 0.2f, 0.45f, -0.1f}, 1);
+  uint32_t s_bits, m_bits;
+  std::memcpy(&s_bits, &r.q.params[0].scale, 4);
+  std::memcpy(&m_bits, &r.q.params[0].min, 4);
+  EXPECT_EQ(s_bits, 0x3D888889u);  // fl(1 / 15)
+  EXPECT_EQ(m_bits, 0xBE99999Au);  // fl(-0.3)
+  // (w - min)/scale = 0, 14.999999, 4.5 (tie -> 4), 7.4999995, 11.249999, 3
+  EXPECT_EQ(r.q.codes, (std::vector<uint8_t>{0, 15, 4, 7, 11, 3}));
+  EXPECT_EQ(bytes_of(r.parts[0]), (std::vector<uint8_t>{0xF0, 0x74, 0x3B}));
+  EXPECT_EQ(f32_of(r.parts[1]), r.q.params[0].scale);
+  EXPECT_EQ(f32_of(r.parts[2]), -0.3f);
+  const uint32_t back_bits[] = {0xBE99999Au, 0x3F333333u, 0xBD088888u, 0x3E2AAAACu, 0x3EDDDDDEu, 0xBDCCCCCCu};
+  for (int i = 0; i < 6; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &r.back[i], 4);
+    EXPECT_EQ(b, back_bits[i]) << i;
+  }
+  EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int4_g128_asym_f32"), 4096, 4096), 4.5);
+  EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int4_g32_asym_f32"), 4096, 4096), 6.0);
+}
+
 // FORMAT.md §5: scale = absmax / 127 per row; absmax 127/128 gives 1/128.
 TEST(FormatExamples, Int8ChannelSym) {
   const Worked r = run(find_format("int8_channel_sym"),

@@ -386,8 +386,9 @@ TEST(GgufSource, UnloadableTypeIsReportedBeforeAnyLoad) {
 // llama.cpp's Q4_0 (x = (q − 8)·d, f16 d per 32 inputs) is int4_g32_sym
 // exactly: exact_parts of every Q4_0 matrix of its stories260K file dequantize
 // through nibble's int4_sym to ggml's own values bit for bit, q and k rows
-// unpermuted as load() does (llama, 8 and 4 heads). The other block types
-// have no exact format; Q4_K_M's file has none.
+// unpermuted as load() does (llama, 8 and 4 heads). The file's other block
+// type (Q8_0) has no exact format; Q4_K_M's file (Q5_0, Q8_0: no Q4_K block)
+// has none.
 TEST(GgufSource, Q4_0MatricesAreInt4SymExactly) {
   const auto gguf = GgufSource::open(stories() / "gguf" / "stories260K-Q4_0.gguf");
   const FormatChoice sym = find_format("int4_g32_sym");
@@ -411,6 +412,140 @@ TEST(GgufSource, Q4_0MatricesAreInt4SymExactly) {
   EXPECT_EQ(exact, 1 + 5 * 6);  // the embedding; q, k, v, o, gate, up of 5 layers (down_proj, 172 wide, is F16)
   const auto km = GgufSource::open(stories() / "gguf" / "stories260K-Q4_K_M.gguf");
   for (const std::string& n : km->names()) EXPECT_FALSE(km->exact_format(n)) << n;
+}
+
+// llama.cpp's Q4_1 (x = q·d + m, f16 d and m per 32 inputs) is int4_g32_asym_f32
+// exactly: scale d, min m, the codes re-ordered, q and k rows unpermuted.
+TEST(GgufSource, Q4_1MatricesAreInt4AsymF32Exactly) {
+  const auto gguf = GgufSource::open(stories() / "gguf" / "stories260K-Q4_1.gguf");
+  const FormatChoice asym = find_format("int4_g32_asym_f32");
+  int exact = 0;
+  for (const std::string& n : gguf->names()) {
+    const std::optional<FormatChoice> f = gguf->exact_format(n);
+    if (gguf->foreign_format(n) != "Q4_1") {
+      EXPECT_FALSE(f) << n;
+      continue;
+    }
+    ASSERT_TRUE(f) << n;
+    EXPECT_EQ(f->canonical_name(), "int4_g32_asym_f32");
+    const TensorMeta m = gguf->meta(n);
+    const Tensor w = dequantize_parts(asym, gguf->exact_parts(n), m.shape[0], m.shape[1]);
+    const Tensor ref = gguf->load(n);
+    ASSERT_EQ(w.shape(), ref.shape()) << n;
+    EXPECT_EQ(std::memcmp(w.raw(), ref.raw(), ref.nbytes()), 0) << n;
+    ++exact;
+  }
+  // The embedding; q, k, v, o, gate, up of 5 layers (down_proj, 172 wide, is F16; output.weight is Q8_0).
+  EXPECT_EQ(exact, 1 + 5 * 6);
+}
+
+// Q4_K (256-input super-blocks of 8 sub-blocks of 32, x = (d·sc)·q − dmin·mn)
+// is int4_g32_asym_f32 exactly, a group per sub-block. No stories260K file
+// holds a Q4_K block (no matrix there is 256 wide), so this writes a one-layer
+// llama whose every matrix is Q4_K (256 or 512 wide) of pseudo-random blocks:
+// d and dmin of both signs, subnormal and zero among them, every pair of 6-bit
+// scale and min (0 included) and every code. q and k (4 and 2 heads) are
+// unpermuted too.
+TEST(GgufSource, Q4_KMatricesAreInt4AsymF32Exactly) {
+  TempDir tmp("nibble-gguf");
+  ModelConfig c;
+  c.model_type = "llama";
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_layers = 1;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.vocab_size = 32;
+  c.max_position_embeddings = 64;
+  c.tie_word_embeddings = true;
+
+  GgufBuilder b;
+  b.kv_str("general.architecture", "llama");
+  b.kv_u32("llama.context_length", static_cast<uint32_t>(c.max_position_embeddings));
+  b.kv_u32("llama.embedding_length", static_cast<uint32_t>(c.hidden_size));
+  b.kv_u32("llama.block_count", static_cast<uint32_t>(c.num_layers));
+  b.kv_u32("llama.feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
+  b.kv_u32("llama.attention.head_count", static_cast<uint32_t>(c.num_heads));
+  b.kv_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.num_kv_heads));
+  b.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+
+  std::mt19937 rng(7);
+  int64_t sub = 0;  // sub-blocks written so far: scale and min cycle through 0..63 with it
+  // A finite f16 of sign `neg`: ±0, else any exponent but 31 (subnormals included).
+  auto f16 = [&](bool neg, bool zero) {
+    const uint32_t exponent = rng() % 31, mantissa = rng() & 0x3FF;
+    return static_cast<uint16_t>((neg ? 0x8000u : 0u) | (zero ? 0u : (exponent << 10) | mantissa));
+  };
+  auto q4_k_bytes = [&](int64_t n_super) {
+    std::string bytes;
+    for (int64_t i = 0; i < n_super; ++i) {
+      // Signs and zeros on periods prime to the scales' 8 super-blocks, so that
+      // sc = 0 and mn = 0 meet d and dmin of either sign.
+      const int64_t sb = sub / 8;
+      const uint16_t d = f16(sb % 3 == 1, sb % 97 == 5), dmin = f16(sb % 5 >= 3, sb % 89 == 7);
+      for (uint16_t h : {d, dmin}) {
+        bytes += static_cast<char>(h & 0xFF);
+        bytes += static_cast<char>(h >> 8);
+      }
+      // 8 six-bit scales and mins, packed from ggml-common.h's layout: bytes
+      // 0-3 (scales) and 4-7 (mins) hold sub-blocks 0-3 in their low 6 bits and
+      // the top 2 bits of sub-blocks 4-7 in their top 2; bytes 8-11 hold the low
+      // 4 bits of sub-block 4+j's scale (low nibble) and min (high nibble).
+      int sc[8], mn[8];
+      for (int j = 0; j < 8; ++j, ++sub) {
+        sc[j] = static_cast<int>(sub % 64);
+        mn[j] = static_cast<int>((sub * 29 + sub / 64) % 64);
+      }
+      char packed[12];
+      for (int j = 0; j < 4; ++j) {
+        packed[j] = static_cast<char>(sc[j] | ((sc[j + 4] >> 4) << 6));
+        packed[j + 4] = static_cast<char>(mn[j] | ((mn[j + 4] >> 4) << 6));
+        packed[j + 8] = static_cast<char>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+      }
+      bytes.append(packed, 12);
+      for (int k = 0; k < 128; ++k) bytes += static_cast<char>(rng() & 0xFF);
+    }
+    return bytes;
+  };
+  int q4_k = 0;
+  for (const ExpectedTensor& e : expected_tensors(c)) {
+    const std::string g = to_gguf_name(e.name);
+    if (e.shape.size() == 2) {
+      ASSERT_EQ(e.shape[1] % 256, 0) << e.name;
+      b.tensor(g, {static_cast<uint64_t>(e.shape[1]), static_cast<uint64_t>(e.shape[0])},
+               static_cast<uint32_t>(io::GgmlType::Q4_K), q4_k_bytes(e.shape[0] * e.shape[1] / 256));
+      ++q4_k;
+    } else {
+      Tensor t = Tensor::empty(DType::F32, e.shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data_mut<float>()[i] = 1.0f;
+      b.tensor_f32(g, t);
+    }
+  }
+  ASSERT_EQ(q4_k, 8);  // the embedding; q, k, v, o, gate, up, down
+  ASSERT_GE(sub, 64 * 64);  // sub-block 64a + r has scale r and min 29r + a (mod 64): every (scale, min) pair
+  b.write(tmp / "q4k.gguf");
+
+  const auto gguf = GgufSource::open(tmp / "q4k.gguf");
+  const FormatChoice asym = find_format("int4_g32_asym_f32");
+  int exact = 0;
+  for (const std::string& n : gguf->names()) {
+    const std::optional<FormatChoice> f = gguf->exact_format(n);
+    if (gguf->foreign_format(n) != "Q4_K") {
+      EXPECT_FALSE(f) << n;
+      continue;
+    }
+    ASSERT_TRUE(f) << n;
+    EXPECT_EQ(f->canonical_name(), "int4_g32_asym_f32");
+    const TensorMeta m = gguf->meta(n);
+    const std::vector<Tensor> parts = gguf->exact_parts(n);
+    const Tensor w = dequantize_parts(asym, parts, m.shape[0], m.shape[1]);
+    const Tensor ref = gguf->load(n);
+    ASSERT_EQ(w.shape(), ref.shape()) << n;
+    EXPECT_EQ(std::memcmp(w.raw(), ref.raw(), ref.nbytes()), 0) << n;
+    ++exact;
+  }
+  EXPECT_EQ(exact, q4_k);
 }
 
 // ---------------------------------------------------------------- perplexity

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include "nibble/act_quant.h"
 #include "nibble/checkpoint_writer.h"
@@ -105,9 +106,13 @@ INSTANTIATE_TEST_SUITE_P(Libraries, RivalVector, ::testing::Values(NIBBLE_RIVAL_
 
 // Rival linears that a nibble format holds exactly (RivalScheme::exact_format,
 // which the GPU forward's W4A16 kernels take): their parts give dequantize()'s
-// values bit for bit. Among the libraries' vectors only auto-round's symmetric
-// GPTQ layout qualifies: zeros of 8, f16 scales, no g_idx. The others have
-// other zeros, act-order groups, f32 scales, other widths or other layouts.
+// values bit for bit. Among the libraries' vectors the 4-bit ones in groups of
+// 32, 64 or 128 in input order qualify: auto-round's symmetric GPTQ layout
+// (zeros of 8, f16 scales) as int4_sym, and with zeros that vary per group
+// (GPTQ, AWQ in all three layouts, auto-round's GPTQ and AWQ layouts; f16 scales,
+// and GEMV-fast's f16 mins) as int4_asym_f32. The others have act-order groups,
+// one group per row, other widths or other layouts, or f32 scales whose
+// products fl(q·s) + fl(−z·s) are not the library's fl((q − z)·s).
 void expect_exact(const RivalScheme& scheme, const TensorSource& file, const std::string& want,
                   const std::string& what) {
   const std::optional<FormatChoice> f = scheme.exact_format("layer", file);
@@ -121,35 +126,63 @@ void expect_exact(const RivalScheme& scheme, const TensorSource& file, const std
 }
 
 TEST(Rival, ExactFormatsGiveTheSchemesValues) {
-  int exact = 0;
+  const std::map<std::string, std::string> exact = {
+      {"ar_gptq_sym_b4_g128", "int4_g128_sym"},
+      {"gptq_b4_g32_asym_v1", "int4_g32_asym_f32"},
+      {"gptq_b4_g64_asym_v2", "int4_g64_asym_f32"},
+      {"awq_g64", "int4_g64_asym_f32"},
+      {"awq_g128", "int4_g128_asym_f32"},
+      {"awq_g64_64x384", "int4_g64_asym_f32"},
+      {"awq_g128_64x384", "int4_g128_asym_f32"},
+      {"awq_gemv_g64", "int4_g64_asym_f32"},
+      {"awq_gemv_g128", "int4_g128_asym_f32"},
+      {"awq_gemv_g64_40x384", "int4_g64_asym_f32"},
+      {"awq_gemv_g128_40x384", "int4_g128_asym_f32"},
+      {"awq_gemv_fast_g64", "int4_g64_asym_f32"},
+      {"awq_gemv_fast_g128_40x384", "int4_g128_asym_f32"},
+      {"ar_gptq_asym_b4_g32", "int4_g32_asym_f32"},
+      {"ar_asym_b4_g64", "int4_g64_asym_f32"},
+      {"ar_awq_g64", "int4_g64_asym_f32"},
+  };
+  size_t found = 0;
   for (const char* name : {NIBBLE_RIVAL_VECTORS}) {
     const Vector v = open_vector(name);
-    if (std::string(name) == "ar_gptq_sym_b4_g128") {
-      expect_exact(*v.scheme, *v.file, "int4_g128_sym", name);
-      ++exact;
+    auto it = exact.find(name);
+    if (it != exact.end()) {
+      expect_exact(*v.scheme, *v.file, it->second, name);
+      ++found;
     } else {
       EXPECT_FALSE(v.scheme->exact_format("layer", *v.file).has_value()) << name;
       EXPECT_THROW(v.scheme->exact_parts("layer", *v.file), Error) << name;
     }
   }
-  EXPECT_EQ(exact, 1);
-  // compressed-tensors' symmetric W4A16 (its vector stores f32 scales) with the
-  // scales a bf16 or fp16 model stores. Rounded to f16 they are int4_sym's; so
-  // are bf16 values in f16's normal range (8 significant bits of f16's 11);
+  EXPECT_EQ(found, exact.size());
+  // compressed-tensors' W4A16 (its vectors store f32 scales) with the scales a
+  // bf16 or fp16 model stores. Symmetric: rounded to f16 they are int4_sym's;
+  // so are bf16 values in f16's normal range (8 significant bits of f16's 11);
   // bf16 values far below it (scaled by 2^-30) are int4_asym's (min = -8 *
-  // scale); values neither holds (f32, nudged by 2^-20) have no exact format.
-  const Vector ct = open_vector("ct_w4a16_group_sym");
-  const json q = json::parse(ct.file->metadata().at("quantization_config"));
+  // scale, a bf16 value too); values neither holds (f32, nudged by 2^-20) have
+  // no exact format, int4_asym_f32's fl(q * s) + fl(-8 * s) missing fl((q - 8) * s).
+  // Asymmetric (zero points that vary per group): f16 and bf16 scales make every
+  // product exact, so int4_asym_f32 holds them (-z * s is no bf16 value for
+  // every group); the vector's own f32 scales have no exact format (above).
   test::TempDir tmp("nibble-rival-exact");
   struct Case {
+    const char* vector;
     const char* tag;
     DType dt;
     float mul;
     const char* want;  // "": none
   };
-  for (const Case& c : {Case{"f16", DType::F16, 1.0f, "int4_g128_sym"}, Case{"bf16", DType::BF16, 1.0f, "int4_g128_sym"},
-                        Case{"bf16-tiny", DType::BF16, 0x1p-30f, "int4_g128_asym"},
-                        Case{"f32", DType::F32, 1.0f + 0x1p-20f, ""}}) {
+  for (const Case& c : {Case{"ct_w4a16_group_sym", "f16", DType::F16, 1.0f, "int4_g128_sym"},
+                        Case{"ct_w4a16_group_sym", "bf16", DType::BF16, 1.0f, "int4_g128_sym"},
+                        Case{"ct_w4a16_group_sym", "bf16-tiny", DType::BF16, 0x1p-30f, "int4_g128_asym"},
+                        Case{"ct_w4a16_group_sym", "f32", DType::F32, 1.0f + 0x1p-20f, ""},
+                        Case{"ct_w4a16_group_asym", "asym-f16", DType::F16, 1.0f, "int4_g64_asym_f32"},
+                        Case{"ct_w4a16_group_asym", "asym-bf16", DType::BF16, 1.0f, "int4_g64_asym_f32"},
+                        Case{"ct_w4a16_group_asym", "asym-f32", DType::F32, 1.0f + 0x1p-20f, ""}}) {
+    const Vector ct = open_vector(c.vector);
+    const json q = json::parse(ct.file->metadata().at("quantization_config"));
     const fs::path dir = tmp.path() / c.tag;
     fs::create_directories(dir);
     std::vector<io::OutputUnit> plan;
@@ -173,6 +206,52 @@ TEST(Rival, ExactFormatsGiveTheSchemesValues) {
       EXPECT_FALSE(scheme->exact_format("layer", *file).has_value()) << c.tag;
     else
       expect_exact(*scheme, *file, c.want, c.tag);
+  }
+}
+
+// Exactness is checked per group, with the scheme's own arithmetic: a GPTQ
+// linear (v2 zeros, all 3; codes (k + n) % 16, all 16 in every group) with f32
+// scales. At s = 0.25 every product is exact and the pairs (s, -3 * s) are
+// bf16 values: int4_asym. At f16(0.1) the products are exact but -3 * s is no
+// bf16 value: int4_asym_f32. At 0.1f in one group alone, int4_asym_f32's
+// fl(1 * s) + fl(-3 * s) is not GPTQ's fl(s * (1 - 3)), so no format holds
+// the linear and it stays dense.
+TEST(Rival, ExactFormatsCheckTheSchemesArithmetic) {
+  const float s01 = 0.1f;
+  ASSERT_NE(1.0f * s01 + -3.0f * s01, s01 * (1.0f - 3.0f));  // (-ffp-contract=off: no fused multiply-add)
+  const int64_t out = 8, in = 64, gs = 32, groups = in / gs;
+  const json q = {{"quant_method", "gptq"}, {"bits", 4},         {"group_size", gs},
+                  {"sym", false},           {"desc_act", false}, {"checkpoint_format", "gptq_v2"}};
+  test::TempDir tmp("nibble-rival-arith");
+  struct Case {
+    const char* tag;
+    float scale, odd;  // every group's scale, and group 1 of output 5's
+    const char* want;  // "": none
+  };
+  for (const Case& c : {Case{"quarter", 0.25f, 0.25f, "int4_g32_asym"},
+                        Case{"f16", f16_to_f32(f32_to_f16(0.1f)), f16_to_f32(f32_to_f16(0.1f)), "int4_g32_asym_f32"},
+                        Case{"f32-one-group", 0.25f, s01, ""}}) {
+    Tensor qw = Tensor::zeros(DType::I32, {in / 8, out}), qz = Tensor::zeros(DType::I32, {groups, out / 8});
+    Tensor sc = Tensor::empty(DType::F32, {groups, out});
+    auto* w = static_cast<uint32_t*>(qw.raw_mut());
+    auto* z = static_cast<uint32_t*>(qz.raw_mut());
+    for (int64_t k = 0; k < in; ++k)
+      for (int64_t n = 0; n < out; ++n) w[(k / 8) * out + n] |= static_cast<uint32_t>((k + n) % 16) << (4 * (k % 8));
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t n = 0; n < out; ++n) {
+        z[g * (out / 8) + n / 8] |= 3u << (4 * (n % 8));
+        sc.data_mut<float>()[g * out + n] = g == 1 && n == 5 ? c.odd : c.scale;
+      }
+    const fs::path path = tmp / (std::string(c.tag) + ".safetensors");
+    io::save_safetensors(path, {{"layer.qweight", qw}, {"layer.qzeros", qz}, {"layer.scales", sc}}, {});
+    const auto file = CheckpointDir::open_file(path);
+    const auto scheme = make_rival_scheme(q, c.tag);
+    if (*c.want == '\0') {
+      EXPECT_FALSE(scheme->exact_format("layer", *file).has_value()) << c.tag;
+      EXPECT_THROW(scheme->exact_parts("layer", *file), Error) << c.tag;
+    } else {
+      expect_exact(*scheme, *file, c.want, c.tag);
+    }
   }
 }
 

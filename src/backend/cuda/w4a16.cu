@@ -388,6 +388,14 @@ DeviceLinear w4a16_upload_sym(const std::vector<Tensor>& parts, int64_t rows, in
 const LinearKernel kW4A16Sym{"int4_sym", "w4a16_mma", {32, 64, 128}, &w4a16_upload_sym, &w4a16_gemm,
                              &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
 
+// int4_asym_f32 (AWQ, asymmetric GPTQ, Q4_1, Q4_K re-encoded) likewise: each
+// fp32 scale and min rounded once to bf16 (int4_asym_f32_as_asym).
+DeviceLinear w4a16_upload_f32(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
+  return w4a16_upload(int4_asym_f32_as_asym(parts, rows, cols, group_size), rows, cols, group_size);
+}
+const LinearKernel kW4A16F32{"int4_asym_f32", "w4a16_mma", {32, 64, 128}, &w4a16_upload_f32, &w4a16_gemm,
+                             &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
+
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   check_parts(parts, rows, cols, group_size);
   const Dims d = dims_of(rows, cols, group_size);
@@ -574,7 +582,7 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
 }  // namespace
 
 const std::vector<const LinearKernel*>& linear_kernel_registry() {
-  static const std::vector<const LinearKernel*> rows = {&kW4A16, &kW4A16Sym};
+  static const std::vector<const LinearKernel*> rows = {&kW4A16, &kW4A16Sym, &kW4A16F32};
   return rows;
 }
 
@@ -595,6 +603,18 @@ std::vector<Tensor> int4_sym_as_asym(const std::vector<Tensor>& parts, int64_t r
     const uint16_t b = f32_to_bf16(f16_to_f32(s16[i]));  // f16 → f32 is exact: one rounding
     scale.data_mut<uint16_t>()[i] = b;
     min.data_mut<uint16_t>()[i] = f32_to_bf16(-8.0f * bf16_to_f32(b));  // exact: 8 times a bf16 value
+  }
+  return {parts[0], scale, min};
+}
+
+std::vector<Tensor> int4_asym_f32_as_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols,
+                                          int group_size) {
+  nibble::check_parts(find_format("int4_asym_f32", group_size), parts, rows, cols);
+  const Tensor sc = parts[1].contiguous(), mn = parts[2].contiguous();
+  Tensor scale = Tensor::empty(DType::BF16, sc.shape()), min = Tensor::empty(DType::BF16, sc.shape());
+  for (int64_t i = 0; i < sc.numel(); ++i) {
+    scale.data_mut<uint16_t>()[i] = f32_to_bf16(sc.data<float>()[i]);
+    min.data_mut<uint16_t>()[i] = f32_to_bf16(mn.data<float>()[i]);
   }
   return {parts[0], scale, min};
 }
