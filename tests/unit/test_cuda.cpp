@@ -590,6 +590,9 @@ TEST(Cuda, W4A16SweepBf16) {
   check_w4a16({24, 14336, 128}, cuda::Act::BF16, all_m(64), false, 2);
   check_w4a16({56, 4160, 128}, cuda::Act::BF16, all_m(64), false, 3);  // last group of 64
   check_w4a16({8, 4100, 128}, cuda::Act::BF16, all_m(64), false, 4);   // last chunk of 4
+  // Groups of 32 (two per chunk; the small-M kernel's rounded path at M >= 2): a ragged last group and chunk.
+  check_w4a16({40, 4096, 32}, cuda::Act::BF16, all_m(64), false, 21);
+  check_w4a16({24, 4100, 32}, cuda::Act::BF16, all_m(64), true, 22);
 }
 
 TEST(Cuda, W4A16SweepF16) {
@@ -597,6 +600,8 @@ TEST(Cuda, W4A16SweepF16) {
   check_w4a16({40, 4096, 128}, cuda::Act::F16, all_m(64), false, 5);
   check_w4a16({24, 14336, 128}, cuda::Act::F16, all_m(64), false, 6);
   check_w4a16({56, 4160, 128}, cuda::Act::F16, all_m(64), false, 7);
+  check_w4a16({56, 4160, 32}, cuda::Act::F16, all_m(64), false, 23);
+  check_w4a16({40, 4096, 32}, cuda::Act::F16, {65, 130}, false, 24);  // fp16 beyond 64 tokens: passes of 32
 }
 
 TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
@@ -618,7 +623,7 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
 // int4_sym's row: the same kernels on the parameters its upload rounds
 // (int4_sym_as_asym), every dispatch path: the integer GEMV (1 token), the
 // small-M kernel (2..16, 17..24), wgmma (33, 64; bf16 130), dequantize +
-// cuBLAS (bf16 beyond 256), the general kernel (groups of 32), both activation
+// cuBLAS (bf16 beyond 256), the rounded path (groups of 32), both activation
 // types, a ragged last group and chunk.
 TEST(Cuda, W4A16Int4SymRow) {
   SKIP_WITHOUT_DEVICE();

@@ -1,36 +1,24 @@
 // W4A16 for int4_asym on the GPU (docs/CUDA.md has the layout and the
-// measured speed): the w4a16_mma registry row, its layout (upload), its
-// dispatch (w4a16_gemm) and the general kernel.
+// measured speed): the w4a16_mma registry rows (int4_asym, and int4_sym and
+// int4_asym_f32 through their parameters' conversions), the layout (upload)
+// and the dispatch (w4a16_gemm).
 //
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, x and y bf16 or fp16, fp32 accumulation.
-// Dispatch: M = 1 takes the integer GEMV
-// (w4a16_gemv.cu); bf16 calls with M > 64 dequantize the weight and run
-// cuBLAS, except up to 256 tokens on sm_90 GPUs; other calls with groups of
-// 64/128 take the small-M kernel (w4a16_small_m.cu), which sends more than 16
-// tokens on sm_90 to the wgmma kernel (w4a16_wgmma.cu); groups of 32 take the
-// general kernel below.
+// Dispatch: M = 1 takes the integer GEMV (w4a16_gemv.cu); bf16 calls with
+// M > 64 dequantize the weight and run cuBLAS, except up to 256 tokens on
+// sm_90 GPUs at groups of 64/128; every other call takes the small-M kernel
+// (w4a16_small_m.cu), which sends more than 16 tokens on sm_90 to the wgmma
+// kernel (w4a16_wgmma.cu) at groups of 64/128, and runs groups of 32 on its
+// rounded path. Until session 80 groups of 32 at M >= 2 took a general kernel
+// of this file (docs/CUDA.md "Design of the general kernel", removed).
 //
-// Design of the general kernel
-//  * Decode is bandwidth bound: every byte of weights is read once, in 16-byte
-//    loads, coalesced (a warp reads 512 contiguous bytes), several in flight per
-//    thread. Codes are re-laid out once at load time so that one 16-byte load
-//    gives a lane exactly its A-fragment nibbles of four mma.m16n8k16 tiles
-//    (16 rows × 64 inputs per warp per load): no shared memory, no shuffles.
-//  * The weights are the mma's A operand ("swap AB"): 16 output rows are the M
-//    side of the tensor-core tile, the tokens are its N = 8 side, so M = 1 .. 8
-//    tokens cost one mma per 16×16 weights and M = 64 eight.
-//  * Decode of 8 nibbles (one 32-bit word) to bf16: shift, and-or with the
-//    exponent of 128 (0x4300 | c is exactly 128 + c), subtract 128, then one
-//    fused multiply-add c·s + m per pair: the weight is fl_bf16(c·s + m), i.e.
-//    FORMAT.md's value rounded once to 16 bits. fp16 uses 1024 (0x6400).
-//  * Split-K inside a block: the warps of a block share a 16-row tile and take
-//    interleaved 64-input chunks; partial sums meet in shared memory. The number
-//    of warps per block is chosen so the whole GPU has enough loads in flight
-//    even for narrow matrices.
-//  * Programmatic dependent launch (sm_90): a kernel issues its first weight
-//    loads, then waits for the previous kernel (griddepcontrol.wait) before it
-//    touches x, so launch latency and the previous kernel's tail overlap with
-//    this kernel's weight stream.
+// The layout serves every kernel: decode is bandwidth bound, so each byte of
+// weights is read once, in coalesced 16-byte loads (a warp reads 512
+// contiguous bytes). Codes are re-laid out once at load time so that one
+// 16-byte load gives a lane exactly its A-fragment nibbles of four
+// mma.m16n8k16 tiles (16 rows × 64 inputs per warp per load): the weights are
+// the mma's A operand ("swap AB"), 16 output rows on its M side and tokens on
+// its N = 8 side.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
@@ -79,164 +67,6 @@ Dims dims_of(int64_t rows, int64_t cols, int group_size) {
 void check_parts(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   nibble::check_parts(find_format("int4_asym", group_size), parts, rows, cols);
   NIBBLE_CHECK(cols % 2 == 0, "w4a16: the input width must be even (found {}): x is read in pairs", cols);
-}
-
-// ---- the kernel --------------------------------------------------------------
-
-// One warp computes R row tiles (16·R rows) × NT token tiles (8·NT tokens)
-// over an interleaved share of the input chunks; the warps of a block split K
-// and meet in shared memory. U chunks are loaded before the first is used.
-//
-// Each weight is decoded to 16 bits, fl16(c·s + m) (shift, and-or, subtract,
-// fused multiply-add per pair), then multiplied by the mma. Since session 12
-// this kernel serves groups of 32 only (w4a16_small_m.cu takes 64 and 128);
-// its exact-weight variant (offset codes and an all-ones mma for Σx) went with
-// that: the small-M kernel's exact path (which, since session 39, also sums Σx
-// with all-ones mmas, in the warps that hold the activations).
-template <typename T, typename OutT, int NT, int R, int S>
-__global__ void __launch_bounds__(NT >= 2 ? 256 : 512)
-    w4a16_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
-                 int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
-                 int groups_padded, int g_shift) {
-  static_assert(NT > 1 || ((S & (S - 1)) == 0 && S >= 2), "ring stages: a power of two");
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int gid = lane >> 2, tig = lane & 3;
-  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
-
-  const T* xp[NT];
-  bool tok_ok[NT];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    const int tok = n * 8 + gid;
-    tok_ok[n] = tok < M;
-    xp[n] = x + static_cast<int64_t>(tok_ok[n] ? tok : 0) * ldx;
-  }
-  bool tile_ok[R];
-  const uint4* cp[R];
-  const uint2* mp[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    tile_ok[r] = tile0 + r < tiles;
-    const int64_t t = tile_ok[r] ? tile0 + r : 0;
-    cp[r] = codes + t * chunks * 32 + lane;
-    mp[r] = meta + t * groups_padded * 8 + gid;
-  }
-  float acc[R][NT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
-
-  // One chunk c: decode its weights (qs, ms: R row tiles) and multiply with x.
-  auto compute = [&](int c, const uint4 (&qs)[R], const uint2 (&ms)[R]) {
-      uint32_t a[R][4][4];
-#pragma unroll
-      for (int r = 0; r < R; ++r) decode_chunk<T>(qs[r], ms[r], a[r]);
-      const int k = c * kChunk + 16 * tig;
-      const bool whole = (c + 1) * kChunk <= K;  // the same for the whole warp
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
-        if (whole) {
-          if (tok_ok[n]) {
-            x0 = *reinterpret_cast<const uint4*>(xp[n] + k);
-            x1 = *reinterpret_cast<const uint4*>(xp[n] + k + 8);
-          }
-        } else {
-          x0 = load_x8(xp[n], k, K, tok_ok[n]);
-          x1 = load_x8(xp[n], k + 8, K, tok_ok[n]);
-        }
-        const uint32_t b[4][2] = {{x0.x, x0.y}, {x0.z, x0.w}, {x1.x, x1.y}, {x1.z, x1.w}};
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-#pragma unroll
-          for (int r = 0; r < R; ++r) mma_16816<T>(acc[r][n], a[r][s], b[s][0], b[s][1]);
-      }
-  };
-
-  if constexpr (NT == 1) {
-    // Weight stream: a ring of S stages per warp in shared memory, filled with
-    // cp.async (no registers held while bytes are in flight, so many warps can
-    // each keep S - 1 chunks in flight). Each lane copies and later reads only
-    // its own 16 + 8 bytes of a stage, so no barrier is needed.
-    uint4* ring_q = reinterpret_cast<uint4*>(smem) + warp * S * R * 32;
-    uint2* ring_m = reinterpret_cast<uint2*>(smem + static_cast<size_t>(nwarps) * S * R * 32 * 16) + warp * S * R * 32;
-    auto issue = [&](int i) {  // the warp's i-th chunk into stage i % S
-      const int c = warp + i * nwarps, st = i & (S - 1);
-      if (c < chunks) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (tile_ok[r]) {
-            cp_async16(ring_q + (st * R + r) * 32 + lane, cp[r] + static_cast<int64_t>(c) * 32);
-            cp_async8(ring_m + (st * R + r) * 32 + lane, mp[r] + ((static_cast<int64_t>(c) * kChunk + 16 * tig) >> g_shift) * 8);
-          }
-      }
-      cp_async_commit();
-    };
-    const int iters = warp < chunks ? (chunks - warp + nwarps - 1) / nwarps : 0;
-#pragma unroll
-    for (int i = 0; i < S - 1; ++i) issue(i);
-    grid_dependency_wait();  // weights are in flight; x may be the previous kernel's output
-    for (int i = 0; i < iters; ++i) {
-      issue(i + S - 1);
-      cp_async_wait<S - 1>();
-      const int c = warp + i * nwarps, st = i & (S - 1);
-      uint4 qs[R];
-      uint2 ms[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        qs[r] = ring_q[(st * R + r) * 32 + lane];
-        ms[r] = ring_m[(st * R + r) * 32 + lane];
-      }
-      compute(c, qs, ms);
-    }
-  } else {
-    // Activations are reloaded per token tile, so for M > 8 registers, not a
-    // ring, carry the weights: the next S chunks' loads are issued before the
-    // current ones are used (S acts as the unroll here).
-    uint4 q[S][R];
-    uint2 mt[S][R];
-    auto load_batch = [&](int c0) {
-#pragma unroll
-      for (int u = 0; u < S; ++u) {
-        const int c = c0 + u * nwarps;
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (c < chunks && tile_ok[r]) {
-            q[u][r] = __ldcs(cp[r] + static_cast<int64_t>(c) * 32);
-            mt[u][r] = __ldg(mp[r] + ((static_cast<int64_t>(c) * kChunk + 16 * tig) >> g_shift) * 8);
-          } else {
-            q[u][r] = make_uint4(0, 0, 0, 0);
-            mt[u][r] = make_uint2(0, 0);
-          }
-      }
-    };
-    const int step = nwarps * S;
-    load_batch(warp);
-    grid_dependency_wait();
-    for (int c0 = warp; c0 < chunks; c0 += step) {
-      uint4 qc[S][R];
-      uint2 mc[S][R];
-#pragma unroll
-      for (int u = 0; u < S; ++u)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          qc[u][r] = q[u][r];
-          mc[u][r] = mt[u][r];
-        }
-      if (c0 + step < chunks) load_batch(c0 + step);
-#pragma unroll
-      for (int u = 0; u < S; ++u)
-        if (c0 + u * nwarps < chunks) compute(c0 + u * nwarps, qc[u], mc[u]);
-    }
-  }
-  grid_dependency_wait();  // y may still be read by the previous kernel
-  grid_dependents_launch();
-
-  constexpr size_t kRingLane = NT == 1 ? R * 24 : 0;  // ring bytes per lane and stage
-  float* red = reinterpret_cast<float*>(smem + static_cast<size_t>(nwarps) * S * 32 * kRingLane);
-  store_tile_outputs<R, NT>(acc, red, nwarps, y, ldy, tile0 * kTileRows, M, N);
 }
 
 // Builds the layout on the device from the FORMAT.md parts: one thread per
@@ -462,62 +292,6 @@ size_t device_smem_cap(size_t want) { return std::min(want, static_cast<size_t>(
 
 namespace {
 
-template <typename T, typename OutT, int NT, int R, int S>
-void launch(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
-            bool pdl) {
-  const Dims d = dims_of(w.rows, w.cols, w.group_size);
-  const int64_t blocks = (d.tiles + R - 1) / R;
-  // Warps per block: enough resident warps on the whole GPU (~32 per SM) to
-  // keep the weight stream saturated, at most 16 (8 when the kernel may use
-  // up to 255 registers), at most one per chunk, and the reduction buffer
-  // within 48 KiB.
-  const int64_t target = static_cast<int64_t>(device_info().sms) * 32;
-  // Shared memory per warp: its ring (S stages of R × 32 × (16 + 8) bytes) and
-  // its slice of the reduction buffer; a block stays within 110 KiB so two fit
-  // on an SM.
-  const int64_t ring_lane = NT == 1 ? R * 24 : 0;  // the kernel's kRingLane
-  const int64_t smem_per_warp = static_cast<int64_t>(S) * 32 * ring_lane + static_cast<int64_t>(R) * kTileRows * NT * 8 * 4;
-  int64_t warps = std::clamp<int64_t>(target / std::max<int64_t>(blocks, 1), 1, NT >= 2 ? 8 : 16);
-  const int64_t fit = static_cast<int64_t>(device_smem_cap(110 << 10)) / smem_per_warp;
-  warps = std::max<int64_t>(std::min<int64_t>({warps, d.chunks, fit}), 1);
-  constexpr auto kernel = w4a16_kernel<T, OutT, NT, R, S>;
-  max_dynamic_smem_once<kernel>(device_smem_cap(110 << 10));
-  launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(warps * 32)),
-             static_cast<size_t>(warps * smem_per_warp), stream, pdl, static_cast<const uint4*>(w.a.get()),
-             static_cast<const uint2*>(w.b.get()), x, ldx, y, ldy, M, static_cast<int>(w.rows),
-             static_cast<int>(w.cols), static_cast<int>(d.tiles), static_cast<int>(d.chunks),
-             static_cast<int>(d.groups_padded), __builtin_ctz(static_cast<unsigned>(w.group_size)));
-}
-
-// Tokens in blocks of at most 64 (8 token tiles); each block is one pass over
-// W. Row tiles per warp (R) grow with the token tiles so that each activation
-// fragment loaded is used R times (the L1 traffic for x is what limits M > 8).
-template <typename T, typename OutT>
-void launch_t(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, void* y, int64_t ldy, cudaStream_t s,
-              bool pdl) {
-  NIBBLE_CHECK(w.group_size < 64, "w4a16: the general kernel has no exact-weight path");
-  for (int64_t m0 = 0; m0 < M; m0 += 64) {
-    const int m = static_cast<int>(std::min<int64_t>(64, M - m0));
-    const T* xm = static_cast<const T*>(x) + m0 * ldx;
-    OutT* ym = static_cast<OutT*>(y) + m0 * ldy;
-    // The most row tiles per warp that still leaves ~16 warps per SM.
-    const int64_t tiles = (w.rows + kTileRows - 1) / kTileRows, want = int64_t{device_info().sms} * 16 / 8;
-    const int r = tiles / 4 >= want ? 4 : tiles / 2 >= want ? 2 : 1;
-    if (m <= 8)
-      launch<T, OutT, 1, 1, 8>(w, xm, m, ldx, ym, ldy, s, pdl);
-    else if (m <= 16)
-      r == 4 ? launch<T, OutT, 2, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl)
-      : r == 2 ? launch<T, OutT, 2, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl)
-               : launch<T, OutT, 2, 1, 4>(w, xm, m, ldx, ym, ldy, s, pdl);
-    else if (m <= 32)
-      r == 4 ? launch<T, OutT, 4, 4, 1>(w, xm, m, ldx, ym, ldy, s, pdl)
-      : r == 2 ? launch<T, OutT, 4, 2, 2>(w, xm, m, ldx, ym, ldy, s, pdl)
-               : launch<T, OutT, 4, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl);
-    else
-      r >= 2 ? launch<T, OutT, 8, 2, 1>(w, xm, m, ldx, ym, ldy, s, pdl) : launch<T, OutT, 8, 1, 2>(w, xm, m, ldx, ym, ldy, s, pdl);
-  }
-}
-
 void w4a16_prepared(const DeviceLinear& w, const void* prepared, size_t bytes, void* y, void* stream, bool pdl,
                     bool deep, const GemvFusion* fuse) {
   NIBBLE_CHECK(w.kernel == &kW4A16, "w4a16: the weight was uploaded for another kernel");
@@ -572,11 +346,7 @@ void w4a16_gemm(const DeviceLinear& w, const void* x, int64_t M, int64_t ldx, vo
   }
   NIBBLE_CHECK(act != Act::F32, "w4a16: f32 activations need M = 1 (M {}, group {})", M,
                w.group_size);
-  if (w4a16_small_m_applies(w.group_size, M))  // M >= 2, groups of 64 / 128 (w4a16_small_m.cu)
-    return w4a16_small_m(w, x, M, ldx, act, y, ldy, f32_out, s, pdl, device_sm_count());
-  with_types(act == Act::BF16, f32_out, [&](auto t, auto o) {
-    launch_t<typename decltype(t)::type, typename decltype(o)::type>(w, x, M, ldx, y, ldy, s, pdl);
-  });
+  w4a16_small_m(w, x, M, ldx, act, y, ldy, f32_out, s, pdl, device_sm_count());  // M >= 2 (w4a16_small_m.cu)
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
-// The W4A16 kernel for M >= 2 tokens, groups of 64 or 128
-// (the w4a16_mma registry row sends those calls here; M = 1 takes the integer
-// GEMV, w4a16_gemv.cu, and groups of 32 the general kernel, w4a16.cu).
+// The W4A16 kernel for M >= 2 tokens (the w4a16_mma registry rows send those
+// calls here; M = 1 takes the integer GEMV, w4a16_gemv.cu). Groups of 32 take
+// the rounded path below at every M, two groups to a 64-input chunk with a
+// lane per group (WeightStream's GPC = 2; session 80: until then the general
+// kernel of w4a16.cu, fused 8B stack on an H100 at 4 / 16 / 64 tokens 2.60 /
+// 3.69 / 10.85 -> 1.98 / 2.69 / 7.17 ms); the exact path sums each k-step over
+// both of a chunk's groups, which its per-group combine cannot split.
 //
 // y[M, N] = x[M, K] · Ŵᵀ, x bf16 or fp16, fp32 accumulation. Up to 16 tokens
 // the weights are exact (FORMAT.md's c·s + m, never rounded to 16 bits), and
@@ -48,7 +52,7 @@
 //    general kernel's register-carried weights at more than 16 tokens. On
 //    sm_90 GPUs, 17..64 tokens (and fp16 beyond, in blocks of 64) take the
 //    wgmma kernel instead (w4a16_wgmma.cu; fused 8B stack at 64 tokens 7.2 →
-//    3.9 ms); this path serves other GPUs.
+//    3.9 ms); this path serves other GPUs, and groups of 32 at every M.
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_gemv.h"
@@ -82,7 +86,7 @@ __host__ __device__ constexpr int resident_parities(int nt) { return nt == 2 ? 2
 // twice); the activations are loaded per chunk, when needed.
 // The ring has two stages per warp and the main loop is unrolled by two, so
 // the stage of every access is a constant and no registers are copied.
-template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
+template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT, int GPC = 1>
 __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
     w4a16_small_m_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta, const T* __restrict__ x,
                          int64_t ldx, OutT* __restrict__ y, int64_t ldy, int M, int N, int K, int tiles, int chunks,
@@ -94,7 +98,8 @@ __global__ void __launch_bounds__(NT == 1 ? 512 : 256)
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * R;
   // The warp's next group: weights to issue (ws.gi), activations to load (gx,
   // running pointers xp).
-  WeightStream<R, CPG> ws(codes, meta, tile0, tiles, chunks, groups_padded, warp, wpt);
+  static_assert(GPC == 1 || !EXACT, "groups of 32 (two per chunk) take the rounded path only");
+  WeightStream<R, CPG, GPC> ws(codes, meta, tile0, tiles, chunks, groups_padded, warp, wpt);
   const T* xp[NT];
 #pragma unroll
   for (int n = 0; n < NT; ++n) xp[n] = x + static_cast<int64_t>(min(n * 8 + gid, M - 1)) * ldx + warp * G + 16 * tig;
@@ -758,7 +763,7 @@ bool launch_staged_split(const DeviceLinear& w, const T* x, int M, int64_t ldx, 
   return true;
 }
 
-template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT>
+template <typename T, typename OutT, int NT, int CPG, int R, bool PF, bool EXACT, int GPC = 1>
 void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
                     int sms, bool pdl) {
   const SmallMGrid g(w, CPG, R);
@@ -772,7 +777,7 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   // from 1.669-1.718 to 1.737-1.803 ms.
   constexpr int kMaxWarps = NT == 1 ? 16 : 8;
   const size_t smem_warp = 2 * R * stage_bytes(CPG) + NT * 8 * R * kTileRows * 4;  // ring + reduction
-  constexpr auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT>;
+  constexpr auto kernel = w4a16_small_m_kernel<T, OutT, NT, CPG, R, PF, EXACT, GPC>;
   max_dynamic_smem_once<kernel>(device_smem_cap(110 << 10));
   const int64_t fit = static_cast<int64_t>(device_smem_cap(110 << 10) / smem_warp);
   const int64_t most = std::max<int64_t>(std::min<int64_t>({kMaxWarps, g.groups, fit}), 1);
@@ -794,6 +799,12 @@ void launch_small_r(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
   // stack took 2.48 -> 2.70 ms at 17 tokens on that path (session 48,
   // docs/results/s48/even_share/ab_small.txt).
   if (NT == 3 && g.blocks > 4 * int64_t{sms}) pdl = false;
+  // Groups of 32 at 9..16 tokens launch without it too: the fused 8B stack at
+  // 16 tokens took 3.123-3.130 ms with every kernel's early launch and
+  // 2.691-2.694 without (an H100, session 80, docs/results/s80/h100-4), while
+  // 4 and 64 tokens gained from it (1.980-1.982 against 2.089-2.092 ms, 7.168-
+  // 7.174 against 7.388-7.396).
+  if (GPC == 2 && NT == 2) pdl = false;
   if (warps == 0) warps = std::clamp<int64_t>(int64_t{sms} * 32 / std::max<int64_t>(g.blocks, 1), 1, most);
   launch_small_m_kernel(kernel, g, warps, static_cast<size_t>(warps) * smem_warp, pdl, stream, w, x, ldx, y, ldy, M);
 }
@@ -869,7 +880,8 @@ void launch_small(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
 // on the H200: 64 tokens as 8 token tiles at once took 165 registers and 8.37 ms
 // for the fused stack, as two blocks of 32 about 7.5 ms; loading the activations
 // per k-step to save registers, 12.2 ms).
-template <typename T, typename OutT, int CPG>
+// GPC = 2: groups of 32, two to a chunk (WeightStream), at every M >= 2.
+template <typename T, typename OutT, int CPG, int GPC = 1>
 void launch_rounded(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, cudaStream_t stream,
                     int sms, bool pdl) {
   for (int m0 = 0; m0 < M; m0 += 32) {
@@ -877,11 +889,11 @@ void launch_rounded(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT*
     const T* xm = x + m0 * ldx;
     OutT* ym = y + m0 * ldy;
     if (m <= 8)
-      launch_small_r<T, OutT, 1, CPG, 1, false, false>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
+      launch_small_r<T, OutT, 1, CPG, 1, false, false, GPC>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
     else if (m <= 16)
-      launch_small_r<T, OutT, 2, CPG, 1, false, false>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
+      launch_small_r<T, OutT, 2, CPG, 1, false, false, GPC>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
     else
-      launch_small_r<T, OutT, 4, CPG, 1, false, false>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
+      launch_small_r<T, OutT, 4, CPG, 1, false, false, GPC>(w, xm, m, ldx, ym, ldy, stream, sms, pdl);
   }
 }
 
@@ -967,6 +979,9 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   OutT* y = static_cast<OutT*>(yv);
   const int G = w.group_size;
   const bool g64 = G == 64;
+  // Groups of 32: the rounded path at every M (the exact one sums each k-step
+  // over both of a chunk's groups, which its per-group combine cannot split).
+  if (G == 32) return launch_rounded<T, OutT, 1, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
   if (!small_m_exact(w.rows, w.cols, G, M, sms))
     return g64 ? launch_rounded<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)
                : launch_rounded<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
@@ -1001,12 +1016,14 @@ bool w4a16_three_tiles_exact(int64_t rows, int64_t cols, int group_size, int sms
 }
 
 bool w4a16_exact_weights(const DeviceLinear& w, int64_t M, Act act) {
-  if (w.group_size < 64) return M == 1;  // groups of 32: the integer GEMV, else the general kernel (rounded)
+  if (w.group_size < 64) return M == 1;  // groups of 32: the integer GEMV, else the rounded path
   if (M <= 16) return true;             // the integer GEMV and the small-M kernels
   return !w4a16_wgmma_applies(w, M, act) && small_m_exact(w.rows, w.cols, w.group_size, M, device_sm_count());
 }
 
-bool w4a16_small_m_applies(int group_size, int64_t M) { return M >= 2 && (group_size == 64 || group_size == 128); }
+bool w4a16_small_m_applies(int group_size, int64_t M) {
+  return M >= 2 && (group_size == 32 || group_size == 64 || group_size == 128);
+}
 
 int w4a16_resident_x_ks(int64_t rows, int64_t cols, int group_size, int64_t M, int sms, size_t elem) {
   if (M < 9 || M > 24 || (group_size != 64 && group_size != 128) || cols % group_size != 0) return 0;

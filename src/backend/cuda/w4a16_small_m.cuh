@@ -51,8 +51,14 @@ struct SmallMGrid {
 // the matrix reads the last one, and its outputs are not stored), then gi +=
 // step. Lane slots (see w4a16_gemv.cu): stage st, tile r, chunk u of the codes
 // at rq + ((st·R + r)·CPG + u)·512, its scale/min entry at rm + (st·R + r)·256.
-template <int R, int CPG>
+// GPC = 2 (groups of 32, CPG = 1): a "group" of the stream is a chunk of 64
+// inputs holding two groups, and each lane copies the scale/min entry of its
+// own one: lanes of tig 0 and 1 hold the chunk's inputs 0..31 (the layout's
+// input 16·tig + …), tig 2 and 3 inputs 32..63, so a lane's nibbles all belong
+// to group 2·gi + tig / 2 (the integer GEMV's lane per group, session 79).
+template <int R, int CPG, int GPC = 1>
 struct WeightStream {
+  static_assert(GPC == 1 || (GPC == 2 && CPG == 1), "two groups per chunk: groups of 32, one chunk per step");
   const uint4* cp;
   const uint2* mp;
   int cp_tile[R], mp_tile[R];
@@ -62,7 +68,7 @@ struct WeightStream {
                                           int groups_padded, int first, int step_) {
     const int lane = threadIdx.x & 31;
     cp = codes + (tile0 * chunks + first * CPG) * 32 + lane;
-    mp = meta + (tile0 * groups_padded + first) * 8 + (lane >> 2);
+    mp = meta + (tile0 * groups_padded + first * GPC + (GPC == 2 ? (lane >> 1) & 1 : 0)) * 8 + (lane >> 2);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int t = static_cast<int>(tile0 + r < tiles ? r : tiles - 1 - tile0);
@@ -70,7 +76,7 @@ struct WeightStream {
       mp_tile[r] = t * groups_padded * 8;
     }
     cp_step = static_cast<int64_t>(step_) * CPG * 32;
-    mp_step = static_cast<int64_t>(step_) * 8;
+    mp_step = static_cast<int64_t>(step_) * GPC * 8;
     gi = first;
     step = step_;
   }
