@@ -111,20 +111,29 @@ void print_metadata(const ModelSource& src) {
 
 void print_summary(const ModelSource& src) {
   print_header(src);
-  std::printf("\n%-48s %-19s %-14s %12s %8s\n", "tensor", "stored as", "shape", "bytes", "bits/w");
+  // The "stored as" column as wide as its longest entry ("Q4_1:int4_g32_asym_f32").
+  const std::vector<std::string> names = src.names();
+  std::vector<std::string> stored_col;
+  int width = 19;
+  for (const std::string& name : names) {
+    stored_col.push_back(stored_as(src, name, src.meta(name)));
+    width = std::max(width, static_cast<int>(stored_col.back().size()));
+  }
+  std::printf("\n%-48s %-*s %-14s %12s %8s\n", "tensor", width, "stored as", "shape", "bytes", "bits/w");
   uint64_t params = 0, bytes = 0, qparams = 0, qbytes = 0;
   size_t nq = 0;
-  for (const std::string& name : src.names()) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
     const TensorMeta m = src.meta(name);
     const uint64_t n = static_cast<uint64_t>(shape_numel(m.shape));
-    const std::string stored = stored_as(src, name, m);
-    std::printf("%-48s %-19s %-14s %12s %8.3f\n", name.c_str(), stored.c_str(), shape_str(m.shape).c_str(),
+    const std::string& stored = stored_col[i];
+    std::printf("%-48s %-*s %-14s %12s %8.3f\n", name.c_str(), width, stored.c_str(), shape_str(m.shape).c_str(),
                 human_bytes(m.stored_bytes).c_str(), n ? 8.0 * m.stored_bytes / n : 0.0);
     params += n;
     bytes += m.stored_bytes;
     if (is_quantized(m, stored)) qparams += n, qbytes += m.stored_bytes, ++nq;
   }
-  std::printf("\ntotal: %zu tensors, %.3f M params, %s, %.3f bits/weight\n", src.names().size(), params / 1e6,
+  std::printf("\ntotal: %zu tensors, %.3f M params, %s, %.3f bits/weight\n", names.size(), params / 1e6,
               human_bytes(bytes).c_str(), params ? 8.0 * bytes / params : 0.0);
   if (nq)
     std::printf("quantized: %zu matrices, %.3f M params, %s, %.3f bits/weight\n", nq, qparams / 1e6,
