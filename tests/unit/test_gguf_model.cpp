@@ -383,6 +383,36 @@ TEST(GgufSource, UnloadableTypeIsReportedBeforeAnyLoad) {
   EXPECT_EQ(test::error_of([&] { GgufSource::open(tmp / "ok.gguf")->check_loadable(); }), "(no error)");
 }
 
+// Every matrix of `gguf` stored as ggml `type` has the exact format `format`,
+// whose parts dequantize to load()'s values bit for bit; every other tensor
+// has none (and exact_parts says so). Returns how many matrices were `type`.
+int expect_exact_matrices(const GgufSource& gguf, const std::string& type, const std::string& format) {
+  const FormatChoice fc = find_format(format);
+  int exact = 0;
+  for (const std::string& n : gguf.names()) {
+    const std::optional<FormatChoice> f = gguf.exact_format(n);
+    if (gguf.foreign_format(n) != type) {
+      EXPECT_FALSE(f) << n;
+      EXPECT_NE(test::error_of([&] { gguf.exact_parts(n); }).find("has no exact nibble format"), std::string::npos);
+      continue;
+    }
+    if (!f) {
+      ADD_FAILURE() << n << ": no exact format";
+      continue;
+    }
+    EXPECT_EQ(f->canonical_name(), format);
+    const TensorMeta m = gguf.meta(n);
+    const Tensor w = dequantize_parts(fc, gguf.exact_parts(n), m.shape[0], m.shape[1]);
+    const Tensor ref = gguf.load(n);
+    EXPECT_EQ(w.shape(), ref.shape()) << n;
+    if (w.shape() == ref.shape()) {
+      EXPECT_EQ(std::memcmp(w.raw(), ref.raw(), ref.nbytes()), 0) << n;
+    }
+    ++exact;
+  }
+  return exact;
+}
+
 // llama.cpp's Q4_0 (x = (q − 8)·d, f16 d per 32 inputs) is int4_g32_sym
 // exactly: exact_parts of every Q4_0 matrix of its stories260K file dequantize
 // through nibble's int4_sym to ggml's own values bit for bit, q and k rows
@@ -391,25 +421,8 @@ TEST(GgufSource, UnloadableTypeIsReportedBeforeAnyLoad) {
 // has none.
 TEST(GgufSource, Q4_0MatricesAreInt4SymExactly) {
   const auto gguf = GgufSource::open(stories() / "gguf" / "stories260K-Q4_0.gguf");
-  const FormatChoice sym = find_format("int4_g32_sym");
-  int exact = 0;
-  for (const std::string& n : gguf->names()) {
-    const std::optional<FormatChoice> f = gguf->exact_format(n);
-    if (gguf->foreign_format(n) != "Q4_0") {
-      EXPECT_FALSE(f) << n;
-      EXPECT_NE(test::error_of([&] { gguf->exact_parts(n); }).find("has no exact nibble format"), std::string::npos);
-      continue;
-    }
-    ASSERT_TRUE(f) << n;
-    EXPECT_EQ(f->canonical_name(), "int4_g32_sym");
-    const TensorMeta m = gguf->meta(n);
-    const Tensor w = dequantize_parts(sym, gguf->exact_parts(n), m.shape[0], m.shape[1]);
-    const Tensor ref = gguf->load(n);
-    ASSERT_EQ(w.shape(), ref.shape()) << n;
-    EXPECT_EQ(std::memcmp(w.raw(), ref.raw(), ref.nbytes()), 0) << n;
-    ++exact;
-  }
-  EXPECT_EQ(exact, 1 + 5 * 6);  // the embedding; q, k, v, o, gate, up of 5 layers (down_proj, 172 wide, is F16)
+  // the embedding; q, k, v, o, gate, up of 5 layers (down_proj, 172 wide, is F16)
+  EXPECT_EQ(expect_exact_matrices(*gguf, "Q4_0", "int4_g32_sym"), 1 + 5 * 6);
   const auto km = GgufSource::open(stories() / "gguf" / "stories260K-Q4_K_M.gguf");
   for (const std::string& n : km->names()) EXPECT_FALSE(km->exact_format(n)) << n;
 }
@@ -418,25 +431,8 @@ TEST(GgufSource, Q4_0MatricesAreInt4SymExactly) {
 // exactly: scale d, min m, the codes re-ordered, q and k rows unpermuted.
 TEST(GgufSource, Q4_1MatricesAreInt4AsymF32Exactly) {
   const auto gguf = GgufSource::open(stories() / "gguf" / "stories260K-Q4_1.gguf");
-  const FormatChoice asym = find_format("int4_g32_asym_f32");
-  int exact = 0;
-  for (const std::string& n : gguf->names()) {
-    const std::optional<FormatChoice> f = gguf->exact_format(n);
-    if (gguf->foreign_format(n) != "Q4_1") {
-      EXPECT_FALSE(f) << n;
-      continue;
-    }
-    ASSERT_TRUE(f) << n;
-    EXPECT_EQ(f->canonical_name(), "int4_g32_asym_f32");
-    const TensorMeta m = gguf->meta(n);
-    const Tensor w = dequantize_parts(asym, gguf->exact_parts(n), m.shape[0], m.shape[1]);
-    const Tensor ref = gguf->load(n);
-    ASSERT_EQ(w.shape(), ref.shape()) << n;
-    EXPECT_EQ(std::memcmp(w.raw(), ref.raw(), ref.nbytes()), 0) << n;
-    ++exact;
-  }
   // The embedding; q, k, v, o, gate, up of 5 layers (down_proj, 172 wide, is F16; output.weight is Q8_0).
-  EXPECT_EQ(exact, 1 + 5 * 6);
+  EXPECT_EQ(expect_exact_matrices(*gguf, "Q4_1", "int4_g32_asym_f32"), 1 + 5 * 6);
 }
 
 // Q4_K (256-input super-blocks of 8 sub-blocks of 32, x = (d·sc)·q − dmin·mn)
@@ -526,26 +522,7 @@ TEST(GgufSource, Q4_KMatricesAreInt4AsymF32Exactly) {
   ASSERT_GE(sub, 64 * 64);  // sub-block 64a + r has scale r and min 29r + a (mod 64): every (scale, min) pair
   b.write(tmp / "q4k.gguf");
 
-  const auto gguf = GgufSource::open(tmp / "q4k.gguf");
-  const FormatChoice asym = find_format("int4_g32_asym_f32");
-  int exact = 0;
-  for (const std::string& n : gguf->names()) {
-    const std::optional<FormatChoice> f = gguf->exact_format(n);
-    if (gguf->foreign_format(n) != "Q4_K") {
-      EXPECT_FALSE(f) << n;
-      continue;
-    }
-    ASSERT_TRUE(f) << n;
-    EXPECT_EQ(f->canonical_name(), "int4_g32_asym_f32");
-    const TensorMeta m = gguf->meta(n);
-    const std::vector<Tensor> parts = gguf->exact_parts(n);
-    const Tensor w = dequantize_parts(asym, parts, m.shape[0], m.shape[1]);
-    const Tensor ref = gguf->load(n);
-    ASSERT_EQ(w.shape(), ref.shape()) << n;
-    EXPECT_EQ(std::memcmp(w.raw(), ref.raw(), ref.nbytes()), 0) << n;
-    ++exact;
-  }
-  EXPECT_EQ(exact, q4_k);
+  EXPECT_EQ(expect_exact_matrices(*GgufSource::open(tmp / "q4k.gguf"), "Q4_K", "int4_g32_asym_f32"), q4_k);
 }
 
 // ---------------------------------------------------------------- perplexity
