@@ -58,6 +58,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/w4a16_gemv.h"
 #include "nibble/cuda.h"
 #include "nibble/dtype.h"
 #include "nibble/format.h"
@@ -389,7 +390,7 @@ int main(int argc, char** argv) {
       const DeviceLinear w = k->upload(random_parts(sh.n, sh.k, 1), sh.n, sh.k, g_group);
       for (int M : ms)
         for (int i = 0; i < 2; ++i) k->gemm(w, x.get(), M, sh.k, y.get(), sh.n, g_act, false, s, false);
-      if (k->gemv_chain != nullptr && k->prepare != nullptr && g_group != 32 &&
+      if (k->gemv_chain != nullptr && k->prepare != nullptr && nibble::cuda::w4a16_gemv_chain_applies(g_group) &&
           std::find(ms.begin(), ms.end(), 1) != ms.end()) {  // M = 1: the weight as a chain of one call
         k->prepare(w, x.get(), g_act, w.scratch.get(), w.scratch.bytes(), s, false);
         DeviceBuffer sync(nibble::cuda::kGemvChainSync * sizeof(unsigned));
@@ -584,8 +585,7 @@ int main(int argc, char** argv) {
       };
       std::vector<const DeviceLinear*> all;
       for (const DeviceLinear& l : w) all.push_back(&l);
-      // The chains take groups of 64/128 (w4a16_gemv_chain_applies).
-      const bool chains_apply = k->gemv_chain != nullptr && g_group != 32;
+      const bool chains_apply = k->gemv_chain != nullptr && nibble::cuda::w4a16_gemv_chain_applies(g_group);
       if (chains_apply) report("M=1 chains of 8", time_captured(s, reps, [&] { chains(all); }));
       // The reference for the rows above: the same weights read by one
       // plain kernel each, at 4 (whole SMs) and 2 (room for the next) blocks of

@@ -207,24 +207,29 @@ void w4a16_prepare(const DeviceLinear& w, const void* x, Act act, void* prepared
 
 void w4a16_chain(const GemvCall* calls, int count, unsigned* sync, void* stream, bool pdl);
 
-const LinearKernel kW4A16{"int4_asym", "w4a16_mma", {32, 64, 128}, &w4a16_upload, &w4a16_gemm,
-                          &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
+// A w4a16_mma registry row: a format family and its upload; every row shares
+// the layout and the kernels.
+LinearKernel w4a16_row(std::string_view format,
+                       DeviceLinear (*upload)(const std::vector<Tensor>&, int64_t, int64_t, int)) {
+  return {format, "w4a16_mma", {32, 64, 128}, upload, &w4a16_gemm,
+          &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
+}
+
+const LinearKernel kW4A16 = w4a16_row("int4_asym", &w4a16_upload);
 
 // int4_sym runs on the same kernels: its parameters become int4_asym's at
 // upload (int4_sym_as_asym) and the weight is an int4_asym weight from then on.
 DeviceLinear w4a16_upload_sym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   return w4a16_upload(int4_sym_as_asym(parts, rows, cols, group_size), rows, cols, group_size);
 }
-const LinearKernel kW4A16Sym{"int4_sym", "w4a16_mma", {32, 64, 128}, &w4a16_upload_sym, &w4a16_gemm,
-                             &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
+const LinearKernel kW4A16Sym = w4a16_row("int4_sym", &w4a16_upload_sym);
 
 // int4_asym_f32 (AWQ, asymmetric GPTQ, Q4_1, Q4_K re-encoded) likewise: each
 // fp32 scale and min rounded once to bf16 (int4_asym_f32_as_asym).
 DeviceLinear w4a16_upload_f32(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   return w4a16_upload(int4_asym_f32_as_asym(parts, rows, cols, group_size), rows, cols, group_size);
 }
-const LinearKernel kW4A16F32{"int4_asym_f32", "w4a16_mma", {32, 64, 128}, &w4a16_upload_f32, &w4a16_gemm,
-                             &w4a16_single_token_f32, &w4a16_prepared, &w4a16_prepare, &w4a16_chain};
+const LinearKernel kW4A16F32 = w4a16_row("int4_asym_f32", &w4a16_upload_f32);
 
 DeviceLinear w4a16_upload(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
   check_parts(parts, rows, cols, group_size);
