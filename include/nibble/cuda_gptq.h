@@ -94,7 +94,7 @@ GpuPreparedHessian prepare_hessian_device(const double* H, int64_t n, int64_t to
 // A CPU-prepared Hessian moved to the GPU (the sweep then sees exactly the CPU's U).
 GpuPreparedHessian upload(const quant::PreparedHessian& prepared, int64_t tokens = 0);
 
-// True when the GPU sweep implements the format (int4_asym and int4_sym, every
+// True when the GPU sweep implements the format (int4_asym, int4_sym and int4_asym_f32, every
 // group size that divides the 128-column block). The message names what is
 // supported.
 bool gptq_supports(const FormatChoice& format, std::string* why = nullptr);

@@ -22,7 +22,7 @@ struct QuantizerConfig {
   bool mse = false;        // range search per group (33 shrink factors, |err|^2.4)
   bool act_order = false;  // GPTQ: decreasing diag(H) order, static groups
   double damp = 0.01;      // GPTQ: λ = damp · mean(diag H)
-  // Where the method runs: "cpu", or "cuda" (GPTQ on int4_asym and int4_sym; needs a
+  // Where the method runs: "cpu", or "cuda" (GPTQ on int4_asym, int4_sym and int4_asym_f32; needs a
   // CUDA build and a visible device, checked when the quantizer is made).
   std::string device = "cpu";
   // GPTQ: passes of quant::refine after the sweep (0: none; --device cuda: int4_asym, int4_sym).

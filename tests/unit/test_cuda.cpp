@@ -529,6 +529,28 @@ TEST(Cuda, W4A16SmallMFirstWorkedExamples) {
   EXPECT_TRUE(cuda::w4a16_small_m_first(264, 2176, 128, 28, 132));
   // Beyond 32 tokens the small-M kernel takes two passes: always the wgmma kernel.
   EXPECT_FALSE(cuda::w4a16_small_m_first(4096, 4096, 128, 33, 132));
+  // Groups of 32: the wgmma kernel's unit is a chunk of two, so its grid is that of groups of 64, and the small-M
+  // kernel (its rounded path) goes first where that grid splits K 4 or more ways: o (64 chunks, KS 8), q|k|v (KS
+  // 4); not 14336 × 4096 (KS 2), gate|up or the head (no three exact tiles, no resident activations).
+  for (int64_t M : {17, 24, 32}) {
+    EXPECT_TRUE(cuda::w4a16_small_m_first(4096, 4096, 32, M, 132));
+    EXPECT_TRUE(cuda::w4a16_small_m_first(6144, 4096, 32, M, 132));
+    EXPECT_FALSE(cuda::w4a16_small_m_first(14336, 4096, 32, M, 132));
+    EXPECT_FALSE(cuda::w4a16_small_m_first(28672, 4096, 32, M, 132));
+    EXPECT_FALSE(cuda::w4a16_small_m_first(128256, 4096, 32, M, 132));
+  }
+  EXPECT_FALSE(cuda::w4a16_small_m_first(4096, 4096, 32, 33, 132));
+}
+
+// The wgmma kernel's x image up to 64 tokens (the weight's scratch): per unit of
+// max(G, 64) inputs, 64 tokens × that many 16-bit inputs; a ragged last unit
+// takes a whole one. Groups of 32 share a chunk's image. No device needed.
+TEST(Cuda, W4A16WgmmaScratchWorkedExamples) {
+  EXPECT_EQ(cuda::w4a16_wgmma_scratch_bytes(4096, 128), size_t{32} * 64 * 128 * 2);
+  EXPECT_EQ(cuda::w4a16_wgmma_scratch_bytes(4160, 128), size_t{33} * 64 * 128 * 2);
+  EXPECT_EQ(cuda::w4a16_wgmma_scratch_bytes(4160, 64), size_t{65} * 64 * 64 * 2);
+  EXPECT_EQ(cuda::w4a16_wgmma_scratch_bytes(4100, 32), size_t{65} * 64 * 64 * 2);  // 129 groups of 32 in 65 chunks
+  EXPECT_EQ(cuda::w4a16_wgmma_scratch_bytes(96, 32), size_t{2} * 64 * 64 * 2);
 }
 
 // Which matrices the small-M kernel runs exactly on three token tiles at
@@ -809,6 +831,10 @@ TEST(Cuda, W4A16WgmmaGrids) {
   check_w4a16({33800, 1092, 128}, cuda::Act::F16, {20}, true, 33);
   check_w4a16({33800, 1092, 64}, cuda::Act::F16, {20}, false, 34);
   check_w4a16({264, 576, 64}, cuda::Act::F16, {20, 33}, true, 25);
+  // Groups of 32 (a lane per group, WeightStream<1, 1, 2>): the tall matrix at 4 warpgroups per block, the narrow one
+  // split over clusters (K 1092: a ragged last group and chunk).
+  check_w4a16({33800, 576, 32}, cuda::Act::BF16, {17, 33, 64}, false, 35);
+  check_w4a16({264, 1092, 32}, cuda::Act::F16, {20, 40}, true, 36);
 }
 
 // Grids whose clusters the device cannot hold at once take a smaller K split,
@@ -841,6 +867,7 @@ TEST(Cuda, W4A16PortablePathBeyond16Tokens) {
   ASSERT_EQ(setenv("NIBBLE_W4A16_WGMMA", "0", 1), 0);
   check_w4a16({40, 4100, 128}, cuda::Act::BF16, {17, 32, 33, 64}, false, 26);
   check_w4a16({72, 4160, 64}, cuda::Act::F16, {24, 64, 65}, false, 27);
+  check_w4a16({40, 4100, 32}, cuda::Act::BF16, {17, 33, 64}, false, 37);
   ASSERT_EQ(unsetenv("NIBBLE_W4A16_WGMMA"), 0);
 }
 

@@ -169,7 +169,7 @@ struct SweepCase {
 // ≥ 99.9 % of entries, others one step apart, since the trailing GEMM's f32
 // summation order can flip exact near-ties; cost and output error close).
 void expect_close_to_cpu(const GptqResult& gpu, const GptqResult& cpu, const std::vector<float>& x, int64_t tokens,
-                         const std::vector<float>& w, const std::string& what) {
+                         const std::vector<float>& w, int64_t g, const std::string& what) {
   SCOPED_TRACE(what);
   ASSERT_EQ(gpu.codes.size(), cpu.codes.size());
   ASSERT_EQ(gpu.params.size(), cpu.params.size());
@@ -196,8 +196,11 @@ void expect_close_to_cpu(const GptqResult& gpu, const GptqResult& cpu, const std
   EXPECT_EQ(gpu.damp_used, cpu.damp_used);
   EXPECT_EQ(gpu.lambda, cpu.lambda);
   EXPECT_EQ(gpu.dead_columns, cpu.dead_columns);
-  // Where code and parameters agree, the dequantized value is the CPU's bit for bit.
-  const int64_t gpr = cpu.params.size() / cpu.rows, g = (cpu.cols + gpr - 1) / gpr;
+  // Where code and parameters agree, the dequantized value is the CPU's bit for bit. (Group size g, not the
+  // columns over the groups per row: 200 columns in 7 groups of 32 would give 29, and compare another group's
+  // parameters; with int4_asym's bf16 parameters the two groups happened to agree.)
+  const int64_t gpr = cpu.params.size() / cpu.rows;
+  ASSERT_EQ(gpr, (cpu.cols + g - 1) / g);
   for (int64_t r = 0; r < cpu.rows; ++r)
     for (int64_t c = 0; c < cpu.cols; ++c) {
       const size_t i = r * cpu.cols + c, k = r * gpr + c / g;
@@ -215,7 +218,7 @@ TEST(Cuda, GptqSweepMatchesCpu) {
       {300, 384, 32, true, false, false},   {300, 384, 64, false, true, true},   {300, 384, 128, true, true, false},
       {64, 200, 32, true, false, true},  // a ragged last block and group
   };
-  for (const std::string family : {"int4_asym", "int4_sym"}) {
+  for (const std::string family : {"int4_asym", "int4_sym", "int4_asym_f32"}) {
     for (const SweepCase& k : cases) {
       const int64_t T = 2 * k.cols;
       auto x = correlated_inputs(T, k.cols, 100 + k.cols);
@@ -231,10 +234,10 @@ TEST(Cuda, GptqSweepMatchesCpu) {
                                            k.act_order ? " act-order" : "", k.dead ? " dead" : "");
       // The whole solve on the GPU, and the GPU sweep on the CPU's own U.
       const GptqResult gpu = cuda::gptq(w.data(), k.rows, k.cols, cuda::prepare_hessian(s, o), f, k.mse, o);
-      expect_close_to_cpu(gpu, cpu, x, T, w, what + " (gpu U)");
+      expect_close_to_cpu(gpu, cpu, x, T, w, k.group, what + " (gpu U)");
       const GptqResult same_u =
           cuda::gptq(w.data(), k.rows, k.cols, cuda::upload(quant::prepare_hessian(s, o), T), f, k.mse, o);
-      expect_close_to_cpu(same_u, cpu, x, T, w, what + " (cpu U)");
+      expect_close_to_cpu(same_u, cpu, x, T, w, k.group, what + " (cpu U)");
       // The dead input's weights were zeroed before the sweep: each one is the
       // group's nearest value to 0, whatever the codes around it became.
       if (k.dead)
@@ -266,7 +269,7 @@ TEST(Cuda, GptqIdentityHessianBitExactWithCpu) {
   MatrixStats s(C);
   for (int64_t j = 0; j < C; ++j) s.H[j * C + j] = 1.0;
   s.tokens = 1;
-  for (const std::string family : {"int4_asym", "int4_sym"}) {
+  for (const std::string family : {"int4_asym", "int4_sym", "int4_asym_f32"}) {
     for (int g : {32, 64, 128})
       for (bool mse : {false, true})
         for (bool act : {false, true}) {
@@ -347,12 +350,15 @@ TEST(Cuda, GptqQuantizerDeviceCuda) {
 
   quant::QuantizerConfig other{find_format("int8_channel_sym", 0), false, false, 0.01, "cuda"};
   const std::string e = test::error_of([&] { quant::find_method("gptq").make(other); });
-  EXPECT_NE(e.find("int4_asym and int4_sym"), std::string::npos) << e;
+  EXPECT_NE(e.find("int4_asym, int4_sym and int4_asym_f32"), std::string::npos) << e;
   EXPECT_NE(e.find("--device cpu"), std::string::npos) << e;
   // --refine's formats on the GPU, and its message for the others.
   std::string why;
   EXPECT_TRUE(cuda::refine_supports(fs, &why));
   EXPECT_FALSE(cuda::refine_supports(find_format("nvfp4", 0), &why));
+  // int4_asym_f32: the sweep, not --refine (whose fp32 refits keep taking ever smaller steps).
+  EXPECT_TRUE(cuda::gptq_supports(find_format("int4_asym_f32", 32), &why));
+  EXPECT_FALSE(cuda::refine_supports(find_format("int4_asym_f32", 32), &why));
   EXPECT_NE(why.find("--refine on the GPU supports int4_asym and int4_sym"), std::string::npos) << why;
 }
 

@@ -1,4 +1,4 @@
-// GPTQ's column sweep on the GPU for int4_asym and int4_sym: one kernel per
+// GPTQ's column sweep on the GPU for int4_asym, int4_sym and int4_asym_f32: one kernel per
 // 128-column lazy block, then the block's error onto every later column with
 // cublasSgemm. The CPU reference is gptq() in src/quant/gptq.cpp; the group fit
 // and the code choice are the format's (src/formats/int4_asym.cpp,
@@ -46,7 +46,7 @@ __constant__ float c_shrink[kMseSteps];
 
 // The parameters of one group held by a warp: element i of the group is
 // v[i / 32] of lane i % 32, the first n valid. Plain fit, or the --mse search.
-// F: the format (gptq_int4::Asym or Sym).
+// F: the format (gptq_int4::Asym, AsymF32 or Sym).
 template <class F, int R, bool kMse>
 __device__ __forceinline__ Int4Params warp_fit(const float (&v)[R], int n, int lane, int* bad) {
   float lo = INFINITY, hi = -INFINITY;
@@ -287,6 +287,8 @@ struct SweepFormat {
 constexpr SweepFormat kSweepFormats[] = {
     {"int4_asym", pick_sweep<Asym>, launch_static_fit<Asym>, "a group's range max - min is not finite in fp32"},
     {"int4_sym", pick_sweep<Sym>, launch_static_fit<Sym>, "a group's absmax / 7 is beyond the f16 range"},
+    {"int4_asym_f32", pick_sweep<AsymF32>, launch_static_fit<AsymF32>,
+     "a group's range max - min is not finite in fp32"},
 };
 
 const SweepFormat* sweep_format(const FormatChoice& f) { return format_row(kSweepFormats, f); }
@@ -296,7 +298,7 @@ const SweepFormat* sweep_format(const FormatChoice& f) { return format_row(kSwee
 bool gptq_supports(const FormatChoice& f, std::string* why) {
   const bool ok = sweep_format(f) != nullptr && f.group_size > 0 && kBlock % f.group_size == 0;
   if (!ok && why)
-    *why = fmt::format("the GPU GPTQ sweep supports int4_asym and int4_sym with a group size dividing {} (32, 64, "
+    *why = fmt::format("the GPU GPTQ sweep supports int4_asym, int4_sym and int4_asym_f32 with a group size dividing {} (32, 64, "
                        "128); {} is not supported on --device cuda (use --device cpu)",
                        kBlock, f.spec ? f.canonical_name() : std::string("(no format)"));
   return ok;

@@ -12,7 +12,7 @@ namespace nibble::cuda::gptq_int4 {
 
 constexpr int kLevels = 15;  // int4 codes 0..15
 
-// A group's parameters: int4_asym's (scale, min); int4_sym's scale (min 0).
+// A group's parameters: int4_asym's and int4_asym_f32's (scale, min); int4_sym's scale (min 0).
 struct Int4Params {
   float scale, min;
 };
@@ -28,9 +28,13 @@ __device__ __forceinline__ float round_bf16(float x) {
 // decode. fit sets *bad where the CPU's fit_group throws. For --refine:
 // code_value (decode = code_value · scale + min, FormatSpec::affine) and store
 // (AffineParams::store: the parameters rounded as the format stores them).
-struct Asym {
+// int4_asym (BF16 = true: parameters stored as bf16) and int4_asym_f32 (false: as fp32; FORMAT.md §7.8).
+template <bool BF16>
+struct AsymT {
   static constexpr bool kHasMin = true;
-  // int4_asym.cpp: scale = bf16((max − min) / 15), min = bf16(min), both times the shrink factor first.
+  // The stored type's rounding (int4_asym.cpp's stored<P>).
+  __device__ static __forceinline__ float stored(float v) { return BF16 ? round_bf16(v) : v; }
+  // int4_asym.cpp: scale = stored((max − min) / 15), min = stored(min), both times the shrink factor first.
   __device__ static __forceinline__ Int4Params fit(float lo, float hi, float shrink, int* bad) {
     lo = __fmul_rn(lo, shrink);
     hi = __fmul_rn(hi, shrink);
@@ -40,7 +44,7 @@ struct Asym {
       atomicExch(bad, 1);
       return {0.0f, 0.0f};
     }
-    return {round_bf16(__fdiv_rn(range, static_cast<float>(kLevels))), round_bf16(lo)};
+    return {stored(__fdiv_rn(range, static_cast<float>(kLevels))), stored(lo)};
   }
   // code = clamp(rne((w − min) / scale), 0, 15), w' = code·scale + min.
   __device__ static __forceinline__ int encode(float w, Int4Params p) {
@@ -52,13 +56,16 @@ struct Asym {
     return __fadd_rn(__fmul_rn(static_cast<float>(code), p.scale), p.min);
   }
   __device__ static __forceinline__ float code_value(int code) { return static_cast<float>(code); }
-  // Both rounded to bf16, a zero min stored as +0.
+  // Both rounded to f32, then to the stored type; a zero min stored as +0.
   __device__ static __forceinline__ Int4Params store(double scale, double min) {
-    Int4Params p{round_bf16(__double2float_rn(scale)), round_bf16(__double2float_rn(min))};
+    Int4Params p{stored(__double2float_rn(scale)), stored(__double2float_rn(min))};
     if (p.min == 0.0f) p.min = 0.0f;
     return p;
   }
 };
+
+using Asym = AsymT<true>;
+using AsymF32 = AsymT<false>;
 
 struct Sym {
   static constexpr bool kHasMin = false;

@@ -6,11 +6,11 @@
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, x and y bf16 or fp16, fp32 accumulation.
 // Dispatch: M = 1 takes the integer GEMV (w4a16_gemv.cu); bf16 calls with
 // M > 64 dequantize the weight and run cuBLAS, except up to 256 tokens on
-// sm_90 GPUs at groups of 64/128; every other call takes the small-M kernel
-// (w4a16_small_m.cu), which sends more than 16 tokens on sm_90 to the wgmma
-// kernel (w4a16_wgmma.cu) at groups of 64/128, and runs groups of 32 on its
-// rounded path. Until session 80 groups of 32 at M >= 2 took a general kernel
-// of this file (docs/CUDA.md "Design of the general kernel", removed).
+// sm_90 GPUs; every other call takes the small-M kernel (w4a16_small_m.cu),
+// which sends more than 16 tokens on sm_90 to the wgmma kernel
+// (w4a16_wgmma.cu). Until session 80 groups of 32 at M >= 2 took a general
+// kernel of this file (docs/CUDA.md "Design of the general kernel", removed);
+// until session 81 they stayed on the small-M kernel's rounded path at every M.
 //
 // The layout serves every kernel: decode is bandwidth bound, so each byte of
 // weights is read once, in coalesced 16-byte loads (a warp reads 512

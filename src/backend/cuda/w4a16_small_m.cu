@@ -1,10 +1,11 @@
 // The W4A16 kernel for M >= 2 tokens (the w4a16_mma registry rows send those
 // calls here; M = 1 takes the integer GEMV, w4a16_gemv.cu). Groups of 32 take
-// the rounded path below at every M, two groups to a 64-input chunk with a
-// lane per group (WeightStream's GPC = 2; session 80: until then the general
-// kernel of w4a16.cu, fused 8B stack on an H100 at 4 / 16 / 64 tokens 2.60 /
-// 3.69 / 10.85 -> 1.98 / 2.69 / 7.17 ms); the exact path sums each k-step over
-// both of a chunk's groups, which its per-group combine cannot split.
+// the rounded path below, two groups to a 64-input chunk with a lane per group
+// (WeightStream's GPC = 2; session 80: until then the general kernel of
+// w4a16.cu, fused 8B stack on an H100 at 4 / 16 / 64 tokens 2.60 / 3.69 /
+// 10.85 -> 1.98 / 2.69 / 7.17 ms), and on sm_90 beyond 16 tokens the wgmma
+// kernel as other groups do (session 81); the exact path sums each k-step
+// over both of a chunk's groups, which its per-group combine cannot split.
 //
 // y[M, N] = x[M, K] · Ŵᵀ, x bf16 or fp16, fp32 accumulation. Up to 16 tokens
 // the weights are exact (FORMAT.md's c·s + m, never rounded to 16 bits), and
@@ -52,7 +53,7 @@
 //    general kernel's register-carried weights at more than 16 tokens. On
 //    sm_90 GPUs, 17..64 tokens (and fp16 beyond, in blocks of 64) take the
 //    wgmma kernel instead (w4a16_wgmma.cu; fused 8B stack at 64 tokens 7.2 →
-//    3.9 ms); this path serves other GPUs, and groups of 32 at every M.
+//    3.9 ms); this path serves other GPUs.
 #include "backend/cuda/check.h"
 #include "backend/cuda/w4a16_common.cuh"
 #include "backend/cuda/w4a16_gemv.h"
@@ -979,8 +980,8 @@ void run_small(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
   OutT* y = static_cast<OutT*>(yv);
   const int G = w.group_size;
   const bool g64 = G == 64;
-  // Groups of 32: the rounded path at every M (the exact one sums each k-step
-  // over both of a chunk's groups, which its per-group combine cannot split).
+  // Groups of 32: the rounded path (the exact one sums each k-step over both
+  // of a chunk's groups, which its per-group combine cannot split).
   if (G == 32) return launch_rounded<T, OutT, 1, 2>(w, x, M, ldx, y, ldy, stream, sms, pdl);
   if (!small_m_exact(w.rows, w.cols, G, M, sms))
     return g64 ? launch_rounded<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, sms, pdl)

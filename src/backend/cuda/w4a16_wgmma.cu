@@ -1,7 +1,10 @@
 // W4A16 for more than 16 tokens on Hopper's warpgroup tensor-core instruction
-// (wgmma; sm_90a), groups of 64 or 128 (w4a16_small_m.cu dispatches here; other
-// GPUs keep the small-M kernel's rounded path): fp16 at any M, bf16 up to
+// (wgmma; sm_90a), groups of 32, 64 or 128 (w4a16_small_m.cu dispatches here;
+// other GPUs keep the small-M kernel's rounded path): fp16 at any M, bf16 up to
 // kWgmmaBf16MaxM tokens (beyond, dequantize + cuBLAS is faster: w4a16.cu).
+// Groups of 32 (session 81) take a chunk of two groups as the unit, and each
+// lane decodes with its own group's scale/min (WeightStream's GPC = 2, as the
+// small-M kernel's rounded path): the decoded A fragments are the same.
 //
 // y[M, N] = x[M, K] · Ŵᵀ, each weight rounded once to fl16(c·s + m) as the
 // rounded path (docs/CUDA.md, "Numerics"), fp32 accumulation.
@@ -214,7 +217,7 @@ static_assert(wg_smem_bytes<128, 2>(wg_max_nwg(128)) <= kWgMaxSmem &&
                   wg_smem_bytes<256, 2>(wg_max_nwg(256)) <= kWgMaxSmem,
               "the largest blocks fit in shared memory");
 
-template <typename T, typename OutT, int NTOK, int CPG>
+template <typename T, typename OutT, int NTOK, int CPG, int GPC>
 __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
     w4a16_wgmma_kernel(const uint4* __restrict__ codes, const uint2* __restrict__ meta,
                        const unsigned char* __restrict__ img, OutT* __restrict__ y, int64_t ldy, int M, int N,
@@ -226,7 +229,7 @@ __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
   const int nwarps = nthr >> 5, ks = blockIdx.y, KS = gridDim.y;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * nwarps;
-  WeightStream<1, CPG> ws(codes, meta, tile0 + warp, tiles, chunks, groups_padded, ks, KS);
+  WeightStream<1, CPG, GPC> ws(codes, meta, tile0 + warp, tiles, chunks, groups_padded, ks, KS);
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   uint32_t rq = base + S * GB + (warp * S * CPG * 32 + lane) * 16;
   uint32_t rm = base + S * GB + nwarps * S * CPG * 512 + (warp * S * 32 + lane) * 8;
@@ -382,15 +385,17 @@ __global__ void __launch_bounds__(wg_max_nwg(NTOK) * 128)
 }
 
 
-// One pass of up to NTOK tokens; img: the pass's x image (groups × NTOK·G·2 bytes).
-template <typename T, typename OutT, int NTOK, int CPG>
+// One pass of up to NTOK tokens; img: the pass's x image (units × NTOK·G·2
+// bytes, a unit being a group of CPG chunks, or at GPC = 2 one chunk of two
+// groups of 32).
+template <typename T, typename OutT, int NTOK, int CPG, int GPC>
 void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y, int64_t ldy, unsigned char* img,
                   cudaStream_t stream, int sms, bool pdl) {
   constexpr int G = CPG * kChunk;
   const SmallMGrid d(w, CPG, 4);  // d.blocks: warpgroup row blocks
   launch_pdl(x_image_kernel<T, NTOK, G>, dim3(static_cast<unsigned>(d.groups), NTOK / 8), dim3(G), 0, stream, pdl, x,
              ldx, M, static_cast<int>(w.cols), img);
-  constexpr auto kernel = w4a16_wgmma_kernel<T, OutT, NTOK, CPG>;
+  constexpr auto kernel = w4a16_wgmma_kernel<T, OutT, NTOK, CPG, GPC>;
   max_dynamic_smem_once<kernel>(kWgMaxSmem);
   // Clusters the device cannot hold at once would run as a second wave: on the
   // H200, o and down of the 8B model at 33..64 tokens make 32 clusters of 8
@@ -440,7 +445,7 @@ void launch_wgmma(const DeviceLinear& w, const T* x, int M, int64_t ldx, OutT* y
 // Passes of up to kWgPass tokens, each on the narrowest image that holds it.
 // Up to 64 tokens the image lives in the weight's scratch; a larger one comes
 // from the stream-ordered pool for the call.
-template <typename T, typename OutT, int CPG>
+template <typename T, typename OutT, int CPG, int GPC = 1>
 void run_wgmma(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* yv, int64_t ldy, cudaStream_t stream,
                bool pdl, int sms) {
   const T* x = static_cast<const T*>(xv);
@@ -462,15 +467,15 @@ void run_wgmma(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
     // 2.466-2.468 -> 2.393). Groups of 64 keep 32: gate|up at 17 tokens took
     // 40.8 -> 55.2 us with 24 (docs/results/s45/ntok24/).
     if (CPG == 2 && m <= 24)
-      launch_wgmma<T, OutT, 24, CPG>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
+      launch_wgmma<T, OutT, 24, CPG, GPC>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
     else if (m <= 32)
-      launch_wgmma<T, OutT, 32, CPG>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
+      launch_wgmma<T, OutT, 32, CPG, GPC>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
     else if (m <= 64)
-      launch_wgmma<T, OutT, 64, CPG>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
+      launch_wgmma<T, OutT, 64, CPG, GPC>(w, xm, m, ldx, ym, ldy, img, stream, sms, pdl);
     else if (m <= 128)
-      launch_wgmma<T, OutT, 128, CPG>(w, xm, m, ldx, ym, ldy, big, stream, sms, pdl);
+      launch_wgmma<T, OutT, 128, CPG, GPC>(w, xm, m, ldx, ym, ldy, big, stream, sms, pdl);
     else
-      launch_wgmma<T, OutT, 256, CPG>(w, xm, m, ldx, ym, ldy, big, stream, sms, pdl);
+      launch_wgmma<T, OutT, 256, CPG, GPC>(w, xm, m, ldx, ym, ldy, big, stream, sms, pdl);
   }
   if (big != nullptr) NIBBLE_CUDA_CHECK(cudaFreeAsync(big, stream));
 }
@@ -478,8 +483,12 @@ void run_wgmma(const DeviceLinear& w, const void* xv, int M, int64_t ldx, void* 
 template <typename T, typename OutT>
 void run_wgmma_g(const DeviceLinear& w, const void* x, int M, int64_t ldx, void* y, int64_t ldy, cudaStream_t stream,
                  bool pdl, int sms) {
-  w.group_size == 64 ? run_wgmma<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms)
-                     : run_wgmma<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+  if (w.group_size == 32)
+    run_wgmma<T, OutT, 1, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+  else if (w.group_size == 64)
+    run_wgmma<T, OutT, 1>(w, x, M, ldx, y, ldy, stream, pdl, sms);
+  else
+    run_wgmma<T, OutT, 2>(w, x, M, ldx, y, ldy, stream, pdl, sms);
 }
 
 }  // namespace
@@ -517,8 +526,9 @@ WgGrid wg_grid(int64_t row_wgs, int64_t groups, int sms, int max_nwg, bool wide)
 }
 
 size_t w4a16_wgmma_scratch_bytes(int64_t cols, int group_size) {
-  const int64_t groups = (cols + group_size - 1) / group_size;
-  return static_cast<size_t>(groups) * image_group_bytes(64, group_size);
+  const int unit = std::max(group_size, kChunk);  // groups of 32: one image per chunk of two
+  const int64_t units = (cols + unit - 1) / unit;
+  return static_cast<size_t>(units) * image_group_bytes(64, unit);
 }
 
 bool w4a16_wgmma_device() {
@@ -539,7 +549,7 @@ bool w4a16_wgmma_device() {
 
 bool w4a16_wgmma_applies(const DeviceLinear& w, int64_t M, Act act) {
   const int group_size = w.group_size;
-  if (M <= 16 || (group_size != 64 && group_size != 128) || act == Act::F32) return false;
+  if (M <= 16 || (group_size != 32 && group_size != 64 && group_size != 128) || act == Act::F32) return false;
   // Larger bf16 calls dequantize the weight and run cuBLAS (w4a16.cu).
   if (act == Act::BF16 && M > kWgmmaBf16MaxM) return false;
   // NIBBLE_W4A16_WGMMA=0 sends these calls to the small-M kernel, the path of
@@ -550,7 +560,8 @@ bool w4a16_wgmma_applies(const DeviceLinear& w, int64_t M, Act act) {
 
 bool w4a16_small_m_first(int64_t rows, int64_t cols, int group_size, int64_t M, int sms) {
   if (M > 32) return false;
-  const SmallMGrid d(rows, cols, group_size, group_size / kChunk, 4);  // as launch_wgmma's grid
+  // As launch_wgmma's grid (groups of 32: a unit of one chunk, as groups of 64).
+  const SmallMGrid d(rows, cols, group_size, std::max(1, group_size / kChunk), 4);
   const int64_t ks = wg_grid(d.blocks, d.groups, sms, 4, false).ks;
   return ks >= 4 || (M <= 24 && ks >= 2 && w4a16_three_tiles_exact(rows, cols, group_size, sms)) ||
          w4a16_resident_x_ks(rows, cols, group_size, M, sms, 2) > 0;
