@@ -639,7 +639,8 @@ TEST(Cuda, W4A16GroupSizesWideMatricesAndTallM) {
   check_w4a16({24, 4100, 128}, cuda::Act::BF16, {260}, false, 17);       // the same, a ragged row (scalar stores)
   check_w4a16({72, 4160, 64}, cuda::Act::BF16, {270}, true, 18);
   check_w4a16({40, 4096, 128}, cuda::Act::F16, {300}, false, 19);        // fp16 stays on the kernel
-  check_w4a16({72, 4160, 32}, cuda::Act::BF16, {200}, false, 20);        // groups of 32: two per chunk
+  check_w4a16({72, 4160, 32}, cuda::Act::BF16, {200, 257}, false, 20);   // groups of 32: two per chunk
+  check_w4a16({40, 4100, 32}, cuda::Act::F16, {300}, false, 38);         // the same, fp16: passes of 256 and 44
 }
 
 // int4_sym's row: the same kernels on the parameters its upload rounds
