@@ -29,7 +29,7 @@ struct QuantizeOptions {
   bool act_order = false;  // GPTQ: decreasing diag(H) order, static groups
   double damp = 0.01;      // GPTQ: λ = damp · mean(diag H)
   int refine = 0;          // GPTQ: passes of quant::refine after the sweep (CPU)
-  std::string device = "cpu";  // GPTQ: "cpu", or "cuda" (int4_asym, int4_sym; the solve on the GPU)
+  std::string device = "cpu";  // GPTQ: "cpu", or "cuda" (int4_asym, int4_sym, int4_asym_f32; the solve on the GPU)
   double alpha = 0.5;      // SmoothQuant: migration strength
   uint64_t rotate_seed = 0;  // rotation: seed of the random signs
   // Activation quantizer the checkpoint's linears run with (simulated W8A8,

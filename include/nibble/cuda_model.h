@@ -1,5 +1,5 @@
 // The Llama-family forward pass on an NVIDIA GPU (CUDA builds only; see
-// docs/CUDA.md). Linears of a format with a CUDA kernel (int4_asym and int4_sym:
+// docs/CUDA.md). Linears of a format with a CUDA kernel (int4_asym, int4_sym and int4_asym_f32:
 // w4a16_mma; also a rival's linears such a format holds exactly,
 // ModelSource::exact_format) stay packed on the device; everything else is held as bf16 and runs through
 // cuBLAS. Inputs of linears are bf16 (f32 in decode when every linear takes

@@ -70,8 +70,8 @@ void register_quantize(CLI::App& app, const GlobalOptions& global) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--device", opt->device,
-                  "GPTQ: where it runs: cpu, or cuda (int4_asym, int4_sym; needs a CUDA build and a GPU; the calibration "
-                  "forward, the Hessians and the solve all run on the GPU)")
+                  "GPTQ: where it runs: cpu, or cuda (int4_asym, int4_sym, int4_asym_f32; needs a CUDA build and a GPU; "
+                  "the calibration forward, the Hessians and the solve all run on the GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--alpha", opt->alpha, "SmoothQuant: migration strength alpha in [0, 1]")

@@ -298,8 +298,8 @@ const SweepFormat* sweep_format(const FormatChoice& f) { return format_row(kSwee
 bool gptq_supports(const FormatChoice& f, std::string* why) {
   const bool ok = sweep_format(f) != nullptr && f.group_size > 0 && kBlock % f.group_size == 0;
   if (!ok && why)
-    *why = fmt::format("the GPU GPTQ sweep supports int4_asym, int4_sym and int4_asym_f32 with a group size dividing {} (32, 64, "
-                       "128); {} is not supported on --device cuda (use --device cpu)",
+    *why = fmt::format("the GPU GPTQ sweep supports int4_asym, int4_sym and int4_asym_f32 with a group size dividing "
+                       "{} (32, 64, 128); {} is not supported on --device cuda (use --device cpu)",
                        kBlock, f.spec ? f.canonical_name() : std::string("(no format)"));
   return ok;
 }
