@@ -385,13 +385,7 @@ std::vector<Tensor> int4_sym_as_asym(const std::vector<Tensor>& parts, int64_t r
 std::vector<Tensor> int4_asym_f32_as_asym(const std::vector<Tensor>& parts, int64_t rows, int64_t cols,
                                           int group_size) {
   nibble::check_parts(find_format("int4_asym_f32", group_size), parts, rows, cols);
-  const Tensor sc = parts[1].contiguous(), mn = parts[2].contiguous();
-  Tensor scale = Tensor::empty(DType::BF16, sc.shape()), min = Tensor::empty(DType::BF16, sc.shape());
-  for (int64_t i = 0; i < sc.numel(); ++i) {
-    scale.data_mut<uint16_t>()[i] = f32_to_bf16(sc.data<float>()[i]);
-    min.data_mut<uint16_t>()[i] = f32_to_bf16(mn.data<float>()[i]);
-  }
-  return {parts[0], scale, min};
+  return {parts[0], parts[1].to(DType::BF16), parts[2].to(DType::BF16)};  // f32_to_bf16's rounding, per element
 }
 
 W4A16HostLayout w4a16_layout_host(const std::vector<Tensor>& parts, int64_t rows, int64_t cols, int group_size) {
