@@ -312,8 +312,10 @@ void print_summary(const CollectingReporter& rep) {
 
 // ---- fixture tokens/s ---------------------------------------------------------
 // Both real fixtures, each as stored (f32 / bf16 weights, loaded as f32 dense
-// through OpenBLAS) and as an RTN int4 packed copy quantized in this run into a
-// temp dir (int4 kernels reading the packed bytes): prefill tok/s of one
+// through OpenBLAS) and as RTN int4 packed copies quantized in this run into a
+// temp dir (int4 kernels reading the packed bytes: int4_asym's bf16 pairs, and
+// int4_sym and int4_asym_f32, which the kernels read as fp32 pairs, the layout
+// GGUF Q4_0 / Q4_1 / Q4_K and GPTQ / AWQ linears load in): prefill tok/s of one
 // kPrompt-token prompt of fixed ids, and decode tok/s of kDecode greedy steps
 // (argmax of the last logits), one token per Model::forward, as `nibble run` does.
 // Median and best of kFixtureReps runs, each on a fresh cache.
@@ -373,10 +375,11 @@ void print_fixtures() {
   const std::filesystem::path models = shared_dir() / "models";
   std::printf("\n== fixture tokens/s (%s): %d-token prompt of fixed ids, then %d greedy decode steps one token at a\n"
               "   time; median (best) of %d runs; f32 dense = the stored f32/bf16 weights as f32 (OpenBLAS);\n"
-              "   int4 = RTN int4_asym packed copy quantized in this run (int4 kernels on the packed bytes);\n"
+              "   int4 = RTN packed copies quantized in this run (int4 kernels on the packed bytes; int4_sym and\n"
+              "   int4_asym_f32 run with fp32 scale/min pairs);\n"
               "   int4/f32 = tokens/s ratio (> 1: int4 faster) ==\n",
               models.c_str(), kPrompt, kDecode, kFixtureReps);
-  std::printf("%-16s %-14s %20s %20s %12s %12s\n", "fixture", "weights", "prefill tok/s", "decode tok/s",
+  std::printf("%-16s %-22s %20s %20s %12s %12s\n", "fixture", "weights", "prefill tok/s", "decode tok/s",
               "int4/f32 pre", "int4/f32 dec");
   for (const Fixture& f : kFixtures) {
     const std::filesystem::path dir = models / f.name;
@@ -390,35 +393,37 @@ void print_fixtures() {
     std::string tmpl = (std::filesystem::temp_directory_path() / "nibble-bench-XXXXXX").string();
     NIBBLE_CHECK(mkdtemp(tmpl.data()) != nullptr, "cannot create a temp dir from {}", tmpl);
     const std::filesystem::path tmp = tmpl;
-    Speed q;
-    try {
-      nibble::QuantizeOptions opt;
-      opt.method = "rtn";
-      opt.format = "int4_asym";
-      opt.group_size = f.group;
-      opt.progress = false;
-      std::fprintf(stderr, "fixtures: %s: quantizing (rtn int4 g%d) into %s\n", f.name, f.group, tmp.c_str());
-      nibble::quantize_model(dir, tmp / "rtn", opt);
-      std::fprintf(stderr, "fixtures: %s: measuring the int4 copy\n", f.name);
-      q = measure_dir(tmp / "rtn");
-    } catch (...) {
-      std::filesystem::remove_all(tmp);
-      throw;
-    }
-    std::filesystem::remove_all(tmp);
     auto speed = [](double med, double best) {
       char b[48];
       std::snprintf(b, sizeof b, "%.1f (%.1f)", med, best);
       return std::string(b);
     };
-    const std::string g = "int4 g" + std::to_string(f.group) + " rtn";
-    std::printf("%-16s %-14s %20s %20s %12s %12s\n", f.name, "f32 dense",
+    std::printf("%-16s %-22s %20s %20s %12s %12s\n", f.name, "f32 dense",
                 speed(ref.prefill_med, ref.prefill_best).c_str(), speed(ref.decode_med, ref.decode_best).c_str(), "",
                 "");
-    std::printf("%-16s %-14s %20s %20s %12.3f %12.3f\n", f.name, g.c_str(), speed(q.prefill_med, q.prefill_best).c_str(),
-                speed(q.decode_med, q.decode_best).c_str(), q.prefill_med / ref.prefill_med,
-                q.decode_med / ref.decode_med);
-    std::fflush(stdout);
+    for (const char* family : {"int4_asym", "int4_sym", "int4_asym_f32"}) {
+      Speed q;
+      try {
+        nibble::QuantizeOptions opt;
+        opt.method = "rtn";
+        opt.format = family;
+        opt.group_size = f.group;
+        opt.progress = false;
+        std::fprintf(stderr, "fixtures: %s: quantizing (rtn %s g%d) into %s\n", f.name, family, f.group, tmp.c_str());
+        nibble::quantize_model(dir, tmp / family, opt);
+        std::fprintf(stderr, "fixtures: %s: measuring the %s copy\n", f.name, family);
+        q = measure_dir(tmp / family);
+      } catch (...) {
+        std::filesystem::remove_all(tmp);
+        throw;
+      }
+      const std::string g = std::string(family) + " g" + std::to_string(f.group) + " rtn";
+      std::printf("%-16s %-22s %20s %20s %12.3f %12.3f\n", f.name, g.c_str(),
+                  speed(q.prefill_med, q.prefill_best).c_str(), speed(q.decode_med, q.decode_best).c_str(),
+                  q.prefill_med / ref.prefill_med, q.decode_med / ref.decode_med);
+      std::fflush(stdout);
+    }
+    std::filesystem::remove_all(tmp);
   }
 }
 

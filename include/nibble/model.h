@@ -69,8 +69,10 @@ class KVCache {
 };
 
 // Loads the linear "PREFIX.weight" (+ "PREFIX.bias" when present) of `src`:
-// packed matrices of a format with a CPU kernel (int4_asym) stay packed unless
-// `dense`; anything else (other formats dequantized) becomes f32.
+// matrices in a format with a CPU kernel (int4_asym, int4_asym_f32, int4_sym),
+// or a rival's linear that one of them holds exactly (ModelSource::exact_format:
+// GGUF Q4_0 / Q4_1 / Q4_K, GPTQ, AWQ), stay packed unless `dense`; anything else
+// (other formats dequantized) becomes f32.
 LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool dense = false);
 
 // The inputs of a layer's linears, as a calibration tap sees them: q/k/v

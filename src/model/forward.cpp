@@ -23,20 +23,21 @@ LinearWeight LinearWeight::dense(Tensor w) {
 }
 
 LinearWeight LinearWeight::packed(FormatChoice f, std::vector<Tensor> parts, int64_t out, int64_t in) {
-  NIBBLE_CHECK(cpu::find_packed_gemm(*f.spec) != nullptr,
-               "the CPU forward has no kernel for format {} (load_linear dequantizes such matrices)",
+  const cpu::PackedKernel* k = cpu::find_packed_kernel(*f.spec);
+  NIBBLE_CHECK(k != nullptr, "the CPU forward has no kernel for format {} (load_linear dequantizes such matrices)",
                f.canonical_name());
   LinearWeight l;
   l.format_ = f;
   l.out_ = out;
   l.in_ = in;
+  if (k->prepare) parts = k->prepare(parts, out, in, f.group_size);
   for (Tensor& p : parts) l.parts_.push_back(p.contiguous());
   return l;
 }
 
 void LinearWeight::forward(const float* x, int64_t M, float* y) const {
   if (is_packed()) {
-    cpu::find_packed_gemm(*format_.spec)(x, M, parts_, out_, in_, format_.group_size, y);
+    cpu::find_packed_kernel(*format_.spec)->gemm(x, M, parts_, out_, in_, format_.group_size, y);
   } else {
     cpu::gemm_f32(x, M, dense_.data<float>(), out_, in_, y);
   }
@@ -143,11 +144,13 @@ const std::vector<LinearSlot>& decoder_linears() {
 LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool dense) {
   const std::string wname = prefix + ".weight";
   const TensorMeta meta = src.meta(wname);
-  // Formats with a CPU kernel stay packed; any other format is dequantized
-  // once here and runs through the dense GEMM.
-  const bool kernel = meta.format && cpu::find_packed_gemm(*meta.format->spec) != nullptr;
-  LinearWeight l = kernel && !dense ? LinearWeight::packed(*meta.format, src.parts(wname), meta.shape[0], meta.shape[1])
-                                    : LinearWeight::dense(src.load(wname).to_f32());
+  // Formats with a CPU kernel stay packed, a rival's linear too where it is one of them exactly
+  // (ModelSource::exact_format: GGUF Q4_0, Q4_1, Q4_K; GPTQ, AWQ); any other format is dequantized once here
+  // and runs through the dense GEMM.
+  const std::optional<FormatChoice> f = dense ? std::nullopt : src.exact_format(wname);
+  LinearWeight l = f && cpu::find_packed_kernel(*f->spec)
+                       ? LinearWeight::packed(*f, src.exact_parts(wname), meta.shape[0], meta.shape[1])
+                       : LinearWeight::dense(src.load(wname).to_f32());
   if (src.contains(prefix + ".bias")) l.bias = src.load(prefix + ".bias").to_f32();
   return l;
 }

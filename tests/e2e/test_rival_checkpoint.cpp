@@ -1,8 +1,9 @@
 // A whole GPTQ checkpoint through RivalSource: qwen3-26M-linux's linears,
 // rounded to 4-bit g128 codes and packed here in GPTQ's v1 layout (the layout
 // itself is checked against GPTQModel's own vectors in test_rival.cpp), must
-// run exactly as a plain checkpoint holding scale · (q − z) does (also with
-// the all-zero biases old AutoGPTQ releases stored), be found by
+// hold exactly the weights of a plain checkpoint holding scale · (q − z), run
+// as it does (its linears on the CPU's int4 kernels, the plain ones dense; also
+// with the all-zero biases old AutoGPTQ releases stored), be found by
 // open_model_source, and come back from `nibble dequantize` as that plain
 // checkpoint without its quantization_config.
 #include <gtest/gtest.h>
@@ -54,10 +55,24 @@ TEST(RivalCheckpoint, GptqDirectoryRunsAsItsDequantizedWeights) {
   EXPECT_EQ(m.stored_bytes, 1536u * 512 / 2 + 4 * 1536 / 2 + 4 * 1536 * 2);  // codes, zeros, fp16 scales
 
   const auto plain_src = CheckpointDir::open(tmp / "plain");
+  for (const std::string& name : plain_src->names()) {  // the same f32 weights, bit for bit
+    const Tensor x = src->load(name).to_f32(), y = plain_src->load(name).to_f32();
+    ASSERT_EQ(x.shape(), y.shape()) << name;
+    ASSERT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << name;
+  }
+  // Its linears load packed (int4_g128_asym_f32: fp32 scale and −z·s), the plain ones dense.
+  ASSERT_TRUE(src->exact_format("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_EQ(src->exact_format("model.layers.0.mlp.up_proj.weight")->canonical_name(), "int4_g128_asym_f32");
+  EXPECT_TRUE(load_linear(*src, "model.layers.0.mlp.up_proj").is_packed());
+  EXPECT_FALSE(load_linear(*plain_src, "model.layers.0.mlp.up_proj").is_packed());
   const Tensor a = logits_of(*src), b = logits_of(*plain_src);
   ASSERT_EQ(a.shape(), b.shape());
-  // The same f32 weights, the same forward; adding a zero bias changes no value.
-  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+  // The same weights through the int4 kernels and through dense f32 GEMMs (adding a zero bias changes no value):
+  // fp32 summation order and the GEMV's 24-bit activations apart, the golden tests' bound for an fp32 forward.
+  float diff = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) diff = std::max(diff, std::abs(a.data<float>()[i] - b.data<float>()[i]));
+  std::printf("[          ] max |logit difference| packed vs dense: %g\n", diff);
+  EXPECT_LT(diff, 1e-4f);
 
   // dequantize: a plain checkpoint of the same weights, its config without the quantization_config,
   // and without the copies AutoGPTQ and auto-round keep beside it.

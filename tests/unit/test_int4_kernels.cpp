@@ -26,32 +26,59 @@ std::vector<Isa> isas_to_test() {
   return v;
 }
 
-// One packed matrix [N, K] with group size G, as FORMAT.md §3 stores it.
+// One packed matrix [N, K] with group size G, as FORMAT.md §3 stores it, or
+// with fp32 scales and mins (§7.8's int4_asym_f32) where scales32 is filled.
 struct Packed {
   int64_t N, K;
   int G;
   std::vector<uint8_t> qweight;  // [N, ceil(K/2)]
   std::vector<uint16_t> scales;  // [N, ceil(K/G)] bf16
   std::vector<uint16_t> mins;    // [N, ceil(K/G)] bf16
+  std::vector<float> scales32 = {}, mins32 = {};  // [N, ceil(K/G)] fp32, used instead where not empty
+  bool f32() const { return !scales32.empty(); }
   int64_t groups() const { return (K + G - 1) / G; }
   int code(int64_t n, int64_t i) const {
     const uint8_t b = qweight[static_cast<size_t>(n * ((K + 1) / 2) + i / 2)];
     return (i & 1) ? b >> 4 : b & 0xF;
   }
-  float scale(int64_t n, int64_t i) const { return bf16_to_f32(scales[static_cast<size_t>(n * groups() + i / G)]); }
-  float min(int64_t n, int64_t i) const { return bf16_to_f32(mins[static_cast<size_t>(n * groups() + i / G)]); }
+  float scale(int64_t n, int64_t i) const {
+    const size_t g = static_cast<size_t>(n * groups() + i / G);
+    return f32() ? scales32[g] : bf16_to_f32(scales[g]);
+  }
+  float min(int64_t n, int64_t i) const {
+    const size_t g = static_cast<size_t>(n * groups() + i / G);
+    return f32() ? mins32[g] : bf16_to_f32(mins[g]);
+  }
 };
 
 std::vector<float> run(Isa isa, const std::vector<float>& x, int64_t M, const Packed& w) {
   std::vector<float> y(static_cast<size_t>(M * w.N), std::nanf(""));
-  cpu::gemm_int4_asym_isa(isa, x.data(), M, w.qweight.data(), w.scales.data(), w.mins.data(), w.N, w.K, w.G,
-                          y.data());
+  if (w.f32())
+    cpu::gemm_int4_asym_isa(isa, x.data(), M, w.qweight.data(), w.scales32.data(), w.mins32.data(), w.N, w.K, w.G,
+                            y.data());
+  else
+    cpu::gemm_int4_asym_isa(isa, x.data(), M, w.qweight.data(), w.scales.data(), w.mins.data(), w.N, w.K, w.G,
+                            y.data());
   return y;
 }
 
 std::vector<float> run_ref(const std::vector<float>& x, int64_t M, const Packed& w) {
   std::vector<float> y(static_cast<size_t>(M * w.N), std::nanf(""));
-  cpu::gemm_int4_asym_ref(x.data(), M, w.qweight.data(), w.scales.data(), w.mins.data(), w.N, w.K, w.G, y.data());
+  if (w.f32())
+    cpu::gemm_int4_asym_ref(x.data(), M, w.qweight.data(), w.scales32.data(), w.mins32.data(), w.N, w.K, w.G,
+                            y.data());
+  else
+    cpu::gemm_int4_asym_ref(x.data(), M, w.qweight.data(), w.scales.data(), w.mins.data(), w.N, w.K, w.G, y.data());
+  return y;
+}
+
+// The dispatching entry point (gemm_int4_asym) on either parameter type.
+std::vector<float> run_any(const std::vector<float>& x, int64_t M, const Packed& w) {
+  std::vector<float> y(static_cast<size_t>(M * w.N), std::nanf(""));
+  if (w.f32())
+    cpu::gemm_int4_asym(x.data(), M, w.qweight.data(), w.scales32.data(), w.mins32.data(), w.N, w.K, w.G, y.data());
+  else
+    cpu::gemm_int4_asym(x.data(), M, w.qweight.data(), w.scales.data(), w.mins.data(), w.N, w.K, w.G, y.data());
   return y;
 }
 
@@ -106,6 +133,18 @@ Packed random_packed(int64_t N, int64_t K, int G) {
     const float s = 1e-3f + 4.9e-2f * u(rng());
     w.scales[i] = f32_to_bf16(s);
     w.mins[i] = f32_to_bf16(u(rng()) < 0.1f ? s * u(rng()) : -8.0f * s * (0.5f + u(rng())));
+  }
+  return w;
+}
+
+// The same codes with fp32 parameters that bf16 cannot hold: each bf16 scale and
+// min times (1 + u·2^-9), u uniform in [0, 1), so their low mantissa bits are set
+// and fl(code·s) rounds (the kernels must then not fuse it into an FMA's one rounding).
+Packed with_f32_params(Packed w) {
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (size_t i = 0; i < w.scales.size(); ++i) {
+    w.scales32.push_back(bf16_to_f32(w.scales[i]) * (1.0f + u(rng()) * 0x1p-9f));
+    w.mins32.push_back(bf16_to_f32(w.mins[i]) * (1.0f + u(rng()) * 0x1p-9f));
   }
   return w;
 }
@@ -197,6 +236,22 @@ TEST(Int4Kernel, MatchesReferenceSweep) {
       }
 }
 
+// fp32 parameters (int4_asym_f32; int4_sym once prepared): the same kernels against the same reference.
+TEST(Int4Kernel, MatchesReferenceSweepWithF32Params) {
+  for (int G : {32, 64, 128})
+    for (int64_t K : {int64_t{64}, int64_t{173}, int64_t{4096}})
+      for (int64_t N : {int64_t{7}, int64_t{33}}) {
+        const Packed w = with_f32_params(random_packed(N, K, G));
+        for (int64_t M : {1, 2, 3, 4, 5, 8, 13}) expect_close(w, M, random_x(M, K));
+      }
+  struct Case {
+    int64_t M, N, K;
+    int G;
+  };
+  for (const Case& c : {Case{1, 515, 9000, 128}, Case{17, 66, 300, 32}, Case{40, 37, 515, 64}})
+    expect_close(with_f32_params(random_packed(c.N, c.K, c.G)), c.M, random_x(c.M, c.K));
+}
+
 // Shapes that exercise the driver: several K blocks (M = 1 blocks K by 4096, M > 1
 // by 1024), many rows split into tasks with a short last one, M in tiles of 4 with
 // every remainder, and prefill-sized M.
@@ -218,22 +273,26 @@ TEST(Int4Kernel, ManyRowsRunTheDenseGemmOnTheDecodedWeights) {
   struct Case {
     int64_t M, N, K;
     int G;
+    bool f32 = false;  // fp32 parameters
   };
-  for (const Case& c : {Case{64, 300, 173, 32}, Case{300, 257, 1100, 128}, Case{70, 600, 65536, 64}}) {
-    SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
-    const Packed w = random_packed(c.N, c.K, c.G);
-    const std::vector<float> x = random_x(c.M, c.K);
-    std::vector<float> dense(static_cast<size_t>(c.N * c.K)), want(static_cast<size_t>(c.M * c.N)),
+  for (const Case& c : {Case{64, 300, 173, 32}, Case{300, 257, 1100, 128}, Case{70, 600, 65536, 64},
+                        Case{100, 130, 1100, 32, true}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                 (c.f32 ? " f32" : ""));
+    const int64_t M = c.M;
+    const Packed w = c.f32 ? with_f32_params(random_packed(c.N, c.K, c.G)) : random_packed(c.N, c.K, c.G);
+    const std::vector<float> x = random_x(M, c.K);
+    std::vector<float> dense(static_cast<size_t>(c.N * c.K)), want(static_cast<size_t>(M * c.N)),
         got(want.size(), std::nanf(""));
     for (int64_t n = 0; n < c.N; ++n)
       for (int64_t i = 0; i < c.K; ++i)
         dense[static_cast<size_t>(n * c.K + i)] = static_cast<float>(w.code(n, i)) * w.scale(n, i) + w.min(n, i);
-    cpu::gemm_f32(x.data(), c.M, dense.data(), c.N, c.K, want.data());
-    cpu::gemm_int4_asym(x.data(), c.M, w.qweight.data(), w.scales.data(), w.mins.data(), c.N, c.K, c.G, got.data());
+    cpu::gemm_f32(x.data(), M, dense.data(), c.N, c.K, want.data());
+    got = run_any(x, M, w);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
     if (c.K <= 2048) {
-      const auto ref = run_ref(x, c.M, w);
-      const auto tol = tolerances(w, c.M, x);
+      const auto ref = run_ref(x, M, w);
+      const auto tol = tolerances(w, M, x);
       for (size_t i = 0; i < ref.size(); ++i) ASSERT_LE(std::abs(static_cast<double>(got[i]) - ref[i]), tol[i]) << i;
     }
   }
@@ -263,6 +322,33 @@ TEST(Int4Kernel, BitExactOnIntegerValuedData) {
       }
     }
   }
+}
+
+// The same with fp32 scales of 9 significant bits (257/256 and 257/128, which bf16
+// cannot hold) and K ≤ 300: each decoded weight is a multiple of 2^-8 below 24 in
+// magnitude, each product and partial sum a multiple of 2^-8 below 2^16, so fp32
+// still holds every step exactly, and fl(code·s) (exact) needs no rounding.
+TEST(Int4Kernel, BitExactOnIntegerValuedDataWithF32Params) {
+  std::uniform_int_distribution<int> small(-8, 8), pick(0, 1), mn(-8, 0);
+  for (int G : {32, 64, 128})
+    for (int64_t K : {int64_t{1}, int64_t{33}, int64_t{173}, int64_t{300}})
+      for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{16}, int64_t{19}, int64_t{70}}) {
+        Packed w = random_packed(9, K, G);
+        for (size_t i = 0; i < w.scales.size(); ++i) {
+          w.scales32.push_back(pick(rng()) ? 257.0f / 256.0f : 257.0f / 128.0f);
+          w.mins32.push_back(static_cast<float>(mn(rng())));
+        }
+        ASSERT_NE(bf16_to_f32(f32_to_bf16(w.scales32[0])), w.scales32[0]);
+        std::vector<float> x(static_cast<size_t>(M * K));
+        for (auto& v : x) v = static_cast<float>(small(rng()));
+        const auto ref = run_ref(x, M, w);
+        for (Isa isa : isas_to_test()) {
+          const auto got = run(isa, x, M, w);
+          for (size_t i = 0; i < ref.size(); ++i)
+            ASSERT_EQ(got[i], ref[i]) << cpu::isa_name(isa) << " M=" << M << " K=" << K << " G=" << G << " i=" << i;
+        }
+        EXPECT_EQ(run_any(x, M, w), ref) << "M=" << M << " K=" << K << " G=" << G;
+      }
 }
 
 // The AVX2 GEMV's fixed-point step d_g = 2^e follows each group's largest |x|:

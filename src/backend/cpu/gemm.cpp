@@ -72,12 +72,18 @@ void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, f
   sgemm(false, true, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
 }
 
-void decode_int4_asym_row(const uint8_t* qweight, const uint16_t* scales, const uint16_t* mins, int64_t n, int64_t K,
-                          int group_size, float* out) {
+namespace {
+
+float param_f32(uint16_t bf16) { return bf16_to_f32(bf16); }
+float param_f32(float v) { return v; }
+
+template <typename P>
+void decode_row(const uint8_t* qweight, const P* scales, const P* mins, int64_t n, int64_t K, int group_size,
+                float* out) {
   const int64_t groups = (K + group_size - 1) / group_size;
   const uint8_t* q = qweight + n * ((K + 1) / 2);
   for (int64_t g = 0; g < groups; ++g) {
-    const float s = bf16_to_f32(scales[n * groups + g]), m = bf16_to_f32(mins[n * groups + g]);
+    const float s = param_f32(scales[n * groups + g]), m = param_f32(mins[n * groups + g]);
     const int64_t c1 = std::min<int64_t>(K, (g + 1) * group_size);
     for (int64_t c = g * group_size; c < c1; ++c) {
       const uint8_t code = (c & 1) ? (q[c >> 1] >> 4) : (q[c >> 1] & 0xF);
@@ -86,14 +92,15 @@ void decode_int4_asym_row(const uint8_t* qweight, const uint16_t* scales, const 
   }
 }
 
-void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
-                        const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
+template <typename P>
+void gemm_ref(const float* x, int64_t M, const uint8_t* qweight, const P* scales, const P* mins, int64_t N, int64_t K,
+              int group_size, float* y) {
 #pragma omp parallel if (M * N * K > (1 << 18))
   {
     std::vector<float> wrow(static_cast<size_t>(K));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      decode_int4_asym_row(qweight, scales, mins, n, K, group_size, wrow.data());
+      decode_row(qweight, scales, mins, n, K, group_size, wrow.data());
       for (int64_t i = 0; i < M; ++i) {
         const float* xi = x + i * K;
         float acc = 0.0f;
@@ -102,6 +109,25 @@ void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const
       }
     }
   }
+}
+
+}  // namespace
+
+void decode_int4_asym_row(const uint8_t* qweight, const uint16_t* scales, const uint16_t* mins, int64_t n, int64_t K,
+                          int group_size, float* out) {
+  decode_row(qweight, scales, mins, n, K, group_size, out);
+}
+void decode_int4_asym_row(const uint8_t* qweight, const float* scales, const float* mins, int64_t n, int64_t K,
+                          int group_size, float* out) {
+  decode_row(qweight, scales, mins, n, K, group_size, out);
+}
+void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
+                        const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
+  gemm_ref(x, M, qweight, scales, mins, N, K, group_size, y);
+}
+void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const float* scales, const float* mins,
+                        int64_t N, int64_t K, int group_size, float* y) {
+  gemm_ref(x, M, qweight, scales, mins, N, K, group_size, y);
 }
 
 }  // namespace nibble::cpu

@@ -17,6 +17,11 @@ inline float bf16(uint16_t h) {
   return f;
 }
 
+// Entry i of a scales or mins array (int4_isa.h: bf16 bits, or fp32 with f32_params).
+inline float param(const void* a, bool f32, int64_t i) {
+  return f32 ? static_cast<const float*>(a)[i] : bf16(static_cast<const uint16_t*>(a)[i]);
+}
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -48,15 +53,25 @@ inline Codes split_chunk(const uint8_t* b) {
           _mm256_srli_epi32(v1, 4)};
 }
 
-// One chunk decoded exactly as FORMAT.md says, w = fl(code·s + m) (code·s is
-// exact, so one FMA rounds like the two operations), as four vectors in xp order.
+// One chunk decoded exactly as FORMAT.md says, w = fl(fl(code·s) + m), as four
+// vectors in xp order. With bf16 parameters (F32 = false) code·s is exact, so one
+// FMA rounds like the two operations; an fp32 scale's product is not, and is
+// rounded first.
 struct Weights {
   __m256 w0, w1, w2, w3;
 };
+template <bool F32>
+inline __m256 decode8(__m256i code, __m256 s, __m256 m) {
+  if constexpr (F32)
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(code), s), m);
+  else
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(code), s, m);
+}
+template <bool F32>
 inline Weights decode_chunk(const uint8_t* b, __m256 s, __m256 m) {
   const Codes k = split_chunk(b);
-  return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(k.lo0), s, m), _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.lo1), s, m),
-          _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.hi0), s, m), _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.hi1), s, m)};
+  return {decode8<F32>(k.lo0, s, m), decode8<F32>(k.lo1, s, m), decode8<F32>(k.hi0, s, m),
+          decode8<F32>(k.hi1, s, m)};
 }
 
 // 1 ≤ MT ≤ 4 activation rows at once (MT = 1 only for the last row of an odd M:
@@ -65,7 +80,7 @@ inline Weights decode_chunk(const uint8_t* b, __m256 s, __m256 m) {
 // is shared by 4·MT FMAs. Accumulators: 4 per row for MT = 2 (enough independent
 // FMA chains), 2 per row for MT = 3, 4 (register budget: 8 + 4 weights + s, m, mask
 // = 15 of the 16 ymm).
-template <int MT>
+template <int MT, bool F32>
 void rows_mt(const Problem& p, const float* x, int64_t xs, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
              bool accumulate, float* y) {
   constexpr int A = MT <= 2 ? 4 : 2;
@@ -77,12 +92,12 @@ void rows_mt(const Problem& p, const float* x, int64_t xs, int64_t c0, int64_t c
     for (int i = 0; i < MT; ++i)
       for (int j = 0; j < A; ++j) acc[i][j] = _mm256_setzero_ps();
     for (int64_t g = c0 / cpg; g * cpg < c1; ++g) {
-      const __m256 s = _mm256_set1_ps(bf16(p.scales[n * p.groups + g]));
-      const __m256 m = _mm256_set1_ps(bf16(p.mins[n * p.groups + g]));
+      const __m256 s = _mm256_set1_ps(param(p.scales, F32, n * p.groups + g));
+      const __m256 m = _mm256_set1_ps(param(p.mins, F32, n * p.groups + g));
       const int64_t ce = min64((g + 1) * cpg, c1);
       _mm_prefetch(reinterpret_cast<const char*>(q + g * cpg * kChunkBytes) + kPrefetchBytes, _MM_HINT_T0);
       for (int64_t c = g * cpg; c < ce; ++c) {
-        const Weights w = decode_chunk(c < full ? q + c * kChunkBytes : chunk_bytes(q, c, p.row_bytes, tmp), s, m);
+        const Weights w = decode_chunk<F32>(c < full ? q + c * kChunkBytes : chunk_bytes(q, c, p.row_bytes, tmp), s, m);
         for (int i = 0; i < MT; ++i) {
           const float* xc = x + i * xs + c * kChunk;
           acc[i][0] = _mm256_fmadd_ps(w.w0, _mm256_load_ps(xc), acc[i][0]);
@@ -102,21 +117,30 @@ void rows_mt(const Problem& p, const float* x, int64_t xs, int64_t c0, int64_t c
   }
 }
 
-}  // namespace
-
-void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
-               bool accumulate, float* y) {
+template <bool F32>
+void tiles(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1, bool accumulate,
+           float* y) {
   // Tiles of 4 activation rows; the rows' weights (a task's worth) stay in L1 across tiles.
   for (int64_t m0 = 0; m0 < a.M; m0 += kMaxTileRows) {
     const float* x = a.xp + m0 * a.xp_stride;
     float* ym = y + m0 * p.N;
     switch (min64(kMaxTileRows, a.M - m0)) {
-      case 4: rows_mt<4>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
-      case 3: rows_mt<3>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
-      case 2: rows_mt<2>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
-      default: rows_mt<1>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
+      case 4: rows_mt<4, F32>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
+      case 3: rows_mt<3, F32>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
+      case 2: rows_mt<2, F32>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
+      default: rows_mt<1, F32>(p, x, a.xp_stride, c0, c1, n0, n1, accumulate, ym); break;
     }
   }
+}
+
+}  // namespace
+
+void rows_avx2(const Problem& p, const Activations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
+               bool accumulate, float* y) {
+  if (p.f32_params)
+    tiles<true>(p, a, c0, c1, n0, n1, accumulate, y);
+  else
+    tiles<false>(p, a, c0, c1, n0, n1, accumulate, y);
 }
 
 }  // namespace nibble::cpu::int4

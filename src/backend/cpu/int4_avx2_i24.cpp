@@ -44,6 +44,16 @@ inline __m256 bf16x8(const uint16_t* h) {
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))), 16));
 }
 
+// Entries i .. i + 7 of a scales or mins array (int4_isa.h: bf16 bits, or fp32 with f32_params).
+inline __m256 params8(const void* a, bool f32, int64_t i) {
+  return f32 ? _mm256_loadu_ps(static_cast<const float*>(a) + i) : bf16x8(static_cast<const uint16_t*>(a) + i);
+}
+
+// Entry i of a scales or mins array (int4_isa.h: bf16 bits, or fp32 with f32_params).
+inline float param(const void* a, bool f32, int64_t i) {
+  return f32 ? static_cast<const float*>(a)[i] : bf16(static_cast<const uint16_t*>(a)[i]);
+}
+
 // The 32 bytes of pair pr of a row (chunks 2pr, 2pr + 1), or a zero-padded copy in
 // tmp when the row ends inside them.
 inline const uint8_t* pair_bytes(const uint8_t* row, int64_t pr, int64_t row_bytes, uint8_t* tmp) {
@@ -126,19 +136,18 @@ void gemv(const Problem& p, const QActivations& a, int64_t p0, int64_t p1, int64
   const float* xs = a.xsum + g0;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* w = p.qweight + n * p.row_bytes;
-    const uint16_t* sc = p.scales + n * p.groups + g0;
-    const uint16_t* mn = p.mins + n * p.groups + g0;
+    const int64_t r = n * p.groups + g0;  // the row's first group of the block
     // s·d per group, and Σ_g m_g·Σx_g (8 groups at a time).
     __m256 mp = _mm256_setzero_ps();
     float min_part = 0.0f;
     int64_t g = 0;
     for (; g + 8 <= ng; g += 8) {
-      _mm256_store_ps(sd + g, _mm256_mul_ps(bf16x8(sc + g), _mm256_loadu_ps(d + g)));
-      mp = _mm256_fmadd_ps(bf16x8(mn + g), _mm256_loadu_ps(xs + g), mp);
+      _mm256_store_ps(sd + g, _mm256_mul_ps(params8(p.scales, p.f32_params, r + g), _mm256_loadu_ps(d + g)));
+      mp = _mm256_fmadd_ps(params8(p.mins, p.f32_params, r + g), _mm256_loadu_ps(xs + g), mp);
     }
     for (; g < ng; ++g) {
-      sd[g] = bf16(sc[g]) * d[g];
-      min_part += bf16(mn[g]) * xs[g];
+      sd[g] = param(p.scales, p.f32_params, r + g) * d[g];
+      min_part += param(p.mins, p.f32_params, r + g) * xs[g];
     }
     sd[ng] = 0.0f;  // the missing half of an odd last pair (G = 32)
     // Two running totals: independent dependency chains, in registers.

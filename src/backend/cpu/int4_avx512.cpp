@@ -29,6 +29,11 @@ inline float bf16(uint16_t h) {
   return f;
 }
 
+// Entry i of a scales or mins array (int4_isa.h: bf16 bits, or fp32 with f32_params).
+inline float param(const void* a, bool f32, int64_t i) {
+  return f32 ? static_cast<const float*>(a)[i] : bf16(static_cast<const uint16_t*>(a)[i]);
+}
+
 inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // The 16 bytes of chunk c of a row, or (for a short last chunk) a zero-padded copy in tmp.
@@ -39,12 +44,13 @@ inline const uint8_t* chunk_bytes(const uint8_t* row, int64_t c, int64_t row_byt
   return tmp;
 }
 
-// Group g's decode table: lane c holds fl(c·s + m) (c·s is exact, so the FMA
-// rounds once, like FORMAT.md's two operations).
+// Group g's decode table: lane c holds fl(fl(c·s) + m), FORMAT.md's two
+// operations (once per group, so an fp32 scale, whose product c·s is not exact,
+// costs nothing more than a bf16 one).
 inline __m512 group_table(const Problem& p, int64_t n, int64_t g) {
   const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  return _mm512_fmadd_ps(iota, _mm512_set1_ps(bf16(p.scales[n * p.groups + g])),
-                         _mm512_set1_ps(bf16(p.mins[n * p.groups + g])));
+  return _mm512_add_ps(_mm512_mul_ps(iota, _mm512_set1_ps(param(p.scales, p.f32_params, n * p.groups + g))),
+                       _mm512_set1_ps(param(p.mins, p.f32_params, n * p.groups + g)));
 }
 
 // 16 bytes -> 16 dwords, each one byte (two codes).

@@ -37,6 +37,16 @@ inline __m512 bf16x16(const uint16_t* h) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h))), 16));
 }
 
+// Entries i .. i + 15 of a scales or mins array (int4_isa.h: bf16 bits, or fp32 with f32_params).
+inline __m512 params16(const void* a, bool f32, int64_t i) {
+  return f32 ? _mm512_loadu_ps(static_cast<const float*>(a) + i) : bf16x16(static_cast<const uint16_t*>(a) + i);
+}
+
+// Entry i of a scales or mins array (int4_isa.h: bf16 bits, or fp32 with f32_params).
+inline float param(const void* a, bool f32, int64_t i) {
+  return f32 ? static_cast<const float*>(a)[i] : bf16(static_cast<const uint16_t*>(a)[i]);
+}
+
 // The 64 bytes of quad qd of a row, or a zero-padded copy in tmp when the row ends inside them.
 inline const uint8_t* quad_bytes(const uint8_t* row, int64_t qd, int64_t row_bytes, uint8_t* tmp) {
   const int64_t b0 = qd * kQuadBytes;
@@ -76,19 +86,18 @@ void gemv(const Problem& p, const QActivations& a, int64_t q0, int64_t q1, int64
   const float* xs = a.xsum + g0;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* w = p.qweight + n * p.row_bytes;
-    const uint16_t* sc = p.scales + n * p.groups + g0;
-    const uint16_t* mn = p.mins + n * p.groups + g0;
+    const int64_t r = n * p.groups + g0;  // the row's first group of the block
     // s·d per group, and Σ_g m_g·Σx_g (16 groups at a time).
     __m512 mp = _mm512_setzero_ps();
     float min_part = 0.0f;
     int64_t g = 0;
     for (; g + 16 <= ng; g += 16) {
-      _mm512_store_ps(sd + g, _mm512_mul_ps(bf16x16(sc + g), _mm512_loadu_ps(d + g)));
-      mp = _mm512_fmadd_ps(bf16x16(mn + g), _mm512_loadu_ps(xs + g), mp);
+      _mm512_store_ps(sd + g, _mm512_mul_ps(params16(p.scales, p.f32_params, r + g), _mm512_loadu_ps(d + g)));
+      mp = _mm512_fmadd_ps(params16(p.mins, p.f32_params, r + g), _mm512_loadu_ps(xs + g), mp);
     }
     for (; g < ng; ++g) {
-      sd[g] = bf16(sc[g]) * d[g];
-      min_part += bf16(mn[g]) * xs[g];
+      sd[g] = param(p.scales, p.f32_params, r + g) * d[g];
+      min_part += param(p.mins, p.f32_params, r + g) * xs[g];
     }
     for (int k = 0; k < 4; ++k) sd[ng + k] = 0.0f;  // a last quad's missing groups
     __m512 t0 = _mm512_setzero_ps(), t1 = t0;

@@ -60,6 +60,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <type_traits>
 
 #include "backend/cpu/int4_isa.h"
 #include "backend/cpu/kernels.h"
@@ -190,8 +191,12 @@ Isa best_isa() {
   return Isa::Scalar;
 }
 
-void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
-                        const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
+namespace {
+
+// gemm_int4_asym_isa for either parameter type P (uint16_t bf16 bits or float).
+template <typename P>
+void gemm_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const P* scales, const P* mins, int64_t N,
+              int64_t K, int group_size, float* y) {
   check_arguments(M, N, K, group_size);
   NIBBLE_CHECK(isa_supported(isa), "int4_asym GEMM: this CPU cannot run the {} kernel", isa_name(isa));
   if (M == 0 || N == 0) return;
@@ -199,7 +204,7 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
     gemm_int4_asym_ref(x, M, qweight, scales, mins, N, K, group_size, y);
     return;
   }
-  const int4::Problem p{qweight, scales, mins, N, K, group_size, (K + 1) / 2,
+  const int4::Problem p{qweight, scales, mins, std::is_same_v<P, float>, N, K, group_size, (K + 1) / 2,
                         (K + group_size - 1) / group_size, (K + kChunk - 1) / kChunk};
   if (M == 1 && gemv_is_integer(isa)) {
     // The integer GEMV (int4_avx2_i24.cpp, int4_avx512_i24.cpp) on x in 24-bit
@@ -223,10 +228,11 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
   gemm_kernels(isa == Isa::Avx512 ? int4::rows_avx512 : int4::rows_avx2, p, a, M, y);
 }
 
-void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
-                    const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
+template <typename P>
+void gemm_any(const float* x, int64_t M, const uint8_t* qweight, const P* scales, const P* mins, int64_t N, int64_t K,
+              int group_size, float* y) {
   if (M < kDequantRows) {
-    gemm_int4_asym_isa(best_isa(), x, M, qweight, scales, mins, N, K, group_size, y);
+    gemm_isa(best_isa(), x, M, qweight, scales, mins, N, K, group_size, y);
     return;
   }
   check_arguments(M, N, K, group_size);
@@ -242,6 +248,25 @@ void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uin
     for (int64_t r = 0; r < rows; ++r) decode_int4_asym_row(qweight, scales, mins, n0 + r, K, group_size, w + r * K);
     sgemm(false, true, M, rows, K, 1.0f, x, K, w, K, 0.0f, y + n0, N);
   }
+}
+
+}  // namespace
+
+void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
+                        const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y) {
+  gemm_isa(isa, x, M, qweight, scales, mins, N, K, group_size, y);
+}
+void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const float* scales,
+                        const float* mins, int64_t N, int64_t K, int group_size, float* y) {
+  gemm_isa(isa, x, M, qweight, scales, mins, N, K, group_size, y);
+}
+void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales, const uint16_t* mins,
+                    int64_t N, int64_t K, int group_size, float* y) {
+  gemm_any(x, M, qweight, scales, mins, N, K, group_size, y);
+}
+void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const float* scales, const float* mins,
+                    int64_t N, int64_t K, int group_size, float* y) {
+  gemm_any(x, M, qweight, scales, mins, N, K, group_size, y);
 }
 
 }  // namespace nibble::cpu

@@ -18,11 +18,14 @@ namespace nibble::cpu::int4 {
 constexpr int64_t kChunk = 32;
 constexpr int64_t kChunkBytes = kChunk / 2;
 
-// One packed int4_asym matrix, as docs/FORMAT.md §3 stores it.
+// One packed int4 matrix: int4_asym as docs/FORMAT.md §3 stores it (bf16 scale
+// and min per group), or the same with fp32 parameters (int4_asym_f32, §7.8, and
+// int4_sym once its f16 scale s becomes the pair (s, −8·s), exactly).
 struct Problem {
   const uint8_t* qweight;  // [N, row_bytes]
-  const uint16_t* scales;  // [N, groups] bf16
-  const uint16_t* mins;    // [N, groups] bf16
+  const void* scales;      // [N, groups]: uint16_t bf16 bits, or float when f32_params
+  const void* mins;        // [N, groups], the same type
+  bool f32_params;
   int64_t N, K;
   int group_size;
   int64_t row_bytes;  // ceil(K / 2)

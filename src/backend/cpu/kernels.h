@@ -55,11 +55,17 @@ void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, f
 // packed parts (qweight [N, ceil(K/2)], scales/mins bf16 [N, ceil(K/G)]). Each
 // group is decoded exactly as FORMAT.md says (fl(fl(code·s) + m)) into a small
 // buffer and dotted with x in fp32; the full-precision matrix never exists.
+// Each int4 GEMM below also takes fp32 scales and mins (int4_asym_f32, FORMAT.md §7.8; int4_sym as the pairs
+// (s, −8·s)): the same codes, layout and decode fl(fl(code·s) + m).
 void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                         const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
+void gemm_int4_asym_ref(const float* x, int64_t M, const uint8_t* qweight, const float* scales, const float* mins,
+                        int64_t N, int64_t K, int group_size, float* y);
 // Row n of such a matrix decoded into out[K], each weight fl(fl(code·s) + m): what gemm_int4_asym_ref above and
 // gemm_int4_asym below (from 64 rows on) multiply.
 void decode_int4_asym_row(const uint8_t* qweight, const uint16_t* scales, const uint16_t* mins, int64_t n, int64_t K,
+                          int group_size, float* out);
+void decode_int4_asym_row(const uint8_t* qweight, const float* scales, const float* mins, int64_t n, int64_t K,
                           int group_size, float* out);
 
 // Which instruction set a CPU kernel uses. Scalar is the reference above;
@@ -82,18 +88,28 @@ bool gemv_is_integer(Isa isa);  // its M = 1 path is the integer GEMV on this CP
 // where the int4 kernels would decode each weight again per block of rows).
 void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                     const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
+void gemm_int4_asym(const float* x, int64_t M, const uint8_t* qweight, const float* scales, const float* mins,
+                    int64_t N, int64_t K, int group_size, float* y);
 // The same with a chosen ISA (tests, benchmarks); throws nibble::Error when the
-// CPU cannot run it.
+// CPU cannot run it. With fp32 parameters the AVX2 tiles (M ≥ 2) decode with a
+// multiply and an add where bf16's exact products let one FMA do; the integer
+// GEMVs (M = 1) never decode a weight, so their arithmetic is the same for both.
 void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const uint16_t* scales,
                         const uint16_t* mins, int64_t N, int64_t K, int group_size, float* y);
+void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const float* scales,
+                        const float* mins, int64_t N, int64_t K, int group_size, float* y);
 
-// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ with Ŵ read straight from a format's stored
-// parts (in the order its registry row's parts() lists them).
-using PackedGemm = void (*)(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K,
-                            int group_size, float* y);
-// The CPU GEMM registered for a format (src/backend/cpu/packed_kernels.cpp),
-// or nullptr when there is none: callers then dequantize the matrix once and
-// use gemm_f32 (DESIGN.md: a missing entry falls back to dequantize + reference GEMM).
-PackedGemm find_packed_gemm(const FormatSpec& format);
+// A format's CPU kernel (src/backend/cpu/packed_kernels.cpp): `prepare` turns the stored parts (in the order the
+// format's registry row lists them) into what `gemm` reads, once when a model loads (nullptr: the stored parts
+// as they are); gemm computes y[M, N] = x[M, K] · Ŵ[N, K]ᵀ from them, the same values as the format's
+// dequantized matrix times x up to fp32 rounding.
+struct PackedKernel {
+  std::vector<Tensor> (*prepare)(const std::vector<Tensor>& parts, int64_t N, int64_t K, int group_size);
+  void (*gemm)(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K, int group_size,
+               float* y);
+};
+// The CPU kernel registered for a format, or nullptr when there is none: callers then dequantize the matrix once
+// and use gemm_f32 (DESIGN.md: a missing entry falls back to dequantize + reference GEMM).
+const PackedKernel* find_packed_kernel(const FormatSpec& format);
 
 }  // namespace nibble::cpu

@@ -3,6 +3,8 @@
 // A format without an entry is dequantized to f32 when a model loads.
 #include "backend/cpu/kernels.h"
 #include "formats/registry_rows.h"
+#include "nibble/dtype.h"
+#include "nibble/error.h"
 
 namespace nibble::cpu {
 namespace {
@@ -14,20 +16,42 @@ void gemm_int4_asym_parts(const float* x, int64_t M, const std::vector<Tensor>& 
                  group_size, y);
 }
 
+// int4_asym_f32 parts (§7.8), and int4_sym's once prepared: qweight U8, scales F32, mins F32.
+void gemm_int4_f32_parts(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K,
+                         int group_size, float* y) {
+  gemm_int4_asym(x, M, parts[0].data<uint8_t>(), parts[1].data<float>(), parts[2].data<float>(), N, K, group_size,
+                 y);
+}
+
+// int4_sym (§7.1: qweight U8, scales F16, w = (code − 8)·s) as int4_asym_f32's parts: the scale in fp32 (f16 →
+// f32 is exact) and the min −8·s (exact: a power of two times an f16 value). Every step of fl(fl(code·s) − 8·s) is
+// then exact (code·s and (code − 8)·s have at most 15 significant bits), so each weight is the format's own decode.
+std::vector<Tensor> int4_sym_as_f32_pairs(const std::vector<Tensor>& parts, int64_t N, int64_t K, int group_size) {
+  check_parts(FormatChoice{&formats::kInt4Sym, group_size}, parts, N, K);
+  const Tensor s16 = parts[1].contiguous();
+  Tensor scale = s16.to(DType::F32), min = Tensor::empty(DType::F32, s16.shape());
+  const float* s = scale.data<float>();
+  float* m = min.data_mut<float>();
+  for (int64_t i = 0; i < scale.numel(); ++i) m[i] = -8.0f * s[i];
+  return {parts[0], scale, min};
+}
+
 struct KernelEntry {
   const FormatSpec* format;
-  PackedGemm gemm;
+  PackedKernel kernel;
 };
 
 const KernelEntry kKernels[] = {
-    {&formats::kInt4Asym, gemm_int4_asym_parts},
+    {&formats::kInt4Asym, {nullptr, gemm_int4_asym_parts}},
+    {&formats::kInt4AsymF32, {nullptr, gemm_int4_f32_parts}},
+    {&formats::kInt4Sym, {int4_sym_as_f32_pairs, gemm_int4_f32_parts}},
 };
 
 }  // namespace
 
-PackedGemm find_packed_gemm(const FormatSpec& format) {
+const PackedKernel* find_packed_kernel(const FormatSpec& format) {
   for (const KernelEntry& k : kKernels)
-    if (k.format == &format) return k.gemm;
+    if (k.format == &format) return &k.kernel;
   return nullptr;
 }
 

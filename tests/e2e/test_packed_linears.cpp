@@ -1,0 +1,89 @@
+// The CPU forward's packed linears: every int4 format with a CPU kernel
+// (int4_asym, int4_asym_f32, int4_sym) and the rivals' linears one of them holds
+// exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 → int4_g32_asym_f32) stay packed when a
+// model loads, and give what the same linear dequantized to f32 gives, at one
+// token (the integer GEMV), a few (the fp32 tiles) and many (decode + sgemm).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "nibble/convert.h"
+#include "nibble/gguf.h"
+#include "nibble/model.h"
+#include "nibble/source.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every linear of layer 0, and of the last layer, through both loads. The bound: each output's error is at most
+// 1e-5 · Σ_i |x_i| · max_i |w_i| (its fp32 sums, and the GEMV's 24-bit activations: 2^-23 of a group's largest
+// |x|, on inputs ~ N(0, 1)); one wrong code costs about |x_i| · (range / 15), a hundred times that or more here.
+// `packed`: how many of the 14 are in want_format (the rest must load dense).
+void expect_packed_matches_dense(const ModelSource& src, const std::string& want_format, int packed_count) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t last = src.config().num_layers - 1;
+  int checked = 0;
+  for (int64_t layer : {int64_t{0}, last})
+    for (const LinearSlot& s : decoder_linears()) {
+      const std::string prefix = "model.layers." + std::to_string(layer) + "." + s.name;
+      SCOPED_TRACE(prefix);
+      const std::optional<FormatChoice> f = src.exact_format(prefix + ".weight");
+      if (!f) {  // e.g. a GGUF matrix whose rows are not whole blocks: stored in another type, loaded dense
+        EXPECT_FALSE(load_linear(src, prefix).is_packed());
+        continue;
+      }
+      ASSERT_EQ(f->canonical_name(), want_format);
+      const LinearWeight packed = load_linear(src, prefix), dense = load_linear(src, prefix, /*dense=*/true);
+      ASSERT_TRUE(packed.is_packed());
+      ASSERT_FALSE(dense.is_packed());
+      const int64_t K = dense.in_features(), N = dense.out_features();
+      const float* w = dense.dense_weight().data<float>();
+      for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{70}}) {
+        std::vector<float> x(static_cast<size_t>(M * K));
+        for (float& v : x) v = nd(rng);
+        std::vector<float> yp(static_cast<size_t>(M * N), std::nanf("")), yd(yp.size(), std::nanf(""));
+        packed.forward(x.data(), M, yp.data());
+        dense.forward(x.data(), M, yd.data());
+        for (int64_t n = 0; n < N; ++n) {
+          double wmax = 0;
+          for (int64_t i = 0; i < K; ++i) wmax = std::max(wmax, std::abs(static_cast<double>(w[n * K + i])));
+          for (int64_t m = 0; m < M; ++m) {
+            double xs = 0;
+            for (int64_t i = 0; i < K; ++i) xs += std::abs(static_cast<double>(x[static_cast<size_t>(m * K + i)]));
+            const size_t o = static_cast<size_t>(m * N + n);
+            ASSERT_LE(std::abs(static_cast<double>(yp[o]) - yd[o]), 1e-5 * xs * wmax)
+                << "M=" << M << " m=" << m << " n=" << n << ": packed " << yp[o] << ", dense " << yd[o];
+          }
+        }
+      }
+      ++checked;
+    }
+  EXPECT_EQ(checked, packed_count);
+}
+
+TEST(CpuPackedLinears, NibbleInt4FormatsRunPackedAndMatchDequantized) {
+  test::TempDir tmp;
+  for (const char* name : {"int4_g32_asym", "int4_g128_asym_f32", "int4_g32_asym_f32", "int4_g64_sym"}) {
+    SCOPED_TRACE(name);
+    QuantizeOptions o;
+    o.format = name;
+    o.progress = false;
+    quantize_model(test::model_dir("stories260K"), tmp / name, o);
+    expect_packed_matches_dense(*CheckpointDir::open(tmp / name), name, 14);
+  }
+}
+
+TEST(CpuPackedLinears, GgufQ4_0AndQ4_1RunPackedAndMatchDequantized) {
+  const fs::path dir = test::model_dir("stories260K") / "gguf";
+  // down_proj reads 172 inputs, not whole blocks of 32: llama.cpp stores it in another type.
+  expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_0.gguf"), "int4_g32_sym", 12);
+  expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_1.gguf"), "int4_g32_asym_f32", 12);
+}
+
+}  // namespace
+}  // namespace nibble
