@@ -78,10 +78,13 @@ struct GpuOptions {
   // The yardstick's forward (nibble eval --device cuda): every linear runs
   // through cuBLAS in fp32 (no TF32) on f32 inputs with the f32 values the CPU
   // forward computes with, so the logits are the CPU forward's up to fp32
-  // summation order. bf16 / fp16 / f32 and int4_asym matrices stay on the
-  // device as stored and are widened (int4_asym: dequantized bit-exactly)
-  // into one f32 scratch, the size of the largest linear, just before their
-  // GEMM; other formats are dequantized on the host at load and held as f32.
+  // summation order. bf16 / fp16 / f32 and int4 matrices stay on the device
+  // as stored and are widened (int4: dequantized bit-exactly) into one f32
+  // scratch, the size of the largest linear, just before their GEMM: int4_asym
+  // with its bf16 pairs, int4_asym_f32 and int4_sym (as int4_sym_as_asym_f32
+  // gives it) with fp32 pairs, a rival's linear in whichever of them holds it
+  // exactly (ModelSource::exact_format); other formats are dequantized on the
+  // host at load and held as f32.
   // Slower than the int4 kernels, and off by default.
   bool f32_linears = false;
   // With f32_linears: every linear's input is rounded to bf16 first, as the

@@ -136,6 +136,12 @@ void dequantize(const QuantizedMatrix& q, float* out);
 // Error naming the first part that differs.
 void check_parts(const FormatChoice& f, const std::vector<Tensor>& parts, int64_t rows, int64_t cols);
 
+// int4_sym's parts (qweight U8, scales F16) as int4_asym_f32's (the same qweight, scales F32, mins F32 = −8·scale):
+// the same weights bit for bit, since f16 → f32 is exact and every step of fl(fl(code·s) − 8·s) is too (at most
+// 15 significant bits). How the CPU's int4 kernels and the GPU yardstick's int4 dequantization read int4_sym.
+std::vector<Tensor> int4_sym_as_asym_f32(const std::vector<Tensor>& parts, int64_t rows, int64_t cols,
+                                         int group_size);
+
 // Reference dequantization straight from the stored parts.
 Tensor dequantize_parts(const FormatChoice& f, const std::vector<Tensor>& parts, int64_t rows, int64_t cols);
 

@@ -81,3 +81,18 @@ const FormatSpec kInt4Sym{
 };
 
 }  // namespace nibble::formats
+
+namespace nibble {
+
+std::vector<Tensor> int4_sym_as_asym_f32(const std::vector<Tensor>& parts, int64_t rows, int64_t cols,
+                                         int group_size) {
+  check_parts(FormatChoice{&formats::kInt4Sym, group_size}, parts, rows, cols);
+  const Tensor scale = parts[1].to(DType::F32);  // f16 -> f32: exact
+  Tensor min = Tensor::empty(DType::F32, scale.shape());
+  const float* s = scale.data<float>();
+  float* m = min.data_mut<float>();
+  for (int64_t i = 0; i < scale.numel(); ++i) m[i] = -8.0f * s[i];  // exact: a power of two times an f16 value
+  return {parts[0], scale, min};
+}
+
+}  // namespace nibble

@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "nibble/convert.h"
 #include "nibble/gguf.h"
+#include "nibble/format.h"
 #include "nibble/model.h"
+#include "nibble/quantizer.h"
 #include "nibble/source.h"
 #include "test_util.h"
 
@@ -64,6 +67,26 @@ void expect_packed_matches_dense(const ModelSource& src, const std::string& want
       ++checked;
     }
   EXPECT_EQ(checked, packed_count);
+}
+
+// int4_sym read as (s, −8·s) pairs: FORMAT.md's int4_asym_f32 decode of the converted parts gives int4_sym's own
+// decode bit for bit, on scales across f16's range (subnormal to large) and a ragged last group.
+TEST(CpuPackedLinears, Int4SymAsAsymF32DecodesTheSameBits) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int g : {32, 64, 128}) {
+    const int64_t rows = 40, cols = 300;
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)  // each row its own magnitude: 1e-6 (f16 subnormal scales) .. 3e3
+        w[static_cast<size_t>(r * cols + c)] = nd(rng) * std::pow(10.0f, -6.0f + 9.5f * static_cast<float>(r) / rows);
+    const FormatChoice sym = find_format("int4_sym", g), f32 = find_format("int4_asym_f32", g);
+    const std::vector<Tensor> parts = sym.spec->pack(quant::quantize_rtn(sym, w.data(), rows, cols));
+    const std::vector<Tensor> conv = int4_sym_as_asym_f32(parts, rows, cols, g);
+    const Tensor want = dequantize_parts(sym, parts, rows, cols), got = dequantize_parts(f32, conv, rows, cols);
+    ASSERT_EQ(want.nbytes(), got.nbytes());
+    EXPECT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0) << "g" << g;
+  }
 }
 
 TEST(CpuPackedLinears, NibbleInt4FormatsRunPackedAndMatchDequantized) {

@@ -412,10 +412,11 @@ TEST(CudaEval, ExactInputsSkipTheActivationQuantizer) {
 }
 
 // Rivals' checkpoints on the GPU yardstick: a GGUF file as the reference and
-// another as the candidate (stories260K, F32 and Q4_K_M), and a GPTQ
-// directory as the candidate (qwen3); each scores as on the CPU, and the
-// GPTQ directory exactly as the plain checkpoint of the weights its codes
-// define.
+// another as the candidate (stories260K, F32 against Q4_K_M, whose matrices stay
+// f32, and Q4_0, whose matrices the GPU holds as int4_sym codes with fp32 pairs),
+// and a GPTQ directory as the candidate (qwen3; int4_asym_f32 codes on the GPU);
+// each scores as on the CPU (its int4 kernels), and the GPTQ directory exactly as
+// the plain checkpoint of the weights its codes define.
 TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
   SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-cuda-rivals");
@@ -427,6 +428,8 @@ TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
   };
   const Case cases[] = {
       {gguf / "stories260K-F32.gguf", gguf / "stories260K-Q4_K_M.gguf",
+       test::shared_dir() / "data/corpora/tinystories-valid-sample.txt", 128},
+      {gguf / "stories260K-F32.gguf", gguf / "stories260K-Q4_0.gguf",
        test::shared_dir() / "data/corpora/tinystories-valid-sample.txt", 128},
       {test::model_dir("qwen3-26M-linux"), tmp / "gptq", test::shared_dir() / "data/corpora/linux-eval.txt", 256}};
   for (const Case& c : cases) {

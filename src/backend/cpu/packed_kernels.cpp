@@ -3,8 +3,7 @@
 // A format without an entry is dequantized to f32 when a model loads.
 #include "backend/cpu/kernels.h"
 #include "formats/registry_rows.h"
-#include "nibble/dtype.h"
-#include "nibble/error.h"
+#include "nibble/format.h"
 
 namespace nibble::cpu {
 namespace {
@@ -23,19 +22,6 @@ void gemm_int4_f32_parts(const float* x, int64_t M, const std::vector<Tensor>& p
                  y);
 }
 
-// int4_sym (§7.1: qweight U8, scales F16, w = (code − 8)·s) as int4_asym_f32's parts: the scale in fp32 (f16 →
-// f32 is exact) and the min −8·s (exact: a power of two times an f16 value). Every step of fl(fl(code·s) − 8·s) is
-// then exact (code·s and (code − 8)·s have at most 15 significant bits), so each weight is the format's own decode.
-std::vector<Tensor> int4_sym_as_f32_pairs(const std::vector<Tensor>& parts, int64_t N, int64_t K, int group_size) {
-  check_parts(FormatChoice{&formats::kInt4Sym, group_size}, parts, N, K);
-  const Tensor s16 = parts[1].contiguous();
-  Tensor scale = s16.to(DType::F32), min = Tensor::empty(DType::F32, s16.shape());
-  const float* s = scale.data<float>();
-  float* m = min.data_mut<float>();
-  for (int64_t i = 0; i < scale.numel(); ++i) m[i] = -8.0f * s[i];
-  return {parts[0], scale, min};
-}
-
 struct KernelEntry {
   const FormatSpec* format;
   PackedKernel kernel;
@@ -44,7 +30,7 @@ struct KernelEntry {
 const KernelEntry kKernels[] = {
     {&formats::kInt4Asym, {nullptr, gemm_int4_asym_parts}},
     {&formats::kInt4AsymF32, {nullptr, gemm_int4_f32_parts}},
-    {&formats::kInt4Sym, {int4_sym_as_f32_pairs, gemm_int4_f32_parts}},
+    {&formats::kInt4Sym, {int4_sym_as_asym_f32, gemm_int4_f32_parts}},  // run as (s, −8·s), exactly
 };
 
 }  // namespace

@@ -135,13 +135,16 @@ SampleArgs sample_args(const SamplerConfig& c, uint64_t first_draw, int64_t firs
 
 // One matrix of an f32 linear (GpuOptions::f32_linears), held as stored and
 // widened to f32 just before each GEMM: bf16 / fp16 / f32 values (`dtype`),
-// or int4_asym's parts (group > 0: codes in `values`, scales, mins),
-// dequantized there bit-identically to the CPU. Other formats are
-// dequantized on the host at load and held as f32.
+// or an int4 matrix's parts (group > 0: codes in `values`, scales, mins; bf16
+// pairs for int4_asym, fp32 pairs (f32_params) for int4_asym_f32 and for int4_sym
+// as int4_sym_as_asym_f32 gives it; a rival's linear in whichever of them holds it
+// exactly, ModelSource::exact_format), dequantized there bit-identically to the
+// CPU. Other formats are dequantized on the host at load and held as f32.
 struct F32Matrix {
   int64_t rows = 0, cols = 0;
   DType dtype = DType::F32;
   int group = 0;
+  bool f32_params = false;
   DeviceBuffer values, scales, mins;
   const void* shared = nullptr;  // f32 values owned elsewhere (a tied head: the embedding)
   const void* data() const { return shared != nullptr ? shared : values.get(); }
@@ -151,8 +154,8 @@ struct F32Matrix {
   void widen(float* out, cudaStream_t s) const {
     const int64_t n = rows * cols;
     if (group > 0) {
-      dequant_int4_asym_launch(static_cast<const uint8_t*>(values.get()), scales.get(), mins.get(), rows, cols, group,
-                               out, s);
+      dequant_int4_asym_launch(static_cast<const uint8_t*>(values.get()), scales.get(), mins.get(), f32_params, rows,
+                               cols, group, out, s);
       return;
     }
     if (n == 0) return;
@@ -254,10 +257,14 @@ F32Matrix f32_matrix(const ModelSource& src, const std::string& name) {
   F32Matrix m;
   m.rows = meta.shape[0];
   m.cols = meta.shape[1];
-  if (meta.format && meta.format->spec->family == "int4_asym") {
-    const std::vector<Tensor> parts = src.parts(name);
-    check_parts(*meta.format, parts, m.rows, m.cols);
-    m.group = meta.format->group_size;
+  const std::optional<FormatChoice> f = src.exact_format(name);
+  const std::string_view family = f ? f->spec->family : "";
+  if (family == "int4_asym" || family == "int4_asym_f32" || family == "int4_sym") {
+    std::vector<Tensor> parts = src.exact_parts(name);
+    check_parts(*f, parts, m.rows, m.cols);
+    if (family == "int4_sym") parts = int4_sym_as_asym_f32(parts, m.rows, m.cols, f->group_size);
+    m.group = f->group_size;
+    m.f32_params = family != "int4_asym";
     m.values = upload(parts[0]);
     m.scales = upload(parts[1]);
     m.mins = upload(parts[2]);
