@@ -1,6 +1,6 @@
 // The CPU forward's packed linears: every int4 format with a CPU kernel
 // (int4_asym, int4_asym_f32, int4_sym) and the rivals' linears one of them holds
-// exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 → int4_g32_asym_f32) stay packed when a
+// exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 and Q4_K → int4_g32_asym_f32) stay packed when a
 // model loads, and give what the same linear dequantized to f32 gives, at one
 // token (the integer GEMV), a few (the fp32 tiles) and many (decode + sgemm).
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 #include "nibble/quantizer.h"
 #include "nibble/source.h"
 #include "test_util.h"
+#include "unit/gguf_q4k.h"
 
 namespace nibble {
 namespace {
@@ -106,6 +107,15 @@ TEST(CpuPackedLinears, GgufQ4_0AndQ4_1RunPackedAndMatchDequantized) {
   // down_proj reads 172 inputs, not whole blocks of 32: llama.cpp stores it in another type.
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_0.gguf"), "int4_g32_sym", 12);
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_1.gguf"), "int4_g32_asym_f32", 12);
+}
+
+// Q4_K (no stories260K matrix is whole 256-wide blocks): gguf_q4k.h's one-layer llama, every matrix Q4_K with
+// d and dmin of both signs, subnormal and zero, and every pair of 6-bit scale and min, so fp32 pairs far from
+// bf16's and from each other's magnitudes.
+TEST(CpuPackedLinears, GgufQ4_KRunsPackedAndMatchesDequantized) {
+  test::TempDir tmp;
+  ASSERT_EQ(test::write_q4_k_llama(tmp / "q4k.gguf").first, 8);
+  expect_packed_matches_dense(*GgufSource::open(tmp / "q4k.gguf"), "int4_g32_asym_f32", 14);  // layer 0 twice
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "nibble/source.h"
 #include "nibble/tokenizer.h"
 #include "test_util.h"
+#include "unit/gguf_q4k.h"
 #include "unit/gptq_checkpoint.h"
 
 namespace nibble {
@@ -467,6 +468,19 @@ TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
     EXPECT_LT(prefill, 2e-5) << c.cand;
     EXPECT_LT(decode, 2e-5) << c.cand;
   }
+}
+
+// GGUF Q4_K on the GPU yardstick (gguf_q4k.h's one-layer llama: every matrix Q4_K, d and dmin of both signs,
+// subnormal and zero, every pair of 6-bit scale and min): int4_g32_asym_f32 codes with fp32 pairs on the device,
+// dequantized bit-exactly before each GEMM, against the CPU's int4 kernels on the same pairs.
+TEST(CudaEval, GgufQ4_KOnTheGpuYardstickMatchesTheCpu) {
+  SKIP_WITHOUT_DEVICE();
+  test::TempDir tmp("nibble-cuda-q4k");
+  ASSERT_EQ(test::write_q4_k_llama(tmp / "q4k.gguf").first, 8);
+  const auto src = GgufSource::open(tmp / "q4k.gguf");
+  const auto [prefill, decode] = f32_forward_diff(*src, "q4k.gguf", 40, 8);
+  EXPECT_LT(prefill, 2e-5);
+  EXPECT_LT(decode, 2e-5);
 }
 
 }  // namespace
