@@ -45,7 +45,10 @@ inline std::string to_gguf_name(const std::string& hf) {
 // included) and every code; norms are 1. Returns the Q4_K matrices written (8:
 // the embedding; q, k, v, o, gate, up, down) and the sub-blocks of 32 (at least
 // 64 · 64: sub-block 64a + r has scale r and min 29r + a mod 64).
-inline std::pair<int, int64_t> write_q4_k_llama(const std::filesystem::path& file) {
+// `runnable`: d and dmin in [2^-10, 2^-6) (still of both signs, with zeros), so
+// that a forward stays finite and non-zero; otherwise any finite f16 (subnormals
+// and 65504 included), whose activations overflow within the layer.
+inline std::pair<int, int64_t> write_q4_k_llama(const std::filesystem::path& file, bool runnable = false) {
   ModelConfig c;
   c.model_type = "llama";
   c.hidden_size = 256;
@@ -72,7 +75,7 @@ inline std::pair<int, int64_t> write_q4_k_llama(const std::filesystem::path& fil
   int64_t sub = 0;  // sub-blocks written so far: scale and min cycle through 0..63 with it
   // A finite f16 of sign `neg`: ±0, else any exponent but 31 (subnormals included).
   auto f16 = [&](bool neg, bool zero) {
-    const uint32_t exponent = rng() % 31, mantissa = rng() & 0x3FF;
+    const uint32_t exponent = runnable ? 5 + rng() % 4 : rng() % 31, mantissa = rng() & 0x3FF;
     return static_cast<uint16_t>((neg ? 0x8000u : 0u) | (zero ? 0u : (exponent << 10) | mantissa));
   };
   auto q4_k_bytes = [&](int64_t n_super) {

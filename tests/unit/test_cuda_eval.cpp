@@ -42,7 +42,12 @@ double worst_row(const Tensor& cpu, const Tensor& gpu, int64_t V) {
     for (int64_t j = 0; j < V; ++j) {
       scale = std::max(scale, std::fabs(static_cast<double>(a[j])));
       diff = std::max(diff, std::fabs(static_cast<double>(a[j]) - b[j]));
+      if (!std::isfinite(a[j]) || !std::isfinite(b[j])) {  // std::max would pass a NaN over
+        ADD_FAILURE() << "row " << r << " logit " << j << ": cpu " << a[j] << ", gpu " << b[j];
+        return INFINITY;
+      }
     }
+    EXPECT_GT(scale, 0.0) << "row " << r << ": every logit is 0";
     worst = std::max(worst, diff / scale);
   }
   return worst;
@@ -470,13 +475,13 @@ TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
   }
 }
 
-// GGUF Q4_K on the GPU yardstick (gguf_q4k.h's one-layer llama: every matrix Q4_K, d and dmin of both signs,
-// subnormal and zero, every pair of 6-bit scale and min): int4_g32_asym_f32 codes with fp32 pairs on the device,
+// GGUF Q4_K on the GPU yardstick (gguf_q4k.h's one-layer llama, runnable: every matrix Q4_K, d and dmin of both
+// signs and zeros, every pair of 6-bit scale and min): int4_g32_asym_f32 codes with fp32 pairs on the device,
 // dequantized bit-exactly before each GEMM, against the CPU's int4 kernels on the same pairs.
 TEST(CudaEval, GgufQ4_KOnTheGpuYardstickMatchesTheCpu) {
   SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-cuda-q4k");
-  ASSERT_EQ(test::write_q4_k_llama(tmp / "q4k.gguf").first, 8);
+  ASSERT_EQ(test::write_q4_k_llama(tmp / "q4k.gguf", /*runnable=*/true).first, 8);
   const auto src = GgufSource::open(tmp / "q4k.gguf");
   const auto [prefill, decode] = f32_forward_diff(*src, "q4k.gguf", 40, 8);
   EXPECT_LT(prefill, 2e-5);

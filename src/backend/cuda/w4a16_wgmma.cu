@@ -553,8 +553,11 @@ bool w4a16_wgmma_applies(const DeviceLinear& w, int64_t M, Act act) {
   // Larger bf16 calls dequantize the weight and run cuBLAS (w4a16.cu).
   if (act == Act::BF16 && M > kWgmmaBf16MaxM) return false;
   // NIBBLE_W4A16_WGMMA=0 sends these calls to the small-M kernel, the path of
-  // other GPUs (for tests and measurements on Hopper).
-  if (const char* e = std::getenv("NIBBLE_W4A16_WGMMA"); e != nullptr && e[0] == '0') return false;
+  // other GPUs; =1 sends them all to the wgmma kernel, w4a16_small_m_first's
+  // rule aside (both for tests and measurements on Hopper).
+  const char* e = std::getenv("NIBBLE_W4A16_WGMMA");
+  if (e != nullptr && e[0] == '0') return false;
+  if (e != nullptr && e[0] == '1') return w4a16_wgmma_device();
   return w4a16_wgmma_device() && !w4a16_small_m_first(w.rows, w.cols, group_size, M, device_sm_count());
 }
 
