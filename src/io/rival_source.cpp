@@ -196,13 +196,39 @@ std::vector<Tensor> pack_affine4(Affine4Choice c, const CodeFn& code) {
 class Affine4Scheme : public RivalScheme {
  public:
   std::optional<FormatChoice> exact_format(const std::string& prefix, const TensorSource& raw) const final {
-    const std::optional<Affine4Choice> c = exact_choice(prefix, raw);
+    std::optional<Affine4Choice> c = exact_choice(prefix, raw);
     if (!c) return std::nullopt;
-    return c->format;
+    const FormatChoice f = c->format;
+    std::lock_guard<std::mutex> lock(last_mutex_);
+    last_ = Last{prefix, &raw, std::move(c)};
+    return f;
   }
 
  protected:
   virtual std::optional<Affine4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) const = 0;
+  // exact_choice for exact_parts: the choice exact_format has just made for this linear, where it was the last one
+  // asked (loaders ask exact_format, then exact_parts, linear by linear: the check then runs once per linear, and
+  // only one linear's parameters are held between the two), else made again.
+  std::optional<Affine4Choice> choice_for_parts(const std::string& prefix, const TensorSource& raw) const {
+    {
+      std::lock_guard<std::mutex> lock(last_mutex_);
+      if (last_ && last_->prefix == prefix && last_->raw == &raw) {
+        std::optional<Affine4Choice> c = std::move(last_->choice);
+        last_.reset();
+        return c;
+      }
+    }
+    return exact_choice(prefix, raw);
+  }
+
+ private:
+  struct Last {
+    std::string prefix;
+    const TensorSource* raw;
+    std::optional<Affine4Choice> choice;
+  };
+  mutable std::mutex last_mutex_;
+  mutable std::optional<Last> last_;
 };
 
 // Whether the group indices (g_idx, when stored) are k / group_size for every input k: groups in input order.
@@ -301,7 +327,7 @@ class GptqScheme final : public Affine4Scheme {
     return w;
   }
   std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
-    std::optional<Affine4Choice> c = exact_choice(prefix, raw);
+    std::optional<Affine4Choice> c = choice_for_parts(prefix, raw);
     NIBBLE_CHECK(c, "{}: GPTQ linear '{}' has no exact nibble format", raw.describe(), prefix);
     const Tensor qw = words_of(raw, prefix + ".qweight", "GPTQ codes");
     const uint32_t* q = static_cast<const uint32_t*>(qw.raw());
@@ -453,7 +479,7 @@ class AwqScheme final : public Affine4Scheme {
     return w;
   }
   std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
-    std::optional<Affine4Choice> c = exact_choice(prefix, raw);
+    std::optional<Affine4Choice> c = choice_for_parts(prefix, raw);
     NIBBLE_CHECK(c, "{}: AWQ linear '{}' has no exact nibble format", raw.describe(), prefix);
     const Tensor qw = codes_of(prefix, raw);
     const Codes code = codes_view(qw);
@@ -765,7 +791,7 @@ class CompressedTensorsScheme final : public Affine4Scheme {
   }
   // pack-quantized 4-bit codes (the field is q + 8), zero points or none, scales [out, groups].
   std::vector<Tensor> exact_parts(const std::string& prefix, const TensorSource& raw) const override {
-    std::optional<Affine4Choice> c = exact_choice(prefix, raw);
+    std::optional<Affine4Choice> c = choice_for_parts(prefix, raw);
     NIBBLE_CHECK(c, "{}: compressed-tensors linear '{}' has no exact nibble format", raw.describe(), prefix);
     const Tensor packed = words_of(raw, prefix + ".weight_packed", "compressed-tensors codes");
     const int64_t wpr = packed.size(1);
