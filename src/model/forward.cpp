@@ -7,6 +7,7 @@
 #include "backend/cpu/kernels.h"
 #include "nibble/arch.h"
 #include "nibble/error.h"
+#include "nibble/format.h"
 #include "nibble/hadamard.h"
 #include "nibble/model.h"
 
@@ -30,6 +31,7 @@ LinearWeight LinearWeight::packed(FormatChoice f, std::vector<Tensor> parts, int
   l.format_ = f;
   l.out_ = out;
   l.in_ = in;
+  check_parts(f, parts, out, in);  // the kernels read them by the format's dtypes and shapes
   if (k->prepare) parts = k->prepare(parts, out, in, f.group_size);
   for (Tensor& p : parts) l.parts_.push_back(p.contiguous());
   return l;

@@ -1,4 +1,5 @@
-// Fast int4_asym GEMV / small-M GEMM on the CPU: the driver and ISA dispatch.
+// Fast int4 GEMV / small-M GEMM on the CPU (int4_asym's layout, bf16 or fp32 parameters): the driver and ISA
+// dispatch.
 //
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, Ŵ read straight from its packed parts (FORMAT.md §3).
 //
@@ -7,6 +8,9 @@
 //    AVX-512 (int4_avx512.cpp), else AVX2 (int4_avx2.cpp), else the scalar
 //    reference (gemm.cpp). The ISA files are compiled with their own -m flags;
 //    this file and everything else stays baseline x86-64.
+//  * Parameters: bf16 scale/min pairs (int4_asym) or fp32 ones (int4_asym_f32,
+//    and int4_sym as (s, −8·s)); every kernel reads either (Problem::f32_params),
+//    and decodes fl(fl(code·s) + m) with both.
 //  * Activations are prepared once per call (int4_isa.h).
 //  * M = 1 (decode, memory bound): one pass over the weights.
 //      AVX2:    integer dot products (int4_avx2_i24.cpp). x is held per group in
