@@ -22,7 +22,8 @@ namespace {
 
 // "stored as" for a tensor: its nibble format or dtype; for a GGUF file's block types, the ggml type; for a rival's
 // quantized linear "rival" (its scheme is in the header). Either is followed by ":FORMAT" where that nibble format
-// holds the values exactly (ModelSource::exact_format: the GPU's W4A16 kernels take it), "Q4_0:int4_g32_sym".
+// holds the values exactly (ModelSource::exact_format: the CPU's and the GPU's int4 kernels take it),
+// "Q4_0:int4_g32_sym".
 std::string stored_as(const ModelSource& src, const std::string& name, const TensorMeta& m) {
   std::string foreign = src.foreign_format(name);
   if (foreign.empty()) return m.format ? m.format->canonical_name() : std::string(dtype_name(m.dtype));
@@ -46,16 +47,16 @@ void print_header(const ModelSource& src) {
                 v.model.empty() ? "none" : v.model.c_str(), v.pre.empty() ? "" : "/", v.pre.c_str(), v.tokens.size());
     for (const std::string& n : src.names())
       if (src.exact_format(n)) {
-        std::printf("a block type listed as TYPE:FORMAT is that nibble format exactly (the GPU's W4A16 kernels take "
-                    "those linears as stored)\n");
+        std::printf("a block type listed as TYPE:FORMAT is that nibble format exactly (the CPU's and the GPU's int4 "
+                    "kernels take those linears as stored)\n");
         break;
       }
     return;
   }
   if (const auto* r = dynamic_cast<const RivalSource*>(&src)) {
     std::printf("a rival's quantized (or pruned) checkpoint: each of its quantized or sparse linears is listed as "
-                "'rival' (%s), or 'rival:FORMAT' where that nibble format holds its values exactly (the GPU's W4A16 "
-                "kernels then take it), its bytes all its stored parts\n",
+                "'rival' (%s), or 'rival:FORMAT' where that nibble format holds its values exactly (the CPU's and the "
+                "GPU's int4 kernels then take it), its bytes all its stored parts\n",
                 r->scheme().describe().c_str());
     return;
   }
