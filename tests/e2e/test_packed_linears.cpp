@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 // Every linear of layer 0, and of the last layer, through both loads. The bound: each output's error is at most
 // 1e-5 · Σ_i |x_i| · max_i |w_i| (its fp32 sums, and the GEMV's 24-bit activations: 2^-23 of a group's largest
 // |x|, on inputs ~ N(0, 1)); one wrong code costs about |x_i| · (range / 15), a hundred times that or more here.
-// `packed`: how many of the 14 are in want_format (the rest must load dense).
+// packed_count: how many of the 14 are in want_format (the rest must load dense).
 void expect_packed_matches_dense(const ModelSource& src, const std::string& want_format, int packed_count) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
