@@ -367,6 +367,7 @@ TEST(Int4Kernel, GemvHandlesExtremeActivationScales) {
     }
     for (int64_t i = 3 * G; i < std::min<int64_t>(K, 4 * G); ++i) x[i] = 0.0f;  // an all-zero group
     expect_close(w, 1, x);
+    expect_close(with_f32_params(w), 1, x);  // the same with fp32 pairs
   }
 }
 
