@@ -298,6 +298,15 @@ TEST(Int4Kernel, ManyRowsRunTheDenseGemmOnTheDecodedWeights) {
   }
 }
 
+// Every supported ISA equals `ref` bit for bit on one problem.
+void expect_every_isa_bit_exact(const std::vector<float>& x, int64_t M, const Packed& w, const std::vector<float>& ref) {
+  for (Isa isa : isas_to_test()) {
+    const auto got = run(isa, x, M, w);
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_EQ(got[i], ref[i]) << cpu::isa_name(isa) << " M=" << M << " K=" << w.K << " G=" << w.G << " i=" << i;
+  }
+}
+
 // Integer-valued data: x_i ∈ [-8, 8], scales powers of two, mins small integers.
 // Then every decoded weight, product and partial sum is an integer (or a multiple of
 // 1/4) far below 2^24, so fp32 arithmetic is exact in any order and every ISA must
@@ -314,11 +323,7 @@ TEST(Int4Kernel, BitExactOnIntegerValuedData) {
         std::vector<float> x(static_cast<size_t>(M * K));
         for (auto& v : x) v = static_cast<float>(small(rng()));
         const auto ref = run_ref(x, M, w);
-        for (Isa isa : isas_to_test()) {
-          const auto got = run(isa, x, M, w);
-          for (size_t i = 0; i < ref.size(); ++i)
-            ASSERT_EQ(got[i], ref[i]) << cpu::isa_name(isa) << " M=" << M << " K=" << K << " G=" << G << " i=" << i;
-        }
+        ASSERT_NO_FATAL_FAILURE(expect_every_isa_bit_exact(x, M, w, ref));
       }
     }
   }
@@ -342,11 +347,7 @@ TEST(Int4Kernel, BitExactOnIntegerValuedDataWithF32Params) {
         std::vector<float> x(static_cast<size_t>(M * K));
         for (auto& v : x) v = static_cast<float>(small(rng()));
         const auto ref = run_ref(x, M, w);
-        for (Isa isa : isas_to_test()) {
-          const auto got = run(isa, x, M, w);
-          for (size_t i = 0; i < ref.size(); ++i)
-            ASSERT_EQ(got[i], ref[i]) << cpu::isa_name(isa) << " M=" << M << " K=" << K << " G=" << G << " i=" << i;
-        }
+        ASSERT_NO_FATAL_FAILURE(expect_every_isa_bit_exact(x, M, w, ref));
         EXPECT_EQ(run_any(x, M, w), ref) << "M=" << M << " K=" << K << " G=" << G;
       }
 }

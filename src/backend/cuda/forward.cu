@@ -264,7 +264,7 @@ F32Matrix f32_matrix(const ModelSource& src, const std::string& name) {
     check_parts(*f, parts, m.rows, m.cols);
     if (family == "int4_sym") parts = int4_sym_as_asym_f32(parts, m.rows, m.cols, f->group_size);
     m.group = f->group_size;
-    m.f32_params = family != "int4_asym";
+    m.f32_params = parts[1].dtype() == DType::F32;  // int4_asym's are bf16
     m.values = upload(parts[0]);
     m.scales = upload(parts[1]);
     m.mins = upload(parts[2]);
