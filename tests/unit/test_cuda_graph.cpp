@@ -424,6 +424,41 @@ TEST(Cuda, DecodeGreedyRunMatchesStepByStep) {
   for (bool graph : {true, false}) check_greedy_run(tmp.path() / "rtn", 2000, graph);
 }
 
+// nibble run's warm-up (cmd_run.cpp): a prefill whose result is dropped, then
+// reset(). What comes after must be a fresh model's: the prompt's logits
+// (every row) and 16 greedy decode steps, against a second model that ran
+// nothing before. The warm-up here is longer than the prompt and another
+// text, so a reset that left the position or the cache's rows behind would
+// show. Both run the same kernels on the same inputs; 1e-6 of the largest
+// |logit| leaves room only for cuBLAS choosing another algorithm, as above.
+TEST(Cuda, PrefillAfterAWarmUpAndResetIsAFreshModels) {
+  SKIP_WITHOUT_DEVICE();
+  const auto dir = test::model_dir("qwen3-26M-linux");
+  test::TempDir tmp("nibble-gpu-warm");
+  quantize_model(dir, tmp.path() / "rtn", QuantizeOptions{});
+  auto src = CheckpointDir::open(tmp.path() / "rtn");
+  const int32_t vocab = static_cast<int32_t>(src->config().vocab_size);
+  auto fresh = cuda::GpuModel::load(*src, 400);
+  auto warmed = cuda::GpuModel::load(*src, 400);
+  std::vector<int32_t> other = some_ids(300, vocab);
+  for (int32_t& id : other) id = (id * 31 + 5) % vocab;
+  (void)warmed->forward(other, false);
+  warmed->reset();
+  EXPECT_EQ(warmed->size(), 0);
+  const std::vector<int32_t> prompt = some_ids(100, vocab);
+  RowDiff d;
+  accumulate(fresh->forward(prompt, true), warmed->forward(prompt, true), d, "prefill");
+  std::vector<int32_t> ids_fresh, ids_warmed;
+  fresh->decode_greedy_run(prompt.back(), vocab, 16, [&](int32_t id) { return ids_fresh.push_back(id), true; });
+  warmed->decode_greedy_run(prompt.back(), vocab, 16, [&](int32_t id) { return ids_warmed.push_back(id), true; });
+  EXPECT_EQ(ids_fresh.size(), 16u);
+  EXPECT_EQ(ids_fresh, ids_warmed);
+  accumulate(fresh->forward({ids_fresh.back()}, false), warmed->forward({ids_warmed.back()}, false), d, "after");
+  EXPECT_LE(d.worst, 1e-6);
+  std::printf("[warm-up] prefill and the step after 16 greedy ones: worst %.3g, %d/%d rows bit-identical\n", d.worst,
+              d.exact, d.rows);
+}
+
 // Too little GPU memory is an error that says so, and leaves the device
 // usable: one allocation too large, and a model whose KV cache cannot fit,
 // refused before any upload (GpuModel::load's check against the free memory).
