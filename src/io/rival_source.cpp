@@ -12,6 +12,7 @@
 #include <bit>
 #include <cctype>
 #include <cmath>
+#include <deque>
 #include <initializer_list>
 #include <set>
 #include <string_view>
@@ -200,35 +201,40 @@ class Affine4Scheme : public RivalScheme {
     if (!c) return std::nullopt;
     const FormatChoice f = c->format;
     std::lock_guard<std::mutex> lock(last_mutex_);
-    last_ = Last{prefix, &raw, std::move(c)};
+    std::erase_if(last_, [&](const Last& l) { return l.prefix == prefix && l.raw == &raw; });
+    if (last_.size() == kLastChoices) last_.pop_front();
+    last_.push_back(Last{prefix, &raw, std::move(c)});
     return f;
   }
 
  protected:
   virtual std::optional<Affine4Choice> exact_choice(const std::string& prefix, const TensorSource& raw) const = 0;
-  // exact_choice for exact_parts: the choice exact_format has just made for this linear, where it was the last one
-  // asked (loaders ask exact_format, then exact_parts, linear by linear: the check then runs once per linear, and
-  // only one linear's parameters are held between the two), else made again.
+  // exact_choice for exact_parts: the choice exact_format has made for this linear, where it is among the last
+  // kLastChoices asked, else made again. Loaders ask exact_format, then exact_parts, linear by linear, or for the
+  // linears that read one input (q, k, v; gate, up) all formats first, then all parts (the GPU's load_linears): the
+  // check then runs once per linear, and at most three linears' parameters are held between the two.
   std::optional<Affine4Choice> choice_for_parts(const std::string& prefix, const TensorSource& raw) const {
     {
       std::lock_guard<std::mutex> lock(last_mutex_);
-      if (last_ && last_->prefix == prefix && last_->raw == &raw) {
-        std::optional<Affine4Choice> c = std::move(last_->choice);
-        last_.reset();
-        return c;
-      }
+      for (auto it = last_.begin(); it != last_.end(); ++it)
+        if (it->prefix == prefix && it->raw == &raw) {
+          std::optional<Affine4Choice> c = std::move(it->choice);
+          last_.erase(it);
+          return c;
+        }
     }
     return exact_choice(prefix, raw);
   }
 
  private:
+  static constexpr size_t kLastChoices = 3;
   struct Last {
     std::string prefix;
     const TensorSource* raw;
     std::optional<Affine4Choice> choice;
   };
   mutable std::mutex last_mutex_;
-  mutable std::optional<Last> last_;
+  mutable std::deque<Last> last_;
 };
 
 // Whether the group indices (g_idx, when stored) are k / group_size for every input k: groups in input order.

@@ -145,6 +145,52 @@ TEST(RivalCheckpoint, AsymmetricGptqLinearsAreInt4AsymF32Exactly) {
   expect_exact_linears(tmp.path(), "int4_g128_asym_f32");
 }
 
+// The rival schemes keep their last few exact_format choices for the
+// exact_parts calls after them (rival_source.cpp, choice_for_parts). Whatever
+// the order linears are asked in (each format then its parts; all formats of
+// a layer first, as the GPU's fused q|k|v and gate|up load; more linears than
+// the choices kept, so some are evicted and made again), each linear's parts
+// must be the ones a fresh source gives for it alone, byte for byte.
+TEST(RivalCheckpoint, ExactPartsDoNotDependOnTheOrderLinearsAreAsked) {
+  test::TempDir tmp;
+  test::write_gptq_qwen3(tmp.path(), /*zero_bias=*/false, /*sym=*/false);
+  const std::string dir = (tmp / "gptq").string();
+  std::vector<std::string> names;
+  for (const char* l : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+    names.push_back(std::string("model.layers.1.") + l + ".weight");
+  std::vector<std::vector<Tensor>> alone;
+  for (const std::string& n : names) {
+    const auto fresh = open_model_source(dir);
+    ASSERT_TRUE(fresh->exact_format(n)) << n;
+    alone.push_back(fresh->exact_parts(n));
+  }
+  auto expect_alone = [&](const std::vector<Tensor>& parts, size_t i, const std::string& order) {
+    ASSERT_EQ(parts.size(), alone[i].size()) << names[i] << " " << order;
+    for (size_t j = 0; j < parts.size(); ++j) {
+      ASSERT_EQ(parts[j].dtype(), alone[i][j].dtype()) << names[i] << " " << order;
+      ASSERT_EQ(parts[j].shape(), alone[i][j].shape()) << names[i] << " " << order;
+      EXPECT_EQ(std::memcmp(parts[j].raw(), alone[i][j].raw(), parts[j].nbytes()), 0)
+          << names[i] << " part " << j << " " << order;
+    }
+  };
+  {  // every format first, then the parts in the same order, then again in reverse
+    const auto src = open_model_source(dir);
+    for (const std::string& n : names) ASSERT_TRUE(src->exact_format(n));
+    for (size_t i = 0; i < names.size(); ++i) expect_alone(src->exact_parts(names[i]), i, "formats first");
+    for (size_t i = names.size(); i-- > 0;) expect_alone(src->exact_parts(names[i]), i, "again, reversed");
+  }
+  {  // q, k, v's formats, their parts in reverse, then each linear's format and parts in turn
+    const auto src = open_model_source(dir);
+    for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(src->exact_format(names[i]));
+    for (size_t i = 3; i-- > 0;) expect_alone(src->exact_parts(names[i]), i, "q|k|v reversed");
+    for (size_t i = 3; i < names.size(); ++i) {
+      ASSERT_TRUE(src->exact_format(names[i]));
+      expect_alone(src->exact_parts(names[i]), i, "in turn");
+    }
+  }
+}
+
 // qwen3-26M-linux's linears as bitsandbytes' Linear8bitLt stores them (I8
 // weight, SCB = each row's absmax; w = q · SCB / 127), except the linears named
 // in `skipped`, which llm_int8_skip_modules keeps plain.

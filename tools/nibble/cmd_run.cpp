@@ -162,20 +162,32 @@ class Runner {
     return "";
   }
   // For the GPU: a line on what one decode step reads against the device's
-  // read bandwidth (measured now), or "" on the CPU.
-  std::string roofline(double decode_tok_s) const {
+  // read bandwidth (measured now), or "" on the CPU. The roofline is the
+  // weights' (issue 6's measure); `cached` is the mean number of positions
+  // the steps' attention read, and where their keys and values add more than
+  // 1 % to the weights a second roofline counts them too.
+  std::string roofline(double decode_tok_s, double cached) const {
 #ifdef NIBBLE_HAVE_CUDA
     if (cuda_) {
       const double bytes = static_cast<double>(gpu_->decode_weight_bytes());
       const double gbs = cuda::read_bandwidth_gbs();
       const double roof = gbs * 1e9 / bytes;
-      return fmt::format("cuda decode ({}): {:.3f} GB of weights per token; read bandwidth {:.0f} GB/s (1 GiB read "
-                         "kernel) -> roofline {:.1f} tok/s; measured {:.1f} tok/s = {:.1f} % of roofline\n",
-                         gpu_->decode_graph() ? "CUDA graph" : "no graph", bytes / 1e9, gbs, roof, decode_tok_s,
-                         100.0 * decode_tok_s / roof);
+      std::string line = fmt::format(
+          "cuda decode ({}): {:.3f} GB of weights per token; read bandwidth {:.0f} GB/s (1 GiB read kernel) -> "
+          "roofline {:.1f} tok/s; measured {:.1f} tok/s = {:.1f} % of roofline",
+          gpu_->decode_graph() ? "CUDA graph" : "no graph", bytes / 1e9, gbs, roof, decode_tok_s,
+          100.0 * decode_tok_s / roof);
+      const double kv = cached * static_cast<double>(gpu_->cache_bytes()) / static_cast<double>(positions_);
+      if (kv > 0.01 * bytes) {
+        const double roof_kv = gbs * 1e9 / (bytes + kv);
+        line += fmt::format("; with the KV cache ({:.0f} positions on average, {:.3f} GB per token) {:.1f} tok/s "
+                            "= {:.1f} %",
+                            cached, kv / 1e9, roof_kv, 100.0 * decode_tok_s / roof_kv);
+      }
+      return line + "\n";
     }
 #endif
-    (void)decode_tok_s;
+    (void)decode_tok_s, (void)cached;
     return "";
   }
 
@@ -322,7 +334,10 @@ void register_run(CLI::App& app, const GlobalOptions& global) {
       std::fprintf(stderr, "prefill: %zu tokens in %.1f ms (%.1f tok/s); decode: %d tokens in %.1f ms (%.1f tok/s)\n",
                    ids.size(), 1e3 * prefill_s, ids.size() / prefill_s, generated, 1e3 * decode_s, decode_tok_s);
       std::fprintf(stderr, "%s", m.memory().c_str());
-      if (generated > 0) std::fprintf(stderr, "%s", m.roofline(decode_tok_s).c_str());
+      // Step i (of the generated tokens after the first) runs at position ids.size() + i - 1 and reads the cache
+      // up to it: ids.size() + i positions, i = 1 .. generated - 1.
+      const double cached = static_cast<double>(ids.size()) + generated / 2.0;
+      if (generated > 0) std::fprintf(stderr, "%s", m.roofline(decode_tok_s, cached).c_str());
     }
   });
 }
