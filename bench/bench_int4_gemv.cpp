@@ -1,12 +1,12 @@
-// int4_asym GEMV / small-M GEMM against OpenBLAS f32 on the same shapes, in the
-// same run: per shape and M, the time, the GB/s of weight bytes each reads, and
+// int4_asym GEMV / small-M GEMM (and int8_channel_sym's, since session 84) against
+// OpenBLAS f32 on the same shapes, in the same run: per shape and M, the time, the GB/s of weight bytes each reads, and
 // the ratio int4 time / f32 time (DESIGN.md: performance claims are ratios against
 // a reference measured in the same run).
 //
 //   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build/bin/bench_int4_gemv
 //
 // Weight bytes: f32 = 4·N·K; int4 = N·ceil(K/2) (codes) + 2·2·N·ceil(K/G) (bf16
-// scale and min). Two residencies:
+// scale and min); int8 = N·K + 4·N. Two residencies:
 //   hot  — one matrix, multiplied again and again: it stays in the last-level
 //          cache when it fits (4096×4096 int4 g128 is 8.9 MB; L3 is often 32 MB),
 //          as in llama.cpp's test-backend-ops perf mode;
@@ -75,17 +75,25 @@ struct Int4Matrix {
   std::vector<uint16_t> mins;    // [N, NG]
 };
 
+// int8_channel_sym: codes [N, K], an fp32 scale per row.
+struct Int8Matrix {
+  std::vector<int8_t> q;
+  std::vector<float> s;
+};
+
 struct Shape {
   int64_t N, K;
   std::string name() const { return std::to_string(N) + "x" + std::to_string(K); }
   int64_t groups() const { return (K + kGroup - 1) / kGroup; }
   int64_t int4_bytes() const { return N * ((K + 1) / 2) + 4 * N * groups(); }
   int64_t f32_bytes() const { return 4 * N * K; }
+  int64_t int8_bytes() const { return N * K + 4 * N; }
 };
 
 // The weights of one shape: a ring of copies for the cold runs (copy 0 is the hot one).
 struct Weights {
   std::vector<Int4Matrix> int4;
+  std::vector<Int8Matrix> int8;
   std::vector<std::vector<float>> f32;
 };
 
@@ -105,6 +113,14 @@ Weights make_weights(const Shape& s, XorShift& rng) {
       m.mins[i] = nibble::f32_to_bf16(-8.0f * scale + rng.uniform(-0.01f, 0.01f));
     }
     w.int4.push_back(std::move(m));
+  }
+  for (int c = 0; c < copies_for(s.int8_bytes()); ++c) {
+    Int8Matrix m;
+    m.q.resize(static_cast<size_t>(s.N * s.K));
+    for (auto& b : m.q) b = static_cast<int8_t>(static_cast<int>(rng.next() >> 56) % 255 - 127);
+    m.s.resize(static_cast<size_t>(s.N));
+    for (auto& v : m.s) v = rng.uniform(0.0005f, 0.002f);
+    w.int8.push_back(std::move(m));
   }
   for (int c = 0; c < copies_for(s.f32_bytes()); ++c) {
     std::vector<float> m(static_cast<size_t>(s.N * s.K));
@@ -232,6 +248,17 @@ void register_shape(size_t index, const Shape& s, const Weights& w, const std::v
                       }
                       set_counters(st, s.f32_bytes());
                     });
+      register_case("int8_channel" + tail, {s.name(), "int8 channel", res, M, s.int8_bytes(), index},
+                    [&s, &w, x, M, cold](benchmark::State& st) {
+                      std::vector<float> y(static_cast<size_t>(M * s.N));
+                      size_t i = 0;
+                      for (auto _ : st) {
+                        const auto& m = w.int8[cold ? i++ % w.int8.size() : 0];
+                        nibble::cpu::gemm_int8_channel(x, M, m.q.data(), m.s.data(), s.N, s.K, y.data());
+                        benchmark::DoNotOptimize(y.data());
+                      }
+                      set_counters(st, s.int8_bytes());
+                    });
       for (Isa isa : isas) {
         register_case(std::string("int4_") + nibble::cpu::isa_name(isa) + tail,
                       {s.name(), std::string("int4 g128 ") + nibble::cpu::isa_name(isa), res, M, s.int4_bytes(), index},
@@ -270,11 +297,11 @@ double median(std::vector<double> v) {
 }
 
 void print_summary(const CollectingReporter& rep) {
-  std::printf("\n== int4 g128 vs OpenBLAS f32, same run: median and best of the repetitions; GB/s and the\n"
-              "   ratio int4/f32 (time) from the medians; 'read' streams the int4 matrix's bytes and\n"
+  std::printf("\n== int4 g128 and int8 channel vs OpenBLAS f32, same run: median and best of the repetitions; GB/s\n"
+              "   and the ratio to f32 (time) from the medians; 'read' streams the int4 matrix's bytes and\n"
               "   computes nothing (the memory roofline), 'of read' = int4 GB/s / read GB/s (medians) ==\n");
   std::printf("%-11s %-4s %-5s %-17s %11s %11s %8s %8s %9s %9s %8s\n", "shape NxK", "M", "res", "kernel",
-              "median us", "best us", "GB/s med", "GB/s bst", "int4/f32", "(best)", "of read");
+              "median us", "best us", "GB/s med", "GB/s bst", "vs f32", "(best)", "of read");
   // Group by (shape, M, residency); the f32 row of the group is the reference for its ratios.
   std::map<std::tuple<size_t, int64_t, std::string>, std::vector<std::string>> groups;
   for (const auto& [name, c] : g_cases) {
@@ -401,15 +428,16 @@ void print_fixtures() {
     std::printf("%-16s %-22s %20s %20s %12s %12s\n", f.name, "f32 dense",
                 speed(ref.prefill_med, ref.prefill_best).c_str(), speed(ref.decode_med, ref.decode_best).c_str(), "",
                 "");
-    for (const char* family : {"int4_asym", "int4_sym", "int4_asym_f32"}) {
+    for (const char* family : {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym"}) {
+      const bool grouped = std::string(family) != "int8_channel_sym";  // int8_channel_sym: one scale per row
       Speed q;
       try {
         nibble::QuantizeOptions opt;
         opt.method = "rtn";
         opt.format = family;
-        opt.group_size = f.group;
+        opt.group_size = grouped ? f.group : 0;
         opt.progress = false;
-        std::fprintf(stderr, "fixtures: %s: quantizing (rtn %s g%d) into %s\n", f.name, family, f.group, tmp.c_str());
+        std::fprintf(stderr, "fixtures: %s: quantizing (rtn %s) into %s\n", f.name, family, tmp.c_str());
         nibble::quantize_model(dir, tmp / family, opt);
         std::fprintf(stderr, "fixtures: %s: measuring the %s copy\n", f.name, family);
         q = measure_dir(tmp / family);
@@ -417,7 +445,7 @@ void print_fixtures() {
         std::filesystem::remove_all(tmp);
         throw;
       }
-      const std::string g = std::string(family) + " g" + std::to_string(f.group) + " rtn";
+      const std::string g = std::string(family) + (grouped ? " g" + std::to_string(f.group) : std::string()) + " rtn";
       std::printf("%-16s %-22s %20s %20s %12.3f %12.3f\n", f.name, g.c_str(),
                   speed(q.prefill_med, q.prefill_best).c_str(), speed(q.decode_med, q.decode_best).c_str(),
                   q.prefill_med / ref.prefill_med, q.decode_med / ref.decode_med);

@@ -99,6 +99,19 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
 void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const float* scales,
                         const float* mins, int64_t N, int64_t K, int group_size, float* y);
 
+// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ for an int8_channel_sym matrix read straight from its packed parts (qweight I8
+// [N, K], scales F32 [N]; FORMAT.md §7.2), each weight decoded fl(code·s) and dotted with x in fp32
+// (src/backend/cpu/int8_gemm.cpp). _ref: the scalar reference, additions in k order; _isa: Scalar or Avx2 rows
+// (Avx512 runs the Avx2 rows), the same sums in another order; gemm_int8_channel: the fast path (those rows below
+// 64 rows of x, the bits of gemm_f32 on the decoded matrix from 64 on). decode_int8_channel_row: row n, fl(code·s).
+void gemm_int8_channel_ref(const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N, int64_t K,
+                           float* y);
+void gemm_int8_channel_isa(Isa isa, const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N,
+                           int64_t K, float* y);
+void gemm_int8_channel(const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N, int64_t K,
+                       float* y);
+void decode_int8_channel_row(const int8_t* qweight, const float* scales, int64_t n, int64_t K, float* out);
+
 // A format's CPU kernel (src/backend/cpu/packed_kernels.cpp): `prepare` turns the stored parts (in the order the
 // format's registry row lists them) into what `gemm` reads, once when a model loads (nullptr: the stored parts
 // as they are); gemm computes y[M, N] = x[M, K] · Ŵ[N, K]ᵀ from them, the same values as the format's

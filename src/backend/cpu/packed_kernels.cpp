@@ -22,6 +22,12 @@ void gemm_int4_f32_parts(const float* x, int64_t M, const std::vector<Tensor>& p
                  y);
 }
 
+// int8_channel_sym parts (§7.2): qweight I8 [N, K], scales F32 [N, 1].
+void gemm_int8_channel_parts(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K, int,
+                             float* y) {
+  gemm_int8_channel(x, M, parts[0].data<int8_t>(), parts[1].data<float>(), N, K, y);
+}
+
 struct KernelEntry {
   const FormatSpec* format;
   PackedKernel kernel;
@@ -31,6 +37,7 @@ const KernelEntry kKernels[] = {
     {&formats::kInt4Asym, {nullptr, gemm_int4_asym_parts}},
     {&formats::kInt4AsymF32, {nullptr, gemm_int4_f32_parts}},
     {&formats::kInt4Sym, {int4_sym_as_asym_f32, gemm_int4_f32_parts}},  // run as (s, −8·s), exactly
+    {&formats::kInt8ChannelSym, {nullptr, gemm_int8_channel_parts}},
 };
 
 }  // namespace
