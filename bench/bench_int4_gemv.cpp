@@ -1,4 +1,4 @@
-// int4_asym GEMV / small-M GEMM (and int8_channel_sym's, since session 84) against
+// int4_asym GEMV / small-M GEMM (and the 8-bit formats', since session 84) against
 // OpenBLAS f32 on the same shapes, in the same run: per shape and M, the time, the GB/s of weight bytes each reads, and
 // the ratio int4 time / f32 time (DESIGN.md: performance claims are ratios against
 // a reference measured in the same run).
@@ -117,7 +117,11 @@ Weights make_weights(const Shape& s, XorShift& rng) {
   for (int c = 0; c < copies_for(s.int8_bytes()); ++c) {
     Int8Matrix m;
     m.q.resize(static_cast<size_t>(s.N * s.K));
-    for (auto& b : m.q) b = static_cast<int8_t>(static_cast<int>(rng.next() >> 56) % 255 - 127);
+    // Codes -126 .. 126 but -1: as E4M3 bytes none is NaN (0x7F, 0xFF), so the fp8 row times the finite decode.
+    for (auto& b : m.q) {
+      const int v = static_cast<int>(rng.next() >> 56) % 253 - 126;
+      b = static_cast<int8_t>(v == -1 ? 0 : v);
+    }
     m.s.resize(static_cast<size_t>(s.N));
     for (auto& v : m.s) v = rng.uniform(0.0005f, 0.002f);
     w.int8.push_back(std::move(m));
@@ -248,17 +252,24 @@ void register_shape(size_t index, const Shape& s, const Weights& w, const std::v
                       }
                       set_counters(st, s.f32_bytes());
                     });
-      register_case("int8_channel" + tail, {s.name(), "int8 channel", res, M, s.int8_bytes(), index},
-                    [&s, &w, x, M, cold](benchmark::State& st) {
-                      std::vector<float> y(static_cast<size_t>(M * s.N));
-                      size_t i = 0;
-                      for (auto _ : st) {
-                        const auto& m = w.int8[cold ? i++ % w.int8.size() : 0];
-                        nibble::cpu::gemm_int8_channel(x, M, m.q.data(), m.s.data(), s.N, s.K, y.data());
-                        benchmark::DoNotOptimize(y.data());
-                      }
-                      set_counters(st, s.int8_bytes());
-                    });
+      // int8_channel_sym, and the same bytes as fp8_e4m3_channel's codes (the decode differs, the bytes do not),
+      // with no NaN code: the decode the forward takes for nibble's own E4M3 checkpoints (packed_kernels.cpp).
+      for (const auto kind : {nibble::cpu::Code8::Int8, nibble::cpu::Code8::E4M3Finite}) {
+        const bool fp8 = kind == nibble::cpu::Code8::E4M3Finite;
+        register_case((fp8 ? "fp8_e4m3_channel" : "int8_channel") + tail,
+                      {s.name(), fp8 ? "fp8 e4m3 channel" : "int8 channel", res, M, s.int8_bytes(), index},
+                      [&s, &w, x, M, cold, kind](benchmark::State& st) {
+                        std::vector<float> y(static_cast<size_t>(M * s.N));
+                        size_t i = 0;
+                        for (auto _ : st) {
+                          const auto& m = w.int8[cold ? i++ % w.int8.size() : 0];
+                          nibble::cpu::gemm_code8(kind, x, M, reinterpret_cast<const uint8_t*>(m.q.data()),
+                                                  m.s.data(), 1, s.N, s.K, y.data());
+                          benchmark::DoNotOptimize(y.data());
+                        }
+                        set_counters(st, s.int8_bytes());
+                      });
+      }
       for (Isa isa : isas) {
         register_case(std::string("int4_") + nibble::cpu::isa_name(isa) + tail,
                       {s.name(), std::string("int4 g128 ") + nibble::cpu::isa_name(isa), res, M, s.int4_bytes(), index},
@@ -297,7 +308,7 @@ double median(std::vector<double> v) {
 }
 
 void print_summary(const CollectingReporter& rep) {
-  std::printf("\n== int4 g128 and int8 channel vs OpenBLAS f32, same run: median and best of the repetitions; GB/s\n"
+  std::printf("\n== int4 g128, int8 and fp8 e4m3 channel vs OpenBLAS f32, same run: median and best of the repetitions; GB/s\n"
               "   and the ratio to f32 (time) from the medians; 'read' streams the int4 matrix's bytes and\n"
               "   computes nothing (the memory roofline), 'of read' = int4 GB/s / read GB/s (medians) ==\n");
   std::printf("%-11s %-4s %-5s %-17s %11s %11s %8s %8s %9s %9s %8s\n", "shape NxK", "M", "res", "kernel",
@@ -428,8 +439,8 @@ void print_fixtures() {
     std::printf("%-16s %-22s %20s %20s %12s %12s\n", f.name, "f32 dense",
                 speed(ref.prefill_med, ref.prefill_best).c_str(), speed(ref.decode_med, ref.decode_best).c_str(), "",
                 "");
-    for (const char* family : {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym"}) {
-      const bool grouped = std::string(family) != "int8_channel_sym";  // int8_channel_sym: one scale per row
+    for (const char* family : {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym", "fp8_e4m3_channel"}) {
+      const bool grouped = std::string(family).rfind("int4", 0) == 0;  // the 8-bit formats: one scale per row
       Speed q;
       try {
         nibble::QuantizeOptions opt;

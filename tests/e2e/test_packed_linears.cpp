@@ -1,5 +1,5 @@
 // The CPU forward's packed linears: every format with a CPU kernel
-// (int4_asym, int4_asym_f32, int4_sym, int8_channel_sym) and the rivals' linears one of them holds
+// (int4_asym, int4_asym_f32, int4_sym, int8_channel_sym, the FP8 formats) and the rivals' linears one of them holds
 // exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 and Q4_K → int4_g32_asym_f32) stay packed when a
 // model loads, and give what the same linear dequantized to f32 gives, at one
 // token (the integer GEMV), a few (the fp32 tiles) and many (decode + sgemm).
@@ -102,14 +102,19 @@ TEST(CpuPackedLinears, NibbleInt4FormatsRunPackedAndMatchDequantized) {
   }
 }
 
-// int8_channel_sym (the weight half of W8A8) runs on its own kernel: one byte a weight held instead of four.
-TEST(CpuPackedLinears, NibbleInt8ChannelRunsPackedAndMatchesDequantized) {
+// The 8-bit formats (int8_channel_sym, the weight half of W8A8, and the FP8 formats) run on their own kernel: one
+// byte a weight held instead of four.
+TEST(CpuPackedLinears, Nibble8BitFormatsRunPackedAndMatchDequantized) {
   test::TempDir tmp;
-  QuantizeOptions o;
-  o.format = "int8_channel_sym";
-  o.progress = false;
-  quantize_model(test::model_dir("stories260K"), tmp / "q8", o);
-  expect_packed_matches_dense(*CheckpointDir::open(tmp / "q8"), "int8_channel_sym", 14);
+  for (const char* name : {"int8_channel_sym", "fp8_e4m3_channel", "fp8_e4m3_tensor", "fp8_e5m2_channel",
+                           "fp8_e5m2_tensor"}) {
+    SCOPED_TRACE(name);
+    QuantizeOptions o;
+    o.format = name;
+    o.progress = false;
+    quantize_model(test::model_dir("stories260K"), tmp / name, o);
+    expect_packed_matches_dense(*CheckpointDir::open(tmp / name), name, 14);
+  }
 }
 
 TEST(CpuPackedLinears, GgufQ4_0AndQ4_1RunPackedAndMatchDequantized) {

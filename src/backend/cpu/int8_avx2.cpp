@@ -1,19 +1,45 @@
-// The int8_channel_sym GEMM's AVX2 rows (compiled with -mavx2 -mfma; called only
-// where the CPU has them, src/backend/cpu/int8_gemm.cpp).
+// The 8-bit-code GEMM's AVX2 rows (compiled with -mavx2 -mfma -mf16c; called
+// only where the CPU has them, src/backend/cpu/int8_gemm.cpp). Each kind's
+// eight codes decode exactly to what the format's own decode gives:
+//  - int8: sign-extend, convert, times s: fl(code·s);
+//  - E5M2: the code is the high byte of an IEEE half, so (code << 8) as f16,
+//    widened exactly, times s;
+//  - E4M3: (code & 0x7F) << 7 is the half with E4M3's exponent and mantissa
+//    fields in place (normals and subnormals alike), whose value is the
+//    code's / 256 (bias 15 against 7); times 256·s (exact: a power of two)
+//    gives fl(value·s). S.1111.111 (NaN) is blended in as NaN, except for
+//    E4M3Finite, whose codes the caller has checked to hold none.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "backend/cpu/int8_rows.h"
 
 namespace nibble::cpu::int8k {
 namespace {
 
-// Eight codes of row q from k, decoded as FORMAT.md §7.2 says: fl(code·s).
-inline __m256 decode8(const int8_t* q, __m256 s) {
-  const __m128i c = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), s);
-}
+template <Code8 C>
+struct Decoder {
+  __m256 s;
+  explicit Decoder(float sv) : s(_mm256_set1_ps(C == Code8::E4M3 || C == Code8::E4M3Finite ? sv * 256.0f : sv)) {}
+  __m256 operator()(const uint8_t* q) const {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+    if constexpr (C == Code8::Int8) {
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    } else if constexpr (C == Code8::E5M2) {
+      return _mm256_mul_ps(_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8)), s);
+    } else {
+      const __m128i w = _mm_cvtepu8_epi16(b);
+      const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
+      const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+      const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), s);
+      if constexpr (C == Code8::E4M3Finite) return v;
+      const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F))));
+      return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), nan);
+    }
+  }
+};
 
 inline float hsum(__m256 v) {
   const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -22,63 +48,74 @@ inline float hsum(__m256 v) {
 }
 
 // One weight row against rows m0 .. m0 + R - 1 of x: each chunk of 8 weights
-// decoded once for the R rows.
-template <int R>
+// decoded once for the R rows; the K % 8 tail through the scalar decode.
+template <Code8 C, int R>
 void row_tile(const Problem& p, int64_t n, int64_t m0, float* y) {
-  const int8_t* q = p.q + n * p.K;
-  const float sv = p.s[n];
-  const __m256 s = _mm256_set1_ps(sv);
+  const uint8_t* q = p.q + n * p.K;
+  const float sv = p.s[n * p.scale_stride];
+  const Decoder<C> dec(sv);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t k8 = p.K / 8 * 8;
   for (int64_t k = 0; k < k8; k += 8) {
-    const __m256 w = decode8(q + k, s);
+    const __m256 w = dec(q + k);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p.x + (m0 + r) * p.K + k), acc[r]);
   }
   for (int r = 0; r < R; ++r) {
     float t = hsum(acc[r]);
-    for (int64_t k = k8; k < p.K; ++k) t += static_cast<float>(q[k]) * sv * p.x[(m0 + r) * p.K + k];
+    for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * sv * p.x[(m0 + r) * p.K + k];
     y[(m0 + r) * p.N + n] = t;
   }
 }
 
 // One token: four accumulators over k, so that the FMAs of a row do not wait on
 // each other.
+template <Code8 C>
 void row_one(const Problem& p, int64_t n, float* y) {
-  const int8_t* q = p.q + n * p.K;
-  const float sv = p.s[n];
-  const __m256 s = _mm256_set1_ps(sv);
+  const uint8_t* q = p.q + n * p.K;
+  const float sv = p.s[n * p.scale_stride];
+  const Decoder<C> dec(sv);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   const int64_t k32 = p.K / 32 * 32, k8 = p.K / 8 * 8;
   int64_t k = 0;
   for (; k < k32; k += 32) {
-    a0 = _mm256_fmadd_ps(decode8(q + k, s), _mm256_loadu_ps(p.x + k), a0);
-    a1 = _mm256_fmadd_ps(decode8(q + k + 8, s), _mm256_loadu_ps(p.x + k + 8), a1);
-    a2 = _mm256_fmadd_ps(decode8(q + k + 16, s), _mm256_loadu_ps(p.x + k + 16), a2);
-    a3 = _mm256_fmadd_ps(decode8(q + k + 24, s), _mm256_loadu_ps(p.x + k + 24), a3);
+    a0 = _mm256_fmadd_ps(dec(q + k), _mm256_loadu_ps(p.x + k), a0);
+    a1 = _mm256_fmadd_ps(dec(q + k + 8), _mm256_loadu_ps(p.x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(dec(q + k + 16), _mm256_loadu_ps(p.x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(dec(q + k + 24), _mm256_loadu_ps(p.x + k + 24), a3);
   }
-  for (; k < k8; k += 8) a0 = _mm256_fmadd_ps(decode8(q + k, s), _mm256_loadu_ps(p.x + k), a0);
+  for (; k < k8; k += 8) a0 = _mm256_fmadd_ps(dec(q + k), _mm256_loadu_ps(p.x + k), a0);
   float t = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; k < p.K; ++k) t += static_cast<float>(q[k]) * sv * p.x[k];
+  for (; k < p.K; ++k) t += code8_value(C, q[k]) * sv * p.x[k];
   y[n] = t;
+}
+
+template <Code8 C>
+void rows(const Problem& p, int64_t n0, int64_t n1, float* y) {
+  for (int64_t n = n0; n < n1; ++n) {
+    if (p.M == 1) {
+      row_one<C>(p, n, y);
+      continue;
+    }
+    int64_t m = 0;
+    for (; m + 4 <= p.M; m += 4) row_tile<C, 4>(p, n, m, y);
+    switch (p.M - m) {
+      case 3: row_tile<C, 3>(p, n, m, y); break;
+      case 2: row_tile<C, 2>(p, n, m, y); break;
+      case 1: row_tile<C, 1>(p, n, m, y); break;
+      default: break;
+    }
+  }
 }
 
 }  // namespace
 
 void rows_avx2(const Problem& p, int64_t n0, int64_t n1, float* y) {
-  for (int64_t n = n0; n < n1; ++n) {
-    if (p.M == 1) {
-      row_one(p, n, y);
-      continue;
-    }
-    int64_t m = 0;
-    for (; m + 4 <= p.M; m += 4) row_tile<4>(p, n, m, y);
-    switch (p.M - m) {
-      case 3: row_tile<3>(p, n, m, y); break;
-      case 2: row_tile<2>(p, n, m, y); break;
-      case 1: row_tile<1>(p, n, m, y); break;
-      default: break;
-    }
+  switch (p.kind) {
+    case Code8::Int8: return rows<Code8::Int8>(p, n0, n1, y);
+    case Code8::E4M3: return rows<Code8::E4M3>(p, n0, n1, y);
+    case Code8::E4M3Finite: return rows<Code8::E4M3Finite>(p, n0, n1, y);
+    case Code8::E5M2: return rows<Code8::E5M2>(p, n0, n1, y);
   }
 }
 

@@ -1,9 +1,11 @@
-// int8_channel_sym on the CPU (FORMAT.md §7.2: int8 codes [N, K], one fp32
-// scale per row): y[M, N] = x[M, K] · Ŵ[N, K]ᵀ read straight from the packed
-// parts, so a W8A8 checkpoint loads at one byte a weight instead of four.
+// 8-bit codes on the CPU: int8_channel_sym (FORMAT.md §7.2: int8 codes [N, K],
+// one fp32 scale per row) and the FP8 formats (§7.4: E4M3 or E5M2 codes, one
+// fp32 scale per row or per tensor). y[M, N] = x[M, K] · Ŵ[N, K]ᵀ read
+// straight from the packed parts, so such a checkpoint loads at one byte a
+// weight instead of four.
 //
-//  * Every weight is decoded as the format says, fl(code·s), and dotted with x
-//    in fp32: the kernels differ from the reference below only in the order
+//  * Every weight is decoded as the format says, fl(value·s), and dotted with
+//    x in fp32: the kernels differ from the reference below only in the order
 //    of the fp32 additions.
 //  * Below 64 rows of x: the AVX2 rows (int8_avx2.cpp; also on AVX-512 CPUs),
 //    OpenMP over tasks of 32 weight rows. One token streams each weight once
@@ -19,6 +21,7 @@
 
 #include "backend/cpu/int8_rows.h"
 #include "backend/cpu/kernels.h"
+#include "nibble/dtype.h"
 #include "nibble/error.h"
 
 namespace nibble::cpu {
@@ -27,41 +30,67 @@ namespace {
 constexpr int64_t kRowsPerTask = 32;
 constexpr int64_t kDequantRows = 64;
 
-void check_shape(int64_t M, int64_t N, int64_t K) {
-  NIBBLE_CHECK(M >= 0 && N >= 0 && K >= 1, "int8_channel_sym GEMM: bad shape M={} N={} K={}", M, N, K);
+void check_shape(int64_t M, int64_t N, int64_t K, int64_t scale_stride) {
+  NIBBLE_CHECK(M >= 0 && N >= 0 && K >= 1, "8-bit-code GEMM: bad shape M={} N={} K={}", M, N, K);
+  NIBBLE_CHECK(scale_stride == 0 || scale_stride == 1, "8-bit-code GEMM: scale stride {} (0 or 1)", scale_stride);
 }
 
 void rows_scalar(const int8k::Problem& p, int64_t n0, int64_t n1, float* y) {
   for (int64_t m = 0; m < p.M; ++m)
     for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* q = p.q + n * p.K;
+      const uint8_t* q = p.q + n * p.K;
+      const float s = p.s[n * p.scale_stride];
       const float* x = p.x + m * p.K;
       float t = 0.0f;
-      for (int64_t k = 0; k < p.K; ++k) t += static_cast<float>(q[k]) * p.s[n] * x[k];
+      for (int64_t k = 0; k < p.K; ++k) t += code8_value(p.kind, q[k]) * s * x[k];
       y[m * p.N + n] = t;
     }
 }
 
 }  // namespace
 
-void decode_int8_channel_row(const int8_t* qweight, const float* scales, int64_t n, int64_t K, float* out) {
-  const int8_t* q = qweight + n * K;
-  const float s = scales[n];
-  for (int64_t k = 0; k < K; ++k) out[k] = static_cast<float>(q[k]) * s;
+float code8_value(Code8 kind, uint8_t code) {
+  switch (kind) {
+    case Code8::Int8: return static_cast<float>(static_cast<int8_t>(code));
+    case Code8::E4M3:
+    case Code8::E4M3Finite: return f8_e4m3_to_f32(code);
+    case Code8::E5M2: return f8_e5m2_to_f32(code);
+  }
+  return 0.0f;
 }
 
-void gemm_int8_channel_ref(const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N, int64_t K,
-                           float* y) {
-  check_shape(M, N, K);
-  rows_scalar({x, M, qweight, scales, N, K}, 0, N, y);
+namespace {
+// Every code's value, one table per kind: decode_code8_row's lookups.
+struct ValueTables {
+  float v[4][256];
+  ValueTables() {
+    for (Code8 c : {Code8::Int8, Code8::E4M3, Code8::E4M3Finite, Code8::E5M2})
+      for (int b = 0; b < 256; ++b) v[static_cast<int>(c)][b] = code8_value(c, static_cast<uint8_t>(b));
+  }
+};
+}  // namespace
+
+void decode_code8_row(Code8 kind, const uint8_t* codes, const float* scales, int64_t scale_stride, int64_t n,
+                      int64_t K, float* out) {
+  static const ValueTables tables;
+  const float* value = tables.v[static_cast<int>(kind)];
+  const uint8_t* q = codes + n * K;
+  const float s = scales[n * scale_stride];
+  for (int64_t k = 0; k < K; ++k) out[k] = value[q[k]] * s;
 }
 
-void gemm_int8_channel_isa(Isa isa, const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N,
-                           int64_t K, float* y) {
-  check_shape(M, N, K);
-  NIBBLE_CHECK(isa_supported(isa), "int8_channel_sym GEMM: this CPU cannot run the {} kernel", isa_name(isa));
+void gemm_code8_ref(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
+                    int64_t scale_stride, int64_t N, int64_t K, float* y) {
+  check_shape(M, N, K, scale_stride);
+  rows_scalar({kind, x, M, codes, scales, scale_stride, N, K}, 0, N, y);
+}
+
+void gemm_code8_isa(Isa isa, Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
+                    int64_t scale_stride, int64_t N, int64_t K, float* y) {
+  check_shape(M, N, K, scale_stride);
+  NIBBLE_CHECK(isa_supported(isa), "8-bit-code GEMM: this CPU cannot run the {} kernel", isa_name(isa));
   if (M == 0 || N == 0) return;
-  const int8k::Problem p{x, M, qweight, scales, N, K};
+  const int8k::Problem p{kind, x, M, codes, scales, scale_stride, N, K};
   auto rows = isa == Isa::Scalar ? rows_scalar : int8k::rows_avx2;  // AVX-512 CPUs run the AVX2 rows
   const int64_t tasks = (N + kRowsPerTask - 1) / kRowsPerTask;
   const int threads = M * N * K >= (int64_t{1} << 17) ? omp_get_max_threads() : 1;
@@ -69,11 +98,11 @@ void gemm_int8_channel_isa(Isa isa, const float* x, int64_t M, const int8_t* qwe
   for (int64_t t = 0; t < tasks; ++t) rows(p, t * kRowsPerTask, std::min(N, (t + 1) * kRowsPerTask), y);
 }
 
-void gemm_int8_channel(const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N, int64_t K,
-                       float* y) {
-  check_shape(M, N, K);
+void gemm_code8(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
+                int64_t scale_stride, int64_t N, int64_t K, float* y) {
+  check_shape(M, N, K, scale_stride);
   if (M < kDequantRows) {
-    gemm_int8_channel_isa(best_isa(), x, M, qweight, scales, N, K, y);
+    gemm_code8_isa(best_isa(), kind, x, M, codes, scales, scale_stride, N, K, y);
     return;
   }
   // Slices of about 64 MiB of f32, whole kGemmTile-row tiles each: sgemm's tiles are then those of one call on the
@@ -86,7 +115,7 @@ void gemm_int8_channel(const float* x, int64_t M, const int8_t* qweight, const f
   for (int64_t n0 = 0; n0 < N; n0 += slice) {
     const int64_t rows = std::min(slice, N - n0);
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) decode_int8_channel_row(qweight, scales, n0 + r, K, w + r * K);
+    for (int64_t r = 0; r < rows; ++r) decode_code8_row(kind, codes, scales, scale_stride, n0 + r, K, w + r * K);
     sgemm(false, true, M, rows, K, 1.0f, x, K, w, K, 0.0f, y + n0, N);
   }
 }

@@ -99,18 +99,26 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
 void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const float* scales,
                         const float* mins, int64_t N, int64_t K, int group_size, float* y);
 
-// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ for an int8_channel_sym matrix read straight from its packed parts (qweight I8
-// [N, K], scales F32 [N]; FORMAT.md §7.2), each weight decoded fl(code·s) and dotted with x in fp32
-// (src/backend/cpu/int8_gemm.cpp). _ref: the scalar reference, additions in k order; _isa: Scalar or Avx2 rows
-// (Avx512 runs the Avx2 rows), the same sums in another order; gemm_int8_channel: the fast path (those rows below
-// 64 rows of x, the bits of gemm_f32 on the decoded matrix from 64 on). decode_int8_channel_row: row n, fl(code·s).
-void gemm_int8_channel_ref(const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N, int64_t K,
-                           float* y);
-void gemm_int8_channel_isa(Isa isa, const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N,
-                           int64_t K, float* y);
-void gemm_int8_channel(const float* x, int64_t M, const int8_t* qweight, const float* scales, int64_t N, int64_t K,
-                       float* y);
-void decode_int8_channel_row(const int8_t* qweight, const float* scales, int64_t n, int64_t K, float* out);
+// 8-bit codes times one fp32 scale per row or per tensor (src/backend/cpu/int8_gemm.cpp): int8_channel_sym
+// (FORMAT.md §7.2) and fp8_e4m3 / fp8_e5m2 _tensor / _channel (§7.4). code8_value: a code's value (int8 two's
+// complement, or the OCP FP8 value: E4M3's S.1111.111 is NaN, E5M2's infinities and NaNs as IEEE's).
+// E4M3Finite: E4M3 codes known to hold no NaN (the caller checked them once, as packed_kernels.cpp's prepare does),
+// which the AVX2 rows decode without the NaN blend, about 1.5× faster; the values are E4M3's.
+enum class Code8 { Int8, E4M3, E4M3Finite, E5M2 };
+float code8_value(Code8 kind, uint8_t code);
+// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ read straight from the packed codes [N, K] and scales (s[n·scale_stride]: stride
+// 1 per row, 0 per tensor), each weight decoded as the format says, fl(value·s), and dotted with x in fp32.
+// _ref: the scalar reference, additions in k order; _isa: Scalar or Avx2 rows (Avx512 runs the Avx2 rows), the
+// same sums in another order; gemm_code8: the fast path (those rows below 64 rows of x, the bits of gemm_f32 on
+// the decoded matrix from 64 on). decode_code8_row: row n, fl(value·s).
+void gemm_code8_ref(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
+                    int64_t scale_stride, int64_t N, int64_t K, float* y);
+void gemm_code8_isa(Isa isa, Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
+                    int64_t scale_stride, int64_t N, int64_t K, float* y);
+void gemm_code8(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
+                int64_t scale_stride, int64_t N, int64_t K, float* y);
+void decode_code8_row(Code8 kind, const uint8_t* codes, const float* scales, int64_t scale_stride, int64_t n,
+                      int64_t K, float* out);
 
 // A format's CPU kernel (src/backend/cpu/packed_kernels.cpp): `prepare` turns the stored parts (in the order the
 // format's registry row lists them) into what `gemm` reads, once when a model loads (nullptr: the stored parts
