@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -70,6 +71,23 @@ void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, f
     return;
   }
   sgemm(false, true, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+}
+
+void gemm_decoded(const float* x, int64_t M, int64_t N, int64_t K,
+                  const std::function<void(int64_t n, float* out)>& decode_row, float* y) {
+  // Slices of whole kGemmTile-row tiles of W, about 64 MiB of f32 each: sgemm's tiles are then those of one call on
+  // the whole decoded matrix. The calling thread's buffer is kept between calls (first-touch page faults cost more
+  // than the decode); OpenMP's workers write into it through `w`.
+  const int64_t slice = std::max<int64_t>(1, (int64_t{64} << 20) / (4 * K * kGemmTile)) * kGemmTile;
+  thread_local std::vector<float> buf;
+  if (buf.size() < static_cast<size_t>(std::min(N, slice) * K)) buf.resize(static_cast<size_t>(std::min(N, slice) * K));
+  float* w = buf.data();
+  for (int64_t n0 = 0; n0 < N; n0 += slice) {
+    const int64_t rows = std::min(slice, N - n0);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) decode_row(n0 + r, w + r * K);
+    sgemm(false, true, M, rows, K, 1.0f, x, K, w, K, 0.0f, y + n0, N);
+  }
 }
 
 namespace {

@@ -240,18 +240,11 @@ void gemm_any(const float* x, int64_t M, const uint8_t* qweight, const P* scales
     return;
   }
   check_arguments(M, N, K, group_size);
-  // Many rows: the product is compute bound, and OpenBLAS's sgemm on the decoded weights beats the int4 kernels,
-  // which decode every weight again for each block of rows. Slices of whole 256-row GEMM tiles of W, about 64 MiB
-  // of f32 each, are decoded (as FORMAT.md says, fl(fl(code·s) + m)) and multiplied: cpu::sgemm's tiles are then
-  // those of one call on the whole decoded matrix, so y has the bits of gemm_f32 on the dequantized weights.
-  const int64_t slice = std::max<int64_t>(1, (int64_t{64} << 20) / (4 * K * kGemmTile)) * kGemmTile;
-  float* w = scratch(1, std::min(N, slice) * K);
-  for (int64_t n0 = 0; n0 < N; n0 += slice) {
-    const int64_t rows = std::min(slice, N - n0);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) decode_int4_asym_row(qweight, scales, mins, n0 + r, K, group_size, w + r * K);
-    sgemm(false, true, M, rows, K, 1.0f, x, K, w, K, 0.0f, y + n0, N);
-  }
+  // Many rows: the product is compute bound, and OpenBLAS's sgemm on the decoded weights (as FORMAT.md says,
+  // fl(fl(code·s) + m)) beats the int4 kernels, which decode every weight again for each block of rows.
+  gemm_decoded(
+      x, M, N, K,
+      [&](int64_t n, float* out) { decode_int4_asym_row(qweight, scales, mins, n, K, group_size, out); }, y);
 }
 
 }  // namespace

@@ -17,7 +17,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "backend/cpu/int8_rows.h"
 #include "backend/cpu/kernels.h"
@@ -105,19 +104,8 @@ void gemm_code8(Code8 kind, const float* x, int64_t M, const uint8_t* codes, con
     gemm_code8_isa(best_isa(), kind, x, M, codes, scales, scale_stride, N, K, y);
     return;
   }
-  // Slices of about 64 MiB of f32, whole kGemmTile-row tiles each: sgemm's tiles are then those of one call on the
-  // whole decoded matrix. The buffer is kept between calls (first-touch page faults cost more than the decode).
-  const int64_t slice = std::max<int64_t>(1, (int64_t{64} << 20) / (4 * K * kGemmTile)) * kGemmTile;
-  // (The calling thread's buffer: OpenMP's workers below write into it through `w`.)
-  thread_local std::vector<float> buf;
-  buf.resize(static_cast<size_t>(std::min(N, slice) * K));
-  float* w = buf.data();
-  for (int64_t n0 = 0; n0 < N; n0 += slice) {
-    const int64_t rows = std::min(slice, N - n0);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) decode_code8_row(kind, codes, scales, scale_stride, n0 + r, K, w + r * K);
-    sgemm(false, true, M, rows, K, 1.0f, x, K, w, K, 0.0f, y + n0, N);
-  }
+  gemm_decoded(
+      x, M, N, K, [&](int64_t n, float* out) { decode_code8_row(kind, codes, scales, scale_stride, n, K, out); }, y);
 }
 
 }  // namespace nibble::cpu

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "nibble/format.h"
@@ -50,6 +51,11 @@ void attention_row(const float* q, int64_t hd, float scale, const AttentionRun* 
 
 // y[M, N] = x[M, K] · W[N, K]ᵀ with W dense f32 (sgemm above; OpenBLAS's sgemv for M = 1).
 void gemm_f32(const float* x, int64_t M, const float* w, int64_t N, int64_t K, float* y);
+// The same product for a packed W whose row n decode_row(n, out[K]) writes in f32 (decoded as its format says):
+// slices of whole kGemmTile-row tiles decoded in parallel, then sgemm, so y has the bits of gemm_f32 on the whole
+// decoded matrix. The packed GEMMs' path from 64 rows of x on, where the product is compute bound.
+void gemm_decoded(const float* x, int64_t M, int64_t N, int64_t K,
+                  const std::function<void(int64_t n, float* out)>& decode_row, float* y);
 
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ with Ŵ an int4_asym matrix read straight from its
 // packed parts (qweight [N, ceil(K/2)], scales/mins bf16 [N, ceil(K/G)]). Each
