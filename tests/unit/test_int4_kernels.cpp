@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "unit/cpu_isas.h"
 #include "nibble/dtype.h"
 #include "nibble/error.h"
 
@@ -19,12 +20,7 @@ namespace {
 
 using cpu::Isa;
 
-std::vector<Isa> isas_to_test() {
-  std::vector<Isa> v;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
-    if (cpu::isa_supported(i)) v.push_back(i);
-  return v;
-}
+using test::isas_to_test;
 
 // One packed matrix [N, K] with group size G, as FORMAT.md §3 stores it, or
 // with fp32 scales and mins (§7.8's int4_asym_f32) where scales32 is filled.

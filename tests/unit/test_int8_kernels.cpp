@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "unit/cpu_isas.h"
 #include "nibble/error.h"
 #include "nibble/format.h"
 #include "nibble/tensor.h"
@@ -24,12 +25,7 @@ namespace {
 using cpu::Code8;
 using cpu::Isa;
 
-std::vector<Isa> isas_to_test() {
-  std::vector<Isa> v;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
-    if (cpu::isa_supported(i)) v.push_back(i);
-  return v;
-}
+using test::isas_to_test;
 
 const char* kind_name(Code8 c) {
   return c == Code8::Int8 ? "int8" : c == Code8::E4M3 ? "e4m3" : c == Code8::E4M3Finite ? "e4m3 finite" : "e5m2";
