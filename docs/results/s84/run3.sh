@@ -13,11 +13,7 @@ t0=$(date +%s)
 timeout 300 devrun/bin/nibble_tests --gtest_filter='Cuda.FlashAttentionMatchesReference:Cuda.SplitDecodeAttentionMatchesReference:Cuda.AttentionOnABf16CacheMatchesReference:Cuda.DecodeAttentionRopeMatchesRowwise:Cuda.DecodeGraphMatchesEager*:Cuda.DecodeOnABf16KvCache' >"$OUT/tests.txt" 2>&1
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|Failure" "$OUT/tests.txt" | cut -c1-220 | head -20
 echo "tests done at $(( $(date +%s) - t0 )) s"
-if [ ! -d /tmp/l8b-rtn ]; then
-  $N -q synth --out /tmp/l8b --tokenizer-from devrun/models/qwen3-26M-linux --force
-  $N -q quantize --method rtn --model /tmp/l8b --out /tmp/l8b-rtn --force
-  rm -rf /tmp/l8b
-fi
+l8b_rtn
 echo "8B model ready at $(( $(date +%s) - t0 )) s"
 one() {  # bytes kv label env...
   local bytes=$1 kv=$2 label=$3; shift 3
