@@ -36,14 +36,13 @@
 //  * K is blocked (M = 1: 4096 inputs, otherwise 1024) so the slice of x that all
 //    rows reuse stays in L1 (x for K = 14336 is 56 KiB, more than L1); blocks after
 //    the first add into y.
-//  * Large M: decoding a panel of W to f32 and calling OpenBLAS sgemm was tried and
-//    measured slower on the 2-core Zen 3 (4096², 2 threads: M = 64 94 ms vs 35 ms
-//    for the kernels and 25 ms for f32 sgemm; M = 256 128 vs 103 vs 68 ms): the
-//    panel's first-touch page faults and OpenBLAS's poor split of narrow panels
-//    across threads cost more than its better register blocking wins. So the
-//    kernels take every M, at ~1.4-1.5x the time of dense f32 sgemm for M ≥ 64
-//    (and faster than it up to M ≈ 32); a packed, register-blocked int4 GEMM for
-//    prefill is future work.
+//  * Large M (from kDequantRows = 64 rows of x): the product is compute bound,
+//    and gemm_decoded (gemm.cpp) decodes slices of W to f32 and runs sgemm on
+//    them, the bits of gemm_f32 on the dequantized matrix. (First measured slower
+//    on the 2-core Zen 3, M = 64 94 ms against 35 ms for the kernels, through
+//    first-touch page faults and narrow panels; session 82's kept buffer,
+//    whole-tile slices and vectorized row decode made it the faster path:
+//    README, "Benchmarks".)
 //  * Threads: OpenMP over tasks of 32 rows of W (dynamic schedule), each task
 //    streaming its rows' weights; small problems run on one thread.
 //  * Numerics: fp32 accumulation. Results differ from the reference by the order
