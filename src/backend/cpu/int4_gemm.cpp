@@ -38,11 +38,11 @@
 //    the first add into y.
 //  * Large M (from kDequantRows = 64 rows of x): the product is compute bound,
 //    and gemm_decoded (gemm.cpp) decodes slices of W to f32 and runs sgemm on
-//    them, the bits of gemm_f32 on the dequantized matrix. (First measured slower
-//    on the 2-core Zen 3, M = 64 94 ms against 35 ms for the kernels, through
-//    first-touch page faults and narrow panels; session 82's kept buffer,
-//    whole-tile slices and vectorized row decode made it the faster path:
-//    README, "Benchmarks".)
+//    them, the bits of gemm_f32 on the dequantized matrix, and a prefill's speed
+//    that of f32 (session 82, with a vectorized row decode: int4/f32 prefill
+//    0.97-1.13 on the fixtures; README, "Benchmarks"). A first try, without a
+//    kept buffer or whole-tile slices, had been slower than the kernels
+//    (4096², M = 64: 94 ms against 35).
 //  * Threads: OpenMP over tasks of 32 rows of W (dynamic schedule), each task
 //    streaming its rows' weights; small problems run on one thread.
 //  * Numerics: fp32 accumulation. Results differ from the reference by the order
