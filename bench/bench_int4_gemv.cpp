@@ -1,4 +1,4 @@
-// int4_asym GEMV / small-M GEMM (and the 8-bit formats', since session 84) against
+// int4_asym GEMV / small-M GEMM (and the 8-bit formats', since session 84; nvfp4 and mxfp4, session 85) against
 // OpenBLAS f32 on the same shapes, in the same run: per shape and M, the time, the GB/s of weight bytes each reads, and
 // the ratio int4 time / f32 time (DESIGN.md: performance claims are ratios against
 // a reference measured in the same run).
@@ -6,7 +6,8 @@
 //   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build/bin/bench_int4_gemv
 //
 // Weight bytes: f32 = 4·N·K; int4 = N·ceil(K/2) (codes) + 2·2·N·ceil(K/G) (bf16
-// scale and min); int8 = N·K + 4·N. Two residencies:
+// scale and min); int8 = N·K + 4·N; nvfp4 = N·ceil(K/2) + N·K/16 (an E4M3 byte per 16), mxfp4 = N·ceil(K/2) +
+// N·K/32 (an E8M0 byte per 32), each with a 1 KB table of scales. Two residencies:
 //   hot  — one matrix, multiplied again and again: it stays in the last-level
 //          cache when it fits (4096×4096 int4 g128 is 8.9 MB; L3 is often 32 MB),
 //          as in llama.cpp's test-backend-ops perf mode;
@@ -88,11 +89,14 @@ struct Shape {
   int64_t int4_bytes() const { return N * ((K + 1) / 2) + 4 * N * groups(); }
   int64_t f32_bytes() const { return 4 * N * K; }
   int64_t int8_bytes() const { return N * K + 4 * N; }
+  int64_t fp4_bytes(int g) const { return N * ((K + 1) / 2) + N * ((K + g - 1) / g); }
 };
 
 // The weights of one shape: a ring of copies for the cold runs (copy 0 is the hot one).
 struct Weights {
   std::vector<Int4Matrix> int4;
+  std::vector<std::vector<uint8_t>> fp4_scales;  // per int4 copy, a scale byte per 16 inputs (mxfp4: the first half)
+  std::vector<float> fp4_table;                  // the 256 scale values those bytes select
   std::vector<Int8Matrix> int8;
   std::vector<std::vector<float>> f32;
 };
@@ -113,7 +117,11 @@ Weights make_weights(const Shape& s, XorShift& rng) {
       m.mins[i] = nibble::f32_to_bf16(-8.0f * scale + rng.uniform(-0.01f, 0.01f));
     }
     w.int4.push_back(std::move(m));
+    std::vector<uint8_t> sb(static_cast<size_t>(s.N * ((s.K + 15) / 16)));
+    for (auto& b : sb) b = static_cast<uint8_t>(rng.next() >> 56);
+    w.fp4_scales.push_back(std::move(sb));
   }
+  for (int b = 0; b < 256; ++b) w.fp4_table.push_back(rng.uniform(0.002f, 0.02f));
   for (int c = 0; c < copies_for(s.int8_bytes()); ++c) {
     Int8Matrix m;
     m.q.resize(static_cast<size_t>(s.N * s.K));
@@ -270,6 +278,26 @@ void register_shape(size_t index, const Shape& s, const Weights& w, const std::v
                         set_counters(st, s.int8_bytes());
                       });
       }
+      // nvfp4 (groups of 16) and mxfp4 (32): the int4 copies' bytes as E2M1 codes, and scale bytes through a
+      // table, as packed_kernels.cpp loads them.
+      for (const int g : {16, 32}) {
+        const bool nv = g == 16;
+        const char* name = nv ? "nvfp4" : "mxfp4";
+        register_case(name + tail, {s.name(), name, res, M, s.fp4_bytes(g), index},
+                      [&s, &w, x, M, cold, g](benchmark::State& st) {
+                        std::vector<float> y(static_cast<size_t>(M * s.N));
+                        size_t i = 0;
+                        for (auto _ : st) {
+                          const size_t c = cold ? i++ % w.int4.size() : 0;
+                          nibble::cpu::Fp4Scales sc;
+                          sc.codes = w.fp4_scales[c].data();
+                          sc.table = w.fp4_table.data();
+                          nibble::cpu::gemm_fp4(x, M, w.int4[c].qweight.data(), sc, s.N, s.K, g, y.data());
+                          benchmark::DoNotOptimize(y.data());
+                        }
+                        set_counters(st, s.fp4_bytes(g));
+                      });
+      }
       for (Isa isa : isas) {
         register_case(std::string("int4_") + nibble::cpu::isa_name(isa) + tail,
                       {s.name(), std::string("int4 g128 ") + nibble::cpu::isa_name(isa), res, M, s.int4_bytes(), index},
@@ -308,7 +336,7 @@ double median(std::vector<double> v) {
 }
 
 void print_summary(const CollectingReporter& rep) {
-  std::printf("\n== int4 g128, int8 and fp8 e4m3 channel vs OpenBLAS f32, same run: median and best of the repetitions; GB/s\n"
+  std::printf("\n== int4 g128, int8 and fp8 e4m3 channel, nvfp4 and mxfp4 vs OpenBLAS f32, same run: median and best of the repetitions; GB/s\n"
               "   and the ratio to f32 (time) from the medians; 'read' streams the int4 matrix's bytes and\n"
               "   computes nothing (the memory roofline), 'of read' = int4 GB/s / read GB/s (medians) ==\n");
   std::printf("%-11s %-4s %-5s %-17s %11s %11s %8s %8s %9s %9s %8s\n", "shape NxK", "M", "res", "kernel",
@@ -439,8 +467,9 @@ void print_fixtures() {
     std::printf("%-16s %-22s %20s %20s %12s %12s\n", f.name, "f32 dense",
                 speed(ref.prefill_med, ref.prefill_best).c_str(), speed(ref.decode_med, ref.decode_best).c_str(), "",
                 "");
-    for (const char* family : {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym", "fp8_e4m3_channel"}) {
-      const bool grouped = std::string(family).rfind("int4", 0) == 0;  // the 8-bit formats: one scale per row
+    for (const char* family :
+         {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym", "fp8_e4m3_channel", "nvfp4", "mxfp4"}) {
+      const bool grouped = std::string(family).rfind("int4", 0) == 0;  // the others: their own group or a row
       Speed q;
       try {
         nibble::QuantizeOptions opt;

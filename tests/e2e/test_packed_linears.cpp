@@ -96,7 +96,7 @@ TEST(CpuPackedLinears, NibbleFormatsRunPackedAndMatchDequantized) {
   test::TempDir tmp;
   for (const char* name : {"int4_g32_asym", "int4_g128_asym_f32", "int4_g32_asym_f32", "int4_g64_sym",
                            "int8_channel_sym", "fp8_e4m3_channel", "fp8_e4m3_tensor", "fp8_e5m2_channel",
-                           "fp8_e5m2_tensor"}) {
+                           "fp8_e5m2_tensor", "fp4_e2m1_g32", "mxfp4", "nvfp4"}) {
     SCOPED_TRACE(name);
     QuantizeOptions o;
     o.format = name;

@@ -67,10 +67,19 @@ inline const uint8_t* pair_bytes(const uint8_t* row, int64_t pr, int64_t row_byt
 struct Nibbles {
   __m256i lo, hi;
 };
+// E2M1: each code c as 2·e2m1(c) + 12 (int4_isa.h, Problem::e2m1), one vpshufb per 32 codes.
+template <bool E2M1 = false>
 inline Nibbles split_pair(const uint8_t* b) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-  return {_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask)};
+  const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+  if constexpr (!E2M1) {
+    return {lo, hi};
+  } else {
+    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,  //
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    return {_mm256_shuffle_epi8(lut, lo), _mm256_shuffle_epi8(lut, hi)};
+  }
 }
 
 // A group's (or pair's) int16 partial sums of code·a, code·b, code·c.
@@ -92,17 +101,17 @@ inline void pair_dot(const Nibbles& w, const int8_t* q, Sums& s) {
 
 // The sums of one whole group of PPG = 1 or 2 pairs (w: its weight bytes, q: its
 // activation bytes), as one tree of adds with no accumulator to start from zero.
-template <int PPG>
+template <int PPG, bool E2M1>
 inline Sums group_sums(const uint8_t* w, const int8_t* q) {
   const __m256i* v = reinterpret_cast<const __m256i*>(q);
-  const Nibbles k0 = split_pair(w);
+  const Nibbles k0 = split_pair<E2M1>(w);
   Sums s{_mm256_add_epi16(_mm256_maddubs_epi16(k0.lo, _mm256_load_si256(v)),
                           _mm256_maddubs_epi16(k0.hi, _mm256_load_si256(v + 1))),
          _mm256_add_epi16(_mm256_maddubs_epi16(k0.lo, _mm256_load_si256(v + 2)),
                           _mm256_maddubs_epi16(k0.hi, _mm256_load_si256(v + 3))),
          _mm256_add_epi16(_mm256_maddubs_epi16(k0.lo, _mm256_load_si256(v + 4)),
                           _mm256_maddubs_epi16(k0.hi, _mm256_load_si256(v + 5)))};
-  if constexpr (PPG == 2) pair_dot(split_pair(w + kPairBytes), q + kPairQBytes, s);
+  if constexpr (PPG == 2) pair_dot(split_pair<E2M1>(w + kPairBytes), q + kPairQBytes, s);
   return s;
 }
 
@@ -120,20 +129,24 @@ inline __m256 combine(const Sums& s) {
 // group (G = 64: 1, G = 128: 2); 0 means G = 32, a group per chunk: the two 128-bit
 // halves of a pair then belong to two groups, and the pair's scale vector holds
 // s·d of one group in its low four lanes and of the next in its high four.
-template <int PPG>
+// E2M1: FP4 codes and fp32 scales (int4_isa.h, Problem::e2m1), the pair (s/2, −6·s).
+// PPG = -1: G = 16 (E2M1 only), four groups per pair, d_g per chunk (int4_isa.h).
+template <int PPG, bool E2M1>
 void gemv(const Problem& p, const QActivations& a, int64_t p0, int64_t p1, int64_t n0, int64_t n1, bool accumulate,
           float* y) {
-  constexpr int64_t kGroupsPerBlock = 2 * kMaxBlockChunks;  // G = 32 over the largest block
-  const int64_t full = p.row_bytes / kPairBytes;             // pairs that need no padded copy
-  constexpr int64_t ppg = PPG == 0 ? 1 : PPG;
-  // Groups covered: G = 32 → chunks [2p0, 2p1); otherwise pairs / PPG.
-  const int64_t g0 = PPG == 0 ? 2 * p0 : p0 / ppg;
-  const int64_t g1 = min64(PPG == 0 ? 2 * p1 : (p1 + ppg - 1) / ppg, p.groups);
+  static_assert(PPG >= 0 || E2M1, "groups of 16 are for FP4 codes only");
+  constexpr int64_t kGroupsPerBlock = (PPG < 0 ? 4 : 2) * kMaxBlockChunks;  // G = 16 / 32 over the largest block
+  const int64_t full = p.row_bytes / kPairBytes;                             // pairs that need no padded copy
+  constexpr int64_t ppg = PPG <= 0 ? 1 : PPG;
+  // Groups covered: G = 16 → chunks [2p0, 2p1) twice over; G = 32 → those chunks; otherwise pairs / PPG.
+  const int64_t g0 = PPG < 0 ? 4 * p0 : PPG == 0 ? 2 * p0 : p0 / ppg;
+  const int64_t g1 = min64(PPG < 0 ? 4 * p1 : PPG == 0 ? 2 * p1 : (p1 + ppg - 1) / ppg, p.groups);
   const int64_t ng = g1 - g0;
   alignas(32) float sd[kGroupsPerBlock + 8];
   alignas(32) uint8_t tmp[kPairBytes];
-  const float* d = a.d + g0;
+  const float* d = a.d + (PPG < 0 ? g0 / 2 : g0);
   const float* xs = a.xsum + g0;
+  const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);  // G = 16: entry j for lanes 2j, 2j + 1
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* w = p.qweight + n * p.row_bytes;
     const int64_t r = n * p.groups + g0;  // the row's first group of the block
@@ -141,22 +154,56 @@ void gemv(const Problem& p, const QActivations& a, int64_t p0, int64_t p1, int64
     __m256 mp = _mm256_setzero_ps();
     float min_part = 0.0f;
     int64_t g = 0;
-    for (; g + 8 <= ng; g += 8) {
-      _mm256_store_ps(sd + g, _mm256_mul_ps(params8(p.scales, p.f32_params, r + g), _mm256_loadu_ps(d + g)));
-      mp = _mm256_fmadd_ps(params8(p.mins, p.f32_params, r + g), _mm256_loadu_ps(xs + g), mp);
+    if constexpr (E2M1) {
+      const float* sc = static_cast<const float*>(p.scales) + r;
+      const uint8_t* sb = static_cast<const uint8_t*>(p.scales) + r;  // with a scale table
+      const float* tb = p.scale_table;
+      for (; g + 8 <= ng; g += 8) {
+        const __m256 s8 =
+            tb ? _mm256_i32gather_ps(tb, _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sb + g))),
+                                     4)
+               : _mm256_loadu_ps(sc + g);
+        const __m256 d8 = PPG < 0 ? _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(d + g / 2)), dup)
+                                  : _mm256_loadu_ps(d + g);
+        _mm256_store_ps(sd + g, _mm256_mul_ps(_mm256_mul_ps(s8, _mm256_set1_ps(0.5f)), d8));
+        mp = _mm256_fmadd_ps(_mm256_mul_ps(s8, _mm256_set1_ps(-6.0f)), _mm256_loadu_ps(xs + g), mp);
+      }
+      for (; g < ng; ++g) {
+        const float sg = tb ? tb[sb[g]] : sc[g];
+        sd[g] = sg * 0.5f * d[PPG < 0 ? g / 2 : g];
+        min_part += sg * -6.0f * xs[g];
+      }
+    } else {
+      for (; g + 8 <= ng; g += 8) {
+        _mm256_store_ps(sd + g, _mm256_mul_ps(params8(p.scales, p.f32_params, r + g), _mm256_loadu_ps(d + g)));
+        mp = _mm256_fmadd_ps(params8(p.mins, p.f32_params, r + g), _mm256_loadu_ps(xs + g), mp);
+      }
+      for (; g < ng; ++g) {
+        sd[g] = param(p.scales, p.f32_params, r + g) * d[g];
+        min_part += param(p.mins, p.f32_params, r + g) * xs[g];
+      }
     }
-    for (; g < ng; ++g) {
-      sd[g] = param(p.scales, p.f32_params, r + g) * d[g];
-      min_part += param(p.mins, p.f32_params, r + g) * xs[g];
-    }
-    sd[ng] = 0.0f;  // the missing half of an odd last pair (G = 32)
+    for (int k = 0; k < 4; ++k) sd[ng + k] = 0.0f;  // a last pair's missing groups (G = 16, 32)
     // Two running totals: independent dependency chains, in registers.
     __m256 t0 = _mm256_setzero_ps(), t1 = t0;
-    if constexpr (PPG == 0) {
+    if constexpr (PPG < 0) {
+      for (int64_t pr = p0; pr < p1; ++pr) {
+        if ((pr & 1) == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(w + pr * kPairBytes) + kPrefetchBytes, _MM_HINT_T0);
+        const Nibbles k = split_pair<E2M1>(pr < full ? w + pr * kPairBytes : pair_bytes(w, pr, p.row_bytes, tmp));
+        Sums sm = zero_sums();
+        pair_dot(k, a.q + pr * kPairQBytes, sm);
+        const __m256 s4 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sd + 4 * (pr - p0))), dup);
+        if (pr & 1)
+          t1 = _mm256_fmadd_ps(combine(sm), s4, t1);
+        else
+          t0 = _mm256_fmadd_ps(combine(sm), s4, t0);
+      }
+    } else if constexpr (PPG == 0) {
       const __m256i halves = _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0);
       for (int64_t pr = p0; pr < p1; ++pr) {
         if ((pr & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + pr * kPairBytes) + kPrefetchBytes, _MM_HINT_T0);
-        const Nibbles k = split_pair(pr < full ? w + pr * kPairBytes : pair_bytes(w, pr, p.row_bytes, tmp));
+        const Nibbles k = split_pair<E2M1>(pr < full ? w + pr * kPairBytes : pair_bytes(w, pr, p.row_bytes, tmp));
         Sums sm = zero_sums();
         pair_dot(k, a.q + pr * kPairQBytes, sm);
         const __m256 s2 = _mm256_permutevar8x32_ps(
@@ -177,9 +224,9 @@ void gemv(const Problem& p, const QActivations& a, int64_t p0, int64_t p1, int64
         _mm_prefetch(reinterpret_cast<const char*>(w + pb * kPairBytes) + kPrefetchBytes, _MM_HINT_T0);
         if constexpr (PPG == 2)
           _mm_prefetch(reinterpret_cast<const char*>(w + pb * kPairBytes) + kPrefetchBytes + 64, _MM_HINT_T0);
-        const Sums s0 = group_sums<PPG>(w + pb * kPairBytes, a.q + pb * kPairQBytes);
+        const Sums s0 = group_sums<PPG, E2M1>(w + pb * kPairBytes, a.q + pb * kPairQBytes);
         t0 = _mm256_fmadd_ps(combine(s0), _mm256_broadcast_ss(sd + gi), t0);
-        const Sums s1 = group_sums<PPG>(w + (pb + PPG) * kPairBytes, a.q + (pb + PPG) * kPairQBytes);
+        const Sums s1 = group_sums<PPG, E2M1>(w + (pb + PPG) * kPairBytes, a.q + (pb + PPG) * kPairQBytes);
         t1 = _mm256_fmadd_ps(combine(s1), _mm256_broadcast_ss(sd + gi + 1), t1);
       }
       // The rest: a last odd group, a ragged group, the row's padded tail.
@@ -187,7 +234,7 @@ void gemv(const Problem& p, const QActivations& a, int64_t p0, int64_t p1, int64
         const int64_t pb = (g0 + gi) * PPG;
         Sums sm = zero_sums();
         for (int64_t pr = pb; pr < min64(pb + PPG, p1); ++pr)
-          pair_dot(split_pair(pr < full ? w + pr * kPairBytes : pair_bytes(w, pr, p.row_bytes, tmp)),
+          pair_dot(split_pair<E2M1>(pr < full ? w + pr * kPairBytes : pair_bytes(w, pr, p.row_bytes, tmp)),
                    a.q + pr * kPairQBytes, sm);
         t0 = _mm256_fmadd_ps(combine(sm), _mm256_broadcast_ss(sd + gi), t0);
       }
@@ -314,10 +361,14 @@ void prepare_avx2_i24(const float* xm, const Problem& p, const QActivations& qa,
 void rows_avx2_i24(const Problem& p, const QActivations& a, int64_t c0, int64_t c1, int64_t n0, int64_t n1,
                    bool accumulate, float* y) {
   const int64_t p0 = c0 / 2, p1 = (c1 + 1) / 2;  // c0 is even (int4_isa.h)
-  switch (p.group_size) {
-    case 32: gemv<0>(p, a, p0, p1, n0, n1, accumulate, y); break;
-    case 64: gemv<1>(p, a, p0, p1, n0, n1, accumulate, y); break;
-    default: gemv<2>(p, a, p0, p1, n0, n1, accumulate, y); break;
+  switch (p.group_size * 2 + (p.e2m1 ? 1 : 0)) {
+    case 33: gemv<-1, true>(p, a, p0, p1, n0, n1, accumulate, y); break;
+    case 64: gemv<0, false>(p, a, p0, p1, n0, n1, accumulate, y); break;
+    case 128: gemv<1, false>(p, a, p0, p1, n0, n1, accumulate, y); break;
+    case 256: gemv<2, false>(p, a, p0, p1, n0, n1, accumulate, y); break;
+    case 65: gemv<0, true>(p, a, p0, p1, n0, n1, accumulate, y); break;
+    case 129: gemv<1, true>(p, a, p0, p1, n0, n1, accumulate, y); break;
+    default: gemv<2, true>(p, a, p0, p1, n0, n1, accumulate, y); break;
   }
 }
 

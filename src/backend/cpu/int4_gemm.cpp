@@ -43,6 +43,10 @@
 //    0.97-1.13 on the fixtures; README, "Benchmarks"). A first try, without a
 //    kept buffer or whole-tile slices, had been slower than the kernels
 //    (4096², M = 64: 94 ms against 35).
+//  * FP4 (fp4_e2m1, mxfp4, nvfp4: fp4_gemm.cpp) borrows the AVX2 integer GEMV
+//    for one token: Problem::e2m1 makes it look each code up as 2·e2m1(code) +
+//    12 (one vpshufb per 32 codes) and use the pair (s/2, −6·s) per group;
+//    nvfp4's groups of 16 take x's fixed point per 32 inputs and Σx per 16.
 //  * Threads: OpenMP over tasks of 32 rows of W (dynamic schedule), each task
 //    streaming its rows' weights; small problems run on one thread.
 //  * Numerics: fp32 accumulation. Results differ from the reference by the order
@@ -65,6 +69,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "backend/cpu/fp4_rows.h"
 #include "backend/cpu/int4_isa.h"
 #include "backend/cpu/kernels.h"
 #include "nibble/error.h"
@@ -88,7 +93,7 @@ float* scratch(int slot, int64_t floats) {
     int64_t n = 0;
     ~Buf() { std::free(p); }
   };
-  thread_local Buf bufs[3];
+  thread_local Buf bufs[4];
   Buf& b = bufs[slot];
   if (b.n < floats) {
     std::free(b.p);
@@ -196,6 +201,55 @@ Isa best_isa() {
 
 namespace {
 
+// The integer GEMV (int4_avx2_i24.cpp, int4_avx512_i24.cpp) on x in 24-bit fixed
+// point per group, in pairs (AVX2) or quads (AVX-512) of chunks.
+// FP4 in groups of 16 (nvfp4): x's fixed point per 32 inputs (a chunk) and Σx per 16 (int4_isa.h).
+void integer_gemv(Isa isa, const float* x, const int4::Problem& p, float* y) {
+  const int unit = isa == Isa::Avx512 ? 4 : 2;
+  int4::Problem pa = p;  // the activations' grouping
+  if (p.group_size == 16) {
+    pa.group_size = 32;
+    pa.groups = (p.K + 31) / 32;
+  }
+  float* q = scratch(0, ((p.chunks + unit - 1) / unit * unit * int4::kChunkQBytes + 3) / 4);
+  float* d = scratch(1, pa.groups + 1);
+  float* xsum = scratch(2, pa.groups);
+  int4::QActivations a{reinterpret_cast<const int8_t*>(q), d, xsum};
+  int4::prepare_avx2_i24(x, pa, a, unit);
+  for (int64_t g = 0; g < pa.groups; ++g)
+    NIBBLE_CHECK(std::isfinite(d[g]), "{} GEMM: the activations are not finite in inputs {}..{}",
+                 p.e2m1 ? "FP4" : "int4_asym", g * pa.group_size, std::min<int64_t>(p.K, (g + 1) * pa.group_size) - 1);
+  if (p.group_size == 16) {
+    float* xs16 = scratch(3, p.groups);
+    for (int64_t g = 0; g < p.groups; ++g) {
+      float t = 0.0f;
+      for (int64_t i = g * 16; i < std::min<int64_t>(p.K, g * 16 + 16); ++i) t += x[i];
+      xs16[g] = t;
+    }
+    a.xsum = xs16;
+  }
+  gemm_kernels(isa == Isa::Avx512 ? int4::rows_avx512_i24 : int4::rows_avx2_i24, p, a, 1, y);
+}
+
+}  // namespace
+
+// FP4 E2M1 codes through the AVX2 integer GEMV (fp4_rows.h).
+void fp4k::gemv_integer(const float* x, const uint8_t* codes, Fp4Scales scales, int64_t N, int64_t K, int group_size,
+                        float* y) {
+  check_arguments(1, N, K, group_size == 16 ? 32 : group_size);
+  if (N == 0) return;
+  int4::Problem p{codes,         scales.codes ? static_cast<const void*>(scales.codes) : scales.f32,
+                  nullptr,       true,
+                  N,             K,
+                  group_size,    (K + 1) / 2,
+                  (K + group_size - 1) / group_size, (K + kChunk - 1) / kChunk};
+  p.e2m1 = true;
+  p.scale_table = scales.codes ? scales.table : nullptr;
+  integer_gemv(Isa::Avx2, x, p, y);
+}
+
+namespace {
+
 // gemm_int4_asym_isa for either parameter type P (uint16_t bf16 bits or float).
 template <typename P>
 void gemm_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const P* scales, const P* mins, int64_t N,
@@ -210,18 +264,7 @@ void gemm_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweight, const 
   const int4::Problem p{qweight, scales, mins, std::is_same_v<P, float>, N, K, group_size, (K + 1) / 2,
                         (K + group_size - 1) / group_size, (K + kChunk - 1) / kChunk};
   if (M == 1 && gemv_is_integer(isa)) {
-    // The integer GEMV (int4_avx2_i24.cpp, int4_avx512_i24.cpp) on x in 24-bit
-    // fixed point per group, in pairs (AVX2) or quads (AVX-512) of chunks.
-    const int unit = isa == Isa::Avx512 ? 4 : 2;
-    float* q = scratch(0, ((p.chunks + unit - 1) / unit * unit * int4::kChunkQBytes + 3) / 4);
-    float* d = scratch(1, p.groups + 1);
-    float* xsum = scratch(2, p.groups);
-    const int4::QActivations a{reinterpret_cast<const int8_t*>(q), d, xsum};
-    int4::prepare_avx2_i24(x, p, a, unit);
-    for (int64_t g = 0; g < p.groups; ++g)
-      NIBBLE_CHECK(std::isfinite(d[g]), "int4_asym GEMM: the activations are not finite in inputs {}..{}",
-                   g * group_size, std::min<int64_t>(K, (g + 1) * group_size) - 1);
-    gemm_kernels(isa == Isa::Avx512 ? int4::rows_avx512_i24 : int4::rows_avx2_i24, p, a, 1, y);
+    integer_gemv(isa, x, p, y);
     return;
   }
   const int64_t stride = p.chunks * kChunk + int4::kRowPad;

@@ -31,6 +31,16 @@ struct Problem {
   int64_t row_bytes;  // ceil(K / 2)
   int64_t groups;     // ceil(K / G)
   int64_t chunks;     // ceil(K / 32)
+  // FP4 E2M1 codes (fp4_e2m1, mxfp4; FORMAT.md §7.5-7.6) with fp32 scales s and no mins, for the AVX2 integer GEMV
+  // only (fp4_gemm.cpp): it reads each code as c = 2·e2m1(code) + 12 ∈ [0, 24] (vpshufb) and each group's pair as
+  // (s/2, −6·s), so c·s/2 − 6·s = e2m1(code)·s. A lane's vpmaddubsw pair is then at most 2·24·128 = 6144 in
+  // magnitude, and a group of 128 adds 4 of them in int16 (24576 < 2^15). G = 16 (nvfp4) is allowed here: the
+  // activations then come in groups of 32 (d_g per chunk) with QActivations::xsum per group of 16, and a chunk's
+  // int32 lanes 0-1 and 2-3 (inputs 0-15 and 16-31 after vpmaddwd) take their own group's s/2.
+  bool e2m1 = false;
+  // E2M1 only: when set, scales are bytes (uint8_t) and a group's scale is scale_table[byte] (nvfp4's E4M3 times
+  // its global scale, fp4_gemm.cpp).
+  const float* scale_table = nullptr;
 };
 
 // Activations as the kernels want them. Splitting the 16 bytes of a chunk into

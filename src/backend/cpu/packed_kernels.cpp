@@ -1,8 +1,12 @@
 // The CPU kernel table: which formats have a GEMM that reads their packed
 // parts directly (DESIGN.md: kernels registered by format, backend and op).
 // A format without an entry is dequantized to f32 when a model loads.
+#include <cmath>
+
 #include "backend/cpu/kernels.h"
 #include "formats/registry_rows.h"
+#include "nibble/dtype.h"
+#include "nibble/error.h"
 #include "nibble/format.h"
 
 namespace nibble::cpu {
@@ -44,6 +48,47 @@ std::vector<Tensor> mark_finite_e4m3(const std::vector<Tensor>& parts, int64_t N
   return {codes, parts[1], flag};
 }
 
+// FP4 E2M1 codes (§7.5-7.7): qweight U8 [N, ceil(K/2)] and the scales their decode multiplies by: fp4_e2m1's bf16
+// made F32 by `prepare`; mxfp4's and nvfp4's scale bytes as stored, with a third part `prepare` appends, the F32
+// [256] table of every byte's scale: E8M0's 2^(b − 127), NVFP4's fl(e4m3(b)·global) (the format's product first).
+void gemm_fp4_parts(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K, int group_size,
+                    float* y) {
+  cpu::Fp4Scales s;
+  if (parts.size() == 3) {
+    s.codes = static_cast<const uint8_t*>(parts[1].raw());
+    s.table = parts[2].data<float>();
+  } else {
+    s.f32 = parts[1].data<float>();
+  }
+  gemm_fp4(x, M, parts[0].data<uint8_t>(), s, N, K, group_size, y);
+}
+
+std::vector<Tensor> fp4_bf16_scales(const std::vector<Tensor>& parts, int64_t, int64_t, int) {
+  return {parts[0], parts[1].to(DType::F32)};
+}
+
+// The scale bytes as stored and the F32 [256] table of every byte's scale; a byte the matrix uses must not be NaN
+// (the formats' unpack refuses those).
+std::vector<Tensor> fp4_scale_table(const std::vector<Tensor>& parts, const char* format, float (*value)(uint8_t),
+                                    float factor) {
+  const Tensor bytes = parts[1].contiguous();
+  Tensor table = Tensor::zeros(DType::F32, {256});
+  float* t = table.data_mut<float>();
+  for (int b = 0; b < 256; ++b) t[b] = value(static_cast<uint8_t>(b)) * factor;
+  const auto* q = static_cast<const uint8_t*>(bytes.raw());
+  for (int64_t i = 0; i < bytes.numel(); ++i)
+    NIBBLE_CHECK(!std::isnan(t[q[i]]), "{}: block scale {} (byte {:#04x}) is NaN", format, i, q[i]);
+  return {parts[0], bytes, table};
+}
+
+std::vector<Tensor> fp4_e8m0_scales(const std::vector<Tensor>& parts, int64_t, int64_t, int) {
+  return fp4_scale_table(parts, "mxfp4", e8m0_to_f32, 1.0f);  // 2^(b − 127), exactly
+}
+
+std::vector<Tensor> fp4_e4m3_global_scales(const std::vector<Tensor>& parts, int64_t, int64_t, int) {
+  return fp4_scale_table(parts, "nvfp4", f8_e4m3_to_f32, parts[2].contiguous().data<float>()[0]);  // e4m3·global
+}
+
 struct KernelEntry {
   const FormatSpec* format;
   PackedKernel kernel;
@@ -58,6 +103,9 @@ const KernelEntry kKernels[] = {
     {&formats::kFp8E4m3Tensor, {mark_finite_e4m3, gemm_code8_parts<Code8::E4M3, 0>}},
     {&formats::kFp8E5m2Channel, {nullptr, gemm_code8_parts<Code8::E5M2, 1>}},
     {&formats::kFp8E5m2Tensor, {nullptr, gemm_code8_parts<Code8::E5M2, 0>}},
+    {&formats::kFp4E2m1, {fp4_bf16_scales, gemm_fp4_parts}},
+    {&formats::kMxfp4, {fp4_e8m0_scales, gemm_fp4_parts}},
+    {&formats::kNvfp4, {fp4_e4m3_global_scales, gemm_fp4_parts}},
 };
 
 }  // namespace
