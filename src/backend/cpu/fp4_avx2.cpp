@@ -73,37 +73,6 @@ void row_tile(const Problem& p, int64_t n, int64_t m0, float* y) {
   }
 }
 
-// One token: four accumulators, so that a row's FMAs do not wait on each
-// other; groups of 16 (NVFP4) take two chunks each, so the chunks go to the
-// accumulators in turn across groups.
-void row_one(const Problem& p, int64_t n, float* y) {
-  const uint8_t* q = p.q + n * ((p.K + 1) / 2);
-  const int64_t G = int64_t{1} << p.shift, groups = (p.K + G - 1) / G;
-  const int64_t s0 = n * groups;
-  const int64_t k8 = p.K / 8 * 8;
-  Decoder dec;
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t g = 0; g < groups; ++g) {
-    dec.scale(p.s.at(s0 + g));
-    const int64_t end = std::min(k8, (g + 1) * G);
-    int64_t k = g * G;
-    for (; k + 32 <= end; k += 32) {
-      a0 = _mm256_fmadd_ps(dec(q, k), _mm256_loadu_ps(p.x + k), a0);
-      a1 = _mm256_fmadd_ps(dec(q, k + 8), _mm256_loadu_ps(p.x + k + 8), a1);
-      a2 = _mm256_fmadd_ps(dec(q, k + 16), _mm256_loadu_ps(p.x + k + 16), a2);
-      a3 = _mm256_fmadd_ps(dec(q, k + 24), _mm256_loadu_ps(p.x + k + 24), a3);
-    }
-    for (; k < end; k += 8) {  // fewer than four chunks: rotate the accumulators
-      a0 = _mm256_fmadd_ps(dec(q, k), _mm256_loadu_ps(p.x + k), a0);
-      const __m256 t = a0;
-      a0 = a1, a1 = a2, a2 = a3, a3 = t;
-    }
-  }
-  float t = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (int64_t k = k8; k < p.K; ++k) t += weight(q, p.s, s0, k, p.shift) * p.x[k];
-  y[n] = t;
-}
-
 }  // namespace
 
 void decode_row_avx2(const Problem& p, int64_t n, float* out) {
@@ -121,11 +90,8 @@ void decode_row_avx2(const Problem& p, int64_t n, float* out) {
 
 void rows_avx2(const Problem& p, int64_t n0, int64_t n1, float* y) {
   for (int64_t n = n0; n < n1; ++n) {
-    if (p.M == 1) {
-      row_one(p, n, y);
-      continue;
-    }
     int64_t m = 0;
+    for (; m + 8 <= p.M; m += 8) row_tile<8>(p, n, m, y);
     for (; m + 4 <= p.M; m += 4) row_tile<4>(p, n, m, y);
     switch (p.M - m) {
       case 3: row_tile<3>(p, n, m, y); break;

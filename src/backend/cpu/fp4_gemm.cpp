@@ -11,15 +11,16 @@
 //    AVX2 CPU: the int4 integer GEMV (int4_avx2_i24.cpp) with each code looked
 //    up as 2·e2m1(code) + 12 ∈ [0, 24] by one vpshufb per 32 codes and each
 //    group's pair (s/2, −6·s): x in 24-bit fixed point per group, so the
-//    numerics of int4_asym's GEMV (int4_gemm.cpp). 4096² on the 2-vCPU VM:
-//    about 4× faster than the fp32 decode below.
+//    numerics of int4_asym's GEMV (int4_gemm.cpp). nvfp4's groups of 16 take
+//    x's fixed point per 32 inputs. 4096² on the 2-vCPU VM: 2.6-3× faster
+//    than the fp32 decode below (README, "Benchmarks").
 //  * Otherwise every weight is decoded as the format says, fl(e2m1(code)·s),
 //    and dotted with x in fp32: the kernels differ from the reference below
 //    only in the order of the fp32 additions.
 //  * Below 64 rows of x: the AVX2 rows (fp4_avx2.cpp; also on AVX-512 CPUs),
-//    OpenMP over tasks of 32 weight rows; one token streams each weight once
-//    (nvfp4's groups of 16, whose scales come through a table), a few tokens
-//    decode each chunk of 8 weights once for a tile of 4 rows.
+//    OpenMP over tasks of 32 weight rows; each chunk of 8 weights is decoded
+//    once for a tile of up to 8 rows (8 rather than 4: nvfp4 at 16 tokens
+//    13.5 → 10.0 ms on 4096²).
 //  * From 64 rows on: cpu::gemm_decoded (slices of whole sgemm tiles decoded
 //    to f32 by the AVX2 decode, then sgemm), the bits of gemm_f32 on the
 //    dequantized matrix.
@@ -38,11 +39,11 @@ namespace {
 constexpr int64_t kRowsPerTask = 32;
 constexpr int64_t kDequantRows = 64;
 
-// log2 of the group size, which must be a power of two of at least 8 (the formats' 16, 32, 64 and 128).
+// log2 of the group size: the formats' 16, 32, 64 or 128.
 int check_shape(int64_t M, int64_t N, int64_t K, int group_size) {
   NIBBLE_CHECK(M >= 0 && N >= 0 && K >= 1, "FP4 GEMM: bad shape M={} N={} K={}", M, N, K);
-  NIBBLE_CHECK(group_size >= 8 && (group_size & (group_size - 1)) == 0,
-               "FP4 GEMM: group size {} (a power of two, at least 8)", group_size);
+  NIBBLE_CHECK(group_size == 16 || group_size == 32 || group_size == 64 || group_size == 128,
+               "FP4 GEMM: group size {} (16, 32, 64 or 128)", group_size);
   int shift = 0;
   while ((1 << shift) < group_size) ++shift;
   return shift;
@@ -82,7 +83,7 @@ void gemm_fp4_isa(Isa isa, const float* x, int64_t M, const uint8_t* codes, Fp4S
   const int shift = check_shape(M, N, K, group_size);
   NIBBLE_CHECK(isa_supported(isa), "FP4 GEMM: this CPU cannot run the {} kernel", isa_name(isa));
   if (M == 0 || N == 0) return;
-  if (isa != Isa::Scalar && M == 1 && group_size <= 128) {
+  if (isa != Isa::Scalar && M == 1) {
     fp4k::gemv_integer(x, codes, scales, N, K, group_size, y);
     return;
   }

@@ -9,7 +9,7 @@
 namespace nibble::cpu::fp4k {
 
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, Ŵ[n, k] = fl(e2m1(code[n, k])·s[n, k >> shift]): codes packed two a byte (element
-// 2j in the low nibble of byte j, rows of ceil(K/2) bytes), scales [N, ceil(K/G)] with G = 1 << shift ≥ 8.
+// 2j in the low nibble of byte j, rows of ceil(K/2) bytes), scales [N, ceil(K/G)] with G = 1 << shift ∈ {16, 32, 64, 128}.
 struct Problem {
   const float* x;
   int64_t M;
@@ -20,7 +20,7 @@ struct Problem {
 };
 
 // Rows n0 .. n1 - 1 of y's columns (every m < M): each weight decoded once for
-// a tile of up to 4 rows of x and fused-multiply-added in fp32.
+// a tile of up to 8 rows of x and fused-multiply-added in fp32.
 void rows_avx2(const Problem& p, int64_t n0, int64_t n1, float* y);
 
 // Row n of Ŵ into out[K], each weight fl(e2m1(code)·s) (p.x and p.M unused): the same values as decode_fp4_row.

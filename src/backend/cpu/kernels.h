@@ -128,7 +128,7 @@ void decode_code8_row(Code8 kind, const uint8_t* codes, const float* scales, int
 
 // FP4 E2M1 codes times one scale per group of G inputs (src/backend/cpu/fp4_gemm.cpp): fp4_e2m1_g{G}, mxfp4 and
 // nvfp4 (FORMAT.md §7.5-7.7). codes [N, ceil(K/2)] packed as int4_asym's (element 2j in byte j's low nibble);
-// G a power of two ≥ 8. The scale of group g of row n (index i = n·ceil(K/G) + g) is f32[i], or table[codes[i]]
+// G = 16, 32, 64 or 128. The scale of group g of row n (index i = n·ceil(K/G) + g) is f32[i], or table[codes[i]]
 // for the formats whose scales are bytes (mxfp4's E8M0, nvfp4's E4M3 times the global scale: packed_kernels.cpp
 // makes the 256-entry table when a model loads, so the stored bytes stay as they are).
 struct Fp4Scales {
@@ -138,9 +138,10 @@ struct Fp4Scales {
   float at(int64_t i) const { return codes ? table[codes[i]] : f32[i]; }
 };
 // Each weight decoded as the formats say, fl(e2m1(code)·s), and dotted with x in fp32. _ref: the scalar reference,
-// additions in k order; _isa: Scalar or Avx2 rows (Avx512 runs the Avx2 rows), the same sums in another order;
-// gemm_fp4: the fast path (those rows below 64 rows of x, the bits of gemm_f32 on the decoded matrix from 64 on).
-// decode_fp4_row: row n, fl(e2m1(code)·s).
+// additions in k order; _isa: Scalar or Avx2 rows (Avx512 runs the Avx2 rows), the same sums in another order,
+// except that Avx2 / Avx512 take one token (M = 1) through the int4 integer GEMV on x in 24-bit fixed point
+// (fp4_gemm.cpp); gemm_fp4: the fast path (those below 64 rows of x, the bits of gemm_f32 on the decoded matrix
+// from 64 on). decode_fp4_row: row n, fl(e2m1(code)·s).
 void gemm_fp4_ref(const float* x, int64_t M, const uint8_t* codes, Fp4Scales scales, int64_t N, int64_t K,
                   int group_size, float* y);
 void gemm_fp4_isa(Isa isa, const float* x, int64_t M, const uint8_t* codes, Fp4Scales scales, int64_t N, int64_t K,
