@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 84's third call, which found no machine (run it next): the kv-shared attention kernel's ranks from its
+# Session 84's third call, which found no machine (session 85 ran it as docs/results/s85/run1.sh): the kv-shared attention kernel's ranks from its
 # occupancy (two blocks per SM for the f32 cache). Bundle it with `git apply docs/results/s84/rule.patch` and
 # then docs/results/s84/rule-with-probe.patch's one extra line (NIBBLE_X_KVR_ONE=1: main's one block per SM), in
 # the order the device time left allows:
