@@ -9,6 +9,7 @@ extern const FormatSpec kInt4Asym;          // int4_asym.cpp
 extern const FormatSpec kInt4Sym;           // int4_sym.cpp
 extern const FormatSpec kInt4AsymF32;       // int4_asym.cpp
 extern const FormatSpec kInt8ChannelSym;    // int8_channel.cpp
+extern const FormatSpec kInt8Sym;           // int8_group.cpp
 extern const FormatSpec kIntTensorAsym[7];  // int_tensor.cpp: int2 .. int8, in order of bits
 extern const FormatSpec kFp8E4m3Tensor;     // fp8.cpp
 extern const FormatSpec kFp8E4m3Channel;

@@ -204,10 +204,28 @@ std::vector<Tensor> q4_k_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, i
   return out.parts();
 }
 
+// Q8_0 blocks (34 bytes per 32 inputs: f16 d, then int8 qs[32] in input order; x = q·d) as int8_g32_sym's parts:
+// the codes as they are, d's f16 bits as the group's scale, so code·scale in fp32 is ggml's q·d.
+std::vector<Tensor> q8_0_as_int8_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQK = 32, kBlockBytes = 34;
+  const int64_t nb = cols / kQK;
+  Tensor codes = Tensor::empty(DType::I8, {rows, cols}), scales = Tensor::empty(DType::F16, {rows, nb});
+  auto* c = static_cast<uint8_t*>(codes.raw_mut());
+  auto* s = static_cast<uint16_t*>(scales.raw_mut());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    std::memcpy(&s[i], b, 2);
+    std::memcpy(c + i * kQK, b + 2, kQK);
+  }
+  return {codes, scales};
+}
+
 // ggml block types that a nibble format holds exactly (GgufSource::exact_format), one row each:
 //   Q4_0 -> int4_g32_sym       (codes around 8, d's f16 bits as the scale)
 //   Q4_1 -> int4_g32_asym_f32  (scale d, min m)
 //   Q4_K -> int4_g32_asym_f32  (a group per sub-block of 32: scale d·sc, min −dmin·mn)
+//   Q8_0 -> int8_g32_sym       (the codes, d's f16 bits as the scale)
 // `block` is ggml's block (Q4_K: super-block) size, which ne[0] must be a
 // multiple of; `group` is the nibble format's group size.
 struct ExactBlockType {
@@ -221,6 +239,7 @@ constexpr ExactBlockType kExactBlockTypes[] = {
     {GgmlType::Q4_0, 32, "int4_sym", 32, q4_0_as_int4_sym},
     {GgmlType::Q4_1, 32, "int4_asym_f32", 32, q4_1_as_int4_asym_f32},
     {GgmlType::Q4_K, 256, "int4_asym_f32", 32, q4_k_as_int4_asym_f32},
+    {GgmlType::Q8_0, 32, "int8_sym", 32, q8_0_as_int8_sym},
 };
 
 const ExactBlockType* exact_block_type(const io::GgufTensorInfo& t) {

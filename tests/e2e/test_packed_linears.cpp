@@ -96,7 +96,7 @@ TEST(CpuPackedLinears, NibbleFormatsRunPackedAndMatchDequantized) {
   test::TempDir tmp;
   for (const char* name : {"int4_g32_asym", "int4_g128_asym_f32", "int4_g32_asym_f32", "int4_g64_sym",
                            "int8_channel_sym", "fp8_e4m3_channel", "fp8_e4m3_tensor", "fp8_e5m2_channel",
-                           "fp8_e5m2_tensor", "fp4_e2m1_g32", "mxfp4", "nvfp4"}) {
+                           "fp8_e5m2_tensor", "fp4_e2m1_g32", "mxfp4", "nvfp4", "int8_g32_sym", "int8_g128_sym"}) {
     SCOPED_TRACE(name);
     QuantizeOptions o;
     o.format = name;
@@ -106,11 +106,12 @@ TEST(CpuPackedLinears, NibbleFormatsRunPackedAndMatchDequantized) {
   }
 }
 
-TEST(CpuPackedLinears, GgufQ4_0AndQ4_1RunPackedAndMatchDequantized) {
+TEST(CpuPackedLinears, GgufQ4_0Q4_1AndQ8_0RunPackedAndMatchDequantized) {
   const fs::path dir = test::model_dir("stories260K") / "gguf";
   // down_proj reads 172 inputs, not whole blocks of 32: llama.cpp stores it in another type.
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_0.gguf"), "int4_g32_sym", 12);
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_1.gguf"), "int4_g32_asym_f32", 12);
+  expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q8_0.gguf"), "int8_g32_sym", 12);
 }
 
 // Q4_K (no stories260K matrix is whole 256-wide blocks): gguf_q4k.h's one-layer llama, every matrix Q4_K with

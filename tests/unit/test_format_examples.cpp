@@ -93,6 +93,30 @@ TEST(FormatExamples, Int8ChannelSym) {
             (std::vector<float>{0.9921875f, -0.5f, 0.0f, 0.015625f, -0.9921875f, 0.1015625f}));
 }
 
+// FORMAT.md §7.9: llama.cpp's Q8_0 at G = 32. scale = f16(absmax / 127): 1/127 rounds
+// to the binary16 129·2^-14 (0x2008), and codes are chosen against that rounded scale.
+TEST(FormatExamples, Int8SymG32) {
+  const Worked r = run(find_format("int8_g32_sym"),
+                       {1.0f, -0.5f, 0.25f, 0.1f, -0.019683837890625f,  // the last is -2.5·scale exactly
+                        0.0f, 0.0f, 0.0f, 0.0f, 0.0f},
+                       2);
+  EXPECT_EQ(r.q.params[0].scale, 0.00787353515625f);  // 129·2^-14
+  EXPECT_EQ(r.q.params[1].scale, 0.0f);               // an all-zero group
+  // w/s = 127.00775, -63.503876, 31.751938, 12.700775, -2.5 (tie -> -2)
+  EXPECT_EQ(r.q.codes, (std::vector<uint8_t>{0x7F, 0xC0, 0x20, 0x0D, 0xFE, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(bytes_of(r.parts[0]), (std::vector<uint8_t>{0x7F, 0xC0, 0x20, 0x0D, 0xFE, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(r.parts[0].dtype(), DType::I8);
+  EXPECT_EQ(r.parts[0].shape(), (Shape{2, 5}));
+  EXPECT_EQ(bytes_of(r.parts[1]), (std::vector<uint8_t>{0x08, 0x20, 0x00, 0x00}));  // f16 0x2008, 0x0000
+  EXPECT_EQ(r.parts[1].dtype(), DType::F16);
+  EXPECT_EQ(r.parts[1].shape(), (Shape{2, 1}));
+  // code · 129·2^-14: 16383, -8256, 4128, 1677, -258 times 2^-14, all exact in fp32
+  EXPECT_EQ(r.back, (std::vector<float>{0.99993896484375f, -0.50390625f, 0.251953125f, 0.10235595703125f,
+                                        -0.0157470703125f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}));
+  EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int8_g32_sym"), 4096, 4096), 8.5);
+  EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int8_g128_sym"), 4096, 4096), 8.125);
+}
+
 // FORMAT.md §6: the textbook affine quantizer, per tensor.
 TEST(FormatExamples, IntTensorAsym) {
   {  // 2 bits: lo = -1, hi = 2 -> s = 1, z = round(1) = 1

@@ -48,45 +48,54 @@ inline float hsum(__m256 v) {
 }
 
 // One weight row against rows m0 .. m0 + R - 1 of x: each chunk of 8 weights
-// decoded once for the R rows; the K % 8 tail through the scalar decode.
+// decoded once for the R rows, segment by segment of one scale (the row, or a
+// group of a multiple of 8 inputs); the K % 8 tail through the scalar decode.
 template <Code8 C, int R>
 void row_tile(const Problem& p, int64_t n, int64_t m0, float* y) {
   const uint8_t* q = p.q + n * p.K;
-  const float sv = p.s[n * p.scale_stride];
-  const Decoder<C> dec(sv);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t k8 = p.K / 8 * 8;
-  for (int64_t k = 0; k < k8; k += 8) {
-    const __m256 w = dec(q + k);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p.x + (m0 + r) * p.K + k), acc[r]);
+  for (int64_t k0 = 0; k0 < k8; k0 = p.seg_end(k0)) {
+    const Decoder<C> dec(p.scale(n, k0));
+    const int64_t end = std::min(k8, p.seg_end(k0));
+    for (int64_t k = k0; k < end; k += 8) {
+      const __m256 w = dec(q + k);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p.x + (m0 + r) * p.K + k), acc[r]);
+    }
   }
   for (int r = 0; r < R; ++r) {
     float t = hsum(acc[r]);
-    for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * sv * p.x[(m0 + r) * p.K + k];
+    for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * p.scale(n, k) * p.x[(m0 + r) * p.K + k];
     y[(m0 + r) * p.N + n] = t;
   }
 }
 
 // One token: four accumulators over k, so that the FMAs of a row do not wait on
-// each other.
+// each other (a segment's chunks beyond a multiple of 4 go to them in turn).
 template <Code8 C>
 void row_one(const Problem& p, int64_t n, float* y) {
   const uint8_t* q = p.q + n * p.K;
-  const float sv = p.s[n * p.scale_stride];
-  const Decoder<C> dec(sv);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  const int64_t k32 = p.K / 32 * 32, k8 = p.K / 8 * 8;
-  int64_t k = 0;
-  for (; k < k32; k += 32) {
-    a0 = _mm256_fmadd_ps(dec(q + k), _mm256_loadu_ps(p.x + k), a0);
-    a1 = _mm256_fmadd_ps(dec(q + k + 8), _mm256_loadu_ps(p.x + k + 8), a1);
-    a2 = _mm256_fmadd_ps(dec(q + k + 16), _mm256_loadu_ps(p.x + k + 16), a2);
-    a3 = _mm256_fmadd_ps(dec(q + k + 24), _mm256_loadu_ps(p.x + k + 24), a3);
+  const int64_t k8 = p.K / 8 * 8;
+  for (int64_t k0 = 0; k0 < k8; k0 = p.seg_end(k0)) {
+    const Decoder<C> dec(p.scale(n, k0));
+    const int64_t end = std::min(k8, p.seg_end(k0));
+    int64_t k = k0;
+    for (; k + 32 <= end; k += 32) {
+      a0 = _mm256_fmadd_ps(dec(q + k), _mm256_loadu_ps(p.x + k), a0);
+      a1 = _mm256_fmadd_ps(dec(q + k + 8), _mm256_loadu_ps(p.x + k + 8), a1);
+      a2 = _mm256_fmadd_ps(dec(q + k + 16), _mm256_loadu_ps(p.x + k + 16), a2);
+      a3 = _mm256_fmadd_ps(dec(q + k + 24), _mm256_loadu_ps(p.x + k + 24), a3);
+    }
+    for (; k < end; k += 8) {
+      a0 = _mm256_fmadd_ps(dec(q + k), _mm256_loadu_ps(p.x + k), a0);
+      const __m256 t = a0;
+      a0 = a1, a1 = a2, a2 = a3, a3 = t;
+    }
   }
-  for (; k < k8; k += 8) a0 = _mm256_fmadd_ps(dec(q + k), _mm256_loadu_ps(p.x + k), a0);
   float t = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; k < p.K; ++k) t += code8_value(C, q[k]) * sv * p.x[k];
+  for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * p.scale(n, k) * p.x[k];
   y[n] = t;
 }
 

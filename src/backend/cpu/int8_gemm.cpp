@@ -1,6 +1,7 @@
 // 8-bit codes on the CPU: int8_channel_sym (FORMAT.md §7.2: int8 codes [N, K],
-// one fp32 scale per row) and the FP8 formats (§7.4: E4M3 or E5M2 codes, one
-// fp32 scale per row or per tensor). y[M, N] = x[M, K] · Ŵ[N, K]ᵀ read
+// one fp32 scale per row), int8_g{G}_sym (§7.9, llama.cpp's Q8_0 at G = 32: a
+// scale per group of G inputs, its f16 made fp32 at load) and the FP8 formats
+// (§7.4: E4M3 or E5M2 codes, one fp32 scale per row or per tensor). y[M, N] = x[M, K] · Ŵ[N, K]ᵀ read
 // straight from the packed parts, so such a checkpoint loads at one byte a
 // weight instead of four.
 //
@@ -29,19 +30,19 @@ namespace {
 constexpr int64_t kRowsPerTask = 32;
 constexpr int64_t kDequantRows = 64;
 
-void check_shape(int64_t M, int64_t N, int64_t K, int64_t scale_stride) {
+void check_shape(int64_t M, int64_t N, int64_t K, int64_t scale_stride, int64_t group) {
   NIBBLE_CHECK(M >= 0 && N >= 0 && K >= 1, "8-bit-code GEMM: bad shape M={} N={} K={}", M, N, K);
   NIBBLE_CHECK(scale_stride == 0 || scale_stride == 1, "8-bit-code GEMM: scale stride {} (0 or 1)", scale_stride);
+  NIBBLE_CHECK(group >= 0 && group % 8 == 0, "8-bit-code GEMM: group size {} (0, or a multiple of 8)", group);
 }
 
 void rows_scalar(const int8k::Problem& p, int64_t n0, int64_t n1, float* y) {
   for (int64_t m = 0; m < p.M; ++m)
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* q = p.q + n * p.K;
-      const float s = p.s[n * p.scale_stride];
       const float* x = p.x + m * p.K;
       float t = 0.0f;
-      for (int64_t k = 0; k < p.K; ++k) t += code8_value(p.kind, q[k]) * s * x[k];
+      for (int64_t k = 0; k < p.K; ++k) t += code8_value(p.kind, q[k]) * p.scale(n, k) * x[k];
       y[m * p.N + n] = t;
     }
 }
@@ -70,26 +71,29 @@ struct ValueTables {
 }  // namespace
 
 void decode_code8_row(Code8 kind, const uint8_t* codes, const float* scales, int64_t scale_stride, int64_t n,
-                      int64_t K, float* out) {
+                      int64_t K, float* out, int64_t group_size) {
   static const ValueTables tables;
   const float* value = tables.v[static_cast<int>(kind)];
+  const int8k::Problem p{kind, nullptr, 0, codes, scales, scale_stride, n + 1, K, group_size};
   const uint8_t* q = codes + n * K;
-  const float s = scales[n * scale_stride];
-  for (int64_t k = 0; k < K; ++k) out[k] = value[q[k]] * s;
+  for (int64_t k0 = 0; k0 < K; k0 = p.seg_end(k0)) {
+    const float s = p.scale(n, k0);
+    for (int64_t k = k0; k < p.seg_end(k0); ++k) out[k] = value[q[k]] * s;
+  }
 }
 
 void gemm_code8_ref(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                    int64_t scale_stride, int64_t N, int64_t K, float* y) {
-  check_shape(M, N, K, scale_stride);
-  rows_scalar({kind, x, M, codes, scales, scale_stride, N, K}, 0, N, y);
+                    int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size) {
+  check_shape(M, N, K, scale_stride, group_size);
+  rows_scalar({kind, x, M, codes, scales, scale_stride, N, K, group_size}, 0, N, y);
 }
 
 void gemm_code8_isa(Isa isa, Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                    int64_t scale_stride, int64_t N, int64_t K, float* y) {
-  check_shape(M, N, K, scale_stride);
+                    int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size) {
+  check_shape(M, N, K, scale_stride, group_size);
   NIBBLE_CHECK(isa_supported(isa), "8-bit-code GEMM: this CPU cannot run the {} kernel", isa_name(isa));
   if (M == 0 || N == 0) return;
-  const int8k::Problem p{kind, x, M, codes, scales, scale_stride, N, K};
+  const int8k::Problem p{kind, x, M, codes, scales, scale_stride, N, K, group_size};
   auto rows = isa == Isa::Scalar ? rows_scalar : int8k::rows_avx2;  // AVX-512 CPUs run the AVX2 rows
   const int64_t tasks = (N + kRowsPerTask - 1) / kRowsPerTask;
   const int threads = M * N * K >= (int64_t{1} << 17) ? omp_get_max_threads() : 1;
@@ -98,14 +102,15 @@ void gemm_code8_isa(Isa isa, Code8 kind, const float* x, int64_t M, const uint8_
 }
 
 void gemm_code8(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                int64_t scale_stride, int64_t N, int64_t K, float* y) {
-  check_shape(M, N, K, scale_stride);
+                int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size) {
+  check_shape(M, N, K, scale_stride, group_size);
   if (M < kDequantRows) {
-    gemm_code8_isa(best_isa(), kind, x, M, codes, scales, scale_stride, N, K, y);
+    gemm_code8_isa(best_isa(), kind, x, M, codes, scales, scale_stride, N, K, y, group_size);
     return;
   }
   gemm_decoded(
-      x, M, N, K, [&](int64_t n, float* out) { decode_code8_row(kind, codes, scales, scale_stride, n, K, out); }, y);
+      x, M, N, K,
+      [&](int64_t n, float* out) { decode_code8_row(kind, codes, scales, scale_stride, n, K, out, group_size); }, y);
 }
 
 }  // namespace nibble::cpu

@@ -8,15 +8,20 @@
 
 namespace nibble::cpu::int8k {
 
-// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, Ŵ[n, k] = fl(value(code[n, k])·s[n·scale_stride]).
+// y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, Ŵ[n, k] = fl(value(code[n, k])·scale(n, k)).
 struct Problem {
   Code8 kind;
   const float* x;
   int64_t M;
   const uint8_t* q;  // [N, K]
-  const float* s;    // [N] (scale_stride 1) or [1] (0)
+  const float* s;    // [N] (scale_stride 1), [1] (0), or [N, ceil(K/group)] (group > 0)
   int64_t scale_stride;
   int64_t N, K;
+  int64_t group;  // 0: one scale per row or tensor; else a multiple of 8
+  int64_t groups() const { return group ? (K + group - 1) / group : 1; }
+  // The scale of row n's input k; seg_end(k): the end of the inputs that share it (k's group, or the row).
+  float scale(int64_t n, int64_t k) const { return group ? s[n * groups() + k / group] : s[n * scale_stride]; }
+  int64_t seg_end(int64_t k) const { return group && (k / group + 1) * group < K ? (k / group + 1) * group : K; }
 };
 
 // Rows n0 .. n1 - 1 of y's columns (every m < M): each weight decoded once for

@@ -113,18 +113,19 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
 enum class Code8 { Int8, E4M3, E4M3Finite, E5M2 };
 float code8_value(Code8 kind, uint8_t code);
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ read straight from the packed codes [N, K] and scales (s[n·scale_stride]: stride
-// 1 per row, 0 per tensor), each weight decoded as the format says, fl(value·s), and dotted with x in fp32.
+// 1 per row, 0 per tensor; or, with group_size G > 0 (a multiple of 8), s[n·ceil(K/G) + k/G] per group of G inputs,
+// int8_g{G}_sym), each weight decoded as the format says, fl(value·s), and dotted with x in fp32.
 // _ref: the scalar reference, additions in k order; _isa: Scalar or Avx2 rows (Avx512 runs the Avx2 rows), the
 // same sums in another order; gemm_code8: the fast path (those rows below 64 rows of x, the bits of gemm_f32 on
 // the decoded matrix from 64 on). decode_code8_row: row n, fl(value·s).
 void gemm_code8_ref(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                    int64_t scale_stride, int64_t N, int64_t K, float* y);
+                    int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0);
 void gemm_code8_isa(Isa isa, Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                    int64_t scale_stride, int64_t N, int64_t K, float* y);
+                    int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0);
 void gemm_code8(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                int64_t scale_stride, int64_t N, int64_t K, float* y);
+                int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0);
 void decode_code8_row(Code8 kind, const uint8_t* codes, const float* scales, int64_t scale_stride, int64_t n,
-                      int64_t K, float* out);
+                      int64_t K, float* out, int64_t group_size = 0);
 
 // FP4 E2M1 codes times one scale per group of G inputs (src/backend/cpu/fp4_gemm.cpp): fp4_e2m1_g{G}, mxfp4 and
 // nvfp4 (FORMAT.md §7.5-7.7). codes [N, ceil(K/2)] packed as int4_asym's (element 2j in byte j's low nibble);

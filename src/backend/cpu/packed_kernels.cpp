@@ -36,6 +36,18 @@ void gemm_code8_parts(const float* x, int64_t M, const std::vector<Tensor>& part
              y);
 }
 
+// int8_g{G}_sym (§7.9): qweight I8 [N, K] and an F16 scale per group, made F32 by `prepare` (exactly).
+void gemm_int8_group_parts(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K,
+                           int group_size, float* y) {
+  gemm_code8(Code8::Int8, x, M, static_cast<const uint8_t*>(parts[0].raw()), parts[1].data<float>(), 1, N, K, y,
+             group_size);
+}
+
+// The codes as stored and the 16-bit scales (f16 or bf16) as F32, exactly.
+std::vector<Tensor> scales_to_f32(const std::vector<Tensor>& parts, int64_t, int64_t, int) {
+  return {parts[0], parts[1].to(DType::F32)};
+}
+
 // E4M3: the stored parts and a third, one byte: 1 when no code is NaN (S.1111.111; nibble's encoder saturates, so
 // its checkpoints never hold one), which lets gemm_code8_parts take the decode without the NaN blend.
 std::vector<Tensor> mark_finite_e4m3(const std::vector<Tensor>& parts, int64_t N, int64_t K, int) {
@@ -61,10 +73,6 @@ void gemm_fp4_parts(const float* x, int64_t M, const std::vector<Tensor>& parts,
     s.f32 = parts[1].data<float>();
   }
   gemm_fp4(x, M, parts[0].data<uint8_t>(), s, N, K, group_size, y);
-}
-
-std::vector<Tensor> fp4_bf16_scales(const std::vector<Tensor>& parts, int64_t, int64_t, int) {
-  return {parts[0], parts[1].to(DType::F32)};
 }
 
 // The scale bytes as stored and the F32 [256] table of every byte's scale; a byte the matrix uses must not be NaN
@@ -99,11 +107,12 @@ const KernelEntry kKernels[] = {
     {&formats::kInt4AsymF32, {nullptr, gemm_int4_f32_parts}},
     {&formats::kInt4Sym, {int4_sym_as_asym_f32, gemm_int4_f32_parts}},  // run as (s, −8·s), exactly
     {&formats::kInt8ChannelSym, {nullptr, gemm_code8_parts<Code8::Int8, 1>}},
+    {&formats::kInt8Sym, {scales_to_f32, gemm_int8_group_parts}},
     {&formats::kFp8E4m3Channel, {mark_finite_e4m3, gemm_code8_parts<Code8::E4M3, 1>}},
     {&formats::kFp8E4m3Tensor, {mark_finite_e4m3, gemm_code8_parts<Code8::E4M3, 0>}},
     {&formats::kFp8E5m2Channel, {nullptr, gemm_code8_parts<Code8::E5M2, 1>}},
     {&formats::kFp8E5m2Tensor, {nullptr, gemm_code8_parts<Code8::E5M2, 0>}},
-    {&formats::kFp4E2m1, {fp4_bf16_scales, gemm_fp4_parts}},
+    {&formats::kFp4E2m1, {scales_to_f32, gemm_fp4_parts}},
     {&formats::kMxfp4, {fp4_e8m0_scales, gemm_fp4_parts}},
     {&formats::kNvfp4, {fp4_e4m3_global_scales, gemm_fp4_parts}},
 };

@@ -1,0 +1,83 @@
+// int8_sym: 8-bit symmetric integer codes with an f16 scale per group of G
+// consecutive inputs (G = 32, 64 or 128): llama.cpp's Q8_0 at G = 32 (an f16 d
+// and 32 int8 codes per block, x = q·d), which GgufSource reads into this row
+// exactly. docs/FORMAT.md §7.9 is normative.
+//
+//   scale = f16(absmax / 127)                               (fp32 division, then round to f16)
+//   code  = clamp(round_half_even(w / scale), -127, 127)    (0 when scale == 0)
+//   w'    = code * scale                                    (fp32)
+#include "formats/common.h"
+#include "formats/registry_rows.h"
+
+namespace nibble::formats {
+namespace {
+
+constexpr float kMaxCode = 127.0f;
+
+std::string canonical_name(int g) { return fmt::format("int8_g{}_sym", g); }
+
+std::vector<PartSpec> parts(int64_t rows, int64_t cols, int g) {
+  return {
+      {"qweight", DType::I8, {rows, cols}},
+      {"scales", DType::F16, {rows, ceil_div(cols, g)}},
+  };
+}
+
+GroupParams fit_group(const float* w, int64_t n, float shrink, const GroupParams&) {
+  const float amax = abs_max(w, n) * shrink;
+  GroupParams p;
+  // Rounded to f16 before any code is chosen: codes are picked against the scale the dequantizer will read.
+  p.scale = f16_to_f32(f32_to_f16(amax / kMaxCode));
+  NIBBLE_CHECK(std::isfinite(p.scale), "int8_sym: group absmax {} gives a scale beyond the f16 range", amax);
+  return p;
+}
+
+// Codes are int8 two's complement held in a byte.
+uint8_t encode(float w, const GroupParams& p) {
+  if (p.scale == 0.0f) return 0;
+  const float q = std::clamp(std::nearbyint(w / p.scale), -kMaxCode, kMaxCode);
+  return static_cast<uint8_t>(static_cast<int8_t>(q));
+}
+
+float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(static_cast<int8_t>(code)) * p.scale; }
+
+double affine_scale(const GroupParams& p) { return p.scale; }
+GroupParams affine_store(const GroupParams&, double scale, double) {
+  GroupParams p;
+  p.scale = f16_to_f32(f32_to_f16(static_cast<float>(scale)));
+  return p;
+}
+const AffineParams kAffine{affine_scale, false, affine_store};
+
+std::vector<Tensor> pack(const QuantizedMatrix& q) {
+  return {pack_codes(q, 8, DType::I8), params_part(q, &GroupParams::scale, DType::F16)};
+}
+
+QuantizedMatrix unpack(const std::vector<Tensor>& in, int64_t rows, int64_t cols, int g) {
+  check_parts(kInt8Sym, in, rows, cols, g);
+  QuantizedMatrix q = empty_matrix(kInt8Sym, rows, cols, g);
+  unpack_codes(in[0], 8, q);
+  params_from_part(in[1], &GroupParams::scale, q);
+  return q;
+}
+
+}  // namespace
+
+const FormatSpec kInt8Sym{
+    .family = "int8_sym",
+    .description = "8-bit symmetric codes in [-127, 127], f16 scale = absmax/127 per group of G inputs "
+                   "(llama.cpp's Q8_0 at G=32; 8.5 bits/weight there)",
+    .code_bits = 8,
+    .group_sizes = {32, 64, 128},
+    .canonical_name = canonical_name,
+    .parts = parts,
+    .fit_tensor = nullptr,
+    .fit_group = fit_group,
+    .encode = encode,
+    .decode = decode,
+    .pack = pack,
+    .unpack = unpack,
+    .affine = &kAffine,
+};
+
+}  // namespace nibble::formats
