@@ -6,7 +6,7 @@
 //   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build/bin/bench_int4_gemv
 //
 // Weight bytes: f32 = 4·N·K; int4 = N·ceil(K/2) (codes) + 2·2·N·ceil(K/G) (bf16
-// scale and min); int8 = N·K + 4·N; nvfp4 = N·ceil(K/2) + N·K/16 (an E4M3 byte per 16), mxfp4 = N·ceil(K/2) +
+// scale and min); int8 = N·K + 4·N (int8 g32: N·K + 2·N·K/32, Q8_0's f16 scales); nvfp4 = N·ceil(K/2) + N·K/16 (an E4M3 byte per 16), mxfp4 = N·ceil(K/2) +
 // N·K/32 (an E8M0 byte per 32), each with a 1 KB table of scales. Two residencies:
 //   hot  — one matrix, multiplied again and again: it stays in the last-level
 //          cache when it fits (4096×4096 int4 g128 is 8.9 MB; L3 is often 32 MB),
@@ -76,10 +76,11 @@ struct Int4Matrix {
   std::vector<uint16_t> mins;    // [N, NG]
 };
 
-// int8_channel_sym: codes [N, K], an fp32 scale per row.
+// int8_channel_sym: codes [N, K], an fp32 scale per row; and a scale per 32 inputs (int8_g32_sym, GGUF Q8_0).
 struct Int8Matrix {
   std::vector<int8_t> q;
   std::vector<float> s;
+  std::vector<float> s32;
 };
 
 struct Shape {
@@ -89,6 +90,7 @@ struct Shape {
   int64_t int4_bytes() const { return N * ((K + 1) / 2) + 4 * N * groups(); }
   int64_t f32_bytes() const { return 4 * N * K; }
   int64_t int8_bytes() const { return N * K + 4 * N; }
+  int64_t int8_g32_bytes() const { return N * K + 2 * N * ((K + 31) / 32); }  // f16 scales as stored (Q8_0)
   int64_t fp4_bytes(int g) const { return N * ((K + 1) / 2) + N * ((K + g - 1) / g); }
 };
 
@@ -132,6 +134,8 @@ Weights make_weights(const Shape& s, XorShift& rng) {
     }
     m.s.resize(static_cast<size_t>(s.N));
     for (auto& v : m.s) v = rng.uniform(0.0005f, 0.002f);
+    m.s32.resize(static_cast<size_t>(s.N * ((s.K + 31) / 32)));
+    for (auto& v : m.s32) v = rng.uniform(0.0005f, 0.002f);
     w.int8.push_back(std::move(m));
   }
   for (int c = 0; c < copies_for(s.f32_bytes()); ++c) {
@@ -278,6 +282,21 @@ void register_shape(size_t index, const Shape& s, const Weights& w, const std::v
                         set_counters(st, s.int8_bytes());
                       });
       }
+      // int8_g32_sym (GGUF Q8_0): the int8 copies' codes with a scale per 32 inputs (fp32 as loaded; the bytes
+      // counted are the stored f16 ones).
+      register_case("int8_g32" + tail, {s.name(), "int8 g32 (Q8_0)", res, M, s.int8_g32_bytes(), index},
+                    [&s, &w, x, M, cold](benchmark::State& st) {
+                      std::vector<float> y(static_cast<size_t>(M * s.N));
+                      size_t i = 0;
+                      for (auto _ : st) {
+                        const auto& m = w.int8[cold ? i++ % w.int8.size() : 0];
+                        nibble::cpu::gemm_code8(nibble::cpu::Code8::Int8, x, M,
+                                                reinterpret_cast<const uint8_t*>(m.q.data()), m.s32.data(), 1, s.N,
+                                                s.K, y.data(), 32);
+                        benchmark::DoNotOptimize(y.data());
+                      }
+                      set_counters(st, s.int8_g32_bytes());
+                    });
       // nvfp4 (groups of 16) and mxfp4 (32): the int4 copies' bytes as E2M1 codes, and scale bytes through a
       // table, as packed_kernels.cpp loads them.
       for (const int g : {16, 32}) {
@@ -468,7 +487,8 @@ void print_fixtures() {
                 speed(ref.prefill_med, ref.prefill_best).c_str(), speed(ref.decode_med, ref.decode_best).c_str(), "",
                 "");
     for (const char* family :
-         {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym", "fp8_e4m3_channel", "nvfp4", "mxfp4"}) {
+         {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym", "int8_g32_sym", "fp8_e4m3_channel", "nvfp4",
+          "mxfp4"}) {
       const bool grouped = std::string(family).rfind("int4", 0) == 0;  // the others: their own group or a row
       Speed q;
       try {
