@@ -1,13 +1,14 @@
-// The FP4 GEMM's AVX2 rows (compiled with -mavx2 -mfma; called only where the
-// CPU has them, src/backend/cpu/fp4_gemm.cpp). Eight codes decode in five
-// operations, exactly to the format's fl(e2m1(code)·s):
+// The FP4 GEMM's AVX2 rows for 2..63 tokens, and the row decode for 64 and
+// more (compiled with -mavx2 -mfma; called only where the CPU has them,
+// src/backend/cpu/fp4_gemm.cpp; one token takes the int4 integer GEMV). Eight
+// codes decode in five operations, exactly to the format's fl(e2m1(code)·s):
 //  - the row's four bytes, broadcast, shifted right by 0, 4, …, 28 per lane,
 //    put code i in lane i's low bits (element 2j is byte j's low nibble);
 //  - vpermps reads only an index's low three bits, so it looks the magnitude
 //    up in the eight values {0, ½, 1, 1½, 2, 3, 4, 6} times s (each fl(v·s))
 //    with no mask;
 //  - the code's bit 3, shifted to bit 31, is the sign: fl(−v·s) = −fl(v·s).
-// The scaled table is made once per group (G ≥ 8 weights).
+// The scaled table is made once per group (16..128 weights).
 #include <immintrin.h>
 
 #include <algorithm>
