@@ -135,9 +135,10 @@ int64_t sample_filter_max_logits();
 // The quantized matrices of `src` (decoder linears and the head) that no
 // registered linear kernel takes: GpuModel::load holds them dequantized to
 // bf16 and runs them through cuBLAS (2 bytes a weight, a dense GEMV's
-// speed). Per format (its canonical name, or ModelSource::foreign_format for
-// a rival's scheme or a ggml block type that load() dequantizes; in name
-// order): how many and their weights. Host only: needs no device.
+// speed). Per format (ModelSource::foreign_format for a rival's scheme or a
+// ggml block type, even one a nibble format holds exactly, as GGUF Q8_0;
+// else its canonical name; in name order): how many and their weights. Host
+// only: needs no device.
 struct DenseFallback {
   std::string format;
   int64_t matrices = 0, params = 0;

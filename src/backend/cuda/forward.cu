@@ -1158,7 +1158,9 @@ std::vector<DenseFallback> dense_fallbacks(const ModelSource& src) {
     if (n == kEmbed) continue;
     const TensorMeta meta = packed_meta(src, n);
     if (meta.shape.size() != 2 || kernel_of(meta) != nullptr) continue;
-    const std::string format = meta.format ? meta.format->canonical_name() : src.foreign_format(n);
+    // The source's own name where it has one (a GGUF's Q8_0, though int8_g32_sym holds it exactly), else nibble's.
+    std::string format = src.foreign_format(n);
+    if (format.empty() && meta.format) format = meta.format->canonical_name();
     if (format.empty()) continue;  // plain weights
     DenseFallback& f = by_format[format];
     f.format = format;
