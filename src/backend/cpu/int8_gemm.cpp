@@ -76,9 +76,10 @@ void decode_code8_row(Code8 kind, const uint8_t* codes, const float* scales, int
   const float* value = tables.v[static_cast<int>(kind)];
   const int8k::Problem p{kind, nullptr, 0, codes, scales, scale_stride, n + 1, K, group_size};
   const uint8_t* q = codes + n * K;
-  for (int64_t k0 = 0; k0 < K; k0 = p.seg_end(k0)) {
-    const float s = p.scale(n, k0);
-    for (int64_t k = k0; k < p.seg_end(k0); ++k) out[k] = value[q[k]] * s;
+  const float* sr = p.row_scales(n);
+  for (int64_t k0 = 0, j = 0; k0 < K; k0 += p.seg(), j += p.seg_step()) {
+    const float s = sr[j];
+    for (int64_t k = k0; k < std::min(K, k0 + p.seg()); ++k) out[k] = value[q[k]] * s;
   }
 }
 

@@ -19,9 +19,13 @@ struct Problem {
   int64_t N, K;
   int64_t group;  // 0: one scale per row or tensor; else a multiple of 8
   int64_t groups() const { return group ? (K + group - 1) / group : 1; }
-  // The scale of row n's input k; seg_end(k): the end of the inputs that share it (k's group, or the row).
-  float scale(int64_t n, int64_t k) const { return group ? s[n * groups() + k / group] : s[n * scale_stride]; }
-  int64_t seg_end(int64_t k) const { return group && (k / group + 1) * group < K ? (k / group + 1) * group : K; }
+  // Row n's scales: segment j (inputs j·seg() .. j·seg() + seg() − 1, the last one cut at K) has scale
+  // row_scales(n)[j·seg_step()]; one segment per group, or the whole row.
+  const float* row_scales(int64_t n) const { return group ? s + n * groups() : s + n * scale_stride; }
+  int64_t seg() const { return group ? group : K; }
+  int64_t seg_step() const { return group ? 1 : 0; }
+  // The scale of row n's input k.
+  float scale(int64_t n, int64_t k) const { return row_scales(n)[k / seg() * seg_step()]; }
 };
 
 // Rows n0 .. n1 - 1 of y's columns (every m < M): each weight decoded once for
