@@ -97,7 +97,7 @@ void gemm_fp4_isa(Isa isa, const float* x, int64_t M, const uint8_t* codes, Fp4S
 
 void gemm_fp4(const float* x, int64_t M, const uint8_t* codes, Fp4Scales scales, int64_t N, int64_t K,
               int group_size, float* y) {
-  check_shape(M, N, K, group_size);
+  const int shift = check_shape(M, N, K, group_size);
   if (M < kDequantRows) {
     gemm_fp4_isa(best_isa(), x, M, codes, scales, N, K, group_size, y);
     return;
@@ -106,7 +106,7 @@ void gemm_fp4(const float* x, int64_t M, const uint8_t* codes, Fp4Scales scales,
     gemm_decoded(x, M, N, K, [&](int64_t n, float* out) { decode_fp4_row(codes, scales, n, K, group_size, out); }, y);
     return;
   }
-  const fp4k::Problem p{x, M, codes, scales, N, K, check_shape(M, N, K, group_size)};
+  const fp4k::Problem p{x, M, codes, scales, N, K, shift};
   gemm_decoded(x, M, N, K, [&](int64_t n, float* out) { fp4k::decode_row_avx2(p, n, out); }, y);
 }
 
