@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/fp4_rows.h"
 #include "backend/cpu/kernels.h"
 #include "nibble/dtype.h"
 #include "nibble/error.h"
@@ -49,7 +50,7 @@ struct Matrix {
     const uint8_t b = q[static_cast<size_t>(n * ((K + 1) / 2) + k / 2)];
     return e2m1_to_f32(static_cast<uint8_t>(k % 2 ? b >> 4 : b & 0xF));
   }
-  float w(int64_t n, int64_t k) const { return v(n, k) * scales().at(n * groups() + k / G); }
+  float w(int64_t n, int64_t k) const { return v(n, k) * cpu::fp4k::scale_at(scales(), n * groups() + k / G); }
 };
 
 Matrix random_matrix(int64_t N, int64_t K, int G, bool table, std::mt19937& rng) {
@@ -94,7 +95,7 @@ void expect_close(const Matrix& w, int64_t M, const std::vector<float>& x, const
     for (int64_t n = 0; n < w.N; ++n) {
       double want = 0, mag = 0, t = 0, act = 0;
       for (int64_t g = 0; g < w.groups(); ++g) {
-        const double s = w.scales().at(n * w.groups() + g);
+        const double s = cpu::fp4k::scale_at(w.scales(), n * w.groups() + g);
         double cs = 0;
         for (int64_t k = g * w.G; k < std::min<int64_t>(w.K, (g + 1) * w.G); ++k) {
           const double xk = x[static_cast<size_t>(m * w.K + k)], term = static_cast<double>(w.w(n, k)) * xk;

@@ -11,11 +11,7 @@
 // The scaled table is made once per group (16..128 weights).
 #include <immintrin.h>
 
-#include <algorithm>
-#include <cstring>
-
 #include "backend/cpu/fp4_rows.h"
-#include "nibble/dtype.h"
 
 namespace nibble::cpu::fp4k {
 namespace {
@@ -30,7 +26,7 @@ struct Decoder {
   // Codes k .. k + 7 of a row (k even): bytes k/2 .. k/2 + 3.
   __m256 operator()(const uint8_t* row, int64_t k) const {
     int32_t u;
-    std::memcpy(&u, row + k / 2, 4);
+    __builtin_memcpy(&u, row + k / 2, 4);
     const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(u), shifts);
     const __m256 mag = _mm256_permutevar8x32_ps(lut, v);
     return _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 28), sign)));
@@ -43,10 +39,7 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
 }
 
-// Weight k of a row whose first group's scale is s.at(s0).
-inline float weight(const uint8_t* row, const Fp4Scales& s, int64_t s0, int64_t k, int shift) {
-  return e2m1_to_f32(static_cast<uint8_t>(row[k / 2] >> (4 * (k & 1)))) * s.at(s0 + (k >> shift));
-}
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // One weight row against rows m0 .. m0 + R - 1 of x: each chunk of 8 weights
 // decoded once for the R rows; the last group's K % 8 tail through the scalar decode.
@@ -60,8 +53,8 @@ void row_tile(const Problem& p, int64_t n, int64_t m0, float* y) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    dec.scale(p.s.at(s0 + g));
-    const int64_t end = std::min(k8, (g + 1) * G);
+    dec.scale(scale_at(p.s, s0 + g));
+    const int64_t end = min64(k8, (g + 1) * G);
     for (int64_t k = g * G; k < end; k += 8) {
       const __m256 w = dec(q, k);
       for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p.x + (m0 + r) * p.K + k), acc[r]);
@@ -82,8 +75,8 @@ void decode_row_avx2(const Problem& p, int64_t n, float* out) {
   const int64_t k8 = p.K / 8 * 8;
   Decoder dec;
   for (int64_t g = 0; g < groups; ++g) {
-    dec.scale(p.s.at(s0 + g));
-    const int64_t end = std::min(k8, (g + 1) * G);
+    dec.scale(scale_at(p.s, s0 + g));
+    const int64_t end = min64(k8, (g + 1) * G);
     for (int64_t k = g * G; k < end; k += 8) _mm256_storeu_ps(out + k, dec(q, k));
   }
   for (int64_t k = k8; k < p.K; ++k) out[k] = weight(q, p.s, s0, k, p.shift);

@@ -56,8 +56,7 @@ void rows_scalar(const fp4k::Problem& p, int64_t n0, int64_t n1, float* y) {
       const uint8_t* q = p.q + n * bytes;
       const float* x = p.x + m * p.K;
       float t = 0.0f;
-      for (int64_t k = 0; k < p.K; ++k)
-        t += e2m1_to_f32(static_cast<uint8_t>(q[k / 2] >> (4 * (k & 1)))) * p.s.at(n * groups + (k >> p.shift)) * x[k];
+      for (int64_t k = 0; k < p.K; ++k) t += fp4k::weight(q, p.s, n * groups, k, p.shift) * x[k];
       y[m * p.N + n] = t;
     }
 }
@@ -68,8 +67,7 @@ void decode_fp4_row(const uint8_t* codes, Fp4Scales scales, int64_t n, int64_t K
   const int shift = check_shape(1, n + 1, K, group_size);
   const uint8_t* q = codes + n * ((K + 1) / 2);
   const int64_t s0 = n * (((K - 1) >> shift) + 1);
-  for (int64_t k = 0; k < K; ++k)
-    out[k] = e2m1_to_f32(static_cast<uint8_t>(q[k / 2] >> (4 * (k & 1)))) * scales.at(s0 + (k >> shift));
+  for (int64_t k = 0; k < K; ++k) out[k] = fp4k::weight(q, scales, s0, k, shift);
 }
 
 void gemm_fp4_ref(const float* x, int64_t M, const uint8_t* codes, Fp4Scales scales, int64_t N, int64_t K,

@@ -1,12 +1,23 @@
 // The FP4 GEMM's per-ISA rows (src/backend/cpu/fp4_gemm.cpp drives them;
-// fp4_avx2.cpp has its own -m flags).
+// fp4_avx2.cpp has its own -m flags). The helpers both sides call are static,
+// a copy per file compiled with its flags (int4_isa.h, int8_rows.h).
 #pragma once
 
 #include <cstdint>
 
 #include "backend/cpu/kernels.h"
+#include "nibble/dtype.h"
 
 namespace nibble::cpu::fp4k {
+
+// Scale entry i (n·ceil(K/G) + g for group g of row n): f32[i], or table[codes[i]].
+static inline float scale_at(const Fp4Scales& s, int64_t i) { return s.codes ? s.table[s.codes[i]] : s.f32[i]; }
+
+// Weight k of a packed row (element 2j in byte j's low nibble) whose first group's scale is entry s0, G = 1 << shift:
+// fl(e2m1(code)·s), as the formats decode it.
+static inline float weight(const uint8_t* row, const Fp4Scales& s, int64_t s0, int64_t k, int shift) {
+  return e2m1_to_f32(static_cast<uint8_t>(row[k / 2] >> (4 * (k & 1)))) * scale_at(s, s0 + (k >> shift));
+}
 
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ, Ŵ[n, k] = fl(e2m1(code[n, k])·s[n, k >> shift]): codes packed two a byte (element
 // 2j in the low nibble of byte j, rows of ceil(K/2) bytes), scales [N, ceil(K/G)] with G = 1 << shift ∈ {16, 32, 64, 128}.

@@ -11,7 +11,6 @@
 //    E4M3Finite, whose codes the caller has checked to hold none.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/int8_rows.h"
@@ -41,6 +40,8 @@ struct Decoder {
   }
 };
 
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 inline float hsum(__m256 v) {
   const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -56,11 +57,11 @@ void row_tile(const Problem& p, int64_t n, int64_t m0, float* y) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t k8 = p.K / 8 * 8;
-  const float* sr = p.row_scales(n);
-  const int64_t seg = p.seg(), step = p.seg_step();
+  const float* sr = row_scales(p, n);
+  const int64_t seg = seg_len(p), step = seg_step(p);
   for (int64_t k0 = 0, j = 0; k0 < k8; k0 += seg, j += step) {
     const Decoder<C> dec(sr[j]);
-    const int64_t end = std::min(k8, k0 + seg);
+    const int64_t end = min64(k8, k0 + seg);
     for (int64_t k = k0; k < end; k += 8) {
       const __m256 w = dec(q + k);
       for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p.x + (m0 + r) * p.K + k), acc[r]);
@@ -68,7 +69,7 @@ void row_tile(const Problem& p, int64_t n, int64_t m0, float* y) {
   }
   for (int r = 0; r < R; ++r) {
     float t = hsum(acc[r]);
-    for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * p.scale(n, k) * p.x[(m0 + r) * p.K + k];
+    for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * scale(p, n, k) * p.x[(m0 + r) * p.K + k];
     y[(m0 + r) * p.N + n] = t;
   }
 }
@@ -80,11 +81,11 @@ void row_one(const Problem& p, int64_t n, float* y) {
   const uint8_t* q = p.q + n * p.K;
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   const int64_t k8 = p.K / 8 * 8;
-  const float* sr = p.row_scales(n);
-  const int64_t seg = p.seg(), step = p.seg_step();
+  const float* sr = row_scales(p, n);
+  const int64_t seg = seg_len(p), step = seg_step(p);
   for (int64_t k0 = 0, j = 0; k0 < k8; k0 += seg, j += step) {
     const Decoder<C> dec(sr[j]);
-    const int64_t end = std::min(k8, k0 + seg);
+    const int64_t end = min64(k8, k0 + seg);
     int64_t k = k0;
     for (; k + 32 <= end; k += 32) {
       a0 = _mm256_fmadd_ps(dec(q + k), _mm256_loadu_ps(p.x + k), a0);
@@ -99,7 +100,7 @@ void row_one(const Problem& p, int64_t n, float* y) {
     }
   }
   float t = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * p.scale(n, k) * p.x[k];
+  for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * scale(p, n, k) * p.x[k];
   y[n] = t;
 }
 

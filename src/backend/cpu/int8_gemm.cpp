@@ -42,7 +42,7 @@ void rows_scalar(const int8k::Problem& p, int64_t n0, int64_t n1, float* y) {
       const uint8_t* q = p.q + n * p.K;
       const float* x = p.x + m * p.K;
       float t = 0.0f;
-      for (int64_t k = 0; k < p.K; ++k) t += code8_value(p.kind, q[k]) * p.scale(n, k) * x[k];
+      for (int64_t k = 0; k < p.K; ++k) t += code8_value(p.kind, q[k]) * scale(p, n, k) * x[k];
       y[m * p.N + n] = t;
     }
 }
@@ -76,10 +76,10 @@ void decode_code8_row(Code8 kind, const uint8_t* codes, const float* scales, int
   const float* value = tables.v[static_cast<int>(kind)];
   const int8k::Problem p{kind, nullptr, 0, codes, scales, scale_stride, n + 1, K, group_size};
   const uint8_t* q = codes + n * K;
-  const float* sr = p.row_scales(n);
-  for (int64_t k0 = 0, j = 0; k0 < K; k0 += p.seg(), j += p.seg_step()) {
+  const float* sr = row_scales(p, n);
+  for (int64_t k0 = 0, j = 0; k0 < K; k0 += seg_len(p), j += seg_step(p)) {
     const float s = sr[j];
-    for (int64_t k = k0; k < std::min(K, k0 + p.seg()); ++k) out[k] = value[q[k]] * s;
+    for (int64_t k = k0; k < std::min(K, k0 + seg_len(p)); ++k) out[k] = value[q[k]] * s;
   }
 }
 

@@ -1,5 +1,8 @@
 // The 8-bit-code GEMM's per-ISA rows (src/backend/cpu/int8_gemm.cpp drives
-// them; int8_avx2.cpp has its own -m flags).
+// them; int8_avx2.cpp has its own -m flags). As int4_isa.h says, a function
+// both sides call must not be an inline one with external linkage (the linker
+// may keep the ISA file's copy for every caller): the helpers here are static,
+// a copy per file, each compiled with that file's flags.
 #pragma once
 
 #include <cstdint>
@@ -18,15 +21,19 @@ struct Problem {
   int64_t scale_stride;
   int64_t N, K;
   int64_t group;  // 0: one scale per row or tensor; else a multiple of 8
-  int64_t groups() const { return group ? (K + group - 1) / group : 1; }
-  // Row n's scales: segment j (inputs j·seg() .. j·seg() + seg() − 1, the last one cut at K) has scale
-  // row_scales(n)[j·seg_step()]; one segment per group, or the whole row.
-  const float* row_scales(int64_t n) const { return group ? s + n * groups() : s + n * scale_stride; }
-  int64_t seg() const { return group ? group : K; }
-  int64_t seg_step() const { return group ? 1 : 0; }
-  // The scale of row n's input k.
-  float scale(int64_t n, int64_t k) const { return row_scales(n)[k / seg() * seg_step()]; }
 };
+
+// Row n's scales: segment j (inputs from j·seg_len(p), seg_len(p) of them, the last one cut at K) has scale
+// row_scales(p, n)[j·seg_step(p)]; one segment per group, or the whole row.
+static inline int64_t seg_len(const Problem& p) { return p.group ? p.group : p.K; }
+static inline int64_t seg_step(const Problem& p) { return p.group ? 1 : 0; }
+static inline const float* row_scales(const Problem& p, int64_t n) {
+  return p.group ? p.s + n * ((p.K + p.group - 1) / p.group) : p.s + n * p.scale_stride;
+}
+// The scale of row n's input k.
+static inline float scale(const Problem& p, int64_t n, int64_t k) {
+  return row_scales(p, n)[k / seg_len(p) * seg_step(p)];
+}
 
 // Rows n0 .. n1 - 1 of y's columns (every m < M): each weight decoded once for
 // a tile of up to 4 rows of x and fused-multiply-added in fp32.

@@ -136,7 +136,6 @@ struct Fp4Scales {
   const float* f32 = nullptr;
   const uint8_t* codes = nullptr;
   const float* table = nullptr;
-  float at(int64_t i) const { return codes ? table[codes[i]] : f32[i]; }
 };
 // Each weight decoded as the formats say, fl(e2m1(code)·s), and dotted with x in fp32. _ref: the scalar reference,
 // additions in k order; _isa: Scalar or Avx2 rows (Avx512 runs the Avx2 rows), the same sums in another order,
