@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "nibble/dtype.h"
@@ -130,5 +131,24 @@ inline float abs_max(const float* w, int64_t n) {
   for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(w[i]));
   return m;
 }
+
+// A symmetric format's scale stored in f16 (int4_sym, int8_sym): f16(amax / max_code), rounded before any code is
+// chosen, so codes are picked against the scale the dequantizer will read; `family` names the format in the error
+// for a scale beyond the f16 range.
+inline float f16_absmax_scale(float amax, float max_code, std::string_view family) {
+  const float s = f16_to_f32(f32_to_f16(amax / max_code));
+  NIBBLE_CHECK(std::isfinite(s), "{}: group absmax {} gives a scale beyond the f16 range", family, amax);
+  return s;
+}
+
+// The affine view of a format whose one parameter is that f16 scale (no min): GPTQ's and refine's refits store the
+// nearest f16.
+inline double stored_scale(const GroupParams& p) { return p.scale; }
+inline GroupParams store_f16_scale(const GroupParams&, double scale, double) {
+  GroupParams p;
+  p.scale = f16_to_f32(f32_to_f16(static_cast<float>(scale)));
+  return p;
+}
+inline constexpr AffineParams kF16ScaleAffine{stored_scale, false, store_f16_scale};
 
 }  // namespace nibble::formats

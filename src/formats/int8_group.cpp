@@ -24,15 +24,11 @@ std::vector<PartSpec> parts(int64_t rows, int64_t cols, int g) {
 }
 
 GroupParams fit_group(const float* w, int64_t n, float shrink, const GroupParams&) {
-  const float amax = abs_max(w, n) * shrink;
   GroupParams p;
-  // Rounded to f16 before any code is chosen: codes are picked against the scale the dequantizer will read.
-  p.scale = f16_to_f32(f32_to_f16(amax / kMaxCode));
-  NIBBLE_CHECK(std::isfinite(p.scale), "int8_sym: group absmax {} gives a scale beyond the f16 range", amax);
+  p.scale = f16_absmax_scale(abs_max(w, n) * shrink, kMaxCode, "int8_sym");
   return p;
 }
 
-// Codes are int8 two's complement held in a byte.
 uint8_t encode(float w, const GroupParams& p) {
   if (p.scale == 0.0f) return 0;
   const float q = std::clamp(std::nearbyint(w / p.scale), -kMaxCode, kMaxCode);
@@ -40,14 +36,6 @@ uint8_t encode(float w, const GroupParams& p) {
 }
 
 float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(static_cast<int8_t>(code)) * p.scale; }
-
-double affine_scale(const GroupParams& p) { return p.scale; }
-GroupParams affine_store(const GroupParams&, double scale, double) {
-  GroupParams p;
-  p.scale = f16_to_f32(f32_to_f16(static_cast<float>(scale)));
-  return p;
-}
-const AffineParams kAffine{affine_scale, false, affine_store};
 
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
   return {pack_codes(q, 8, DType::I8), params_part(q, &GroupParams::scale, DType::F16)};
@@ -77,7 +65,7 @@ const FormatSpec kInt8Sym{
     .decode = decode,
     .pack = pack,
     .unpack = unpack,
-    .affine = &kAffine,
+    .affine = &kF16ScaleAffine,
 };
 
 }  // namespace nibble::formats
