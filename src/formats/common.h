@@ -151,4 +151,15 @@ inline GroupParams store_f16_scale(const GroupParams&, double scale, double) {
 }
 inline constexpr AffineParams kF16ScaleAffine{stored_scale, false, store_f16_scale};
 
+// Symmetric int8 codes held in a byte as two's complement, for any scale (int8_channel_sym, int8_sym):
+// clamp(round_half_even(w / scale), −127, 127), 0 when the scale is 0; the value is code · scale.
+inline uint8_t encode_int8_sym(float w, const GroupParams& p) {
+  if (p.scale == 0.0f) return 0;
+  const float q = std::clamp(std::nearbyint(w / p.scale), -127.0f, 127.0f);
+  return static_cast<uint8_t>(static_cast<int8_t>(q));
+}
+inline float decode_int8_sym(uint8_t code, const GroupParams& p) {
+  return static_cast<float>(static_cast<int8_t>(code)) * p.scale;
+}
+
 }  // namespace nibble::formats

@@ -28,15 +28,6 @@ GroupParams fit_group(const float* w, int64_t n, float shrink, const GroupParams
   return p;
 }
 
-// Codes are int8 two's complement held in a byte.
-uint8_t encode(float w, const GroupParams& p) {
-  if (p.scale == 0.0f) return 0;
-  const float q = std::clamp(std::nearbyint(w / p.scale), -kMaxCode, kMaxCode);
-  return static_cast<uint8_t>(static_cast<int8_t>(q));
-}
-
-float decode(uint8_t code, const GroupParams& p) { return static_cast<float>(static_cast<int8_t>(code)) * p.scale; }
-
 std::vector<Tensor> pack(const QuantizedMatrix& q) {
   return {pack_codes(q, 8, DType::I8), params_part(q, &GroupParams::scale, DType::F32)};  // [rows, 1]
 }
@@ -60,8 +51,8 @@ const FormatSpec kInt8ChannelSym{
     .parts = parts,
     .fit_tensor = nullptr,
     .fit_group = fit_group,
-    .encode = encode,
-    .decode = decode,
+    .encode = encode_int8_sym,
+    .decode = decode_int8_sym,
     .pack = pack,
     .unpack = unpack,
 };
