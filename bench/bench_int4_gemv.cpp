@@ -1,4 +1,5 @@
-// int4_asym GEMV / small-M GEMM (and the 8-bit formats', since session 84; nvfp4 and mxfp4, session 85) against
+// int4_asym GEMV / small-M GEMM (and the 8-bit formats', since session 84; nvfp4 and mxfp4, session 85;
+// int8_g16_asym_f32, session 86) against
 // OpenBLAS f32 on the same shapes, in the same run: per shape and M, the time, the GB/s of weight bytes each reads, and
 // the ratio int4 time / f32 time (DESIGN.md: performance claims are ratios against
 // a reference measured in the same run).
@@ -6,7 +7,8 @@
 //   OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 build/bin/bench_int4_gemv
 //
 // Weight bytes: f32 = 4·N·K; int4 = N·ceil(K/2) (codes) + 2·2·N·ceil(K/G) (bf16
-// scale and min); int8 = N·K + 4·N (int8 g32: N·K + 2·N·K/32, Q8_0's f16 scales); nvfp4 = N·ceil(K/2) + N·K/16 (an E4M3 byte per 16), mxfp4 = N·ceil(K/2) +
+// scale and min); int8 = N·K + 4·N (int8 g32: N·K + 2·N·K/32, Q8_0's f16 scales; int8 g16 asym: N·K + 8·N·K/16,
+// an fp32 scale and min per 16); nvfp4 = N·ceil(K/2) + N·K/16 (an E4M3 byte per 16), mxfp4 = N·ceil(K/2) +
 // N·K/32 (an E8M0 byte per 32), each with a 1 KB table of scales. Two residencies:
 //   hot  — one matrix, multiplied again and again: it stays in the last-level
 //          cache when it fits (4096×4096 int4 g128 is 8.9 MB; L3 is often 32 MB),
@@ -76,11 +78,13 @@ struct Int4Matrix {
   std::vector<uint16_t> mins;    // [N, NG]
 };
 
-// int8_channel_sym: codes [N, K], an fp32 scale per row; and a scale per 32 inputs (int8_g32_sym, GGUF Q8_0).
+// int8_channel_sym: codes [N, K], an fp32 scale per row; and a scale per 32 inputs (int8_g32_sym, GGUF Q8_0);
+// and, the same bytes as unsigned codes, an fp32 scale and min per 16 (int8_g16_asym_f32, GGUF Q6_K).
 struct Int8Matrix {
   std::vector<int8_t> q;
   std::vector<float> s;
   std::vector<float> s32;
+  std::vector<float> s16, m16;
 };
 
 struct Shape {
@@ -91,6 +95,7 @@ struct Shape {
   int64_t f32_bytes() const { return 4 * N * K; }
   int64_t int8_bytes() const { return N * K + 4 * N; }
   int64_t int8_g32_bytes() const { return N * K + 2 * N * ((K + 31) / 32); }  // f16 scales as stored (Q8_0)
+  int64_t int8_g16_asym_bytes() const { return N * K + 8 * N * ((K + 15) / 16); }  // fp32 scale and min
   int64_t fp4_bytes(int g) const { return N * ((K + 1) / 2) + N * ((K + g - 1) / g); }
 };
 
@@ -136,6 +141,12 @@ Weights make_weights(const Shape& s, XorShift& rng) {
     for (auto& v : m.s) v = rng.uniform(0.0005f, 0.002f);
     m.s32.resize(static_cast<size_t>(s.N * ((s.K + 31) / 32)));
     for (auto& v : m.s32) v = rng.uniform(0.0005f, 0.002f);
+    m.s16.resize(static_cast<size_t>(s.N * ((s.K + 15) / 16)));
+    m.m16.resize(m.s16.size());
+    for (size_t i = 0; i < m.s16.size(); ++i) {
+      m.s16[i] = rng.uniform(0.0005f, 0.002f);
+      m.m16[i] = -32.0f * m.s16[i];  // Q6_K's (q − 32)·S
+    }
     w.int8.push_back(std::move(m));
   }
   for (int c = 0; c < copies_for(s.f32_bytes()); ++c) {
@@ -296,6 +307,21 @@ void register_shape(size_t index, const Shape& s, const Weights& w, const std::v
                         benchmark::DoNotOptimize(y.data());
                       }
                       set_counters(st, s.int8_g32_bytes());
+                    });
+      // int8_g16_asym_f32 (GGUF Q6_K, Q5_K / Q5_1 at 32): the int8 copies' bytes as unsigned codes, an fp32 scale and
+      // min per 16 inputs.
+      register_case("int8_g16_asym" + tail, {s.name(), "int8 g16 asym (Q6_K)", res, M, s.int8_g16_asym_bytes(), index},
+                    [&s, &w, x, M, cold](benchmark::State& st) {
+                      std::vector<float> y(static_cast<size_t>(M * s.N));
+                      size_t i = 0;
+                      for (auto _ : st) {
+                        const auto& m = w.int8[cold ? i++ % w.int8.size() : 0];
+                        nibble::cpu::gemm_code8(nibble::cpu::Code8::UInt8, x, M,
+                                                reinterpret_cast<const uint8_t*>(m.q.data()), m.s16.data(), 1, s.N,
+                                                s.K, y.data(), 16, m.m16.data());
+                        benchmark::DoNotOptimize(y.data());
+                      }
+                      set_counters(st, s.int8_g16_asym_bytes());
                     });
       // nvfp4 (groups of 16) and mxfp4 (32): the int4 copies' bytes as E2M1 codes, and scale bytes through a
       // table, as packed_kernels.cpp loads them.
@@ -487,8 +513,8 @@ void print_fixtures() {
                 speed(ref.prefill_med, ref.prefill_best).c_str(), speed(ref.decode_med, ref.decode_best).c_str(), "",
                 "");
     for (const char* family :
-         {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym", "int8_g32_sym", "fp8_e4m3_channel", "nvfp4",
-          "mxfp4"}) {
+         {"int4_asym", "int4_sym", "int4_asym_f32", "int8_channel_sym", "int8_g32_sym", "int8_asym_f32",
+          "fp8_e4m3_channel", "nvfp4", "mxfp4"}) {
       const bool grouped = std::string(family).rfind("int4", 0) == 0;  // the others: their own group or a row
       Speed q;
       try {

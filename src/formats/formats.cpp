@@ -11,7 +11,7 @@ namespace nibble {
 const std::vector<const FormatSpec*>& format_registry() {
   static const std::vector<const FormatSpec*> rows = [] {
     std::vector<const FormatSpec*> r = {&formats::kInt4Asym, &formats::kInt4Sym, &formats::kInt4AsymF32,
-                                          &formats::kInt8ChannelSym, &formats::kInt8Sym};
+                                          &formats::kInt8ChannelSym, &formats::kInt8Sym, &formats::kInt8AsymF32};
     for (const FormatSpec& f : formats::kIntTensorAsym) r.push_back(&f);
     for (const FormatSpec* f : {&formats::kFp8E4m3Tensor, &formats::kFp8E4m3Channel, &formats::kFp8E5m2Tensor,
                                 &formats::kFp8E5m2Channel, &formats::kFp4E2m1, &formats::kMxfp4, &formats::kNvfp4})

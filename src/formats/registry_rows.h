@@ -8,6 +8,7 @@ namespace nibble::formats {
 extern const FormatSpec kInt4Asym;          // int4_asym.cpp
 extern const FormatSpec kInt4Sym;           // int4_sym.cpp
 extern const FormatSpec kInt4AsymF32;       // int4_asym.cpp
+extern const FormatSpec kInt8AsymF32;       // int4_asym.cpp (8-bit codes)
 extern const FormatSpec kInt8ChannelSym;    // int8_channel.cpp
 extern const FormatSpec kInt8Sym;           // int8_group.cpp
 extern const FormatSpec kIntTensorAsym[7];  // int_tensor.cpp: int2 .. int8, in order of bits

@@ -113,13 +113,14 @@ void legacy_block_codes(const uint8_t* qs, uint8_t* out) {
   for (int t = 0; t < 16; ++t) out[t] = static_cast<uint8_t>(code(2 * t) | code(2 * t + 1) << 4);
 }
 
-// int4_asym_f32 g32's parts of a [rows, cols] matrix, to be filled.
+// int4_asym_f32's (bits 4, two codes a byte) or int8_asym_f32's (bits 8) parts of a [rows, cols] matrix in groups
+// of `group`, to be filled.
 struct AsymF32Parts {
   Tensor codes, scales, mins;
-  AsymF32Parts(int64_t rows, int64_t cols)
-      : codes(Tensor::empty(DType::U8, {rows, cols / 2})),
-        scales(Tensor::empty(DType::F32, {rows, cols / 32})),
-        mins(Tensor::empty(DType::F32, {rows, cols / 32})) {}
+  AsymF32Parts(int64_t rows, int64_t cols, int bits = 4, int64_t group = 32)
+      : codes(Tensor::empty(DType::U8, {rows, cols * bits / 8})),
+        scales(Tensor::empty(DType::F32, {rows, cols / group})),
+        mins(Tensor::empty(DType::F32, {rows, cols / group})) {}
   uint8_t* c() { return static_cast<uint8_t*>(codes.raw_mut()); }
   float* s() { return scales.data_mut<float>(); }
   float* m() { return mins.data_mut<float>(); }
@@ -221,10 +222,114 @@ std::vector<Tensor> q8_0_as_int8_sym(const uint8_t* blocks, int64_t rows, int64_
   return {codes, scales};
 }
 
+// The 5-bit code of input e (0..31) of a Q5_0 / Q5_1 block: the low 4 bits as Q4_0's nibbles (input e < 16 in the
+// low nibble of qs[e], e >= 16 in the high nibble of qs[e − 16]), the 5th bit from bit e of the little-endian qh.
+int q5_code(const uint8_t* qh, const uint8_t* qs, int e) {
+  const int lo = e < 16 ? qs[e] & 0x0F : qs[e - 16] >> 4;
+  return lo | ((qh[e / 8] >> (e % 8)) & 1) << 4;
+}
+
+// Q5_0 blocks (22 bytes per 32 inputs: f16 d, u32 qh, qs[16]; x = (q − 16)·d) as int8_g32_sym's parts: the codes
+// q − 16 in −16..15, d's f16 bits as the scale, so code·scale is ggml's (q − 16)·d, the same product.
+std::vector<Tensor> q5_0_as_int8_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQK = 32, kBlockBytes = 22;
+  const int64_t nb = cols / kQK;
+  Tensor codes = Tensor::empty(DType::I8, {rows, cols}), scales = Tensor::empty(DType::F16, {rows, nb});
+  auto* c = static_cast<int8_t*>(codes.raw_mut());
+  auto* s = static_cast<uint16_t*>(scales.raw_mut());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    std::memcpy(&s[i], b, 2);
+    for (int e = 0; e < kQK; ++e) c[i * kQK + e] = static_cast<int8_t>(q5_code(b + 2, b + 6, e) - 16);
+  }
+  return {codes, scales};
+}
+
+// Q5_1 blocks (24 bytes per 32 inputs: f16 d, f16 m, u32 qh, qs[16]; x = q·d + m) as int8_g32_asym_f32's parts:
+// the codes 0..31, f32(d) as the scale and f32(m) as the min, so code·scale + min is ggml's q·d + m.
+std::vector<Tensor> q5_1_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQK = 32, kBlockBytes = 24;
+  AsymF32Parts out(rows, cols, 8, kQK);
+  uint8_t* c = out.c();
+  float *s = out.s(), *m = out.m();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * (cols / kQK); ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    s[i] = f16_to_f32(static_cast<uint16_t>(b[0] | b[1] << 8));
+    m[i] = f16_to_f32(static_cast<uint16_t>(b[2] | b[3] << 8));
+    for (int e = 0; e < kQK; ++e) c[i * kQK + e] = static_cast<uint8_t>(q5_code(b + 4, b + 8, e));
+  }
+  return out.parts();
+}
+
+// Q5_K super-blocks (176 bytes per 256 inputs: f16 d, f16 dmin, scales[12] as Q4_K's, qh[32], qs[128]) as
+// int8_g32_asym_f32's parts, a group per sub-block of 32: scale d·sc and min −(dmin·mn) as for Q4_K. Sub-block
+// j's input l takes its low 4 bits from qs[32·(j/2) + l] (the low nibble for even j, the high one for odd j) and
+// its 5th bit from bit j of qh[l].
+std::vector<Tensor> q5_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQKK = 256, kSub = 32, kBlockBytes = 176;
+  AsymF32Parts out(rows, cols, 8, kSub);
+  uint8_t* c = out.c();
+  float *s = out.s(), *m = out.m();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    const float d = f16_to_f32(static_cast<uint16_t>(b[0] | b[1] << 8));
+    const float dmin = f16_to_f32(static_cast<uint16_t>(b[2] | b[3] << 8));
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < kQKK / kSub; ++j) {
+      int sc, mn;
+      io::ggml_k_scale_min(j, b + 4, sc, mn);
+      s[i * 8 + j] = d * static_cast<float>(sc);
+      m[i * 8 + j] = -(dmin * static_cast<float>(mn));
+      for (int l = 0; l < kSub; ++l) {
+        const int lo = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+        c[i * kQKK + j * kSub + l] = static_cast<uint8_t>(lo | ((qh[l] >> j) & 1) << 4);
+      }
+    }
+  }
+  return out.parts();
+}
+
+// Q6_K super-blocks (210 bytes per 256 inputs: ql[128], qh[64], int8 sc[16], f16 d; x = (d·sc)·(q − 32) per
+// sub-block of 16) as int8_g16_asym_f32's parts: code q in 0..63, scale S = d·sc (exact in fp32: 11 + 7
+// significant bits) and min −32·S, so code·scale + min = (q − 32)·S, exact (at most 24 significant bits) as ggml's
+// product is. The one difference: where that product is zero (q = 32 or sc = 0) ggml's zero carries the sign of
+// its factors and this one is +0. Input e = 128h + 32r + l (half h, run r, l < 32) takes its low 4 bits from
+// ql[64h + 32·(r % 2) + l] (the low nibble for r < 2) and its top 2 from bits 2r, 2r + 1 of qh[32h + l].
+std::vector<Tensor> q6_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQKK = 256, kSub = 16, kBlockBytes = 210;
+  AsymF32Parts out(rows, cols, 8, kSub);
+  uint8_t* c = out.c();
+  float *s = out.s(), *m = out.m();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    const float d = f16_to_f32(static_cast<uint16_t>(b[208] | b[209] << 8));
+    for (int t = 0; t < kQKK / kSub; ++t) {
+      const float S = d * static_cast<float>(static_cast<int8_t>(b[192 + t]));
+      s[i * 16 + t] = S;
+      m[i * 16 + t] = -32.0f * S;
+    }
+    for (int e = 0; e < kQKK; ++e) {
+      const int h = e / 128, r = (e / 32) % 4, l = e % 32;
+      const int lo = (b[64 * h + 32 * (r % 2) + l] >> (4 * (r / 2))) & 0x0F;
+      const int hi = (b[128 + 32 * h + l] >> (2 * r)) & 3;
+      c[i * kQKK + e] = static_cast<uint8_t>(lo | hi << 4);
+    }
+  }
+  return out.parts();
+}
+
 // ggml block types that a nibble format holds exactly (GgufSource::exact_format), one row each:
 //   Q4_0 -> int4_g32_sym       (codes around 8, d's f16 bits as the scale)
 //   Q4_1 -> int4_g32_asym_f32  (scale d, min m)
 //   Q4_K -> int4_g32_asym_f32  (a group per sub-block of 32: scale d·sc, min −dmin·mn)
+//   Q5_0 -> int8_g32_sym       (codes q − 16, d's f16 bits as the scale)
+//   Q5_1 -> int8_g32_asym_f32  (scale d, min m)
+//   Q5_K -> int8_g32_asym_f32  (as Q4_K)
+//   Q6_K -> int8_g16_asym_f32  (a group per sub-block of 16: scale d·sc, min −32·d·sc; zeros are +0)
 //   Q8_0 -> int8_g32_sym       (the codes, d's f16 bits as the scale)
 // `block` is ggml's block (Q4_K: super-block) size, which ne[0] must be a
 // multiple of; `group` is the nibble format's group size.
@@ -239,6 +344,10 @@ constexpr ExactBlockType kExactBlockTypes[] = {
     {GgmlType::Q4_0, 32, "int4_sym", 32, q4_0_as_int4_sym},
     {GgmlType::Q4_1, 32, "int4_asym_f32", 32, q4_1_as_int4_asym_f32},
     {GgmlType::Q4_K, 256, "int4_asym_f32", 32, q4_k_as_int4_asym_f32},
+    {GgmlType::Q5_0, 32, "int8_sym", 32, q5_0_as_int8_sym},
+    {GgmlType::Q5_1, 32, "int8_asym_f32", 32, q5_1_as_int8_asym_f32},
+    {GgmlType::Q5_K, 256, "int8_asym_f32", 32, q5_k_as_int8_asym_f32},
+    {GgmlType::Q6_K, 256, "int8_asym_f32", 16, q6_k_as_int8_asym_f32},
     {GgmlType::Q8_0, 32, "int8_sym", 32, q8_0_as_int8_sym},
 };
 

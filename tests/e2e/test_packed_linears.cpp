@@ -1,6 +1,7 @@
 // The CPU forward's packed linears: every format with a CPU kernel
-// (int4_asym, int4_asym_f32, int4_sym, int8_channel_sym, the FP8 formats) and the rivals' linears one of them holds
-// exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 and Q4_K → int4_g32_asym_f32) stay packed when a
+// (int4_asym, int4_asym_f32, int4_sym, the 8-bit formats, the FP8 and FP4 formats) and the rivals' linears one of
+// them holds exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 and Q4_K → int4_g32_asym_f32, Q5_0 and Q8_0 → int8_g32_sym,
+// Q5_1 and Q5_K → int8_g32_asym_f32, Q6_K → int8_g16_asym_f32) stay packed when a
 // model loads, and give what the same linear dequantized to f32 gives, at one
 // token (the integer GEMV), a few (the fp32 tiles) and many (decode + sgemm).
 #include <gtest/gtest.h>
@@ -26,7 +27,7 @@ namespace fs = std::filesystem;
 // Every linear of layer 0, and of the last layer, through both loads. The bound: each output's error is at most
 // 1e-5 · Σ_i |x_i| · max_i |w_i| (its fp32 sums, and the GEMV's 24-bit activations: 2^-23 of a group's largest
 // |x|, on inputs ~ N(0, 1)); one wrong code costs about |x_i| · (range / 15), a hundred times that or more here.
-// packed_count: how many of the 14 are in want_format (the rest must load dense).
+// packed_count: how many of the 14 are in want_format (the rest load dense, or packed in another exact format).
 void expect_packed_matches_dense(const ModelSource& src, const std::string& want_format, int packed_count) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -41,7 +42,7 @@ void expect_packed_matches_dense(const ModelSource& src, const std::string& want
         EXPECT_FALSE(load_linear(src, prefix).is_packed());
         continue;
       }
-      ASSERT_EQ(f->canonical_name(), want_format);
+      const bool counted = f->canonical_name() == want_format;  // the others are checked all the same
       const LinearWeight packed = load_linear(src, prefix), dense = load_linear(src, prefix, /*dense=*/true);
       ASSERT_TRUE(packed.is_packed());
       ASSERT_FALSE(dense.is_packed());
@@ -65,7 +66,7 @@ void expect_packed_matches_dense(const ModelSource& src, const std::string& want
           }
         }
       }
-      ++checked;
+      checked += counted;
     }
   EXPECT_EQ(checked, packed_count);
 }
@@ -96,7 +97,8 @@ TEST(CpuPackedLinears, NibbleFormatsRunPackedAndMatchDequantized) {
   test::TempDir tmp;
   for (const char* name : {"int4_g32_asym", "int4_g128_asym_f32", "int4_g32_asym_f32", "int4_g64_sym",
                            "int8_channel_sym", "fp8_e4m3_channel", "fp8_e4m3_tensor", "fp8_e5m2_channel",
-                           "fp8_e5m2_tensor", "fp4_e2m1_g32", "mxfp4", "nvfp4", "int8_g32_sym", "int8_g128_sym"}) {
+                           "fp8_e5m2_tensor", "fp4_e2m1_g32", "mxfp4", "nvfp4", "int8_g32_sym", "int8_g128_sym",
+                           "int8_g16_asym_f32", "int8_g128_asym_f32"}) {
     SCOPED_TRACE(name);
     QuantizeOptions o;
     o.format = name;
@@ -106,21 +108,30 @@ TEST(CpuPackedLinears, NibbleFormatsRunPackedAndMatchDequantized) {
   }
 }
 
-TEST(CpuPackedLinears, GgufQ4_0Q4_1AndQ8_0RunPackedAndMatchDequantized) {
+TEST(CpuPackedLinears, GgufLegacyBlocksRunPackedAndMatchDequantized) {
   const fs::path dir = test::model_dir("stories260K") / "gguf";
   // down_proj reads 172 inputs, not whole blocks of 32: llama.cpp stores it in another type.
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_0.gguf"), "int4_g32_sym", 12);
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_1.gguf"), "int4_g32_asym_f32", 12);
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q8_0.gguf"), "int8_g32_sym", 12);
+  // Q4_K_M: Q5_0 (int8_g32_sym) but layer 4's v, Q8_0 (int8_g32_sym as well). Q5_K_M: Q5_1 (int8_g32_asym_f32) but
+  // that v (Q8_0, checked, not counted).
+  expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_K_M.gguf"), "int8_g32_sym", 12);
+  expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q5_K_M.gguf"), "int8_g32_asym_f32", 11);
 }
 
 // Q4_K (no stories260K matrix is whole 256-wide blocks): gguf_q4k.h's one-layer llama, every matrix Q4_K with
 // d and dmin of both signs, subnormal and zero, and every pair of 6-bit scale and min, so fp32 pairs far from
 // bf16's and from each other's magnitudes.
-TEST(CpuPackedLinears, GgufQ4_KRunsPackedAndMatchesDequantized) {
+TEST(CpuPackedLinears, GgufKQuantsRunPackedAndMatchDequantized) {
   test::TempDir tmp;
-  ASSERT_EQ(test::write_q4_k_llama(tmp / "q4k.gguf").first, 8);
+  ASSERT_EQ(test::write_k_quant_llama(tmp / "q4k.gguf").first, 8);
   expect_packed_matches_dense(*GgufSource::open(tmp / "q4k.gguf"), "int4_g32_asym_f32", 14);  // layer 0 twice
+  // Q5_K and Q6_K (the same llama, their own blocks: every scale, d of both signs, subnormal and zero).
+  ASSERT_EQ(test::write_k_quant_llama(tmp / "q5k.gguf", io::GgmlType::Q5_K).first, 8);
+  expect_packed_matches_dense(*GgufSource::open(tmp / "q5k.gguf"), "int8_g32_asym_f32", 14);
+  ASSERT_EQ(test::write_k_quant_llama(tmp / "q6k.gguf", io::GgmlType::Q6_K).first, 8);
+  expect_packed_matches_dense(*GgufSource::open(tmp / "q6k.gguf"), "int8_g16_asym_f32", 14);
 }
 
 }  // namespace

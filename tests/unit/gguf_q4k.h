@@ -1,5 +1,5 @@
 // GGUF test files shared by the GGUF tests and the CPU packed-linear tests:
-// llama.cpp's tensor names, and a one-layer llama whose every matrix is Q4_K.
+// llama.cpp's tensor names, and a one-layer llama whose every matrix is Q4_K, Q5_K or Q6_K.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -38,17 +38,18 @@ inline std::string to_gguf_name(const std::string& hf) {
   return hf;
 }
 
-// No stories260K file holds a Q4_K matrix that is whole 256-wide blocks, so this
-// writes a one-layer llama (hidden 256, intermediate 512, 4 and 2 heads) whose
-// every matrix is Q4_K of pseudo-random blocks: d and dmin of both signs,
-// subnormal and zero among them, every pair of 6-bit scale and min (0
-// included) and every code; norms are 1. Returns the Q4_K matrices written (8:
-// the embedding; q, k, v, o, gate, up, down) and the sub-blocks of 32 (at least
-// 64 · 64: sub-block 64a + r has scale r and min 29r + a mod 64).
+// No stories260K file holds a K-quant matrix (none there is whole 256-wide blocks), so this writes a one-layer
+// llama (hidden 256, intermediate 512, 4 and 2 heads) whose every matrix is `type` (Q4_K, Q5_K or Q6_K) of
+// pseudo-random blocks; norms are 1. Q4_K / Q5_K: d and dmin of both signs, subnormal and zero among them, every
+// pair of 6-bit scale and min (0 included) and every code (Q5_K's 5th bits random). Q6_K: d likewise, every int8
+// sub-block scale (-128 and 0 included) and every code. Returns the matrices written (8: the embedding; q, k, v,
+// o, gate, up, down) and the sub-blocks written (Q4_K / Q5_K: of 32, at least 64 · 64, sub-block 64a + r having
+// scale r and min 29r + a mod 64; Q6_K: of 16, sub-block t having scale t mod 256 as int8).
 // `runnable`: d and dmin in [2^-10, 2^-6) (still of both signs, with zeros), so
 // that a forward stays finite and non-zero; otherwise any finite f16 (subnormals
 // and 65504 included), whose activations overflow within the layer.
-inline std::pair<int, int64_t> write_q4_k_llama(const std::filesystem::path& file, bool runnable = false) {
+inline std::pair<int, int64_t> write_k_quant_llama(const std::filesystem::path& file,
+                                                   io::GgmlType type = io::GgmlType::Q4_K, bool runnable = false) {
   ModelConfig c;
   c.model_type = "llama";
   c.hidden_size = 256;
@@ -78,17 +79,22 @@ inline std::pair<int, int64_t> write_q4_k_llama(const std::filesystem::path& fil
     const uint32_t exponent = runnable ? 5 + rng() % 4 : rng() % 31, mantissa = rng() & 0x3FF;
     return static_cast<uint16_t>((neg ? 0x8000u : 0u) | (zero ? 0u : (exponent << 10) | mantissa));
   };
-  auto q4_k_bytes = [&](int64_t n_super) {
+  auto put16 = [](std::string& bytes, uint16_t h) {
+    bytes += static_cast<char>(h & 0xFF);
+    bytes += static_cast<char>(h >> 8);
+  };
+  auto random_bytes = [&](std::string& bytes, int n) {
+    for (int k = 0; k < n; ++k) bytes += static_cast<char>(rng() & 0xFF);
+  };
+  // Q4_K / Q5_K super-blocks: d, dmin, 12 bytes of scales and mins, (Q5_K) qh[32], qs[128].
+  auto k_bytes = [&](int64_t n_super, bool q5) {
     std::string bytes;
     for (int64_t i = 0; i < n_super; ++i) {
       // Signs and zeros on periods prime to the scales' 8 super-blocks, so that
       // sc = 0 and mn = 0 meet d and dmin of either sign.
       const int64_t sb = sub / 8;
-      const uint16_t d = f16(sb % 3 == 1, sb % 97 == 5), dmin = f16(sb % 5 >= 3, sb % 89 == 7);
-      for (uint16_t h : {d, dmin}) {
-        bytes += static_cast<char>(h & 0xFF);
-        bytes += static_cast<char>(h >> 8);
-      }
+      put16(bytes, f16(sb % 3 == 1, sb % 97 == 5));
+      put16(bytes, f16(sb % 5 >= 3, sb % 89 == 7));
       // 8 six-bit scales and mins, packed from ggml-common.h's layout: bytes
       // 0-3 (scales) and 4-7 (mins) hold sub-blocks 0-3 in their low 6 bits and
       // the top 2 bits of sub-blocks 4-7 in their top 2; bytes 8-11 hold the low
@@ -105,18 +111,31 @@ inline std::pair<int, int64_t> write_q4_k_llama(const std::filesystem::path& fil
         packed[j + 8] = static_cast<char>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
       }
       bytes.append(packed, 12);
-      for (int k = 0; k < 128; ++k) bytes += static_cast<char>(rng() & 0xFF);
+      random_bytes(bytes, q5 ? 32 + 128 : 128);
     }
     return bytes;
   };
-  int q4_k = 0;
+  // Q6_K super-blocks: ql[128], qh[64], int8 scales[16], d.
+  auto q6_k_bytes = [&](int64_t n_super) {
+    std::string bytes;
+    for (int64_t i = 0; i < n_super; ++i) {
+      random_bytes(bytes, 128 + 64);
+      for (int t = 0; t < 16; ++t, ++sub) bytes += static_cast<char>(sub % 256);
+      put16(bytes, f16(i % 3 == 1, i % 97 == 5));
+    }
+    return bytes;
+  };
+  auto blocks = [&](int64_t n_super) {
+    return type == io::GgmlType::Q6_K ? q6_k_bytes(n_super) : k_bytes(n_super, type == io::GgmlType::Q5_K);
+  };
+  int written = 0;
   for (const ExpectedTensor& e : expected_tensors(c)) {
     const std::string g = to_gguf_name(e.name);
     if (e.shape.size() == 2) {
       EXPECT_EQ(e.shape[1] % 256, 0) << e.name;
       b.tensor(g, {static_cast<uint64_t>(e.shape[1]), static_cast<uint64_t>(e.shape[0])},
-               static_cast<uint32_t>(io::GgmlType::Q4_K), q4_k_bytes(e.shape[0] * e.shape[1] / 256));
-      ++q4_k;
+               static_cast<uint32_t>(type), blocks(e.shape[0] * e.shape[1] / 256));
+      ++written;
     } else {
       Tensor t = Tensor::empty(DType::F32, e.shape);
       for (int64_t i = 0; i < t.numel(); ++i) t.data_mut<float>()[i] = 1.0f;
@@ -124,7 +143,7 @@ inline std::pair<int, int64_t> write_q4_k_llama(const std::filesystem::path& fil
     }
   }
   b.write(file);
-  return {q4_k, sub};
+  return {written, sub};
 
 }
 

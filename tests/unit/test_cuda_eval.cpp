@@ -481,7 +481,7 @@ TEST(CudaEval, GgufAndGptqCheckpointsScoreAsOnTheCpu) {
 TEST(CudaEval, GgufQ4_KOnTheGpuYardstickMatchesTheCpu) {
   SKIP_WITHOUT_DEVICE();
   test::TempDir tmp("nibble-cuda-q4k");
-  ASSERT_EQ(test::write_q4_k_llama(tmp / "q4k.gguf", /*runnable=*/true).first, 8);
+  ASSERT_EQ(test::write_k_quant_llama(tmp / "q4k.gguf", io::GgmlType::Q4_K, /*runnable=*/true).first, 8);
   const auto src = GgufSource::open(tmp / "q4k.gguf");
   const auto [prefill, decode] = f32_forward_diff(*src, "q4k.gguf", 40, 8);
   EXPECT_LT(prefill, 2e-5);

@@ -75,6 +75,31 @@ TEST(FormatExamples, Int4AsymF32G32) {
   EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int4_g32_asym_f32"), 4096, 4096), 6.0);
 }
 
+// FORMAT.md §7.10: §7.8's weights with 8-bit codes in a group of 16 (one ragged group): scale fl(1/255).
+TEST(FormatExamples, Int8AsymF32G16) {
+  const Worked r = run(find_format("int8_asym_f32", 16), {-0.3f, 0.7f, 0.0f, 0.2f, 0.45f, -0.1f}, 1);
+  uint32_t s_bits, m_bits;
+  std::memcpy(&s_bits, &r.q.params[0].scale, 4);
+  std::memcpy(&m_bits, &r.q.params[0].min, 4);
+  EXPECT_EQ(s_bits, 0x3B808081u);  // fl(1 / 255)
+  EXPECT_EQ(m_bits, 0xBE99999Au);  // fl(-0.3)
+  // (w - min)/scale = 0, 254.99998, 76.5 (tie -> 76), 127.49999, 191.24998, 51
+  EXPECT_EQ(r.q.codes, (std::vector<uint8_t>{0, 255, 76, 127, 191, 51}));
+  EXPECT_EQ(bytes_of(r.parts[0]), (std::vector<uint8_t>{0x00, 0xFF, 0x4C, 0x7F, 0xBF, 0x33}));
+  EXPECT_EQ(r.parts[0].dtype(), DType::U8);
+  EXPECT_EQ(f32_of(r.parts[1]), r.q.params[0].scale);
+  EXPECT_EQ(f32_of(r.parts[2]), -0.3f);
+  const uint32_t back_bits[] = {0xBE99999Au, 0x3F333333u, 0xBB008080u, 0x3E4ACACCu, 0x3EE5E5E6u, 0xBDCCCCCCu};
+  for (int i = 0; i < 6; ++i) {
+    uint32_t b;
+    std::memcpy(&b, &r.back[i], 4);
+    EXPECT_EQ(b, back_bits[i]) << i;
+  }
+  EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int8_g16_asym_f32"), 4096, 4096), 12.0);
+  EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int8_g32_asym_f32"), 4096, 4096), 10.0);
+  EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int8_g128_asym_f32"), 4096, 4096), 8.5);
+}
+
 // FORMAT.md §5: scale = absmax / 127 per row; absmax 127/128 gives 1/128.
 TEST(FormatExamples, Int8ChannelSym) {
   const Worked r = run(find_format("int8_channel_sym"),

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <numbers>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -365,17 +366,20 @@ TEST(GgufSource, UnloadableTypeIsReportedBeforeAnyLoad) {
 }
 
 // Every matrix of `gguf` stored as ggml `type` has the exact format `format`,
-// whose parts dequantize to load()'s values bit for bit; every other tensor
-// has none (and exact_parts says so). Returns how many matrices were `type`.
-// Matrices of the other block types nibble holds exactly (gguf_source.cpp's kExactBlockTypes; Q8_0 is in almost
-// every file) are left to their own test.
-int expect_exact_matrices(const GgufSource& gguf, const std::string& type, const std::string& format) {
+// whose parts dequantize to load()'s values bit for bit (`signed_zeros`
+// false: as values, a zero's sign aside); every other tensor has none (and
+// exact_parts says so). Returns how many matrices were `type`. Matrices of the
+// other block types nibble holds exactly (gguf_source.cpp's kExactBlockTypes;
+// Q8_0 is in almost every file) are left to their own test.
+int expect_exact_matrices(const GgufSource& gguf, const std::string& type, const std::string& format,
+                          bool signed_zeros = true) {
+  static const std::set<std::string> kExact = {"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"};
   const FormatChoice fc = find_format(format);
   int exact = 0;
   for (const std::string& n : gguf.names()) {
     const std::optional<FormatChoice> f = gguf.exact_format(n);
     const std::string t = gguf.foreign_format(n);
-    if (t != type && (t == "Q4_0" || t == "Q4_1" || t == "Q4_K" || t == "Q8_0")) continue;
+    if (t != type && kExact.count(t)) continue;
     if (t != type) {
       EXPECT_FALSE(f) << n;
       EXPECT_NE(test::error_of([&] { gguf.exact_parts(n); }).find("has no exact nibble format"), std::string::npos);
@@ -390,8 +394,19 @@ int expect_exact_matrices(const GgufSource& gguf, const std::string& type, const
     const Tensor w = dequantize_parts(fc, gguf.exact_parts(n), m.shape[0], m.shape[1]);
     const Tensor ref = gguf.load(n);
     EXPECT_EQ(w.shape(), ref.shape()) << n;
-    if (w.shape() == ref.shape()) {
+    if (w.shape() == ref.shape() && signed_zeros) {
       EXPECT_EQ(std::memcmp(w.raw(), ref.raw(), ref.nbytes()), 0) << n;
+    } else if (w.shape() == ref.shape()) {
+      int64_t zeros = 0;
+      for (int64_t i = 0; i < ref.numel(); ++i) {
+        const float a = w.data<float>()[i], b = ref.data<float>()[i];
+        if (a != b || (a == 0.0f && std::signbit(a))) {
+          ADD_FAILURE() << n << " [" << i << "]: " << a << " against " << b;
+          break;
+        }
+        zeros += a == 0.0f;
+      }
+      EXPECT_GT(zeros, 0) << n;  // the case this comparison allows is met
     }
     ++exact;
   }
@@ -408,10 +423,46 @@ TEST(GgufSource, Q4_0MatricesAreInt4SymExactly) {
   const auto gguf = GgufSource::open(stories() / "gguf" / "stories260K-Q4_0.gguf");
   // the embedding; q, k, v, o, gate, up of 5 layers (down_proj, 172 wide, is F16)
   EXPECT_EQ(expect_exact_matrices(*gguf, "Q4_0", "int4_g32_sym"), 1 + 5 * 6);
-  // Q4_K_M's one Q4_K matrix is not whole 256-input super-blocks, its Q5_0 ones have no exact format: only its
-  // Q8_0 matrices have one.
+  // Q4_K_M's file holds Q5_0, Q8_0 and F16 matrices (no K-quant block: no matrix there is 256 wide): the first two
+  // have exact formats.
   const auto km = GgufSource::open(stories() / "gguf" / "stories260K-Q4_K_M.gguf");
-  for (const std::string& n : km->names()) EXPECT_EQ(km->exact_format(n).has_value(), km->foreign_format(n) == "Q8_0") << n;
+  for (const std::string& n : km->names()) {
+    const std::string t = km->foreign_format(n);
+    EXPECT_EQ(km->exact_format(n).has_value(), t == "Q8_0" || t == "Q5_0") << n;
+  }
+}
+
+// llama.cpp's Q5_0 (x = (q − 16)·d, an f16 d and 5-bit codes per 32 inputs) is int8_g32_sym exactly: codes q − 16,
+// d's f16 bits as the scale. Its Q4_K_M file stores q, k, o, gate, up, the embedding and 3 of 5 v's so (llama.cpp's
+// fallback for Q4_K where rows are not 256 wide; v in layers 2 and 4 is Q8_0).
+TEST(GgufSource, Q5_0MatricesAreInt8SymExactly) {
+  const auto gguf = GgufSource::open(stories() / "gguf" / "stories260K-Q4_K_M.gguf");
+  EXPECT_EQ(expect_exact_matrices(*gguf, "Q5_0", "int8_g32_sym"), 1 + 5 * 5 + 3);
+}
+
+// llama.cpp's Q5_1 (x = q·d + m, f16 d and m per 32 inputs) is int8_g32_asym_f32 exactly: scale d, min m. Its
+// Q5_K_M file stores the same matrices as Q4_K_M's Q5_0 ones so.
+TEST(GgufSource, Q5_1MatricesAreInt8AsymF32Exactly) {
+  const auto gguf = GgufSource::open(stories() / "gguf" / "stories260K-Q5_K_M.gguf");
+  EXPECT_EQ(expect_exact_matrices(*gguf, "Q5_1", "int8_g32_asym_f32"), 1 + 5 * 5 + 3);
+}
+
+// Q5_K (Q4_K's super-blocks with a 5th bit per code) is int8_g32_asym_f32 exactly, and Q6_K ((d·sc)·(q − 32) per
+// sub-block of 16, an int8 sc) int8_g16_asym_f32 with code q, scale d·sc and min −32·d·sc: every value the same,
+// but a zero product, which ggml signs as its factors and this pair makes +0. gguf_q4k.h's one-layer llama, every
+// matrix of the type: d (and dmin) of both signs, subnormal and zero, every scale (and min), every code.
+TEST(GgufSource, Q5_KAndQ6_KMatricesAreInt8AsymF32Exactly) {
+  TempDir tmp("nibble-gguf");
+  const auto [q5_k, sub5] = test::write_k_quant_llama(tmp / "q5k.gguf", io::GgmlType::Q5_K);
+  ASSERT_EQ(q5_k, 8);
+  ASSERT_GE(sub5, 64 * 64);
+  EXPECT_EQ(expect_exact_matrices(*GgufSource::open(tmp / "q5k.gguf"), "Q5_K", "int8_g32_asym_f32"), q5_k);
+  const auto [q6_k, sub6] = test::write_k_quant_llama(tmp / "q6k.gguf", io::GgmlType::Q6_K);
+  ASSERT_EQ(q6_k, 8);
+  ASSERT_GE(sub6, 256);  // every int8 scale
+  EXPECT_EQ(expect_exact_matrices(*GgufSource::open(tmp / "q6k.gguf"), "Q6_K", "int8_g16_asym_f32",
+                                  /*signed_zeros=*/false),
+            q6_k);
 }
 
 // llama.cpp's Q8_0 (x = q·d, an f16 d and 32 int8 codes per block) is int8_g32_sym exactly: the codes as they are,
@@ -433,12 +484,12 @@ TEST(GgufSource, Q4_1MatricesAreInt4AsymF32Exactly) {
 // Q4_K (256-input super-blocks of 8 sub-blocks of 32, x = (d·sc)·q − dmin·mn)
 // is int4_g32_asym_f32 exactly, a group per sub-block. No stories260K file
 // holds a Q4_K block (no matrix there is 256 wide), so this reads
-// write_q4_k_llama's one-layer llama (gguf_q4k.h): every matrix Q4_K of
+// write_k_quant_llama's one-layer llama (gguf_q4k.h): every matrix Q4_K of
 // pseudo-random blocks, every pair of 6-bit scale and min. q and k (4 and 2
 // heads) are unpermuted too.
 TEST(GgufSource, Q4_KMatricesAreInt4AsymF32Exactly) {
   TempDir tmp("nibble-gguf");
-  const auto [q4_k, sub] = test::write_q4_k_llama(tmp / "q4k.gguf");
+  const auto [q4_k, sub] = test::write_k_quant_llama(tmp / "q4k.gguf");
   ASSERT_EQ(q4_k, 8);  // the embedding; q, k, v, o, gate, up, down
   ASSERT_GE(sub, 64 * 64);  // sub-block 64a + r has scale r and min 29r + a (mod 64): every (scale, min) pair
   EXPECT_EQ(expect_exact_matrices(*GgufSource::open(tmp / "q4k.gguf"), "Q4_K", "int4_g32_asym_f32"), q4_k);

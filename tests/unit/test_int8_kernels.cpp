@@ -1,5 +1,5 @@
-// The 8-bit-code GEMM (src/backend/cpu/int8_gemm.cpp: int8_channel_sym, int8_g{G}_sym and
-// the FP8 formats) against the formats' own decode and a float64 sum of the decoded
+// The 8-bit-code GEMM (src/backend/cpu/int8_gemm.cpp: int8_channel_sym, int8_g{G}_sym,
+// int8_g{G}_asym_f32 and the FP8 formats) against the formats' own decode and a float64 sum of the decoded
 // weights: worked examples by hand, every one of the 256 codes of each kind
 // decoded exactly (NaN included), integer-valued data where every path must be
 // bit exact, a sweep over M (one token, tiles of 4 and their remainders), ragged
@@ -28,7 +28,11 @@ using cpu::Isa;
 using test::isas_to_test;
 
 const char* kind_name(Code8 c) {
-  return c == Code8::Int8 ? "int8" : c == Code8::E4M3 ? "e4m3" : c == Code8::E4M3Finite ? "e4m3 finite" : "e5m2";
+  return c == Code8::Int8         ? "int8"
+         : c == Code8::E4M3       ? "e4m3"
+         : c == Code8::E4M3Finite ? "e4m3 finite"
+         : c == Code8::E5M2       ? "e5m2"
+                                  : "uint8";
 }
 // The registry row whose decode each kind's codes follow (per row).
 const char* format_of(Code8 c) {
@@ -280,70 +284,79 @@ TEST(Int8Kernel, E4M3KernelRowKeepsANanCodesNan) {
   }
 }
 
-// int8_g{G}_sym's scales (a scale per group of G inputs; llama.cpp's Q8_0 at G = 32): every path against a float64 sum
-// of the decoded weights, bit exact on integer-valued data (power-of-two scales, small integer x), and from 64 rows
-// on the bits of gemm_f32 on decode_code8_row's matrix. Ragged K (a short last group, a K % 8 tail), odd N.
+// Group scales: int8_g{G}_sym (a scale per group of G inputs; llama.cpp's Q8_0 at G = 32) and int8_g{G}_asym_f32
+// (unsigned codes, a scale and a min per group, decoded fl(fl(code·s) + m); llama.cpp's Q5_1 / Q5_K at G = 32,
+// Q6_K at G = 16): every path against a float64 sum of the decoded weights, bit exact on integer-valued data
+// (power-of-two scales, mins an integer multiple of their scale, small integer x), and from 64 rows on the bits of
+// gemm_f32 on decode_code8_row's matrix. Ragged K (a short last group, a K % 8 tail), odd N.
 TEST(Int8Kernel, GroupScales) {
   std::mt19937 rng(17);
-  std::uniform_int_distribution<int> byte(0, 255), xi(-8, 8), si(-9, -4);
-  std::uniform_real_distribution<float> scale(0.0005f, 0.02f);
-  for (int64_t G : {32, 64, 128})
-    for (int64_t K : {5, 40, 129, 300})
-      for (bool integer : {false, true}) {
-        const int64_t N = 37, groups = (K + G - 1) / G;
-        std::vector<uint8_t> q(static_cast<size_t>(N * K));
-        std::vector<float> s(static_cast<size_t>(N * groups));
-        for (uint8_t& c : q) c = static_cast<uint8_t>(byte(rng));
-        for (float& v : s) v = integer ? std::ldexp(1.0f, si(rng)) : scale(rng);
-        auto w = [&](int64_t n, int64_t k) {
-          return static_cast<float>(static_cast<int8_t>(q[static_cast<size_t>(n * K + k)])) *
-                 s[static_cast<size_t>(n * groups + k / G)];
-        };
-        std::vector<float> row(static_cast<size_t>(K)), dense(static_cast<size_t>(N * K));
-        for (int64_t n = 0; n < N; ++n) {
-          cpu::decode_code8_row(Code8::Int8, q.data(), s.data(), 1, n, K, dense.data() + n * K, G);
-          for (int64_t k = 0; k < K; ++k) ASSERT_EQ(dense[static_cast<size_t>(n * K + k)], w(n, k));
-        }
-        for (int64_t M : {1, 2, 3, 4, 5, 9, 63, 64, 70}) {
-          SCOPED_TRACE("G=" + std::to_string(G) + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
-                       (integer ? " integer" : ""));
-          std::vector<float> x(static_cast<size_t>(M * K));
-          for (float& v : x) v = integer ? static_cast<float>(xi(rng)) : std::normal_distribution<float>()(rng);
-          std::vector<float> ref(static_cast<size_t>(M * N)), got(ref.size());
-          cpu::gemm_code8_ref(Code8::Int8, x.data(), M, q.data(), s.data(), 1, N, K, ref.data(), G);
-          auto check = [&](const std::vector<float>& y, const char* what) {
-            for (int64_t m = 0; m < M; ++m)
-              for (int64_t n = 0; n < N; ++n) {
-                double want = 0, mag = 0;
-                for (int64_t k = 0; k < K; ++k) {
-                  const double t = static_cast<double>(w(n, k)) * x[static_cast<size_t>(m * K + k)];
-                  want += t;
-                  mag += std::abs(t);
-                }
-                const float v = y[static_cast<size_t>(m * N + n)];
-                if (integer)
-                  ASSERT_EQ(v, want) << what << " m=" << m << " n=" << n;
-                else
-                  ASSERT_LE(std::abs(v - want), static_cast<double>(K) * 0x1p-24 * mag + 1e-30)
-                      << what << " m=" << m << " n=" << n;
-              }
+  std::uniform_int_distribution<int> byte(0, 255), xi(-8, 8), si(-9, -4), mi(-255, 0);
+  std::uniform_real_distribution<float> scale(0.0005f, 0.02f), mins(-2.0f, 0.0f);
+  for (bool asym : {false, true})
+    for (int64_t G : {16, 32, 64, 128})
+      for (int64_t K : {5, 40, 129, 300})
+        for (bool integer : {false, true}) {
+          const Code8 kind = asym ? Code8::UInt8 : Code8::Int8;
+          const int64_t N = 37, groups = (K + G - 1) / G;
+          std::vector<uint8_t> q(static_cast<size_t>(N * K));
+          std::vector<float> s(static_cast<size_t>(N * groups)), mn(asym ? s.size() : 0);
+          for (uint8_t& c : q) c = static_cast<uint8_t>(byte(rng));
+          for (float& v : s) v = integer ? std::ldexp(1.0f, si(rng)) : scale(rng);
+          for (size_t i = 0; i < mn.size(); ++i) mn[i] = integer ? static_cast<float>(mi(rng)) * s[i] : mins(rng);
+          const float* m_ptr = asym ? mn.data() : nullptr;
+          auto w = [&](int64_t n, int64_t k) {
+            const uint8_t c = q[static_cast<size_t>(n * K + k)];
+            const size_t g = static_cast<size_t>(n * groups + k / G);
+            if (!asym) return static_cast<float>(static_cast<int8_t>(c)) * s[g];
+            const float cs = static_cast<float>(c) * s[g];  // rounded, then the min added: the format's two steps
+            return cs + mn[g];
           };
-          check(ref, "reference");
-          for (Isa isa : isas_to_test()) {
-            std::fill(got.begin(), got.end(), std::nanf(""));
-            cpu::gemm_code8_isa(isa, Code8::Int8, x.data(), M, q.data(), s.data(), 1, N, K, got.data(), G);
-            check(got, cpu::isa_name(isa));
+          std::vector<float> row(static_cast<size_t>(K)), dense(static_cast<size_t>(N * K));
+          for (int64_t n = 0; n < N; ++n) {
+            cpu::decode_code8_row(kind, q.data(), s.data(), 1, n, K, dense.data() + n * K, G, m_ptr);
+            for (int64_t k = 0; k < K; ++k) ASSERT_EQ(dense[static_cast<size_t>(n * K + k)], w(n, k));
           }
-          std::fill(got.begin(), got.end(), std::nanf(""));
-          cpu::gemm_code8(Code8::Int8, x.data(), M, q.data(), s.data(), 1, N, K, got.data(), G);
-          check(got, "dispatch");
-          if (M >= 64) {
-            std::vector<float> want(ref.size());
-            cpu::gemm_f32(x.data(), M, dense.data(), N, K, want.data());
-            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+          for (int64_t M : {1, 2, 3, 4, 5, 9, 63, 64, 70}) {
+            SCOPED_TRACE(std::string(asym ? "asym" : "sym") + " G=" + std::to_string(G) + " K=" + std::to_string(K) +
+                         " M=" + std::to_string(M) + (integer ? " integer" : ""));
+            std::vector<float> x(static_cast<size_t>(M * K));
+            for (float& v : x) v = integer ? static_cast<float>(xi(rng)) : std::normal_distribution<float>()(rng);
+            std::vector<float> ref(static_cast<size_t>(M * N)), got(ref.size());
+            cpu::gemm_code8_ref(kind, x.data(), M, q.data(), s.data(), 1, N, K, ref.data(), G, m_ptr);
+            auto check = [&](const std::vector<float>& y, const char* what) {
+              for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = 0; n < N; ++n) {
+                  double want = 0, mag = 0;
+                  for (int64_t k = 0; k < K; ++k) {
+                    const double t = static_cast<double>(w(n, k)) * x[static_cast<size_t>(m * K + k)];
+                    want += t;
+                    mag += std::abs(t);
+                  }
+                  const float v = y[static_cast<size_t>(m * N + n)];
+                  if (integer)
+                    ASSERT_EQ(v, want) << what << " m=" << m << " n=" << n;
+                  else
+                    ASSERT_LE(std::abs(v - want), static_cast<double>(K) * 0x1p-24 * mag + 1e-30)
+                        << what << " m=" << m << " n=" << n;
+                }
+            };
+            check(ref, "reference");
+            for (Isa isa : isas_to_test()) {
+              std::fill(got.begin(), got.end(), std::nanf(""));
+              cpu::gemm_code8_isa(isa, kind, x.data(), M, q.data(), s.data(), 1, N, K, got.data(), G, m_ptr);
+              check(got, cpu::isa_name(isa));
+            }
+            std::fill(got.begin(), got.end(), std::nanf(""));
+            cpu::gemm_code8(kind, x.data(), M, q.data(), s.data(), 1, N, K, got.data(), G, m_ptr);
+            check(got, "dispatch");
+            if (M >= 64) {
+              std::vector<float> want(ref.size());
+              cpu::gemm_f32(x.data(), M, dense.data(), N, K, want.data());
+              ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+            }
           }
         }
-      }
 }
 
 TEST(Int8Kernel, RejectsBadShapes) {
@@ -354,6 +367,10 @@ TEST(Int8Kernel, RejectsBadShapes) {
   EXPECT_THROW(cpu::gemm_code8(Code8::E4M3, x.data(), -1, q.data(), s.data(), 1, 2, 2, y.data()), Error);
   EXPECT_THROW(cpu::gemm_code8_ref(Code8::E5M2, x.data(), 1, q.data(), s.data(), 2, 2, 2, y.data()), Error);
   EXPECT_THROW(cpu::gemm_code8(Code8::Int8, x.data(), 1, q.data(), s.data(), 1, 2, 2, y.data(), 12), Error);
+  // Unsigned codes come with a min per group, and only they.
+  EXPECT_THROW(cpu::gemm_code8(Code8::UInt8, x.data(), 1, q.data(), s.data(), 1, 2, 2, y.data(), 8), Error);
+  EXPECT_THROW(cpu::gemm_code8(Code8::Int8, x.data(), 1, q.data(), s.data(), 1, 2, 2, y.data(), 8, s.data()), Error);
+  EXPECT_THROW(cpu::gemm_code8(Code8::UInt8, x.data(), 1, q.data(), s.data(), 1, 2, 2, y.data(), 0, s.data()), Error);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // only where the CPU has them, src/backend/cpu/int8_gemm.cpp). Each kind's
 // eight codes decode exactly to what the format's own decode gives:
 //  - int8: sign-extend, convert, times s: fl(code·s);
+//  - unsigned (int8_asym_f32): zero-extend, convert, times s, plus the group's
+//    min: fl(fl(code·s) + m), two roundings as the format's decode;
 //  - E5M2: the code is the high byte of an IEEE half, so (code << 8) as f16,
 //    widened exactly, times s;
 //  - E4M3: (code & 0x7F) << 7 is the half with E4M3's exponent and mantissa
@@ -20,12 +22,15 @@ namespace {
 
 template <Code8 C>
 struct Decoder {
-  __m256 s;
-  explicit Decoder(float sv) : s(_mm256_set1_ps(C == Code8::E4M3 || C == Code8::E4M3Finite ? sv * 256.0f : sv)) {}
+  __m256 s, m;
+  Decoder(float sv, float mv)
+      : s(_mm256_set1_ps(C == Code8::E4M3 || C == Code8::E4M3Finite ? sv * 256.0f : sv)), m(_mm256_set1_ps(mv)) {}
   __m256 operator()(const uint8_t* q) const {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
     if constexpr (C == Code8::Int8) {
       return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    } else if constexpr (C == Code8::UInt8) {
+      return _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), s), m);
     } else if constexpr (C == Code8::E5M2) {
       return _mm256_mul_ps(_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8)), s);
     } else {
@@ -58,9 +63,10 @@ void row_tile(const Problem& p, int64_t n, int64_t m0, float* y) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t k8 = p.K / 8 * 8;
   const float* sr = row_scales(p, n);
+  const float* mr = C == Code8::UInt8 ? row_mins(p, n) : nullptr;
   const int64_t seg = seg_len(p), step = seg_step(p);
   for (int64_t k0 = 0, j = 0; k0 < k8; k0 += seg, j += step) {
-    const Decoder<C> dec(sr[j]);
+    const Decoder<C> dec(sr[j], mr ? mr[j] : 0.0f);
     const int64_t end = min64(k8, k0 + seg);
     for (int64_t k = k0; k < end; k += 8) {
       const __m256 w = dec(q + k);
@@ -69,7 +75,7 @@ void row_tile(const Problem& p, int64_t n, int64_t m0, float* y) {
   }
   for (int r = 0; r < R; ++r) {
     float t = hsum(acc[r]);
-    for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * scale(p, n, k) * p.x[(m0 + r) * p.K + k];
+    for (int64_t k = k8; k < p.K; ++k) t += weight(p, n, k) * p.x[(m0 + r) * p.K + k];
     y[(m0 + r) * p.N + n] = t;
   }
 }
@@ -82,9 +88,10 @@ void row_one(const Problem& p, int64_t n, float* y) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   const int64_t k8 = p.K / 8 * 8;
   const float* sr = row_scales(p, n);
+  const float* mr = C == Code8::UInt8 ? row_mins(p, n) : nullptr;
   const int64_t seg = seg_len(p), step = seg_step(p);
   for (int64_t k0 = 0, j = 0; k0 < k8; k0 += seg, j += step) {
-    const Decoder<C> dec(sr[j]);
+    const Decoder<C> dec(sr[j], mr ? mr[j] : 0.0f);
     const int64_t end = min64(k8, k0 + seg);
     int64_t k = k0;
     for (; k + 32 <= end; k += 32) {
@@ -100,7 +107,7 @@ void row_one(const Problem& p, int64_t n, float* y) {
     }
   }
   float t = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (int64_t k = k8; k < p.K; ++k) t += code8_value(C, q[k]) * scale(p, n, k) * p.x[k];
+  for (int64_t k = k8; k < p.K; ++k) t += weight(p, n, k) * p.x[k];
   y[n] = t;
 }
 
@@ -134,6 +141,7 @@ void rows_avx2(const Problem& p, int64_t n0, int64_t n1, float* y) {
     case Code8::E4M3: return rows<Code8::E4M3>(p, n0, n1, y);
     case Code8::E4M3Finite: return rows<Code8::E4M3Finite>(p, n0, n1, y);
     case Code8::E5M2: return rows<Code8::E5M2>(p, n0, n1, y);
+    case Code8::UInt8: return rows<Code8::UInt8>(p, n0, n1, y);
   }
 }
 

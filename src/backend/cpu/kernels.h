@@ -106,26 +106,33 @@ void gemm_int4_asym_isa(Isa isa, const float* x, int64_t M, const uint8_t* qweig
                         const float* mins, int64_t N, int64_t K, int group_size, float* y);
 
 // 8-bit codes times one fp32 scale per row or per tensor (src/backend/cpu/int8_gemm.cpp): int8_channel_sym
-// (FORMAT.md §7.2) and fp8_e4m3 / fp8_e5m2 _tensor / _channel (§7.4). code8_value: a code's value (int8 two's
-// complement, or the OCP FP8 value: E4M3's S.1111.111 is NaN, E5M2's infinities and NaNs as IEEE's).
+// (FORMAT.md §7.2) and fp8_e4m3 / fp8_e5m2 _tensor / _channel (§7.4); or per group of inputs: int8_g{G}_sym (§7.9)
+// and int8_g{G}_asym_f32 (§7.10). code8_value: a code's value (int8 two's complement, the unsigned byte, or the OCP
+// FP8 value: E4M3's S.1111.111 is NaN, E5M2's infinities and NaNs as IEEE's).
 // E4M3Finite: E4M3 codes known to hold no NaN (the caller checked them once, as packed_kernels.cpp's prepare does),
 // which the AVX2 rows decode without the NaN blend, about 1.5× faster; the values are E4M3's.
-enum class Code8 { Int8, E4M3, E4M3Finite, E5M2 };
+// UInt8: unsigned codes with a min per group (int8_asym_f32), decoded fl(fl(code·s) + m); only with group_size > 0
+// and `mins`, laid out as the scales.
+enum class Code8 { Int8, E4M3, E4M3Finite, E5M2, UInt8 };
 float code8_value(Code8 kind, uint8_t code);
 // y[M, N] = x[M, K] · Ŵ[N, K]ᵀ read straight from the packed codes [N, K] and scales (s[n·scale_stride]: stride
-// 1 per row, 0 per tensor; or, with group_size G > 0 (a multiple of 8), s[n·ceil(K/G) + k/G] per group of G inputs,
-// int8_g{G}_sym), each weight decoded as the format says, fl(value·s), and dotted with x in fp32.
+// 1 per row, 0 per tensor; or, with group_size G > 0 (a multiple of 8), s[n·ceil(K/G) + k/G] per group of G inputs),
+// each weight decoded as the format says, fl(value·s) (UInt8: fl(fl(value·s) + mins[i]) at the scale's index i),
+// and dotted with x in fp32.
 // _ref: the scalar reference, additions in k order; _isa: Scalar or Avx2 rows (Avx512 runs the Avx2 rows), the
 // same sums in another order; gemm_code8: the fast path (those rows below 64 rows of x, the bits of gemm_f32 on
-// the decoded matrix from 64 on). decode_code8_row: row n, fl(value·s).
+// the decoded matrix from 64 on). decode_code8_row: row n, each weight as the format decodes it.
 void gemm_code8_ref(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                    int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0);
+                    int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0,
+                    const float* mins = nullptr);
 void gemm_code8_isa(Isa isa, Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                    int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0);
+                    int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0,
+                    const float* mins = nullptr);
 void gemm_code8(Code8 kind, const float* x, int64_t M, const uint8_t* codes, const float* scales,
-                int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0);
+                int64_t scale_stride, int64_t N, int64_t K, float* y, int64_t group_size = 0,
+                const float* mins = nullptr);
 void decode_code8_row(Code8 kind, const uint8_t* codes, const float* scales, int64_t scale_stride, int64_t n,
-                      int64_t K, float* out, int64_t group_size = 0);
+                      int64_t K, float* out, int64_t group_size = 0, const float* mins = nullptr);
 
 // FP4 E2M1 codes times one scale per group of G inputs (src/backend/cpu/fp4_gemm.cpp): fp4_e2m1_g{G}, mxfp4 and
 // nvfp4 (FORMAT.md §7.5-7.7). codes [N, ceil(K/2)] packed as int4_asym's (element 2j in byte j's low nibble);

@@ -43,6 +43,13 @@ void gemm_int8_group_parts(const float* x, int64_t M, const std::vector<Tensor>&
              group_size);
 }
 
+// int8_g{G}_asym_f32 (§7.10): qweight U8 [N, K], an F32 scale and min per group.
+void gemm_int8_asym_parts(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K,
+                          int group_size, float* y) {
+  gemm_code8(Code8::UInt8, x, M, parts[0].data<uint8_t>(), parts[1].data<float>(), 1, N, K, y, group_size,
+             parts[2].data<float>());
+}
+
 // The codes as stored and the 16-bit scales (f16 or bf16) as F32, exactly.
 std::vector<Tensor> scales_to_f32(const std::vector<Tensor>& parts, int64_t, int64_t, int) {
   return {parts[0], parts[1].to(DType::F32)};
@@ -108,6 +115,7 @@ const KernelEntry kKernels[] = {
     {&formats::kInt4Sym, {int4_sym_as_asym_f32, gemm_int4_f32_parts}},  // run as (s, −8·s), exactly
     {&formats::kInt8ChannelSym, {nullptr, gemm_code8_parts<Code8::Int8, 1>}},
     {&formats::kInt8Sym, {scales_to_f32, gemm_int8_group_parts}},
+    {&formats::kInt8AsymF32, {nullptr, gemm_int8_asym_parts}},
     {&formats::kFp8E4m3Channel, {mark_finite_e4m3, gemm_code8_parts<Code8::E4M3, 1>}},
     {&formats::kFp8E4m3Tensor, {mark_finite_e4m3, gemm_code8_parts<Code8::E4M3, 0>}},
     {&formats::kFp8E5m2Channel, {nullptr, gemm_code8_parts<Code8::E5M2, 1>}},
