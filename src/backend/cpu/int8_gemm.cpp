@@ -6,9 +6,12 @@
 // straight from the packed parts, so such a checkpoint loads at one byte a
 // weight instead of four.
 //
-//  * Every weight is decoded as the format says, fl(value·s), and dotted with
-//    x in fp32: the kernels differ from the reference below only in the order
-//    of the fp32 additions.
+//  * Every weight is decoded as the format says, fl(value·s) (int8_asym_f32:
+//    fl(fl(code·s) + m)), and dotted with x in fp32: the kernels differ from
+//    the reference below only in the order of the fp32 additions. One
+//    exception: int8_asym_f32 at one token factors each group's sum into
+//    s·Σq·x + m·Σx (int8_avx2.cpp's row_one_affine), as llama.cpp's and the
+//    int4 kernels' dot products do.
 //  * Below 64 rows of x: the AVX2 rows (int8_avx2.cpp; also on AVX-512 CPUs),
 //    OpenMP over tasks of 32 weight rows. One token streams each weight once
 //    (memory bound: a quarter of f32's bytes); a few tokens decode each chunk
@@ -19,6 +22,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "backend/cpu/int8_rows.h"
 #include "backend/cpu/kernels.h"
@@ -104,7 +108,15 @@ void gemm_code8_isa(Isa isa, Code8 kind, const float* x, int64_t M, const uint8_
   check_shape(kind, M, N, K, scale_stride, group_size, mins);
   NIBBLE_CHECK(isa_supported(isa), "8-bit-code GEMM: this CPU cannot run the {} kernel", isa_name(isa));
   if (M == 0 || N == 0) return;
-  const int8k::Problem p{kind, x, M, codes, scales, scale_stride, N, K, group_size, mins};
+  int8k::Problem p{kind, x, M, codes, scales, scale_stride, N, K, group_size, mins};
+  // UInt8's one-token row takes each group's Σx (inputs below K / 8 · 8, in k order), the same for every row.
+  std::vector<float> xs;
+  if (isa != Isa::Scalar && kind == Code8::UInt8 && M == 1) {
+    const int64_t k8 = K / 8 * 8;
+    xs.assign(static_cast<size_t>((k8 + group_size - 1) / group_size), 0.0f);
+    for (int64_t k = 0; k < k8; ++k) xs[static_cast<size_t>(k / group_size)] += x[k];
+    p.xs = xs.data();
+  }
   auto rows = isa == Isa::Scalar ? rows_scalar : int8k::rows_avx2;  // AVX-512 CPUs run the AVX2 rows
   const int64_t tasks = (N + kRowsPerTask - 1) / kRowsPerTask;
   const int threads = M * N * K >= (int64_t{1} << 17) ? omp_get_max_threads() : 1;
