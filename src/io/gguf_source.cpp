@@ -113,6 +113,24 @@ void legacy_block_codes(const uint8_t* qs, uint8_t* out) {
   for (int t = 0; t < 16; ++t) out[t] = static_cast<uint8_t>(code(2 * t) | code(2 * t + 1) << 4);
 }
 
+// The little-endian f16 at p, as fp32 (exactly).
+float f16_at(const uint8_t* p) { return f16_to_f32(static_cast<uint16_t>(p[0] | p[1] << 8)); }
+
+// A Q4_K / Q5_K super-block's 8 groups (sub-blocks of 32): from its f16 d and dmin (bytes 0-3) and 6-bit scales sc
+// and mins mn (bytes 4-15, ggml_k_scale_min), scale d·sc and min −(dmin·mn), the fp32 products ggml's dequantizer
+// forms (gguf_quants.cpp's deq_k_super), so code·scale + min is its (d·sc)·q − dmin·mn: the product commutes and
+// a + (−b) is a − b in IEEE. A min of −0 (mn = 0) is kept: with d < 0, (d·sc)·0 − 0 is −0, as is −0 + (−0), where
+// + (+0) would give +0.
+void k_super_groups(const uint8_t* b, float* s, float* m) {
+  const float d = f16_at(b), dmin = f16_at(b + 2);
+  for (int j = 0; j < 8; ++j) {
+    int sc, mn;
+    io::ggml_k_scale_min(j, b + 4, sc, mn);
+    s[j] = d * static_cast<float>(sc);
+    m[j] = -(dmin * static_cast<float>(mn));
+  }
+}
+
 // int4_asym_f32's (bits 4, two codes a byte) or int8_asym_f32's (bits 8) parts of a [rows, cols] matrix in groups
 // of `group`, to be filled.
 struct AsymF32Parts {
@@ -160,8 +178,8 @@ std::vector<Tensor> q4_1_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * (cols / kQK); ++i) {
     const uint8_t* b = blocks + i * kBlockBytes;
-    s[i] = f16_to_f32(static_cast<uint16_t>(b[0] | b[1] << 8));
-    m[i] = f16_to_f32(static_cast<uint16_t>(b[2] | b[3] << 8));
+    s[i] = f16_at(b);
+    m[i] = f16_at(b + 2);
     legacy_block_codes(b + 4, c + i * (kQK / 2));
   }
   return out.parts();
@@ -171,11 +189,7 @@ std::vector<Tensor> q4_1_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, i
 // 6-bit scales sc and mins mn for 8 sub-blocks of 32, qs[128]; in each 64
 // inputs, sub-block 2k is the low nibbles of qs[32k .. 32k+31] and 2k+1 their
 // high nibbles; x = (d·sc)·q − dmin·mn) as int4_asym_f32 g32's parts, one
-// group per sub-block: scale = d·sc and min = −(dmin·mn), each the fp32 product
-// ggml's dequantizer forms (gguf_quants.cpp's deq_k_super), so code·scale + min
-// is its (d·sc)·q − dmin·mn: the product commutes and a + (−b) is a − b in IEEE.
-// A min of −0 (mn = 0) is kept: with d < 0, (d·sc)·0 − 0 is −0, as is −0 + (−0),
-// where + (+0) would give +0.
+// group per sub-block (k_super_groups).
 std::vector<Tensor> q4_k_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
   constexpr int64_t kQKK = 256, kSub = 32, kBlockBytes = 144;
   const int64_t nb = cols / kQKK;
@@ -187,14 +201,9 @@ std::vector<Tensor> q4_k_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * nb; ++i) {
     const uint8_t* b = blocks + i * kBlockBytes;
-    const float d = f16_to_f32(static_cast<uint16_t>(b[0] | b[1] << 8));
-    const float dmin = f16_to_f32(static_cast<uint16_t>(b[2] | b[3] << 8));
+    k_super_groups(b, s + i * 8, m + i * 8);
     const uint8_t* qs = b + 16;
     for (int j = 0; j < kQKK / kSub; ++j) {
-      int sc, mn;
-      io::ggml_k_scale_min(j, b + 4, sc, mn);
-      s[i * 8 + j] = d * static_cast<float>(sc);
-      m[i * 8 + j] = -(dmin * static_cast<float>(mn));
       const uint8_t* q = qs + 32 * (j / 2);
       const int shift = 4 * (j % 2);
       uint8_t* dst = c + i * (kQKK / 2) + j * (kSub / 2);
@@ -256,15 +265,15 @@ std::vector<Tensor> q5_1_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * (cols / kQK); ++i) {
     const uint8_t* b = blocks + i * kBlockBytes;
-    s[i] = f16_to_f32(static_cast<uint16_t>(b[0] | b[1] << 8));
-    m[i] = f16_to_f32(static_cast<uint16_t>(b[2] | b[3] << 8));
+    s[i] = f16_at(b);
+    m[i] = f16_at(b + 2);
     for (int e = 0; e < kQK; ++e) c[i * kQK + e] = static_cast<uint8_t>(q5_code(b + 4, b + 8, e));
   }
   return out.parts();
 }
 
 // Q5_K super-blocks (176 bytes per 256 inputs: f16 d, f16 dmin, scales[12] as Q4_K's, qh[32], qs[128]) as
-// int8_g32_asym_f32's parts, a group per sub-block of 32: scale d·sc and min −(dmin·mn) as for Q4_K. Sub-block
+// int8_g32_asym_f32's parts, a group per sub-block of 32 as for Q4_K (k_super_groups). Sub-block
 // j's input l takes its low 4 bits from qs[32·(j/2) + l] (the low nibble for even j, the high one for odd j) and
 // its 5th bit from bit j of qh[l].
 std::vector<Tensor> q5_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
@@ -275,14 +284,9 @@ std::vector<Tensor> q5_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
     const uint8_t* b = blocks + i * kBlockBytes;
-    const float d = f16_to_f32(static_cast<uint16_t>(b[0] | b[1] << 8));
-    const float dmin = f16_to_f32(static_cast<uint16_t>(b[2] | b[3] << 8));
+    k_super_groups(b, s + i * 8, m + i * 8);
     const uint8_t *qh = b + 16, *qs = b + 48;
     for (int j = 0; j < kQKK / kSub; ++j) {
-      int sc, mn;
-      io::ggml_k_scale_min(j, b + 4, sc, mn);
-      s[i * 8 + j] = d * static_cast<float>(sc);
-      m[i * 8 + j] = -(dmin * static_cast<float>(mn));
       for (int l = 0; l < kSub; ++l) {
         const int lo = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
         c[i * kQKK + j * kSub + l] = static_cast<uint8_t>(lo | ((qh[l] >> j) & 1) << 4);
@@ -306,7 +310,7 @@ std::vector<Tensor> q6_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
     const uint8_t* b = blocks + i * kBlockBytes;
-    const float d = f16_to_f32(static_cast<uint16_t>(b[208] | b[209] << 8));
+    const float d = f16_at(b + 208);
     for (int t = 0; t < kQKK / kSub; ++t) {
       const float S = d * static_cast<float>(static_cast<int8_t>(b[192 + t]));
       s[i * 16 + t] = S;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -40,6 +41,13 @@ float f32_of(const Tensor& t, int64_t i = 0) {
   return v;
 }
 
+// The bit patterns of fp32 values.
+std::vector<uint32_t> bits_of(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), 4 * v.size());
+  return b;
+}
+
 // FORMAT.md §4: scale = f16(absmax / 7); absmax 0.4375 = 7/16 gives 1/16 exactly.
 TEST(FormatExamples, Int4SymG32) {
   const Worked r = run(find_format("int4_sym", 32), {0.4375f, -0.03125f, 0.09375f, -0.4375f, 0.2f, -0.15625f}, 1);
@@ -55,22 +63,15 @@ TEST(FormatExamples, Int4SymG32) {
 // FORMAT.md §7.8: §3's arithmetic with fp32 parameters (bf16 would move both).
 TEST(FormatExamples, Int4AsymF32G32) {
   const Worked r = run(find_format("int4_asym_f32", 32), {-0.3f, 0.7f, 0.0f, 0.2f, 0.45f, -0.1f}, 1);
-  uint32_t s_bits, m_bits;
-  std::memcpy(&s_bits, &r.q.params[0].scale, 4);
-  std::memcpy(&m_bits, &r.q.params[0].min, 4);
-  EXPECT_EQ(s_bits, 0x3D888889u);  // fl(1 / 15)
-  EXPECT_EQ(m_bits, 0xBE99999Au);  // fl(-0.3)
+  EXPECT_EQ(bits_of({r.q.params[0].scale, r.q.params[0].min}),
+            (std::vector<uint32_t>{0x3D888889u, 0xBE99999Au}));  // fl(1 / 15), fl(-0.3)
   // (w - min)/scale = 0, 14.999999, 4.5 (tie -> 4), 7.4999995, 11.249999, 3
   EXPECT_EQ(r.q.codes, (std::vector<uint8_t>{0, 15, 4, 7, 11, 3}));
   EXPECT_EQ(bytes_of(r.parts[0]), (std::vector<uint8_t>{0xF0, 0x74, 0x3B}));
   EXPECT_EQ(f32_of(r.parts[1]), r.q.params[0].scale);
   EXPECT_EQ(f32_of(r.parts[2]), -0.3f);
-  const uint32_t back_bits[] = {0xBE99999Au, 0x3F333333u, 0xBD088888u, 0x3E2AAAACu, 0x3EDDDDDEu, 0xBDCCCCCCu};
-  for (int i = 0; i < 6; ++i) {
-    uint32_t b;
-    std::memcpy(&b, &r.back[i], 4);
-    EXPECT_EQ(b, back_bits[i]) << i;
-  }
+  EXPECT_EQ(bits_of(r.back),
+            (std::vector<uint32_t>{0xBE99999Au, 0x3F333333u, 0xBD088888u, 0x3E2AAAACu, 0x3EDDDDDEu, 0xBDCCCCCCu}));
   EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int4_g128_asym_f32"), 4096, 4096), 4.5);
   EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int4_g32_asym_f32"), 4096, 4096), 6.0);
 }
@@ -78,23 +79,16 @@ TEST(FormatExamples, Int4AsymF32G32) {
 // FORMAT.md §7.10: §7.8's weights with 8-bit codes in a group of 16 (one ragged group): scale fl(1/255).
 TEST(FormatExamples, Int8AsymF32G16) {
   const Worked r = run(find_format("int8_asym_f32", 16), {-0.3f, 0.7f, 0.0f, 0.2f, 0.45f, -0.1f}, 1);
-  uint32_t s_bits, m_bits;
-  std::memcpy(&s_bits, &r.q.params[0].scale, 4);
-  std::memcpy(&m_bits, &r.q.params[0].min, 4);
-  EXPECT_EQ(s_bits, 0x3B808081u);  // fl(1 / 255)
-  EXPECT_EQ(m_bits, 0xBE99999Au);  // fl(-0.3)
+  EXPECT_EQ(bits_of({r.q.params[0].scale, r.q.params[0].min}),
+            (std::vector<uint32_t>{0x3B808081u, 0xBE99999Au}));  // fl(1 / 255), fl(-0.3)
   // (w - min)/scale = 0, 254.99998, 76.5 (tie -> 76), 127.49999, 191.24998, 51
   EXPECT_EQ(r.q.codes, (std::vector<uint8_t>{0, 255, 76, 127, 191, 51}));
   EXPECT_EQ(bytes_of(r.parts[0]), (std::vector<uint8_t>{0x00, 0xFF, 0x4C, 0x7F, 0xBF, 0x33}));
   EXPECT_EQ(r.parts[0].dtype(), DType::U8);
   EXPECT_EQ(f32_of(r.parts[1]), r.q.params[0].scale);
   EXPECT_EQ(f32_of(r.parts[2]), -0.3f);
-  const uint32_t back_bits[] = {0xBE99999Au, 0x3F333333u, 0xBB008080u, 0x3E4ACACCu, 0x3EE5E5E6u, 0xBDCCCCCCu};
-  for (int i = 0; i < 6; ++i) {
-    uint32_t b;
-    std::memcpy(&b, &r.back[i], 4);
-    EXPECT_EQ(b, back_bits[i]) << i;
-  }
+  EXPECT_EQ(bits_of(r.back),
+            (std::vector<uint32_t>{0xBE99999Au, 0x3F333333u, 0xBB008080u, 0x3E4ACACCu, 0x3EE5E5E6u, 0xBDCCCCCCu}));
   EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int8_g16_asym_f32"), 4096, 4096), 12.0);
   EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int8_g32_asym_f32"), 4096, 4096), 10.0);
   EXPECT_DOUBLE_EQ(bits_per_weight(find_format("int8_g128_asym_f32"), 4096, 4096), 8.5);
