@@ -326,10 +326,67 @@ std::vector<Tensor> q6_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, i
   return out.parts();
 }
 
+// The 2-bit field of input e (0..255) in a Q2_K / Q3_K super-block's qs[64]: the inputs come in two halves of 128, and
+// in half h the four 32-input runs r take bits 2r, 2r + 1 of qs[32h + (e mod 32)].
+int k_two_bits(const uint8_t* qs, int e) { return (qs[32 * (e / 128) + e % 32] >> (2 * (e / 32 % 4))) & 3; }
+
+// Q2_K super-blocks (84 bytes per 256 inputs: scales[16], qs[64], f16 d, f16 dmin; per sub-block of 16 a byte with
+// a 4-bit scale sc (low nibble) and min mn (high nibble): x = (d·sc)·q − dmin·mn, q in 0..3) as int8_g16_asym_f32's
+// parts: code q, scale d·sc and min −(dmin·mn), the products ggml forms, so code·scale + min is its value bit for bit
+// (as for Q4_K: k_super_groups).
+std::vector<Tensor> q2_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQKK = 256, kSub = 16, kBlockBytes = 84;
+  AsymF32Parts out(rows, cols, 8, kSub);
+  uint8_t* c = out.c();
+  float *s = out.s(), *m = out.m();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+    for (int t = 0; t < kQKK / kSub; ++t) {
+      s[i * 16 + t] = d * static_cast<float>(b[t] & 0x0F);
+      m[i * 16 + t] = -(dmin * static_cast<float>(b[t] >> 4));
+    }
+    for (int e = 0; e < kQKK; ++e) c[i * kQKK + e] = static_cast<uint8_t>(k_two_bits(b + 16, e));
+  }
+  return out.parts();
+}
+
+// Q3_K super-blocks (110 bytes per 256 inputs: hmask[32], qs[64], 12 bytes of 6-bit scales, f16 d; x = d·(sc −
+// 32)·q per sub-block of 16, q = the 2-bit field − 4 unless input e's high bit, bit e / 32 of hmask[e mod 32], is
+// set) as int8_g16_asym_f32's parts: code q + 4 in 0..7 (the 2-bit field with the high bit as bit 2), scale S =
+// d·(sc − 32) and min −4·S, exact in fp32 as for Q6_K (S has at most 17 significant bits), so code·S + (−4·S) is
+// ggml's S·q, a zero product aside (+0 here, signed as its factors there). Sub-block j's scale: its low 4 bits are
+// nibble j / 8 of scale byte j mod 8, its top 2 bits 2·(j / 4), 2·(j / 4) + 1 of byte 8 + j mod 4.
+std::vector<Tensor> q3_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQKK = 256, kSub = 16, kBlockBytes = 110;
+  AsymF32Parts out(rows, cols, 8, kSub);
+  uint8_t* c = out.c();
+  float *s = out.s(), *m = out.m();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
+    const uint8_t *b = blocks + i * kBlockBytes, *sb = b + 96;
+    const float d = f16_at(b + 108);
+    for (int j = 0; j < kQKK / kSub; ++j) {
+      const int lo = (sb[j % 8] >> (4 * (j / 8))) & 0x0F, hi = (sb[8 + j % 4] >> (2 * (j / 4))) & 3;
+      const float S = d * static_cast<float>((lo | hi << 4) - 32);
+      s[i * 16 + j] = S;
+      m[i * 16 + j] = -4.0f * S;
+    }
+    for (int e = 0; e < kQKK; ++e) {
+      const int high = (b[e % 32] >> (e / 32)) & 1;
+      c[i * kQKK + e] = static_cast<uint8_t>(k_two_bits(b + 32, e) | high << 2);
+    }
+  }
+  return out.parts();
+}
+
 // ggml block types that a nibble format holds exactly (GgufSource::exact_format), one row each:
 //   Q4_0 -> int4_g32_sym       (codes around 8, d's f16 bits as the scale)
 //   Q4_1 -> int4_g32_asym_f32  (scale d, min m)
 //   Q4_K -> int4_g32_asym_f32  (a group per sub-block of 32: scale d·sc, min −dmin·mn)
+//   Q2_K -> int8_g16_asym_f32  (a group per sub-block of 16: scale d·sc, min −dmin·mn)
+//   Q3_K -> int8_g16_asym_f32  (a group per sub-block of 16: scale d·(sc − 32), min −4·d·(sc − 32); zeros are +0)
 //   Q5_0 -> int8_g32_sym       (codes q − 16, d's f16 bits as the scale)
 //   Q5_1 -> int8_g32_asym_f32  (scale d, min m)
 //   Q5_K -> int8_g32_asym_f32  (as Q4_K)
@@ -348,6 +405,8 @@ constexpr ExactBlockType kExactBlockTypes[] = {
     {GgmlType::Q4_0, 32, "int4_sym", 32, q4_0_as_int4_sym},
     {GgmlType::Q4_1, 32, "int4_asym_f32", 32, q4_1_as_int4_asym_f32},
     {GgmlType::Q4_K, 256, "int4_asym_f32", 32, q4_k_as_int4_asym_f32},
+    {GgmlType::Q2_K, 256, "int8_asym_f32", 16, q2_k_as_int8_asym_f32},
+    {GgmlType::Q3_K, 256, "int8_asym_f32", 16, q3_k_as_int8_asym_f32},
     {GgmlType::Q5_0, 32, "int8_sym", 32, q5_0_as_int8_sym},
     {GgmlType::Q5_1, 32, "int8_asym_f32", 32, q5_1_as_int8_asym_f32},
     {GgmlType::Q5_K, 256, "int8_asym_f32", 32, q5_k_as_int8_asym_f32},

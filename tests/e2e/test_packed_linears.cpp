@@ -1,7 +1,7 @@
 // The CPU forward's packed linears: every format with a CPU kernel
 // (int4_asym, int4_asym_f32, int4_sym, the 8-bit formats, the FP8 and FP4 formats) and the rivals' linears one of
 // them holds exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 and Q4_K → int4_g32_asym_f32, Q5_0 and Q8_0 → int8_g32_sym,
-// Q5_1 and Q5_K → int8_g32_asym_f32, Q6_K → int8_g16_asym_f32) stay packed when a
+// Q5_1 and Q5_K → int8_g32_asym_f32, Q2_K, Q3_K and Q6_K → int8_g16_asym_f32) stay packed when a
 // model loads, and give what the same linear dequantized to f32 gives, at one
 // token (the integer GEMV), a few (the fp32 tiles) and many (decode + sgemm).
 #include <gtest/gtest.h>
@@ -127,11 +127,15 @@ TEST(CpuPackedLinears, GgufKQuantsRunPackedAndMatchDequantized) {
   test::TempDir tmp;
   ASSERT_EQ(test::write_k_quant_llama(tmp / "q4k.gguf").first, 8);
   expect_packed_matches_dense(*GgufSource::open(tmp / "q4k.gguf"), "int4_g32_asym_f32", 14);  // layer 0 twice
-  // Q5_K and Q6_K (the same llama, their own blocks: every scale, d of both signs, subnormal and zero).
-  ASSERT_EQ(test::write_k_quant_llama(tmp / "q5k.gguf", io::GgmlType::Q5_K).first, 8);
-  expect_packed_matches_dense(*GgufSource::open(tmp / "q5k.gguf"), "int8_g32_asym_f32", 14);
-  ASSERT_EQ(test::write_k_quant_llama(tmp / "q6k.gguf", io::GgmlType::Q6_K).first, 8);
-  expect_packed_matches_dense(*GgufSource::open(tmp / "q6k.gguf"), "int8_g16_asym_f32", 14);
+  // The other K-quants (the same llama, their own blocks: every scale, d of both signs, subnormal and zero).
+  for (const auto& [type, format] : {std::pair{io::GgmlType::Q2_K, "int8_g16_asym_f32"},
+                                     std::pair{io::GgmlType::Q3_K, "int8_g16_asym_f32"},
+                                     std::pair{io::GgmlType::Q5_K, "int8_g32_asym_f32"},
+                                     std::pair{io::GgmlType::Q6_K, "int8_g16_asym_f32"}}) {
+    SCOPED_TRACE(static_cast<int>(type));
+    ASSERT_EQ(test::write_k_quant_llama(tmp / "k.gguf", type).first, 8);
+    expect_packed_matches_dense(*GgufSource::open(tmp / "k.gguf"), format, 14);
+  }
 }
 
 }  // namespace

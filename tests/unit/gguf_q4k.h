@@ -39,12 +39,14 @@ inline std::string to_gguf_name(const std::string& hf) {
 }
 
 // No stories260K file holds a K-quant matrix (none there is whole 256-wide blocks), so this writes a one-layer
-// llama (hidden 256, intermediate 512, 4 and 2 heads) whose every matrix is `type` (Q4_K, Q5_K or Q6_K) of
-// pseudo-random blocks; norms are 1. Q4_K / Q5_K: d and dmin of both signs, subnormal and zero among them, every
-// pair of 6-bit scale and min (0 included) and every code (Q5_K's 5th bits random). Q6_K: d likewise, every int8
-// sub-block scale (-128 and 0 included) and every code. Returns the matrices written (8: the embedding; q, k, v,
-// o, gate, up, down) and the sub-blocks written (Q4_K / Q5_K: of 32, at least 64 · 64, sub-block 64a + r having
-// scale r and min 29r + a mod 64; Q6_K: of 16, sub-block t having scale t mod 256 as int8).
+// llama (hidden 256, intermediate 512, 4 and 2 heads) whose every matrix is `type` (Q2_K, Q3_K, Q4_K, Q5_K or
+// Q6_K) of pseudo-random blocks; norms are 1. Q4_K / Q5_K: d and dmin of both signs, subnormal and zero among them,
+// every pair of 6-bit scale and min (0 included) and every code (Q5_K's 5th bits random). Q2_K, Q3_K, Q6_K: d (and
+// Q2_K's dmin) likewise, every code, and every sub-block scale: Q2_K's (scale, min) nibble pairs and Q6_K's int8
+// scales in turn (-128 and 0 included), Q3_K's 6-bit ones at random. Returns the matrices written (8: the
+// embedding; q, k, v, o, gate, up, down) and the sub-blocks written (Q4_K / Q5_K: of 32, at least 64 · 64,
+// sub-block 64a + r having scale r and min 29r + a mod 64; the others: of 16, sub-block t having the scale byte
+// t mod 256 for Q2_K and Q6_K).
 // `runnable`: d and dmin in [2^-10, 2^-6) (still of both signs, with zeros), so
 // that a forward stays finite and non-zero; otherwise any finite f16 (subnormals
 // and 65504 included), whose activations overflow within the layer.
@@ -125,8 +127,33 @@ inline std::pair<int, int64_t> write_k_quant_llama(const std::filesystem::path& 
     }
     return bytes;
   };
+  // Q2_K super-blocks: a (scale, min) nibble pair per sub-block of 16, qs[64], d, dmin.
+  auto q2_k_bytes = [&](int64_t n_super) {
+    std::string bytes;
+    for (int64_t i = 0; i < n_super; ++i) {
+      for (int t = 0; t < 16; ++t, ++sub) bytes += static_cast<char>(sub % 256);
+      random_bytes(bytes, 64);
+      put16(bytes, f16(i % 3 == 1, i % 97 == 5));
+      put16(bytes, f16(i % 5 >= 3, i % 89 == 7));
+    }
+    return bytes;
+  };
+  // Q3_K super-blocks: hmask[32], qs[64], 12 bytes of 6-bit scales (random: every scale among them), d.
+  auto q3_k_bytes = [&](int64_t n_super) {
+    std::string bytes;
+    for (int64_t i = 0; i < n_super; ++i, sub += 16) {
+      random_bytes(bytes, 32 + 64 + 12);
+      put16(bytes, f16(i % 3 == 1, i % 97 == 5));
+    }
+    return bytes;
+  };
   auto blocks = [&](int64_t n_super) {
-    return type == io::GgmlType::Q6_K ? q6_k_bytes(n_super) : k_bytes(n_super, type == io::GgmlType::Q5_K);
+    switch (type) {
+      case io::GgmlType::Q2_K: return q2_k_bytes(n_super);
+      case io::GgmlType::Q3_K: return q3_k_bytes(n_super);
+      case io::GgmlType::Q6_K: return q6_k_bytes(n_super);
+      default: return k_bytes(n_super, type == io::GgmlType::Q5_K);
+    }
   };
   int written = 0;
   for (const ExpectedTensor& e : expected_tensors(c)) {

@@ -373,7 +373,8 @@ TEST(GgufSource, UnloadableTypeIsReportedBeforeAnyLoad) {
 // Q8_0 is in almost every file) are left to their own test.
 int expect_exact_matrices(const GgufSource& gguf, const std::string& type, const std::string& format,
                           bool signed_zeros = true) {
-  static const std::set<std::string> kExact = {"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"};
+  static const std::set<std::string> kExact = {"Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
+                                               "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"};
   const FormatChoice fc = find_format(format);
   int exact = 0;
   for (const std::string& n : gguf.names()) {
@@ -447,22 +448,31 @@ TEST(GgufSource, Q5_1MatricesAreInt8AsymF32Exactly) {
   EXPECT_EQ(expect_exact_matrices(*gguf, "Q5_1", "int8_g32_asym_f32"), 1 + 5 * 5 + 3);
 }
 
-// Q5_K (Q4_K's super-blocks with a 5th bit per code) is int8_g32_asym_f32 exactly, and Q6_K ((d·sc)·(q − 32) per
-// sub-block of 16, an int8 sc) int8_g16_asym_f32 with code q, scale d·sc and min −32·d·sc: every value the same,
-// but a zero product, which ggml signs as its factors and this pair makes +0. gguf_q4k.h's one-layer llama, every
+// The other K-quants are int8_asym_f32 exactly: Q5_K (Q4_K's super-blocks with a 5th bit per code) at groups of 32,
+// and at groups of 16 Q2_K ((d·sc)·q − dmin·mn, 4-bit sc and mn), Q3_K (d·(sc − 32)·q, q in −4..3) and Q6_K
+// ((d·sc)·(q − 32), an int8 sc). Q3_K's and Q6_K's pairs are (S, −4·S) and (S, −32·S): every value the same, but a
+// zero product, which ggml signs as its factors and these pairs make +0. gguf_q4k.h's one-layer llama, every
 // matrix of the type: d (and dmin) of both signs, subnormal and zero, every scale (and min), every code.
-TEST(GgufSource, Q5_KAndQ6_KMatricesAreInt8AsymF32Exactly) {
+TEST(GgufSource, OtherKQuantsAreInt8AsymF32Exactly) {
   TempDir tmp("nibble-gguf");
-  const auto [q5_k, sub5] = test::write_k_quant_llama(tmp / "q5k.gguf", io::GgmlType::Q5_K);
-  ASSERT_EQ(q5_k, 8);
-  ASSERT_GE(sub5, 64 * 64);
-  EXPECT_EQ(expect_exact_matrices(*GgufSource::open(tmp / "q5k.gguf"), "Q5_K", "int8_g32_asym_f32"), q5_k);
-  const auto [q6_k, sub6] = test::write_k_quant_llama(tmp / "q6k.gguf", io::GgmlType::Q6_K);
-  ASSERT_EQ(q6_k, 8);
-  ASSERT_GE(sub6, 256);  // every int8 scale
-  EXPECT_EQ(expect_exact_matrices(*GgufSource::open(tmp / "q6k.gguf"), "Q6_K", "int8_g16_asym_f32",
-                                  /*signed_zeros=*/false),
-            q6_k);
+  struct Case {
+    io::GgmlType type;
+    const char* name;
+    const char* format;
+    int64_t min_sub;  // sub-blocks the helper must write to reach every scale (and min)
+    bool signed_zeros;
+  };
+  for (const Case& c : {Case{io::GgmlType::Q2_K, "Q2_K", "int8_g16_asym_f32", 256, true},
+                        Case{io::GgmlType::Q3_K, "Q3_K", "int8_g16_asym_f32", 4096, false},
+                        Case{io::GgmlType::Q5_K, "Q5_K", "int8_g32_asym_f32", 64 * 64, true},
+                        Case{io::GgmlType::Q6_K, "Q6_K", "int8_g16_asym_f32", 256, false}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path file = tmp / (std::string(c.name) + ".gguf");
+    const auto [written, sub] = test::write_k_quant_llama(file, c.type);
+    ASSERT_EQ(written, 8);
+    ASSERT_GE(sub, c.min_sub);
+    EXPECT_EQ(expect_exact_matrices(*GgufSource::open(file), c.name, c.format, c.signed_zeros), written);
+  }
 }
 
 // llama.cpp's Q8_0 (x = q·d, an f16 d and 32 int8 codes per block) is int8_g32_sym exactly: the codes as they are,
