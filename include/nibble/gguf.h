@@ -73,6 +73,9 @@ void ggml_dequantize(uint32_t type_id, const uint8_t* src, size_t src_bytes, flo
 // super-block's 12 packed scale bytes.
 void ggml_k_scale_min(int j, const uint8_t* scales, int& sc, int& mn);
 
+// IQ4_NL's (and IQ4_XS's) 16 levels (ggml-common.h's kvalues_iq4nl), indexed by the 4-bit code.
+extern const int8_t kGgmlIq4nlValues[16];
+
 // ---------------------------------------------------------------- metadata
 
 enum class GgufType : uint32_t {

@@ -1,7 +1,8 @@
 // int8_sym: 8-bit symmetric integer codes with an f16 scale per group of G
 // consecutive inputs (G = 32, 64 or 128): llama.cpp's Q8_0 at G = 32 (an f16 d
 // and 32 int8 codes per block, x = q·d), which GgufSource reads into this row
-// exactly. docs/FORMAT.md §7.9 is normative.
+// exactly, as it does Q5_0 ((q − 16)·d) and IQ4_NL (d·grid[q]).
+// docs/FORMAT.md §7.9 is normative.
 //
 //   scale = f16(absmax / 127)                               (fp32 division, then round to f16)
 //   code  = clamp(round_half_even(w / scale), -127, 127)    (0 when scale == 0)

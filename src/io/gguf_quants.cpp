@@ -53,6 +53,10 @@ void ggml_k_scale_min(int j, const uint8_t* s, int& sc, int& mn) {
   }
 }
 
+// IQ4_NL's grid (ggml-common.h kvalues_iq4nl): 16 levels fitted to the
+// distribution of LLM weights, denser near zero.
+const int8_t kGgmlIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 namespace {
 
 constexpr int64_t kQK = 32;    // block size of the legacy types (QK4_0, QK8_0, ...)
@@ -137,17 +141,13 @@ void deq_q5_1(const uint8_t* b, int64_t nb, float* y) {
   }
 }
 
-// IQ4_NL's grid (ggml-common.h kvalues_iq4nl): 16 levels fitted to the
-// distribution of LLM weights, denser near zero.
-constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
 void deq_iq4_nl(const uint8_t* b, int64_t nb, float* y) {
   for (int64_t i = 0; i < nb; ++i, b += 18, y += kQK) {
     const float d = f16(b);
     const uint8_t* qs = b + 2;
     for (int j = 0; j < kQK / 2; ++j) {
-      y[j] = d * static_cast<float>(kIq4nlValues[qs[j] & 0x0F]);
-      y[j + kQK / 2] = d * static_cast<float>(kIq4nlValues[qs[j] >> 4]);
+      y[j] = d * static_cast<float>(kGgmlIq4nlValues[qs[j] & 0x0F]);
+      y[j + kQK / 2] = d * static_cast<float>(kGgmlIq4nlValues[qs[j] >> 4]);
     }
   }
 }
@@ -267,8 +267,8 @@ void deq_iq4_xs(const uint8_t* b, int64_t nb, float* y) {
       const int ls = ((scales_l[k / 2] >> (4 * (k % 2))) & 0x0F) | (((scales_h >> (2 * k)) & 3) << 4);
       const float dl = d * static_cast<float>(ls - 32);
       for (int j = 0; j < 16; ++j) {
-        y[32 * k + j] = dl * static_cast<float>(kIq4nlValues[qs[16 * k + j] & 0x0F]);
-        y[32 * k + 16 + j] = dl * static_cast<float>(kIq4nlValues[qs[16 * k + j] >> 4]);
+        y[32 * k + j] = dl * static_cast<float>(kGgmlIq4nlValues[qs[16 * k + j] & 0x0F]);
+        y[32 * k + 16 + j] = dl * static_cast<float>(kGgmlIq4nlValues[qs[16 * k + j] >> 4]);
       }
     }
   }

@@ -381,6 +381,56 @@ std::vector<Tensor> q3_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, i
   return out.parts();
 }
 
+// IQ4_NL blocks (18 bytes per 32 inputs: f16 d, qs[16] nibbled as Q4_0's; x = d·kvalues[q], the fixed 16-level
+// grid in −127..113) as int8_g32_sym's parts: the grid values themselves as the int8 codes, d's f16 bits as the
+// scale, so code·scale is ggml's d·kvalues[q], the same product.
+std::vector<Tensor> iq4_nl_as_int8_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQK = 32, kBlockBytes = 18;
+  const int64_t nb = cols / kQK;
+  Tensor codes = Tensor::empty(DType::I8, {rows, cols}), scales = Tensor::empty(DType::F16, {rows, nb});
+  auto* c = static_cast<int8_t*>(codes.raw_mut());
+  auto* s = static_cast<uint16_t*>(scales.raw_mut());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    std::memcpy(&s[i], b, 2);
+    for (int e = 0; e < kQK; ++e)
+      c[i * kQK + e] = io::kGgmlIq4nlValues[e < 16 ? b[2 + e] & 0x0F : b[2 + e - 16] >> 4];
+  }
+  return {codes, scales};
+}
+
+// IQ4_XS super-blocks (136 bytes per 256 inputs: f16 d, u16 scales_h, scales_l[4], qs[128]; per sub-block k of 32
+// a 6-bit scale ls (low 4 bits: nibble k mod 2 of scales_l[k / 2]; top 2: bits 2k, 2k + 1 of scales_h), x =
+// (d·(ls − 32))·kvalues[q], inputs 32k + j and 32k + 16 + j the low and high nibbles of qs[16k + j]) as
+// int8_g32_asym_f32's parts: code kvalues[q] + 128 in 1..241, scale S = d·(ls − 32) (at most 16 significant bits)
+// and min −128·S, so code·S is exact (at most 24) and code·S + (−128·S) is ggml's S·kvalues[q] exactly. No grid
+// value is 0, so only S = ±0 gives a zero: +0 here, signed as its factors in ggml.
+std::vector<Tensor> iq4_xs_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  constexpr int64_t kQKK = 256, kSub = 32, kBlockBytes = 136;
+  AsymF32Parts out(rows, cols, 8, kSub);
+  uint8_t* c = out.c();
+  float *s = out.s(), *m = out.m();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
+    const uint8_t* b = blocks + i * kBlockBytes;
+    const float d = f16_at(b);
+    const unsigned high = b[2] | b[3] << 8;
+    for (int k = 0; k < kQKK / kSub; ++k) {
+      const int ls = ((b[4 + k / 2] >> (4 * (k % 2))) & 0x0F) | ((high >> (2 * k)) & 3) << 4;
+      const float S = d * static_cast<float>(ls - 32);
+      s[i * 8 + k] = S;
+      m[i * 8 + k] = -128.0f * S;
+      const uint8_t* qs = b + 8 + 16 * k;
+      for (int j = 0; j < 16; ++j) {
+        c[i * kQKK + kSub * k + j] = static_cast<uint8_t>(io::kGgmlIq4nlValues[qs[j] & 0x0F] + 128);
+        c[i * kQKK + kSub * k + 16 + j] = static_cast<uint8_t>(io::kGgmlIq4nlValues[qs[j] >> 4] + 128);
+      }
+    }
+  }
+  return out.parts();
+}
+
 // ggml block types that a nibble format holds exactly (GgufSource::exact_format), one row each:
 //   Q4_0 -> int4_g32_sym       (codes around 8, d's f16 bits as the scale)
 //   Q4_1 -> int4_g32_asym_f32  (scale d, min m)
@@ -392,6 +442,8 @@ std::vector<Tensor> q3_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, i
 //   Q5_K -> int8_g32_asym_f32  (as Q4_K)
 //   Q6_K -> int8_g16_asym_f32  (a group per sub-block of 16: scale d·sc, min −32·d·sc; zeros are +0)
 //   Q8_0 -> int8_g32_sym       (the codes, d's f16 bits as the scale)
+//   IQ4_NL -> int8_g32_sym     (the grid values as codes, d's f16 bits as the scale)
+//   IQ4_XS -> int8_g32_asym_f32 (a group per sub-block of 32: codes grid value + 128, scale d·(ls − 32), min −128·that)
 // `block` is ggml's block (Q4_K: super-block) size, which ne[0] must be a
 // multiple of; `group` is the nibble format's group size.
 struct ExactBlockType {
@@ -412,6 +464,8 @@ constexpr ExactBlockType kExactBlockTypes[] = {
     {GgmlType::Q5_K, 256, "int8_asym_f32", 32, q5_k_as_int8_asym_f32},
     {GgmlType::Q6_K, 256, "int8_asym_f32", 16, q6_k_as_int8_asym_f32},
     {GgmlType::Q8_0, 32, "int8_sym", 32, q8_0_as_int8_sym},
+    {GgmlType::IQ4_NL, 32, "int8_sym", 32, iq4_nl_as_int8_sym},
+    {GgmlType::IQ4_XS, 256, "int8_asym_f32", 32, iq4_xs_as_int8_asym_f32},
 };
 
 const ExactBlockType* exact_block_type(const io::GgufTensorInfo& t) {

@@ -1,9 +1,9 @@
 // The CPU forward's packed linears: every format with a CPU kernel
 // (int4_asym, int4_asym_f32, int4_sym, the 8-bit formats, the FP8 and FP4 formats) and the rivals' linears one of
 // them holds exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 and Q4_K → int4_g32_asym_f32, Q5_0 and Q8_0 → int8_g32_sym,
-// Q5_1 and Q5_K → int8_g32_asym_f32, Q2_K, Q3_K and Q6_K → int8_g16_asym_f32) stay packed when a
-// model loads, and give what the same linear dequantized to f32 gives, at one
-// token (the integer GEMV), a few (the fp32 tiles) and many (decode + sgemm).
+// IQ4_NL → int8_g32_sym, Q5_1, Q5_K and IQ4_XS → int8_g32_asym_f32, Q2_K, Q3_K and Q6_K → int8_g16_asym_f32) stay
+// packed when a model loads, and give what the same linear dequantized to f32 gives, at one token (the integer
+// GEMV), a few (the fp32 tiles) and many (decode + sgemm).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -118,6 +118,7 @@ TEST(CpuPackedLinears, GgufLegacyBlocksRunPackedAndMatchDequantized) {
   // that v (Q8_0, checked, not counted).
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q4_K_M.gguf"), "int8_g32_sym", 12);
   expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-Q5_K_M.gguf"), "int8_g32_asym_f32", 11);
+  expect_packed_matches_dense(*GgufSource::open(dir / "stories260K-IQ4_NL.gguf"), "int8_g32_sym", 12);
 }
 
 // Q4_K (no stories260K matrix is whole 256-wide blocks): gguf_q4k.h's one-layer llama, every matrix Q4_K with
@@ -131,7 +132,8 @@ TEST(CpuPackedLinears, GgufKQuantsRunPackedAndMatchDequantized) {
   for (const auto& [type, format] : {std::pair{io::GgmlType::Q2_K, "int8_g16_asym_f32"},
                                      std::pair{io::GgmlType::Q3_K, "int8_g16_asym_f32"},
                                      std::pair{io::GgmlType::Q5_K, "int8_g32_asym_f32"},
-                                     std::pair{io::GgmlType::Q6_K, "int8_g16_asym_f32"}}) {
+                                     std::pair{io::GgmlType::Q6_K, "int8_g16_asym_f32"},
+                                     std::pair{io::GgmlType::IQ4_XS, "int8_g32_asym_f32"}}) {
     SCOPED_TRACE(static_cast<int>(type));
     ASSERT_EQ(test::write_k_quant_llama(tmp / "k.gguf", type).first, 8);
     expect_packed_matches_dense(*GgufSource::open(tmp / "k.gguf"), format, 14);

@@ -39,14 +39,14 @@ inline std::string to_gguf_name(const std::string& hf) {
 }
 
 // No stories260K file holds a K-quant matrix (none there is whole 256-wide blocks), so this writes a one-layer
-// llama (hidden 256, intermediate 512, 4 and 2 heads) whose every matrix is `type` (Q2_K, Q3_K, Q4_K, Q5_K or
-// Q6_K) of pseudo-random blocks; norms are 1. Q4_K / Q5_K: d and dmin of both signs, subnormal and zero among them,
+// llama (hidden 256, intermediate 512, 4 and 2 heads) whose every matrix is `type` (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+// or IQ4_XS) of pseudo-random blocks; norms are 1. Q4_K / Q5_K: d and dmin of both signs, subnormal and zero among them,
 // every pair of 6-bit scale and min (0 included) and every code (Q5_K's 5th bits random). Q2_K, Q3_K, Q6_K: d (and
 // Q2_K's dmin) likewise, every code, and every sub-block scale: Q2_K's (scale, min) nibble pairs and Q6_K's int8
-// scales in turn (-128 and 0 included), Q3_K's 6-bit ones at random. Returns the matrices written (8: the
+// scales in turn (-128 and 0 included), Q3_K's and IQ4_XS's 6-bit ones at random. Returns the matrices written (8: the
 // embedding; q, k, v, o, gate, up, down) and the sub-blocks written (Q4_K / Q5_K: of 32, at least 64 · 64,
-// sub-block 64a + r having scale r and min 29r + a mod 64; the others: of 16, sub-block t having the scale byte
-// t mod 256 for Q2_K and Q6_K).
+// sub-block 64a + r having scale r and min 29r + a mod 64; IQ4_XS: of 32; the others: of 16, sub-block t having
+// the scale byte t mod 256 for Q2_K and Q6_K).
 // `runnable`: d and dmin in [2^-10, 2^-6) (still of both signs, with zeros), so
 // that a forward stays finite and non-zero; otherwise any finite f16 (subnormals
 // and 65504 included), whose activations overflow within the layer.
@@ -147,8 +147,18 @@ inline std::pair<int, int64_t> write_k_quant_llama(const std::filesystem::path& 
     }
     return bytes;
   };
+  // IQ4_XS super-blocks: d, scales_h (2 bytes), scales_l[4] (random: every 6-bit scale among them), qs[128].
+  auto iq4_xs_bytes = [&](int64_t n_super) {
+    std::string bytes;
+    for (int64_t i = 0; i < n_super; ++i, sub += 8) {
+      put16(bytes, f16(i % 3 == 1, i % 97 == 5));
+      random_bytes(bytes, 2 + 4 + 128);
+    }
+    return bytes;
+  };
   auto blocks = [&](int64_t n_super) {
     switch (type) {
+      case io::GgmlType::IQ4_XS: return iq4_xs_bytes(n_super);
       case io::GgmlType::Q2_K: return q2_k_bytes(n_super);
       case io::GgmlType::Q3_K: return q3_k_bytes(n_super);
       case io::GgmlType::Q6_K: return q6_k_bytes(n_super);

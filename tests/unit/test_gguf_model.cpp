@@ -373,8 +373,8 @@ TEST(GgufSource, UnloadableTypeIsReportedBeforeAnyLoad) {
 // Q8_0 is in almost every file) are left to their own test.
 int expect_exact_matrices(const GgufSource& gguf, const std::string& type, const std::string& format,
                           bool signed_zeros = true) {
-  static const std::set<std::string> kExact = {"Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",
-                                               "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"};
+  static const std::set<std::string> kExact = {"Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K",   "Q5_0",
+                                               "Q5_1", "Q5_K", "Q6_K", "Q8_0", "IQ4_NL", "IQ4_XS"};
   const FormatChoice fc = find_format(format);
   int exact = 0;
   for (const std::string& n : gguf.names()) {
@@ -448,12 +448,23 @@ TEST(GgufSource, Q5_1MatricesAreInt8AsymF32Exactly) {
   EXPECT_EQ(expect_exact_matrices(*gguf, "Q5_1", "int8_g32_asym_f32"), 1 + 5 * 5 + 3);
 }
 
+// llama.cpp's IQ4_NL (x = d·grid[q], an f16 d per 32 inputs, the fixed grid −127..113) is int8_g32_sym exactly: the
+// grid values as codes, d's f16 bits as the scale. Its stories260K files (with and without an imatrix) store the
+// embedding and q, k, v, o, gate, up of every layer so.
+TEST(GgufSource, Iq4NlMatricesAreInt8SymExactly) {
+  for (const char* f : {"stories260K-IQ4_NL.gguf", "stories260K-IQ4_NL-imatrix.gguf"}) {
+    SCOPED_TRACE(f);
+    EXPECT_EQ(expect_exact_matrices(*GgufSource::open(stories() / "gguf" / f), "IQ4_NL", "int8_g32_sym"), 1 + 5 * 6);
+  }
+}
+
 // The other K-quants are int8_asym_f32 exactly: Q5_K (Q4_K's super-blocks with a 5th bit per code) at groups of 32,
 // and at groups of 16 Q2_K ((d·sc)·q − dmin·mn, 4-bit sc and mn), Q3_K (d·(sc − 32)·q, q in −4..3) and Q6_K
-// ((d·sc)·(q − 32), an int8 sc). Q3_K's and Q6_K's pairs are (S, −4·S) and (S, −32·S): every value the same, but a
-// zero product, which ggml signs as its factors and these pairs make +0. gguf_q4k.h's one-layer llama, every
+// ((d·sc)·(q − 32), an int8 sc); so is IQ4_XS ((d·(ls − 32))·grid[q] per 32) with codes grid[q] + 128. Q3_K's,
+// Q6_K's and IQ4_XS's pairs are (S, −4·S), (S, −32·S) and (S, −128·S): every value the same, but a zero product,
+// which ggml signs as its factors and these pairs make +0. gguf_q4k.h's one-layer llama, every
 // matrix of the type: d (and dmin) of both signs, subnormal and zero, every scale (and min), every code.
-TEST(GgufSource, OtherKQuantsAreInt8AsymF32Exactly) {
+TEST(GgufSource, OtherKQuantsAndIq4XsAreInt8AsymF32Exactly) {
   TempDir tmp("nibble-gguf");
   struct Case {
     io::GgmlType type;
@@ -465,7 +476,8 @@ TEST(GgufSource, OtherKQuantsAreInt8AsymF32Exactly) {
   for (const Case& c : {Case{io::GgmlType::Q2_K, "Q2_K", "int8_g16_asym_f32", 256, true},
                         Case{io::GgmlType::Q3_K, "Q3_K", "int8_g16_asym_f32", 4096, false},
                         Case{io::GgmlType::Q5_K, "Q5_K", "int8_g32_asym_f32", 64 * 64, true},
-                        Case{io::GgmlType::Q6_K, "Q6_K", "int8_g16_asym_f32", 256, false}}) {
+                        Case{io::GgmlType::Q6_K, "Q6_K", "int8_g16_asym_f32", 256, false},
+                        Case{io::GgmlType::IQ4_XS, "IQ4_XS", "int8_g32_asym_f32", 4096, false}}) {
     SCOPED_TRACE(c.name);
     const fs::path file = tmp / (std::string(c.name) + ".gguf");
     const auto [written, sub] = test::write_k_quant_llama(file, c.type);
