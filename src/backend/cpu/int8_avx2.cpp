@@ -88,10 +88,9 @@ void row_one(const Problem& p, int64_t n, float* y) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   const int64_t k8 = p.K / 8 * 8;
   const float* sr = row_scales(p, n);
-  const float* mr = C == Code8::UInt8 ? row_mins(p, n) : nullptr;
   const int64_t seg = seg_len(p), step = seg_step(p);
   for (int64_t k0 = 0, j = 0; k0 < k8; k0 += seg, j += step) {
-    const Decoder<C> dec(sr[j], mr ? mr[j] : 0.0f);
+    const Decoder<C> dec(sr[j], 0.0f);  // no min: UInt8 takes row_one_affine
     const int64_t end = min64(k8, k0 + seg);
     int64_t k = k0;
     for (; k + 32 <= end; k += 32) {
@@ -169,11 +168,10 @@ template <Code8 C>
 void rows(const Problem& p, int64_t n0, int64_t n1, float* y) {
   for (int64_t n = n0; n < n1; ++n) {
     if (p.M == 1) {
-      if constexpr (C == Code8::UInt8) {
+      if constexpr (C == Code8::UInt8)
         row_one_affine(p, n, y);
-        continue;
-      }
-      row_one<C>(p, n, y);
+      else
+        row_one<C>(p, n, y);
       continue;
     }
     int64_t m = 0;
