@@ -47,8 +47,9 @@ void print_header(const ModelSource& src) {
                 v.model.empty() ? "none" : v.model.c_str(), v.pre.empty() ? "" : "/", v.pre.c_str(), v.tokens.size());
     for (const std::string& n : src.names())
       if (src.exact_format(n)) {
-        std::printf("a block type listed as TYPE:FORMAT is that nibble format exactly (the CPU's and the GPU's int4 "
-                    "kernels take those linears as stored)\n");
+        std::printf("a block type listed as TYPE:FORMAT is that nibble format exactly (the CPU's packed kernels take "
+                    "those linears as stored; the GPU's int4 kernels take the int4 ones, and it loads the others "
+                    "dense)\n");
         break;
       }
     return;
