@@ -22,6 +22,7 @@
 
 #include "nibble/act_quant.h"
 #include "nibble/dtype.h"
+#include "nibble/model.h"
 #include "nibble/model_config.h"
 #include "nibble/sampler.h"
 #include "nibble/source.h"
@@ -135,14 +136,8 @@ int64_t sample_filter_max_logits();
 // The quantized matrices of `src` (decoder linears and the head) that no
 // registered linear kernel takes: GpuModel::load holds them dequantized to
 // bf16 and runs them through cuBLAS (2 bytes a weight, a dense GEMV's
-// speed). Per format (ModelSource::foreign_format for a rival's scheme or a
-// ggml block type, even one a nibble format holds exactly, as GGUF Q8_0;
-// else its canonical name; in name order): how many and their weights. Host
+// speed). Per format as cpu_dense_fallbacks (nibble/model.h) names them. Host
 // only: needs no device.
-struct DenseFallback {
-  std::string format;
-  int64_t matrices = 0, params = 0;
-};
 std::vector<DenseFallback> dense_fallbacks(const ModelSource& src);
 
 class GpuModel {

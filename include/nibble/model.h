@@ -69,11 +69,25 @@ class KVCache {
 };
 
 // Loads the linear "PREFIX.weight" (+ "PREFIX.bias" when present) of `src`:
-// matrices in a format with a CPU kernel (int4_asym, int4_asym_f32, int4_sym),
-// or a rival's linear that one of them holds exactly (ModelSource::exact_format:
-// GGUF Q4_0 / Q4_1 / Q4_K, GPTQ, AWQ), stay packed unless `dense`; anything else
-// (other formats dequantized) becomes f32.
+// matrices in a format with a CPU kernel (cpu::find_packed_kernel: the int4,
+// 8-bit and FP4 formats but the per-tensor integers), or a rival's linear that
+// one of them holds exactly (ModelSource::exact_format: GGUF's legacy, K and
+// IQ4 blocks, GPTQ, AWQ), stay packed unless `dense`; anything else (other
+// formats dequantized) becomes f32.
 LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool dense = false);
+
+// Quantized matrices of one format that a forward cannot run packed and holds
+// dequantized instead.
+struct DenseFallback {
+  std::string format;
+  int64_t matrices = 0, params = 0;
+};
+// The quantized matrices of `src` (every 2-D tensor but the embedding) that
+// load_linear holds as f32 because no CPU kernel takes them (4 bytes a
+// weight). Per format (ModelSource::foreign_format for a rival's scheme or a
+// ggml block type, even one a nibble format holds exactly, as GGUF Q8_0;
+// else its canonical name; in name order): how many and their weights.
+std::vector<DenseFallback> cpu_dense_fallbacks(const ModelSource& src);
 
 // The inputs of a layer's linears, as a calibration tap sees them: q/k/v
 // share one input, so do gate/up.

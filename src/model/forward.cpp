@@ -2,6 +2,7 @@
 // over the n new tokens of one sequence.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numbers>
 
 #include "backend/cpu/kernels.h"
@@ -147,14 +148,35 @@ LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool
   const std::string wname = prefix + ".weight";
   const TensorMeta meta = src.meta(wname);
   // Formats with a CPU kernel stay packed, a rival's linear too where it is one of them exactly
-  // (ModelSource::exact_format: GGUF Q4_0, Q4_1, Q4_K; GPTQ, AWQ); any other format is dequantized once here
-  // and runs through the dense GEMM.
+  // (ModelSource::exact_format: GGUF's legacy, K and IQ4 blocks; GPTQ, AWQ); any other format is dequantized once
+  // here and runs through the dense GEMM.
   const std::optional<FormatChoice> f = dense ? std::nullopt : src.exact_format(wname);
   LinearWeight l = f && cpu::find_packed_kernel(*f->spec)
                        ? LinearWeight::packed(*f, src.exact_parts(wname), meta.shape[0], meta.shape[1])
                        : LinearWeight::dense(src.load(wname).to_f32());
   if (src.contains(prefix + ".bias")) l.bias = src.load(prefix + ".bias").to_f32();
   return l;
+}
+
+std::vector<DenseFallback> cpu_dense_fallbacks(const ModelSource& src) {
+  std::map<std::string, DenseFallback> by_format;
+  for (const std::string& n : src.names()) {
+    if (n == "model.embed_tokens.weight") continue;  // a table of rows, not a linear
+    const TensorMeta meta = src.meta(n);
+    if (meta.shape.size() != 2) continue;
+    const std::optional<FormatChoice> f = src.exact_format(n);
+    if (f && cpu::find_packed_kernel(*f->spec)) continue;
+    std::string format = src.foreign_format(n);
+    if (format.empty() && meta.format) format = meta.format->canonical_name();
+    if (format.empty()) continue;  // plain weights
+    DenseFallback& d = by_format[format];
+    d.format = format;
+    ++d.matrices;
+    d.params += meta.shape[0] * meta.shape[1];
+  }
+  std::vector<DenseFallback> out;
+  for (auto& [name, d] : by_format) out.push_back(d);
+  return out;
 }
 
 DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {

@@ -71,6 +71,38 @@ void expect_packed_matches_dense(const ModelSource& src, const std::string& want
   EXPECT_EQ(checked, packed_count);
 }
 
+// The matrices the CPU holds as f32 for want of a kernel, which `nibble run` names in a note: the per-tensor integer
+// formats (nibble's only ones without a CPU kernel), none for a format with one, none for plain weights, and none for
+// llama.cpp's Q4_K_M, Q5_K_M and IQ4_NL files of stories260K (every quantized matrix there is Q5_0, Q5_1, Q8_0 or
+// IQ4_NL; down_proj, 172 inputs wide, is F16, plain).
+TEST(CpuPackedLinears, DenseFallbacksNameTheFormatsWithoutACpuKernel) {
+  test::TempDir tmp;
+  const fs::path dir = test::model_dir("stories260K");
+  QuantizeOptions o;
+  o.progress = false;
+  o.format = "int4_tensor_asym";
+  const QuantizeResult r = quantize_model(dir, tmp / "tensor", o);
+  const std::vector<DenseFallback> f = cpu_dense_fallbacks(*CheckpointDir::open(tmp / "tensor"));
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].format, "int4_tensor_asym");
+  int64_t matrices = 0;
+  for (const TensorResult& t : r.tensors) matrices += t.quantized;
+  EXPECT_EQ(f[0].matrices, matrices);
+  EXPECT_EQ(static_cast<uint64_t>(f[0].params), r.quantized_params);
+  o.format = "int8_g16_asym_f32";
+  quantize_model(dir, tmp / "g16", o);
+  EXPECT_TRUE(cpu_dense_fallbacks(*CheckpointDir::open(tmp / "g16")).empty());
+  EXPECT_TRUE(cpu_dense_fallbacks(*CheckpointDir::open(dir)).empty());
+  for (const char* g : {"stories260K-Q4_K_M.gguf", "stories260K-Q5_K_M.gguf", "stories260K-IQ4_NL.gguf"})
+    EXPECT_TRUE(cpu_dense_fallbacks(*GgufSource::open(dir / "gguf" / g)).empty()) << g;
+  // The CLI's note.
+  const auto run = test::run_command(test::nibble_bin() + " run --model " + (tmp / "tensor").string() +
+                                     " --prompt 'Once upon a time' -n 4");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.err.find(fmt::format("note: {} matrices in int4_tensor_asym", matrices)), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("have no CPU kernel"), std::string::npos) << run.err;
+}
+
 // int4_sym read as (s, −8·s) pairs: FORMAT.md's int4_asym_f32 decode of the converted parts gives int4_sym's own
 // decode bit for bit, on scales across f16's range (subnormal to large) and a ragged last group.
 TEST(CpuPackedLinears, Int4SymAsAsymF32DecodesTheSameBits) {

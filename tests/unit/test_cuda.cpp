@@ -1796,7 +1796,7 @@ TEST(Cuda, DenseFallbacksNameTheFormatsWithoutAKernel) {
   const QuantizeResult mx = quantize_model(dir, tmp.path() / "mxfp4", q);
   EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source((tmp.path() / "asym").string())).empty());
   EXPECT_TRUE(cuda::dense_fallbacks(*open_model_source((tmp.path() / "sym").string())).empty());
-  const std::vector<cuda::DenseFallback> f =
+  const std::vector<DenseFallback> f =
       cuda::dense_fallbacks(*open_model_source((tmp.path() / "mxfp4").string()));
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].format, "mxfp4");

@@ -125,9 +125,9 @@ class Runner {
     (void)token, (void)limit, (void)steps, (void)sampler, (void)emit;
 #endif
   }
-  // For the GPU: a note on the quantized matrices that no kernel takes (held
-  // as bf16, so more memory and a slower decode than the format's bytes
-  // promise), or "".
+  // A note on the quantized matrices that no kernel takes (held as bf16 on
+  // the GPU, as f32 on the CPU, so more memory and a slower decode than the
+  // format's bytes promise), or "".
   std::string fallback_note() const {
     std::string note;
 #ifdef NIBBLE_HAVE_CUDA
@@ -135,12 +135,17 @@ class Runner {
       std::vector<std::string> kernels;  // what the registry takes, for the note
       for (const cuda::LinearKernel* k : cuda::linear_kernel_registry())
         kernels.push_back(fmt::format("{} ({}) at groups of {}", k->name, k->format, fmt::join(k->group_sizes, ", ")));
-      for (const cuda::DenseFallback& f : cuda::dense_fallbacks(*src_))
+      for (const DenseFallback& f : cuda::dense_fallbacks(*src_))
         note += fmt::format("note: {} matrices in {} ({:.1f} M weights) have no GPU kernel: they run dequantized to "
                             "bf16 through cuBLAS (2 bytes a weight). GPU kernels: {}\n",
                             f.matrices, f.format, f.params / 1e6, fmt::join(kernels, "; "));
+      return note;
     }
 #endif
+    for (const DenseFallback& f : cpu_dense_fallbacks(*src_))
+      note += fmt::format("note: {} matrices in {} ({:.1f} M weights) have no CPU kernel: they run dequantized to f32 "
+                          "(4 bytes a weight)\n",
+                          f.matrices, f.format, f.params / 1e6);
     return note;
   }
   // For the GPU: what nibble's buffers hold on the device (the model as
