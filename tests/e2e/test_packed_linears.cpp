@@ -1,6 +1,6 @@
-// The CPU forward's packed linears: every format with a CPU kernel
-// (int4_asym, int4_asym_f32, int4_sym, the 8-bit formats, the FP8 and FP4 formats) and the rivals' linears one of
-// them holds exactly (GGUF Q4_0 → int4_g32_sym, Q4_1 and Q4_K → int4_g32_asym_f32, Q5_0 and Q8_0 → int8_g32_sym,
+// The CPU forward's packed linears: every format with a CPU kernel (int4_asym, int4_asym_f32, int4_sym, the 8-bit
+// formats, int2..7_tensor_asym, the FP8 and FP4 formats) and the rivals' linears one of them holds exactly (GGUF
+// Q4_0 → int4_g32_sym, Q4_1 and Q4_K → int4_g32_asym_f32, Q5_0 and Q8_0 → int8_g32_sym,
 // IQ4_NL → int8_g32_sym, Q5_1, Q5_K and IQ4_XS → int8_g32_asym_f32, Q2_K, Q3_K and Q6_K → int8_g16_asym_f32) stay
 // packed when a model loads, and give what the same linear dequantized to f32 gives, at one token (the integer
 // GEMV), a few (the fp32 tiles) and many (decode + sgemm).
@@ -71,8 +71,8 @@ void expect_packed_matches_dense(const ModelSource& src, const std::string& want
   EXPECT_EQ(checked, packed_count);
 }
 
-// The matrices the CPU holds as f32 for want of a kernel, which `nibble run` names in a note: the per-tensor integer
-// formats (nibble's only ones without a CPU kernel), none for a format with one, none for plain weights, and none for
+// The matrices the CPU holds as f32 for want of a kernel, which `nibble run` names in a note: int8_tensor_asym (nibble's
+// only format without a CPU kernel: its code − zero reach ±255), none for a format with one, none for plain weights, and none for
 // llama.cpp's Q4_K_M, Q5_K_M and IQ4_NL files of stories260K (every quantized matrix there is Q5_0, Q5_1, Q8_0 or
 // IQ4_NL; down_proj, 172 inputs wide, is F16, plain).
 TEST(CpuPackedLinears, DenseFallbacksNameTheFormatsWithoutACpuKernel) {
@@ -80,18 +80,20 @@ TEST(CpuPackedLinears, DenseFallbacksNameTheFormatsWithoutACpuKernel) {
   const fs::path dir = test::model_dir("stories260K");
   QuantizeOptions o;
   o.progress = false;
-  o.format = "int4_tensor_asym";
+  o.format = "int8_tensor_asym";
   const QuantizeResult r = quantize_model(dir, tmp / "tensor", o);
   const std::vector<DenseFallback> f = cpu_dense_fallbacks(*CheckpointDir::open(tmp / "tensor"));
   ASSERT_EQ(f.size(), 1u);
-  EXPECT_EQ(f[0].format, "int4_tensor_asym");
+  EXPECT_EQ(f[0].format, "int8_tensor_asym");
   int64_t matrices = 0;
   for (const TensorResult& t : r.tensors) matrices += t.quantized;
   EXPECT_EQ(f[0].matrices, matrices);
   EXPECT_EQ(static_cast<uint64_t>(f[0].params), r.quantized_params);
-  o.format = "int8_g16_asym_f32";
-  quantize_model(dir, tmp / "g16", o);
-  EXPECT_TRUE(cpu_dense_fallbacks(*CheckpointDir::open(tmp / "g16")).empty());
+  for (const char* packed : {"int8_g16_asym_f32", "int4_tensor_asym"}) {
+    o.format = packed;
+    quantize_model(dir, tmp / packed, o);
+    EXPECT_TRUE(cpu_dense_fallbacks(*CheckpointDir::open(tmp / packed)).empty()) << packed;
+  }
   EXPECT_TRUE(cpu_dense_fallbacks(*CheckpointDir::open(dir)).empty());
   for (const char* g : {"stories260K-Q4_K_M.gguf", "stories260K-Q5_K_M.gguf", "stories260K-IQ4_NL.gguf"})
     EXPECT_TRUE(cpu_dense_fallbacks(*GgufSource::open(dir / "gguf" / g)).empty()) << g;
@@ -99,7 +101,7 @@ TEST(CpuPackedLinears, DenseFallbacksNameTheFormatsWithoutACpuKernel) {
   const auto run = test::run_command(test::nibble_bin() + " run --model " + (tmp / "tensor").string() +
                                      " --prompt 'Once upon a time' -n 4");
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  EXPECT_NE(run.err.find(fmt::format("note: {} matrices in int4_tensor_asym", matrices)), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find(fmt::format("note: {} matrices in int8_tensor_asym", matrices)), std::string::npos) << run.err;
   EXPECT_NE(run.err.find("have no CPU kernel"), std::string::npos) << run.err;
 }
 
@@ -130,7 +132,8 @@ TEST(CpuPackedLinears, NibbleFormatsRunPackedAndMatchDequantized) {
   for (const char* name : {"int4_g32_asym", "int4_g128_asym_f32", "int4_g32_asym_f32", "int4_g64_sym",
                            "int8_channel_sym", "fp8_e4m3_channel", "fp8_e4m3_tensor", "fp8_e5m2_channel",
                            "fp8_e5m2_tensor", "fp4_e2m1_g32", "mxfp4", "nvfp4", "int8_g32_sym", "int8_g128_sym",
-                           "int8_g16_asym_f32", "int8_g128_asym_f32"}) {
+                           "int8_g16_asym_f32", "int8_g128_asym_f32", "int2_tensor_asym", "int4_tensor_asym",
+                           "int7_tensor_asym"}) {
     SCOPED_TRACE(name);
     QuantizeOptions o;
     o.format = name;

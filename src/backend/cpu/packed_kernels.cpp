@@ -26,7 +26,8 @@ void gemm_int4_f32_parts(const float* x, int64_t M, const std::vector<Tensor>& p
                  y);
 }
 
-// 8-bit codes (§7.2, §7.4): qweight [N, K] (I8, F8_E4M3 or F8_E5M2), scales F32 [N, 1] per row or scale [1].
+// 8-bit codes (§7.2, §7.4; §7.3's once prepared): qweight [N, K] (I8, F8_E4M3 or F8_E5M2), scales F32 [N, 1] per
+// row or scale [1].
 template <Code8 C, int64_t kScaleStride>
 void gemm_code8_parts(const float* x, int64_t M, const std::vector<Tensor>& parts, int64_t N, int64_t K, int,
                       float* y) {
@@ -48,6 +49,19 @@ void gemm_int8_asym_parts(const float* x, int64_t M, const std::vector<Tensor>& 
                           int group_size, float* y) {
   gemm_code8(Code8::UInt8, x, M, parts[0].data<uint8_t>(), parts[1].data<float>(), 1, N, K, y, group_size,
              parts[2].data<float>());
+}
+
+// int{B}_tensor_asym, B = 2..7 (§7.3: B-bit codes packed per row, an fp32 scale and a zero point per tensor) as
+// int8 codes code − zero (|code − zero| ≤ 2^B − 1 ≤ 127) with the scale per tensor: the 8-bit kernel's fl((code −
+// zero)·scale) is the format's decode, one byte a weight. (int8_tensor_asym's differences reach ±255: no row.)
+template <int B>
+std::vector<Tensor> tensor_asym_as_int8(const std::vector<Tensor>& parts, int64_t N, int64_t K, int g) {
+  const QuantizedMatrix q = formats::kIntTensorAsym[B - 2].unpack(parts, N, K, g);
+  const int zero = static_cast<int>(q.params.empty() ? 0.0f : q.params[0].zero);
+  Tensor codes = Tensor::empty(DType::I8, {N, K});
+  auto* c = static_cast<int8_t*>(codes.raw_mut());
+  for (int64_t i = 0; i < N * K; ++i) c[i] = static_cast<int8_t>(static_cast<int>(q.codes[i]) - zero);
+  return {codes, parts[1].contiguous()};
 }
 
 // The codes as stored and the 16-bit scales (f16 or bf16) as F32, exactly.
@@ -116,6 +130,12 @@ const KernelEntry kKernels[] = {
     {&formats::kInt8ChannelSym, {nullptr, gemm_code8_parts<Code8::Int8, 1>}},
     {&formats::kInt8Sym, {scales_to_f32, gemm_int8_group_parts}},
     {&formats::kInt8AsymF32, {nullptr, gemm_int8_asym_parts}},
+    {&formats::kIntTensorAsym[0], {tensor_asym_as_int8<2>, gemm_code8_parts<Code8::Int8, 0>}},
+    {&formats::kIntTensorAsym[1], {tensor_asym_as_int8<3>, gemm_code8_parts<Code8::Int8, 0>}},
+    {&formats::kIntTensorAsym[2], {tensor_asym_as_int8<4>, gemm_code8_parts<Code8::Int8, 0>}},
+    {&formats::kIntTensorAsym[3], {tensor_asym_as_int8<5>, gemm_code8_parts<Code8::Int8, 0>}},
+    {&formats::kIntTensorAsym[4], {tensor_asym_as_int8<6>, gemm_code8_parts<Code8::Int8, 0>}},
+    {&formats::kIntTensorAsym[5], {tensor_asym_as_int8<7>, gemm_code8_parts<Code8::Int8, 0>}},
     {&formats::kFp8E4m3Channel, {mark_finite_e4m3, gemm_code8_parts<Code8::E4M3, 1>}},
     {&formats::kFp8E4m3Tensor, {mark_finite_e4m3, gemm_code8_parts<Code8::E4M3, 0>}},
     {&formats::kFp8E5m2Channel, {nullptr, gemm_code8_parts<Code8::E5M2, 1>}},
