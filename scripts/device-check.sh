@@ -96,6 +96,7 @@ if [ "${1:-}" = "--bundle" ]; then
     mkdir -p devrun/models/stories260K/gguf
     cp "$SHARED/models/stories260K/gguf/stories260K-F32.gguf" "$SHARED/models/stories260K/gguf/stories260K-Q4_K_M.gguf" \
        "$SHARED/models/stories260K/gguf/stories260K-Q4_0.gguf" "$SHARED/models/stories260K/gguf/stories260K-Q4_1.gguf" \
+       "$SHARED/models/stories260K/gguf/stories260K-Q5_K_M.gguf" "$SHARED/models/stories260K/gguf/stories260K-IQ4_NL.gguf" \
       devrun/models/stories260K/gguf/
     # The eval check's corpus: the first 250 KB of linux-eval.txt (about 60 000 tokens: the check scores 40 chunks
     # of 512, the tests read 60 KB) keeps the bundle small.
