@@ -117,11 +117,13 @@ __m256 codes8(__m128i c) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
 }
 
-// Integer codes with group scales (Int8 with group > 0: int8_g{G}_sym, Q8_0; UInt8: int8_g{G}_asym_f32) at one
-// token, factored: Σ_k fl(fl(q·s) (+ m))·x_k is taken as Σ_g (s_g·Σ_k∈g q_k·x_k (+ m_g·X_g)), X_g the group's Σx
-// (p.xs, once per call for every row): per 8 weights a convert and an FMA, and per group one FMA by s_g; UInt8's
-// mins' term 8 groups at a time. The K % 8 tail through the exact decode. The sums are not the decoded weights'
-// (s·A and m·X are each rounded): within γ_{K+3}·Σ_k (|fl(q·s)·x_k| + |m·x_k|).
+// Integer codes with group scales at one token, factored: Σ_k fl(fl(q·s) (+ m))·x_k is taken as Σ_g (s_g·Σ_k∈g
+// q_k·x_k (+ m_g·X_g)), X_g the group's Σx (p.xs, once per call for every row): per 8 weights a convert and an FMA,
+// and per group one FMA by s_g; UInt8's mins' term 8 groups at a time. The K % 8 tail through the exact decode. The
+// sums are not the decoded weights' (s·A and m·X are each rounded): within γ_{K+3}·Σ_k (|fl(q·s)·x_k| + |m·x_k|).
+// Taken for UInt8 (int8_g{G}_asym_f32), whose exact decode adds the min: int8_g16_asym_f32 on 4096² at one token
+// 1.6-3× faster than row_one in three alternated runs (session 86). int8_g32_sym (Q8_0) measured the same either
+// way, so it keeps row_one's exact decode.
 template <Code8 C>
 void row_one_grouped(const Problem& p, int64_t n, float* y) {
   const uint8_t* q = p.q + n * p.K;
@@ -175,11 +177,9 @@ void row_one_grouped(const Problem& p, int64_t n, float* y) {
 template <Code8 C>
 void rows(const Problem& p, int64_t n0, int64_t n1, float* y) {
   for (int64_t n = n0; n < n1; ++n) {
-    if (p.M == 1) {  // one token: integer codes with group scales factored, the rest decoded
+    if (p.M == 1) {  // one token: unsigned codes factored, the rest decoded
       if constexpr (C == Code8::UInt8)
         row_one_grouped<C>(p, n, y);
-      else if constexpr (C == Code8::Int8)
-        p.group > 0 ? row_one_grouped<C>(p, n, y) : row_one<C>(p, n, y);
       else
         row_one<C>(p, n, y);
       continue;
