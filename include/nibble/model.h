@@ -82,11 +82,14 @@ struct DenseFallback {
   std::string format;
   int64_t matrices = 0, params = 0;
 };
-// The quantized matrices of `src` (every 2-D tensor but the embedding) that
-// load_linear holds as f32 because no CPU kernel takes them (4 bytes a
-// weight). Per format (ModelSource::foreign_format for a rival's scheme or a
-// ggml block type, even one a nibble format holds exactly, as GGUF Q8_0;
-// else its canonical name; in name order): how many and their weights.
+// The quantized matrices of `src` (every 2-D tensor but the embedding) for
+// which runs_packed(name) is false, so that a forward holds them dequantized.
+// Per format (ModelSource::foreign_format for a rival's scheme or a ggml block
+// type, even one a nibble format holds exactly, as GGUF Q8_0; else its
+// canonical name; in name order): how many and their weights.
+std::vector<DenseFallback> dense_fallbacks(const ModelSource& src,
+                                           const std::function<bool(const std::string&)>& runs_packed);
+// Those load_linear holds as f32 because no CPU kernel takes them (4 bytes a weight).
 std::vector<DenseFallback> cpu_dense_fallbacks(const ModelSource& src);
 
 // The inputs of a layer's linears, as a calibration tap sees them: q/k/v

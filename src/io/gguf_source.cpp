@@ -131,104 +131,86 @@ void k_super_groups(const uint8_t* b, float* s, float* m) {
   }
 }
 
-// int4_asym_f32's (bits 4, two codes a byte) or int8_asym_f32's (bits 8) parts of a [rows, cols] matrix in groups
-// of `group`, to be filled.
-struct AsymF32Parts {
-  Tensor codes, scales, mins;
-  AsymF32Parts(int64_t rows, int64_t cols, int bits = 4, int64_t group = 32)
-      : codes(Tensor::empty(DType::U8, {rows, cols * bits / 8})),
-        scales(Tensor::empty(DType::F32, {rows, cols / group})),
-        mins(Tensor::empty(DType::F32, {rows, cols / group})) {}
-  uint8_t* c() { return static_cast<uint8_t*>(codes.raw_mut()); }
-  float* s() { return scales.data_mut<float>(); }
-  float* m() { return mins.data_mut<float>(); }
-  std::vector<Tensor> parts() { return {codes, scales, mins}; }
-};
+// The converters below take a [rows, cols] matrix of ggml blocks (rows are whole blocks of `inputs` inputs and
+// `bytes` bytes each, block i covering inputs i·inputs .. of the matrix in row-major order) to a nibble format's parts,
+// a block at a time in parallel through fill(block, codes, ...) with that block's share of each part.
 
-// Q4_0 blocks (18 bytes per 32 inputs: f16 d, then qs[16] with input j in the
-// low nibble of qs[j] and input j + 16 in its high nibble; x = (q − 8)·d) of a
-// [rows, cols] matrix as int4_sym g32's parts: the codes re-ordered to input 2t
-// in the low nibble of byte t, d's f16 bits as the group's scale. int4_sym's
-// (code − 8)·scale in fp32 is ggml's dequantized value.
-std::vector<Tensor> q4_0_as_int4_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQK = 32, kBlockBytes = 18;
-  const int64_t nb = cols / kQK;
-  Tensor codes = Tensor::empty(DType::U8, {rows, cols / 2});
-  Tensor scales = Tensor::empty(DType::F16, {rows, nb});
+// int4_asym_f32's (bits 4, two codes a byte) or int8_asym_f32's (bits 8) parts in groups of `group`: fill(block,
+// codes, scales, mins) writes inputs·bits/8 code bytes and inputs/group scales and mins.
+template <class Fill>
+std::vector<Tensor> asym_f32_parts(const uint8_t* blocks, int64_t rows, int64_t cols, int bits, int64_t group,
+                                   int64_t inputs, int64_t bytes, Fill fill) {
+  Tensor codes = Tensor::empty(DType::U8, {rows, cols * bits / 8});
+  Tensor scales = Tensor::empty(DType::F32, {rows, cols / group}), mins = Tensor::empty(DType::F32, {rows, cols / group});
+  auto* c = static_cast<uint8_t*>(codes.raw_mut());
+  float *s = scales.data_mut<float>(), *m = mins.data_mut<float>();
+  const int64_t code_bytes = inputs * bits / 8, groups = inputs / group;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * (cols / inputs); ++i)
+    fill(blocks + i * bytes, c + i * code_bytes, s + i * groups, m + i * groups);
+  return {codes, scales, mins};
+}
+
+// int4_sym's (code dtype U8, two codes a byte) or int8_sym's (I8) parts for ggml blocks of 32 inputs that begin
+// with their f16 d: d's bits as the group's f16 scale, fill(block, codes) writing the block's code bytes.
+template <class Fill>
+std::vector<Tensor> sym_f16_parts(const uint8_t* blocks, int64_t rows, int64_t cols, DType code_dtype, int64_t bytes,
+                                  Fill fill) {
+  constexpr int64_t kQK = 32;
+  const int64_t code_bytes = code_dtype == DType::U8 ? kQK / 2 : kQK, nb = cols / kQK;
+  Tensor codes = Tensor::empty(code_dtype, {rows, nb * code_bytes}), scales = Tensor::empty(DType::F16, {rows, nb});
   auto* c = static_cast<uint8_t*>(codes.raw_mut());
   auto* s = static_cast<uint16_t*>(scales.raw_mut());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows * nb; ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
+    const uint8_t* b = blocks + i * bytes;
     std::memcpy(&s[i], b, 2);
-    legacy_block_codes(b + 2, c + i * (kQK / 2));
+    fill(b, c + i * code_bytes);
   }
   return {codes, scales};
 }
 
-// Q4_1 blocks (20 bytes per 32 inputs: f16 d, f16 m, then qs[16] nibbled as
-// Q4_0's; x = q·d + m) as int4_asym_f32 g32's parts: the same codes in
-// int4_asym_f32's nibble order, f32(d) as the scale and f32(m) as the min, so
-// code·scale + min is ggml's q·d + m, the same two fp32 operations.
-std::vector<Tensor> q4_1_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQK = 32, kBlockBytes = 20;
-  AsymF32Parts out(rows, cols);
-  uint8_t* c = out.c();
-  float *s = out.s(), *m = out.m();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * (cols / kQK); ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
-    s[i] = f16_at(b);
-    m[i] = f16_at(b + 2);
-    legacy_block_codes(b + 4, c + i * (kQK / 2));
-  }
-  return out.parts();
+// Q4_0 blocks (18 bytes per 32 inputs: f16 d, then qs[16] with input j in the low nibble of qs[j] and input j + 16 in
+// its high nibble; x = (q − 8)·d) as int4_sym g32's parts: the codes re-ordered to input 2t in the low nibble of byte
+// t, d's f16 bits as the group's scale. int4_sym's (code − 8)·scale in fp32 is ggml's dequantized value.
+std::vector<Tensor> q4_0_as_int4_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  return sym_f16_parts(blocks, rows, cols, DType::U8, 18, [](const uint8_t* b, uint8_t* c) {
+    legacy_block_codes(b + 2, c);
+  });
 }
 
-// Q4_K super-blocks (144 bytes per 256 inputs: f16 d, f16 dmin, 12 bytes of
-// 6-bit scales sc and mins mn for 8 sub-blocks of 32, qs[128]; in each 64
-// inputs, sub-block 2k is the low nibbles of qs[32k .. 32k+31] and 2k+1 their
-// high nibbles; x = (d·sc)·q − dmin·mn) as int4_asym_f32 g32's parts, one
-// group per sub-block (k_super_groups).
+// Q4_1 blocks (20 bytes per 32 inputs: f16 d, f16 m, then qs[16] nibbled as Q4_0's; x = q·d + m) as int4_asym_f32
+// g32's parts: the same codes in int4_asym_f32's nibble order, f32(d) as the scale and f32(m) as the min, so
+// code·scale + min is ggml's q·d + m, the same two fp32 operations.
+std::vector<Tensor> q4_1_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
+  return asym_f32_parts(blocks, rows, cols, 4, 32, 32, 20, [](const uint8_t* b, uint8_t* c, float* s, float* m) {
+    s[0] = f16_at(b);
+    m[0] = f16_at(b + 2);
+    legacy_block_codes(b + 4, c);
+  });
+}
+
+// Q4_K super-blocks (144 bytes per 256 inputs: f16 d, f16 dmin, 12 bytes of 6-bit scales sc and mins mn for 8
+// sub-blocks of 32, qs[128]; in each 64 inputs, sub-block 2k is the low nibbles of qs[32k .. 32k+31] and 2k+1 their
+// high nibbles; x = (d·sc)·q − dmin·mn) as int4_asym_f32 g32's parts, one group per sub-block (k_super_groups).
 std::vector<Tensor> q4_k_as_int4_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQKK = 256, kSub = 32, kBlockBytes = 144;
-  const int64_t nb = cols / kQKK;
-  AsymF32Parts out(rows, cols);
-  uint8_t* c = out.c();
-  float *s = out.s(), *m = out.m();
-  // Super-block i is groups 8i .. 8i+7 and code bytes 128i .. 128i+127 (rows
-  // are whole super-blocks).
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
-    k_super_groups(b, s + i * 8, m + i * 8);
-    const uint8_t* qs = b + 16;
-    for (int j = 0; j < kQKK / kSub; ++j) {
-      const uint8_t* q = qs + 32 * (j / 2);
+  return asym_f32_parts(blocks, rows, cols, 4, 32, 256, 144, [](const uint8_t* b, uint8_t* c, float* s, float* m) {
+    k_super_groups(b, s, m);
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* q = b + 16 + 32 * (j / 2);
       const int shift = 4 * (j % 2);
-      uint8_t* dst = c + i * (kQKK / 2) + j * (kSub / 2);
-      for (int t = 0; t < kSub / 2; ++t)
-        dst[t] = static_cast<uint8_t>(((q[2 * t] >> shift) & 0x0F) | (((q[2 * t + 1] >> shift) & 0x0F) << 4));
+      for (int t = 0; t < 16; ++t)
+        c[16 * j + t] = static_cast<uint8_t>(((q[2 * t] >> shift) & 0x0F) | (((q[2 * t + 1] >> shift) & 0x0F) << 4));
     }
-  }
-  return out.parts();
+  });
 }
 
 // Q8_0 blocks (34 bytes per 32 inputs: f16 d, then int8 qs[32] in input order; x = q·d) as int8_g32_sym's parts:
 // the codes as they are, d's f16 bits as the group's scale, so code·scale in fp32 is ggml's q·d.
 std::vector<Tensor> q8_0_as_int8_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQK = 32, kBlockBytes = 34;
-  const int64_t nb = cols / kQK;
-  Tensor codes = Tensor::empty(DType::I8, {rows, cols}), scales = Tensor::empty(DType::F16, {rows, nb});
-  auto* c = static_cast<uint8_t*>(codes.raw_mut());
-  auto* s = static_cast<uint16_t*>(scales.raw_mut());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
-    std::memcpy(&s[i], b, 2);
-    std::memcpy(c + i * kQK, b + 2, kQK);
-  }
-  return {codes, scales};
+  return sym_f16_parts(blocks, rows, cols, DType::I8, 34, [](const uint8_t* b, uint8_t* c) {
+    std::memcpy(c, b + 2, 32);
+  });
 }
 
 // The 5-bit code of input e (0..31) of a Q5_0 / Q5_1 block: the low 4 bits as Q4_0's nibbles (input e < 16 in the
@@ -241,59 +223,35 @@ int q5_code(const uint8_t* qh, const uint8_t* qs, int e) {
 // Q5_0 blocks (22 bytes per 32 inputs: f16 d, u32 qh, qs[16]; x = (q − 16)·d) as int8_g32_sym's parts: the codes
 // q − 16 in −16..15, d's f16 bits as the scale, so code·scale is ggml's (q − 16)·d, the same product.
 std::vector<Tensor> q5_0_as_int8_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQK = 32, kBlockBytes = 22;
-  const int64_t nb = cols / kQK;
-  Tensor codes = Tensor::empty(DType::I8, {rows, cols}), scales = Tensor::empty(DType::F16, {rows, nb});
-  auto* c = static_cast<int8_t*>(codes.raw_mut());
-  auto* s = static_cast<uint16_t*>(scales.raw_mut());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
-    std::memcpy(&s[i], b, 2);
-    for (int e = 0; e < kQK; ++e) c[i * kQK + e] = static_cast<int8_t>(q5_code(b + 2, b + 6, e) - 16);
-  }
-  return {codes, scales};
+  return sym_f16_parts(blocks, rows, cols, DType::I8, 22, [](const uint8_t* b, uint8_t* c) {
+    for (int e = 0; e < 32; ++e) c[e] = static_cast<uint8_t>(static_cast<int8_t>(q5_code(b + 2, b + 6, e) - 16));
+  });
 }
 
 // Q5_1 blocks (24 bytes per 32 inputs: f16 d, f16 m, u32 qh, qs[16]; x = q·d + m) as int8_g32_asym_f32's parts:
 // the codes 0..31, f32(d) as the scale and f32(m) as the min, so code·scale + min is ggml's q·d + m.
 std::vector<Tensor> q5_1_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQK = 32, kBlockBytes = 24;
-  AsymF32Parts out(rows, cols, 8, kQK);
-  uint8_t* c = out.c();
-  float *s = out.s(), *m = out.m();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * (cols / kQK); ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
-    s[i] = f16_at(b);
-    m[i] = f16_at(b + 2);
-    for (int e = 0; e < kQK; ++e) c[i * kQK + e] = static_cast<uint8_t>(q5_code(b + 4, b + 8, e));
-  }
-  return out.parts();
+  return asym_f32_parts(blocks, rows, cols, 8, 32, 32, 24, [](const uint8_t* b, uint8_t* c, float* s, float* m) {
+    s[0] = f16_at(b);
+    m[0] = f16_at(b + 2);
+    for (int e = 0; e < 32; ++e) c[e] = static_cast<uint8_t>(q5_code(b + 4, b + 8, e));
+  });
 }
 
 // Q5_K super-blocks (176 bytes per 256 inputs: f16 d, f16 dmin, scales[12] as Q4_K's, qh[32], qs[128]) as
-// int8_g32_asym_f32's parts, a group per sub-block of 32 as for Q4_K (k_super_groups). Sub-block
-// j's input l takes its low 4 bits from qs[32·(j/2) + l] (the low nibble for even j, the high one for odd j) and
-// its 5th bit from bit j of qh[l].
+// int8_g32_asym_f32's parts, a group per sub-block of 32 as for Q4_K (k_super_groups). Sub-block j's input l takes
+// its low 4 bits from qs[32·(j/2) + l] (the low nibble for even j, the high one for odd j) and its 5th bit from bit
+// j of qh[l].
 std::vector<Tensor> q5_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQKK = 256, kSub = 32, kBlockBytes = 176;
-  AsymF32Parts out(rows, cols, 8, kSub);
-  uint8_t* c = out.c();
-  float *s = out.s(), *m = out.m();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
-    k_super_groups(b, s + i * 8, m + i * 8);
+  return asym_f32_parts(blocks, rows, cols, 8, 32, 256, 176, [](const uint8_t* b, uint8_t* c, float* s, float* m) {
+    k_super_groups(b, s, m);
     const uint8_t *qh = b + 16, *qs = b + 48;
-    for (int j = 0; j < kQKK / kSub; ++j) {
-      for (int l = 0; l < kSub; ++l) {
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) {
         const int lo = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
-        c[i * kQKK + j * kSub + l] = static_cast<uint8_t>(lo | ((qh[l] >> j) & 1) << 4);
+        c[32 * j + l] = static_cast<uint8_t>(lo | ((qh[l] >> j) & 1) << 4);
       }
-    }
-  }
-  return out.parts();
+  });
 }
 
 // Q6_K super-blocks (210 bytes per 256 inputs: ql[128], qh[64], int8 sc[16], f16 d; x = (d·sc)·(q − 32) per
@@ -303,27 +261,19 @@ std::vector<Tensor> q5_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, i
 // its factors and this one is +0. Input e = 128h + 32r + l (half h, run r, l < 32) takes its low 4 bits from
 // ql[64h + 32·(r % 2) + l] (the low nibble for r < 2) and its top 2 from bits 2r, 2r + 1 of qh[32h + l].
 std::vector<Tensor> q6_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQKK = 256, kSub = 16, kBlockBytes = 210;
-  AsymF32Parts out(rows, cols, 8, kSub);
-  uint8_t* c = out.c();
-  float *s = out.s(), *m = out.m();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
+  return asym_f32_parts(blocks, rows, cols, 8, 16, 256, 210, [](const uint8_t* b, uint8_t* c, float* s, float* m) {
     const float d = f16_at(b + 208);
-    for (int t = 0; t < kQKK / kSub; ++t) {
-      const float S = d * static_cast<float>(static_cast<int8_t>(b[192 + t]));
-      s[i * 16 + t] = S;
-      m[i * 16 + t] = -32.0f * S;
+    for (int t = 0; t < 16; ++t) {
+      s[t] = d * static_cast<float>(static_cast<int8_t>(b[192 + t]));
+      m[t] = -32.0f * s[t];
     }
-    for (int e = 0; e < kQKK; ++e) {
+    for (int e = 0; e < 256; ++e) {
       const int h = e / 128, r = (e / 32) % 4, l = e % 32;
       const int lo = (b[64 * h + 32 * (r % 2) + l] >> (4 * (r / 2))) & 0x0F;
       const int hi = (b[128 + 32 * h + l] >> (2 * r)) & 3;
-      c[i * kQKK + e] = static_cast<uint8_t>(lo | hi << 4);
+      c[e] = static_cast<uint8_t>(lo | hi << 4);
     }
-  }
-  return out.parts();
+  });
 }
 
 // The 2-bit field of input e (0..255) in a Q2_K / Q3_K super-block's qs[64]: the inputs come in two halves of 128, and
@@ -335,21 +285,14 @@ int k_two_bits(const uint8_t* qs, int e) { return (qs[32 * (e / 128) + e % 32] >
 // parts: code q, scale d·sc and min −(dmin·mn), the products ggml forms, so code·scale + min is its value bit for bit
 // (as for Q4_K: k_super_groups).
 std::vector<Tensor> q2_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQKK = 256, kSub = 16, kBlockBytes = 84;
-  AsymF32Parts out(rows, cols, 8, kSub);
-  uint8_t* c = out.c();
-  float *s = out.s(), *m = out.m();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
+  return asym_f32_parts(blocks, rows, cols, 8, 16, 256, 84, [](const uint8_t* b, uint8_t* c, float* s, float* m) {
     const float d = f16_at(b + 80), dmin = f16_at(b + 82);
-    for (int t = 0; t < kQKK / kSub; ++t) {
-      s[i * 16 + t] = d * static_cast<float>(b[t] & 0x0F);
-      m[i * 16 + t] = -(dmin * static_cast<float>(b[t] >> 4));
+    for (int t = 0; t < 16; ++t) {
+      s[t] = d * static_cast<float>(b[t] & 0x0F);
+      m[t] = -(dmin * static_cast<float>(b[t] >> 4));
     }
-    for (int e = 0; e < kQKK; ++e) c[i * kQKK + e] = static_cast<uint8_t>(k_two_bits(b + 16, e));
-  }
-  return out.parts();
+    for (int e = 0; e < 256; ++e) c[e] = static_cast<uint8_t>(k_two_bits(b + 16, e));
+  });
 }
 
 // Q3_K super-blocks (110 bytes per 256 inputs: hmask[32], qs[64], 12 bytes of 6-bit scales, f16 d; x = d·(sc −
@@ -359,45 +302,29 @@ std::vector<Tensor> q2_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, i
 // ggml's S·q, a zero product aside (+0 here, signed as its factors there). Sub-block j's scale: its low 4 bits are
 // nibble j / 8 of scale byte j mod 8, its top 2 bits 2·(j / 4), 2·(j / 4) + 1 of byte 8 + j mod 4.
 std::vector<Tensor> q3_k_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQKK = 256, kSub = 16, kBlockBytes = 110;
-  AsymF32Parts out(rows, cols, 8, kSub);
-  uint8_t* c = out.c();
-  float *s = out.s(), *m = out.m();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
-    const uint8_t *b = blocks + i * kBlockBytes, *sb = b + 96;
+  return asym_f32_parts(blocks, rows, cols, 8, 16, 256, 110, [](const uint8_t* b, uint8_t* c, float* s, float* m) {
+    const uint8_t* sb = b + 96;
     const float d = f16_at(b + 108);
-    for (int j = 0; j < kQKK / kSub; ++j) {
+    for (int j = 0; j < 16; ++j) {
       const int lo = (sb[j % 8] >> (4 * (j / 8))) & 0x0F, hi = (sb[8 + j % 4] >> (2 * (j / 4))) & 3;
-      const float S = d * static_cast<float>((lo | hi << 4) - 32);
-      s[i * 16 + j] = S;
-      m[i * 16 + j] = -4.0f * S;
+      s[j] = d * static_cast<float>((lo | hi << 4) - 32);
+      m[j] = -4.0f * s[j];
     }
-    for (int e = 0; e < kQKK; ++e) {
+    for (int e = 0; e < 256; ++e) {
       const int high = (b[e % 32] >> (e / 32)) & 1;
-      c[i * kQKK + e] = static_cast<uint8_t>(k_two_bits(b + 32, e) | high << 2);
+      c[e] = static_cast<uint8_t>(k_two_bits(b + 32, e) | high << 2);
     }
-  }
-  return out.parts();
+  });
 }
 
 // IQ4_NL blocks (18 bytes per 32 inputs: f16 d, qs[16] nibbled as Q4_0's; x = d·kvalues[q], the fixed 16-level
 // grid in −127..113) as int8_g32_sym's parts: the grid values themselves as the int8 codes, d's f16 bits as the
 // scale, so code·scale is ggml's d·kvalues[q], the same product.
 std::vector<Tensor> iq4_nl_as_int8_sym(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQK = 32, kBlockBytes = 18;
-  const int64_t nb = cols / kQK;
-  Tensor codes = Tensor::empty(DType::I8, {rows, cols}), scales = Tensor::empty(DType::F16, {rows, nb});
-  auto* c = static_cast<int8_t*>(codes.raw_mut());
-  auto* s = static_cast<uint16_t*>(scales.raw_mut());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
-    std::memcpy(&s[i], b, 2);
-    for (int e = 0; e < kQK; ++e)
-      c[i * kQK + e] = io::kGgmlIq4nlValues[e < 16 ? b[2 + e] & 0x0F : b[2 + e - 16] >> 4];
-  }
-  return {codes, scales};
+  return sym_f16_parts(blocks, rows, cols, DType::I8, 18, [](const uint8_t* b, uint8_t* c) {
+    for (int e = 0; e < 32; ++e)
+      c[e] = static_cast<uint8_t>(io::kGgmlIq4nlValues[e < 16 ? b[2 + e] & 0x0F : b[2 + e - 16] >> 4]);
+  });
 }
 
 // IQ4_XS super-blocks (136 bytes per 256 inputs: f16 d, u16 scales_h, scales_l[4], qs[128]; per sub-block k of 32
@@ -407,28 +334,20 @@ std::vector<Tensor> iq4_nl_as_int8_sym(const uint8_t* blocks, int64_t rows, int6
 // and min −128·S, so code·S is exact (at most 24) and code·S + (−128·S) is ggml's S·kvalues[q] exactly. No grid
 // value is 0, so only S = ±0 gives a zero: +0 here, signed as its factors in ggml.
 std::vector<Tensor> iq4_xs_as_int8_asym_f32(const uint8_t* blocks, int64_t rows, int64_t cols) {
-  constexpr int64_t kQKK = 256, kSub = 32, kBlockBytes = 136;
-  AsymF32Parts out(rows, cols, 8, kSub);
-  uint8_t* c = out.c();
-  float *s = out.s(), *m = out.m();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < rows * (cols / kQKK); ++i) {
-    const uint8_t* b = blocks + i * kBlockBytes;
+  return asym_f32_parts(blocks, rows, cols, 8, 32, 256, 136, [](const uint8_t* b, uint8_t* c, float* s, float* m) {
     const float d = f16_at(b);
     const unsigned high = b[2] | b[3] << 8;
-    for (int k = 0; k < kQKK / kSub; ++k) {
+    for (int k = 0; k < 8; ++k) {
       const int ls = ((b[4 + k / 2] >> (4 * (k % 2))) & 0x0F) | ((high >> (2 * k)) & 3) << 4;
-      const float S = d * static_cast<float>(ls - 32);
-      s[i * 8 + k] = S;
-      m[i * 8 + k] = -128.0f * S;
+      s[k] = d * static_cast<float>(ls - 32);
+      m[k] = -128.0f * s[k];
       const uint8_t* qs = b + 8 + 16 * k;
       for (int j = 0; j < 16; ++j) {
-        c[i * kQKK + kSub * k + j] = static_cast<uint8_t>(io::kGgmlIq4nlValues[qs[j] & 0x0F] + 128);
-        c[i * kQKK + kSub * k + 16 + j] = static_cast<uint8_t>(io::kGgmlIq4nlValues[qs[j] >> 4] + 128);
+        c[32 * k + j] = static_cast<uint8_t>(io::kGgmlIq4nlValues[qs[j] & 0x0F] + 128);
+        c[32 * k + 16 + j] = static_cast<uint8_t>(io::kGgmlIq4nlValues[qs[j] >> 4] + 128);
       }
     }
-  }
-  return out.parts();
+  });
 }
 
 // ggml block types that a nibble format holds exactly (GgufSource::exact_format), one row each:

@@ -2,6 +2,7 @@
 // over the n new tokens of one sequence.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <numbers>
 
@@ -158,14 +159,13 @@ LinearWeight load_linear(const ModelSource& src, const std::string& prefix, bool
   return l;
 }
 
-std::vector<DenseFallback> cpu_dense_fallbacks(const ModelSource& src) {
+std::vector<DenseFallback> dense_fallbacks(const ModelSource& src,
+                                           const std::function<bool(const std::string&)>& runs_packed) {
   std::map<std::string, DenseFallback> by_format;
   for (const std::string& n : src.names()) {
     if (n == "model.embed_tokens.weight") continue;  // a table of rows, not a linear
     const TensorMeta meta = src.meta(n);
-    if (meta.shape.size() != 2) continue;
-    const std::optional<FormatChoice> f = src.exact_format(n);
-    if (f && cpu::find_packed_kernel(*f->spec)) continue;
+    if (meta.shape.size() != 2 || runs_packed(n)) continue;
     std::string format = src.foreign_format(n);
     if (format.empty() && meta.format) format = meta.format->canonical_name();
     if (format.empty()) continue;  // plain weights
@@ -177,6 +177,13 @@ std::vector<DenseFallback> cpu_dense_fallbacks(const ModelSource& src) {
   std::vector<DenseFallback> out;
   for (auto& [name, d] : by_format) out.push_back(d);
   return out;
+}
+
+std::vector<DenseFallback> cpu_dense_fallbacks(const ModelSource& src) {
+  return dense_fallbacks(src, [&](const std::string& n) {
+    const std::optional<FormatChoice> f = src.exact_format(n);
+    return f && cpu::find_packed_kernel(*f->spec) != nullptr;
+  });
 }
 
 DecoderLayer DecoderLayer::load(const ModelSource& src, int64_t i, bool dense) {

@@ -32,7 +32,6 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <map>
 #include <mutex>
 
 #include "backend/cuda/act_quant.h"
@@ -1153,23 +1152,7 @@ void check_fits(const ModelSource& src, int64_t max_tokens, bool f32_tied, DType
 }  // namespace
 
 std::vector<DenseFallback> dense_fallbacks(const ModelSource& src) {
-  std::map<std::string, DenseFallback> by_format;
-  for (const std::string& n : src.names()) {
-    if (n == kEmbed) continue;
-    const TensorMeta meta = packed_meta(src, n);
-    if (meta.shape.size() != 2 || kernel_of(meta) != nullptr) continue;
-    // The source's own name where it has one (a GGUF's Q8_0, though int8_g32_sym holds it exactly), else nibble's.
-    std::string format = src.foreign_format(n);
-    if (format.empty() && meta.format) format = meta.format->canonical_name();
-    if (format.empty()) continue;  // plain weights
-    DenseFallback& f = by_format[format];
-    f.format = format;
-    ++f.matrices;
-    f.params += meta.shape[0] * meta.shape[1];
-  }
-  std::vector<DenseFallback> out;
-  for (auto& [name, f] : by_format) out.push_back(f);
-  return out;
+  return nibble::dense_fallbacks(src, [&](const std::string& n) { return kernel_of(packed_meta(src, n)) != nullptr; });
 }
 
 std::unique_ptr<GpuModel> GpuModel::load(const ModelSource& src, int64_t max_tokens, const GpuOptions& opts) {
