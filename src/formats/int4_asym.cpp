@@ -11,8 +11,8 @@
 // fp32: the format that holds the field's 4-bit affine layouts exactly where
 // bf16 pairs cannot (AWQ and asymmetric GPTQ's (q − z)·s, llama.cpp's Q4_1 and
 // Q4_K). int8_asym_f32 (§7.10) is int4_asym_f32 with 8-bit codes (0..255, one
-// byte each) and groups of 16 besides: llama.cpp's 5- and 6-bit blocks (Q5_1,
-// Q5_K, Q6_K) exactly. The three rows are one template over the parameters'
+// byte each) and groups of 16 besides: llama.cpp's Q5_1, IQ4_XS and K-quant
+// blocks but Q4_K exactly. The three rows are one template over the parameters'
 // stored type and the code width.
 #include <algorithm>
 #include <cmath>
@@ -156,8 +156,8 @@ const FormatSpec kInt4AsymF32 = make_spec<DType::F32, 4>(
     {32, 64, 128});
 const FormatSpec kInt8AsymF32 = make_spec<DType::F32, 8>(
     "int8_asym_f32",
-    "8-bit asymmetric codes in [0, 255], fp32 scale + fp32 min per group of G inputs: llama.cpp's Q5_1/Q5_K "
-    "(G=32) and Q6_K (G=16) exactly (8.5 bits/weight at G=128, 12 at G=16)",
+    "8-bit asymmetric codes in [0, 255], fp32 scale + fp32 min per group of G inputs: llama.cpp's Q5_1/Q5_K/IQ4_XS "
+    "(G=32) and Q2_K/Q3_K/Q6_K (G=16) exactly (8.5 bits/weight at G=128, 12 at G=16)",
     {16, 32, 64, 128});
 
 }  // namespace nibble::formats

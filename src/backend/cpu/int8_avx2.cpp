@@ -90,7 +90,7 @@ void row_one(const Problem& p, int64_t n, float* y) {
   const float* sr = row_scales(p, n);
   const int64_t seg = seg_len(p), step = seg_step(p);
   for (int64_t k0 = 0, j = 0; k0 < k8; k0 += seg, j += step) {
-    const Decoder<C> dec(sr[j], 0.0f);  // no min: UInt8 takes row_one_grouped
+    const Decoder<C> dec(sr[j], 0.0f);  // no min: UInt8 takes row_one_affine
     const int64_t end = min64(k8, k0 + seg);
     int64_t k = k0;
     for (; k + 32 <= end; k += 32) {
@@ -110,25 +110,20 @@ void row_one(const Problem& p, int64_t n, float* y) {
   y[n] = t;
 }
 
-// The low 8 codes of c as floats: int8 sign-extended, unsigned zero-extended.
-template <Code8 C>
-__m256 codes8(__m128i c) {
-  if constexpr (C == Code8::UInt8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
-}
+// The low 8 unsigned codes of c as floats.
+inline __m256 codes8(__m128i c) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c)); }
 
-// Integer codes with group scales at one token, factored: Σ_k fl(fl(q·s) (+ m))·x_k is taken as Σ_g (s_g·Σ_k∈g
-// q_k·x_k (+ m_g·X_g)), X_g the group's Σx (p.xs, once per call for every row): per 8 weights a convert and an FMA,
-// and per group one FMA by s_g; UInt8's mins' term 8 groups at a time. The K % 8 tail through the exact decode. The
-// sums are not the decoded weights' (s·A and m·X are each rounded): within γ_{K+3}·Σ_k (|fl(q·s)·x_k| + |m·x_k|).
-// Taken for UInt8 (int8_g{G}_asym_f32), whose exact decode adds the min: int8_g16_asym_f32 on 4096² at one token
-// 1.6-3× faster than row_one in three alternated runs (session 86). int8_g32_sym (Q8_0) measured the same either
-// way, so it keeps row_one's exact decode.
-template <Code8 C>
-void row_one_grouped(const Problem& p, int64_t n, float* y) {
+// Unsigned codes with a group scale and min (int8_g{G}_asym_f32) at one token, factored: Σ_k fl(fl(q·s) + m)·x_k
+// is taken as Σ_g (s_g·Σ_k∈g q_k·x_k + m_g·X_g), X_g the group's Σx (p.xs, once per call for every row): per 8
+// weights a convert and an FMA, per group one FMA by s_g, and the mins' term 8 groups at a time. The K % 8 tail
+// through the exact decode. The sums are not the decoded weights' (s·A and m·X are each rounded): within
+// γ_{K+3}·Σ_k (|fl(q·s)·x_k| + |m·x_k|). int8_g16_asym_f32 on 4096² at one token runs 1.6-3× faster this way than
+// row_one's exact decode in three alternated runs (session 86); int8_g32_sym (Q8_0) measured the same either way,
+// so the signed codes keep row_one.
+void row_one_affine(const Problem& p, int64_t n, float* y) {
   const uint8_t* q = p.q + n * p.K;
   const int64_t k8 = p.K / 8 * 8, G = p.group, groups = (k8 + G - 1) / G;
-  const float* sr = row_scales(p, n);
+  const float *sr = row_scales(p, n), *mr = row_mins(p, n);
   __m256 t0 = _mm256_setzero_ps(), t1 = t0, mt = t0;
   auto group_dot = [&](int64_t k0) {
     const int64_t end = min64(k8, k0 + G);
@@ -136,12 +131,11 @@ void row_one_grouped(const Problem& p, int64_t n, float* y) {
     int64_t k = k0;
     for (; k + 16 <= end; k += 16) {
       const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k));
-      a = _mm256_fmadd_ps(codes8<C>(c), _mm256_loadu_ps(p.x + k), a);
-      b = _mm256_fmadd_ps(codes8<C>(_mm_srli_si128(c, 8)), _mm256_loadu_ps(p.x + k + 8), b);
+      a = _mm256_fmadd_ps(codes8(c), _mm256_loadu_ps(p.x + k), a);
+      b = _mm256_fmadd_ps(codes8(_mm_srli_si128(c, 8)), _mm256_loadu_ps(p.x + k + 8), b);
     }
     if (k < end)
-      a = _mm256_fmadd_ps(codes8<C>(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k))), _mm256_loadu_ps(p.x + k),
-                          a);
+      a = _mm256_fmadd_ps(codes8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k))), _mm256_loadu_ps(p.x + k), a);
     return _mm256_add_ps(a, b);
   };
   int64_t g = 0;
@@ -150,10 +144,10 @@ void row_one_grouped(const Problem& p, int64_t n, float* y) {
       const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * g));
       const __m128i c1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * g + 16));
       const float* x = p.x + 16 * g;
-      const __m256 a0 = _mm256_fmadd_ps(codes8<C>(_mm_srli_si128(c0, 8)), _mm256_loadu_ps(x + 8),
-                                        _mm256_mul_ps(codes8<C>(c0), _mm256_loadu_ps(x)));
-      const __m256 a1 = _mm256_fmadd_ps(codes8<C>(_mm_srli_si128(c1, 8)), _mm256_loadu_ps(x + 24),
-                                        _mm256_mul_ps(codes8<C>(c1), _mm256_loadu_ps(x + 16)));
+      const __m256 a0 = _mm256_fmadd_ps(codes8(_mm_srli_si128(c0, 8)), _mm256_loadu_ps(x + 8),
+                                        _mm256_mul_ps(codes8(c0), _mm256_loadu_ps(x)));
+      const __m256 a1 = _mm256_fmadd_ps(codes8(_mm_srli_si128(c1, 8)), _mm256_loadu_ps(x + 24),
+                                        _mm256_mul_ps(codes8(c1), _mm256_loadu_ps(x + 16)));
       t0 = _mm256_fmadd_ps(a0, _mm256_broadcast_ss(sr + g), t0);
       t1 = _mm256_fmadd_ps(a1, _mm256_broadcast_ss(sr + g + 1), t1);
     }
@@ -163,13 +157,10 @@ void row_one_grouped(const Problem& p, int64_t n, float* y) {
     t1 = _mm256_fmadd_ps(group_dot((g + 1) * G), _mm256_set1_ps(sr[g + 1]), t1);
   }
   if (g < groups) t0 = _mm256_fmadd_ps(group_dot(g * G), _mm256_set1_ps(sr[g]), t0);
-  int64_t j = groups;
-  if constexpr (C == Code8::UInt8) {
-    const float* mr = row_mins(p, n);
-    for (j = 0; j + 8 <= groups; j += 8) mt = _mm256_fmadd_ps(_mm256_loadu_ps(mr + j), _mm256_loadu_ps(p.xs + j), mt);
-  }
+  int64_t j = 0;
+  for (; j + 8 <= groups; j += 8) mt = _mm256_fmadd_ps(_mm256_loadu_ps(mr + j), _mm256_loadu_ps(p.xs + j), mt);
   float t = hsum(_mm256_add_ps(_mm256_add_ps(t0, t1), mt));
-  for (; j < groups; ++j) t += row_mins(p, n)[j] * p.xs[j];
+  for (; j < groups; ++j) t += mr[j] * p.xs[j];
   for (int64_t k = k8; k < p.K; ++k) t += weight(p, n, k) * p.x[k];
   y[n] = t;
 }
@@ -179,7 +170,7 @@ void rows(const Problem& p, int64_t n0, int64_t n1, float* y) {
   for (int64_t n = n0; n < n1; ++n) {
     if (p.M == 1) {  // one token: unsigned codes factored, the rest decoded
       if constexpr (C == Code8::UInt8)
-        row_one_grouped<C>(p, n, y);
+        row_one_affine(p, n, y);
       else
         row_one<C>(p, n, y);
       continue;

@@ -10,7 +10,7 @@
 //    fl(fl(code·s) + m)), and dotted with x in fp32: the kernels differ from
 //    the reference below only in the order of the fp32 additions. One
 //    exception: int8_g{G}_asym_f32 at one token factors each group's sum
-//    into s·Σq·x + m·Σx (int8_avx2.cpp's row_one_grouped), as llama.cpp's
+//    into s·Σq·x + m·Σx (int8_avx2.cpp's row_one_affine), as llama.cpp's
 //    and the int4 kernels' dot products do.
 //  * Below 64 rows of x: the AVX2 rows (int8_avx2.cpp; also on AVX-512 CPUs),
 //    OpenMP over tasks of 32 weight rows. One token streams each weight once

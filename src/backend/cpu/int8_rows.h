@@ -22,7 +22,7 @@ struct Problem {
   int64_t N, K;
   int64_t group;  // 0: one scale per row or tensor; else a multiple of 8
   const float* m = nullptr;  // UInt8's mins, laid out as the group scales; nullptr for every other kind
-  // UInt8 at one token (M = 1): x's sum over each group's inputs below K / 8 · 8, in k order (group_sums), for the
+  // UInt8 at one token (M = 1): x's sum over each group's inputs below K / 8 · 8, in k order (gemm_code8_isa computes it), for the
   // factored dot product; nullptr elsewhere.
   const float* xs = nullptr;
 };
